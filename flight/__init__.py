@@ -1,0 +1,80 @@
+"""flight-exec: run distributed query plans on a fleet of Arrow Flight workers.
+
+The public API lives here; everything else is private to the package.
+"""
+
+from flight._version import __version__
+from flight.cluster import LocalCluster
+from flight.config import ExecOptions, WorkerOptions
+from flight.coordinator.exec import DistributedExec
+from flight.coordinator.map import map_batches
+from flight.coordinator.metrics import FeedStats, QueryMetrics, TaskStats
+from flight.engine.readers import ReaderContext, register_reader
+from flight.errors import (
+    FeedError,
+    FlightExecError,
+    InvalidTaskError,
+    PlanError,
+    ProtocolError,
+    ResolverError,
+    RetryableError,
+    TaskCancelledError,
+    TaskFailedError,
+    VersionMismatchError,
+    WorkerError,
+    WorkerUnavailableError,
+)
+from flight.feed import FeedContext, WorkUnit, WorkUnitFeed, WorkUnitFeedProvider, file_unit
+from flight.plan.expr import Expr, call, coalesce, col, if_else, lit
+from flight.plan.query import Query, from_arrow, from_feed, map_input, read_ipc, read_parquet, units
+from flight.providers import FileListProvider
+from flight.resolver import FileWorkerResolver, PollingWorkerResolver, StaticWorkerResolver, WorkerResolver
+
+__all__ = [
+    "DistributedExec",
+    "ExecOptions",
+    "Expr",
+    "FeedContext",
+    "FeedError",
+    "FeedStats",
+    "FileListProvider",
+    "FileWorkerResolver",
+    "FlightExecError",
+    "InvalidTaskError",
+    "LocalCluster",
+    "PlanError",
+    "PollingWorkerResolver",
+    "ProtocolError",
+    "Query",
+    "QueryMetrics",
+    "ReaderContext",
+    "ResolverError",
+    "RetryableError",
+    "StaticWorkerResolver",
+    "TaskCancelledError",
+    "TaskFailedError",
+    "TaskStats",
+    "VersionMismatchError",
+    "WorkUnit",
+    "WorkUnitFeed",
+    "WorkUnitFeedProvider",
+    "WorkerError",
+    "WorkerOptions",
+    "WorkerResolver",
+    "WorkerUnavailableError",
+    "__version__",
+    "call",
+    "coalesce",
+    "col",
+    "file_unit",
+    "from_arrow",
+    "from_feed",
+    "if_else",
+    "lit",
+    "map_batches",
+    "map_input",
+    "read_ipc",
+    "read_parquet",
+    "register_reader",
+    "units",
+]

@@ -1,0 +1,3 @@
+"""The package version, kept in one place (pyproject reads the same number)."""
+
+__version__ = "0.1.0"

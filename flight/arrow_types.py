@@ -1,0 +1,34 @@
+"""Arrow type vocabulary shared by the plan builder and the engine.
+
+Acero cannot process some types readers produce (``string_view``, as
+``tpchgen-cli`` writes it); both sides agree here on what they become, so the
+coordinator's schemas match what workers emit.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+__all__ = ["UNITS_READER", "normalize_schema", "normalize_type"]
+
+UNITS_READER = "units"
+"""The built-in reader whose rows are the unit bodies themselves (column ``unit``, binary)."""
+
+
+def normalize_type(t: pa.DataType) -> pa.DataType:
+    """The type Acero processes for ``t``: view types become their plain forms."""
+    if t == pa.string_view():
+        return pa.string()
+    if t == pa.binary_view():
+        return pa.binary()
+    if pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
+        return pa.list_(normalize_type(t.value_type))
+    if pa.types.is_list(t):
+        return pa.list_(normalize_type(t.value_type))
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(normalize_type(f.type)) for f in t])
+    return t
+
+
+def normalize_schema(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([f.with_type(normalize_type(f.type)) for f in schema], metadata=schema.metadata)

@@ -1,0 +1,50 @@
+"""The one source of configuration defaults.
+
+Every knob is an explicit argument somewhere; these dataclasses hold the
+defaults in one place so the worker CLI, ``DistributedExec`` and the docs agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["Compression", "ExecOptions", "WorkerOptions"]
+
+Compression = Literal["none", "lz4", "zstd"]
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """Defaults a worker applies when a task's header leaves a value at 0."""
+
+    feed_window: int = 64
+    """Units a task keeps asked-for per feed partition (its credit window)."""
+    output_buffer_bytes: int = 64 << 20
+    """A task's producer waits once this many bytes of output are unread."""
+    batch_rows: int = 64 * 1024
+    """Rows per batch the built-in readers aim for."""
+    grace: float = 30.0
+    """Seconds a draining worker lets running tasks finish before cancelling them."""
+    get_wait: float = 10.0
+    """Seconds a DoGet waits for the task it names to be registered."""
+
+
+@dataclass(frozen=True)
+class ExecOptions:
+    """How ``DistributedExec`` runs a query."""
+
+    compression: Compression = "none"
+    """Arrow IPC compression of result streams on the wire."""
+    connect_timeout: float = 10.0
+    """Seconds to wait for a worker to accept a task before naming it unavailable."""
+    feed_window: int = 0
+    """Credit window per feed partition; 0 lets each worker use its default."""
+    output_buffer_bytes: int = 0
+    """Per-task output buffer bound; 0 lets each worker use its default."""
+    discovery_buffer: int = 4096
+    """Units the coordinator may discover ahead of the tasks' credit, per feed partition."""
+    max_units_per_frame: int = 4096
+    """Most units one WorkUnitBatch frame carries."""
+    result_queue_batches: int = 16
+    """Batches the coordinator buffers between the DoGet streams and the caller."""

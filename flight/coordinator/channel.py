@@ -1,0 +1,228 @@
+"""The coordinator's end of one task's DoExchange, and error translation.
+
+A ``TaskChannel`` opens the exchange with the task's header, reads the
+worker's frames on a thread of its own (ready, feed credits, errors, final
+metrics) and lets the coordinator send frames (units, feed ends, cancel).
+Closing the channel is what frees the task on the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from flight._proto import protocol_pb2
+from flight.errors import (
+    FlightExecError,
+    InvalidTaskError,
+    ProtocolError,
+    TaskCancelledError,
+    TaskFailedError,
+    WorkerError,
+    WorkerUnavailableError,
+)
+from flight.protocol import decode_schema, decode_worker_frame, format_stage_key
+
+__all__ = ["ClientPool", "TaskChannel", "error_from_frame", "translate_flight_error"]
+
+log = logging.getLogger(__name__)
+
+CreditHandler = Callable[["TaskChannel", str, int, int], None]
+ErrorHandler = Callable[["TaskChannel", BaseException], None]
+
+
+def _clean(text: str) -> str:
+    for marker in (". Detail: Python exception", ". gRPC client debug context", ". Client context:"):
+        text = text.split(marker)[0]
+    return text.strip()
+
+
+def translate_flight_error(exc: BaseException, url: str, stage_key: str = "") -> WorkerError:
+    """A pyarrow/Flight exception from talking to ``url`` as the most specific own error."""
+    message = _clean(str(exc))
+    if isinstance(exc, fl.FlightUnavailableError) or "failed to connect" in message.lower():
+        return WorkerUnavailableError(f"worker {url} is unavailable: {message}", worker_url=url, stage_key=stage_key, cause=message)
+    if isinstance(exc, fl.FlightTimedOutError):
+        return WorkerUnavailableError(f"worker {url} timed out: {message}", worker_url=url, stage_key=stage_key, cause=message)
+    if isinstance(exc, fl.FlightCancelledError):
+        return TaskCancelledError(message, worker_url=url, stage_key=stage_key)
+    if isinstance(exc, pa.ArrowInvalid):
+        return InvalidTaskError(message, worker_url=url, stage_key=stage_key)
+    return TaskFailedError(message, worker_url=url, stage_key=stage_key)
+
+
+def error_from_frame(info: protocol_pb2.ErrorInfo, url: str, stage_key: str) -> WorkerError:
+    key = format_stage_key(info.stage_key) if info.HasField("stage_key") else stage_key
+    where = info.worker_url or url
+    if info.code in (protocol_pb2.ERROR_CODE_INVALID_ARGUMENT, protocol_pb2.ERROR_CODE_VERSION_MISMATCH):
+        return InvalidTaskError(info.message, field=info.field, worker_url=where, stage_key=key)
+    if info.code == protocol_pb2.ERROR_CODE_CANCELLED:
+        return TaskCancelledError(info.message, worker_url=where, stage_key=key)
+    if info.code == protocol_pb2.ERROR_CODE_UNAVAILABLE:
+        return WorkerUnavailableError(info.message, worker_url=where, stage_key=key)
+    return TaskFailedError(info.message, worker_url=where, stage_key=key)
+
+
+class ClientPool:
+    """One FlightClient per worker URL for the life of a query (clients are thread-safe)."""
+
+    def __init__(self) -> None:
+        self._clients: dict[str, fl.FlightClient] = {}
+        self._lock = threading.Lock()
+
+    def get(self, url: str) -> fl.FlightClient:
+        with self._lock:
+            client = self._clients.get(url)
+            if client is None:
+                try:
+                    client = fl.connect(url)
+                except (pa.ArrowException, OSError) as exc:
+                    raise translate_flight_error(exc, url) from exc
+                self._clients[url] = client
+            return client
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            try:
+                client.close()
+            except (pa.ArrowException, OSError) as exc:
+                log.debug("closing a Flight client failed: %s", exc)
+
+
+class TaskChannel:
+    """One task's DoExchange, seen from the coordinator."""
+
+    def __init__(
+        self,
+        url: str,
+        header: protocol_pb2.TaskHeader,
+        *,
+        on_credit: CreditHandler | None = None,
+        on_error: ErrorHandler | None = None,
+    ) -> None:
+        self.url = url
+        self.header = header
+        self.key = format_stage_key(header.stage_key)
+        self.ready = threading.Event()
+        self.done = threading.Event()  # the worker ended the exchange (or it broke)
+        self.output_schema: pa.Schema | None = None
+        self.metrics: protocol_pb2.TaskMetrics | None = None
+        self.error: WorkerError | None = None
+        self._on_credit = on_credit
+        self._on_error = on_error
+        self._lock = threading.Lock()
+        self._writer: fl.FlightStreamWriter | None = None
+        self._reader: fl.FlightStreamReader | None = None
+        self._closing = False
+
+    def open(self, client: fl.FlightClient) -> None:
+        descriptor = fl.FlightDescriptor.for_command(self.header.SerializeToString())
+        try:
+            self._writer, self._reader = client.do_exchange(descriptor)
+        except (pa.ArrowException, OSError) as exc:
+            raise translate_flight_error(exc, self.url, self.key) from exc
+        threading.Thread(target=self._read, name=f"channel-{self.key}", daemon=True).start()
+
+    def wait_ready(self, deadline_s: float) -> None:
+        """Block until the worker accepted the task; a clear error naming the URL otherwise."""
+        if not self.ready.wait(deadline_s) and self.error is None:
+            self.abort("the worker did not answer")
+            raise WorkerUnavailableError(
+                f"worker {self.url} did not accept task {self.key} within {deadline_s:g}s",
+                worker_url=self.url,
+                stage_key=self.key,
+            )
+        if self.error is not None and not self.ready.is_set():
+            raise self.error
+
+    def send(self, frame: protocol_pb2.CoordinatorFrame) -> None:
+        data = pa.py_buffer(frame.SerializeToString())
+        with self._lock:
+            if self._closing or self._writer is None:
+                return
+            try:
+                self._writer.write_metadata(data)
+            except (pa.ArrowException, OSError) as exc:
+                # The reader thread sees the same broken stream and reports the worker's error.
+                log.debug("task %s: sending a frame failed: %s", self.key, exc)
+
+    def close(self) -> None:
+        """Let go of the task: the worker frees it once it sees the half-close."""
+        with self._lock:
+            if self._closing or self._writer is None:
+                return
+            self._closing = True
+            try:
+                self._writer.done_writing()
+            except (pa.ArrowException, OSError) as exc:
+                log.debug("task %s: half-close failed: %s", self.key, exc)
+
+    def abort(self, reason: str) -> None:
+        """Cancel the task: tell the worker why, then cut the exchange."""
+        self.send(protocol_pb2.CoordinatorFrame(cancel=protocol_pb2.Cancel(reason=reason)))
+        self.close()
+        if self._reader is not None and not self.done.is_set():
+            try:
+                self._reader.cancel()
+            except (pa.ArrowException, OSError) as exc:
+                log.debug("task %s: cancelling the reader failed: %s", self.key, exc)
+
+    def finish(self) -> None:
+        """Close the writer side for good and release the stream."""
+        self.close()
+        with self._lock:
+            writer, self._writer = self._writer, None
+        if writer is not None:
+            try:
+                writer.close()
+            except (pa.ArrowException, OSError) as exc:
+                log.debug("task %s: closing the exchange: %s", self.key, _clean(str(exc)))
+
+    # ---------------------------------------------------------------- reading
+
+    def _fail(self, error: WorkerError) -> None:
+        if self.error is None:
+            self.error = error
+            if self._on_error is not None:
+                self._on_error(self, error)
+
+    def _read(self) -> None:
+        assert self._reader is not None
+        try:
+            while True:
+                try:
+                    chunk = self._reader.read_chunk()
+                except StopIteration:
+                    break
+                if chunk.app_metadata is not None and chunk.app_metadata.size:
+                    self._handle(decode_worker_frame(chunk.app_metadata))
+            if self.metrics is None and self.error is None and not self._closing:
+                self._fail(TaskFailedError("the worker ended the task's exchange before it finished", worker_url=self.url, stage_key=self.key))
+        except ProtocolError as exc:
+            self._fail(TaskFailedError(f"the worker sent a malformed frame: {exc}", worker_url=self.url, stage_key=self.key))
+        except FlightExecError as exc:
+            self._fail(exc if isinstance(exc, WorkerError) else TaskFailedError(str(exc), worker_url=self.url, stage_key=self.key))
+        except (pa.ArrowException, OSError) as exc:
+            if not self._closing or self.metrics is None:
+                self._fail(translate_flight_error(exc, self.url, self.key))
+        finally:
+            self.done.set()
+
+    def _handle(self, frame: protocol_pb2.WorkerFrame) -> None:
+        kind = frame.WhichOneof("frame")
+        if kind == "ready":
+            self.output_schema = decode_schema(frame.ready.output_schema, "ready.output_schema")
+            self.ready.set()
+        elif kind == "credit":
+            if self._on_credit is not None:
+                self._on_credit(self, frame.credit.feed_id, frame.credit.partition, frame.credit.credits)
+        elif kind == "error":
+            self._fail(error_from_frame(frame.error, self.url, self.key))
+        elif kind == "finished":
+            self.metrics = frame.finished

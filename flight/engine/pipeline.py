@@ -1,0 +1,173 @@
+"""A stage's operators → one streaming Acero declaration per task.
+
+Sources are Python generators behind ``record_batch_reader_source`` nodes (feed
+scans pull units from the task's inboxes; map stages pull the batches streamed
+up the exchange); filter and project are Acero nodes; a limit is applied to
+the stream below it. ``compile_task`` checks everything it can before anything
+runs, so a bad plan fails with a ``ProtocolError`` naming the field.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+from typing import Protocol
+
+import pyarrow as pa
+import pyarrow.acero as ac
+
+from flight._proto import plan_pb2
+from flight.engine.expressions import to_pyarrow
+from flight.arrow_types import UNITS_READER, normalize_schema
+from flight.engine.readers import ReaderContext, UnitReadError, conform, get_reader
+from flight.errors import ProtocolError
+from flight.protocol import decode_schema
+
+__all__ = ["TaskInputs", "compile_task", "limit_batches", "scan_schema"]
+
+UNITS_PER_BATCH = 4096
+
+
+class ReceivedUnitLike(Protocol):
+    body: bytes
+
+    def done(self) -> None: ...
+
+
+class InboxLike(Protocol):
+    def take(self, most: int = 1) -> list[ReceivedUnitLike]: ...
+
+
+class TaskInputs(Protocol):
+    """What a task offers its pipeline's sources."""
+
+    @property
+    def task_number(self) -> int: ...
+
+    def feed_partitions(self, feed_id: str) -> list[int]: ...
+
+    def inbox(self, feed_id: str, partition: int) -> InboxLike: ...
+
+    def input_batches(self) -> Iterable[pa.RecordBatch]: ...
+
+
+def scan_schema(scan: plan_pb2.FeedScan, field: str) -> pa.Schema:
+    """The schema a FeedScan produces: declared, normalised, projected."""
+    schema = normalize_schema(decode_schema(scan.schema, f"{field}.schema"))
+    if scan.columns:
+        missing = [c for c in scan.columns if c not in schema.names]
+        if missing:
+            raise ProtocolError(f"{field}.columns names {missing}, not in the scan's schema {schema.names}", field=f"{field}.columns")
+        schema = pa.schema([schema.field(c) for c in scan.columns])
+    return schema
+
+
+def limit_batches(batches: Iterable[pa.RecordBatch], count: int, offset: int) -> Iterator[pa.RecordBatch]:
+    """Skip ``offset`` rows, then pass at most ``count`` rows; stop reading once done."""
+    to_skip, left = offset, count
+    for batch in batches:
+        if left <= 0:
+            return
+        if to_skip:
+            if batch.num_rows <= to_skip:
+                to_skip -= batch.num_rows
+                continue
+            batch = batch.slice(to_skip)
+            to_skip = 0
+        if batch.num_rows > left:
+            batch = batch.slice(0, left)
+        left -= batch.num_rows
+        yield batch
+
+
+def compile_task(plan: plan_pb2.StagePlan, inputs: TaskInputs, batch_rows: int) -> pa.RecordBatchReader:
+    """The task's output stream. Raises ProtocolError for a plan this worker cannot run."""
+    decl = _compile(plan.root, inputs, batch_rows, "plan.root")
+    return decl.to_reader(use_threads=True)
+
+
+def _source(reader: pa.RecordBatchReader) -> ac.Declaration:
+    return ac.Declaration("record_batch_reader_source", ac.RecordBatchReaderSourceNodeOptions(reader))
+
+
+def _compile(op: plan_pb2.Operator, inputs: TaskInputs, batch_rows: int, field: str) -> ac.Declaration:
+    kind = op.WhichOneof("kind")
+    if kind is None:
+        raise ProtocolError(f"{field} has no operator set", field=field)
+    here = f"{field}.{kind}"
+    if kind == "feed_scan":
+        return _source(_feed_scan(op.feed_scan, inputs, batch_rows, here))
+    if kind == "exchange_input":
+        schema = normalize_schema(decode_schema(op.exchange_input.schema, f"{here}.schema"))
+        batches = (conform(b, schema, "an input batch") for b in inputs.input_batches())
+        return _source(pa.RecordBatchReader.from_batches(schema, batches))
+    if kind == "values":
+        try:
+            table = pa.ipc.open_stream(op.values.ipc_stream).read_all()
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise ProtocolError(f"{here}.ipc_stream is not an Arrow IPC stream: {exc}", field=f"{here}.ipc_stream") from exc
+        if inputs.task_number != 0:
+            table = table.schema.empty_table()
+        return ac.Declaration("table_source", ac.TableSourceNodeOptions(table))
+    if kind == "filter":
+        child = _compile(op.filter.input, inputs, batch_rows, f"{here}.input")
+        predicate = to_pyarrow(op.filter.predicate, f"{here}.predicate")
+        return ac.Declaration.from_sequence([child, ac.Declaration("filter", ac.FilterNodeOptions(predicate))])
+    if kind == "project":
+        child = _compile(op.project.input, inputs, batch_rows, f"{here}.input")
+        exprs = [to_pyarrow(ne.expr, f"{here}.exprs[{i}].expr") for i, ne in enumerate(op.project.exprs)]
+        names = [ne.name for ne in op.project.exprs]
+        return ac.Declaration.from_sequence([child, ac.Declaration("project", ac.ProjectNodeOptions(exprs, names))])
+    if kind == "limit":
+        lim = op.limit
+        if lim.count < 0 or lim.offset < 0:
+            raise ProtocolError(f"{here} has a negative count or offset", field=here)
+        child_reader = _compile(lim.input, inputs, batch_rows, f"{here}.input").to_reader(use_threads=True)
+        limited = limit_batches(child_reader, lim.count, lim.offset)
+        return _source(pa.RecordBatchReader.from_batches(child_reader.schema, limited))
+    raise ProtocolError(f"{field}: operator {kind!r} is not supported by this worker", field=here)
+
+
+def _feed_scan(scan: plan_pb2.FeedScan, inputs: TaskInputs, batch_rows: int, field: str) -> pa.RecordBatchReader:
+    if not scan.feed.feed_id:
+        raise ProtocolError(f"{field}.feed.feed_id is empty", field=f"{field}.feed.feed_id")
+    feed_id = scan.feed.feed_id
+    schema = scan_schema(scan, field)
+    partitions = inputs.feed_partitions(feed_id)
+    if scan.reader == UNITS_READER:
+        expected = pa.schema([pa.field("unit", pa.binary())])
+        if not schema.equals(expected):
+            raise ProtocolError(f"{field}: the 'units' reader produces {expected}, not {schema}", field=f"{field}.schema")
+        return pa.RecordBatchReader.from_batches(schema, _unit_rows(inputs, feed_id, partitions))
+    reader = get_reader(scan.reader)
+    if reader is None:
+        raise ProtocolError(f"{field}.reader: no reader named {scan.reader!r} on this worker", field=f"{field}.reader")
+    ctx = ReaderContext(schema=schema, columns=list(scan.columns) or None, options=dict(scan.reader_options), batch_rows=batch_rows)
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for partition in partitions:
+            inbox = inputs.inbox(feed_id, partition)
+            for n in itertools.count():
+                got = inbox.take(1)
+                if not got:
+                    break
+                unit = got[0]
+                where = f"work unit {n} of feed {feed_id!r} partition {partition}"
+                try:
+                    for batch in reader(unit.body, ctx):
+                        yield conform(batch, schema, where)
+                except UnitReadError as exc:
+                    raise UnitReadError(f"{where}: {exc}") from exc
+                unit.done()
+
+    return pa.RecordBatchReader.from_batches(schema, batches())
+
+
+def _unit_rows(inputs: TaskInputs, feed_id: str, partitions: list[int]) -> Iterator[pa.RecordBatch]:
+    """The ``units`` reader: unit bodies as rows, many units per batch."""
+    for partition in partitions:
+        inbox = inputs.inbox(feed_id, partition)
+        while units := inbox.take(UNITS_PER_BATCH):
+            yield pa.record_batch([pa.array([u.body for u in units], pa.binary())], names=["unit"])
+            for u in units:
+                u.done()

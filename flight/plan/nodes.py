@@ -1,0 +1,227 @@
+"""Logical operators of a stage: each knows its output schema and its protobuf.
+
+Schemas are computed as the plan is built, so a wrong column or a type that
+does not fit is a ``PlanError`` on the coordinator, naming the column and the
+operator, before any worker is contacted.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from flight._proto import plan_pb2
+from flight.arrow_types import UNITS_READER, normalize_schema
+from flight.errors import PlanError
+from flight.feed import WorkUnitFeed
+from flight.plan.expr import Expr, output_type
+from flight.protocol import encode_schema
+
+__all__ = [
+    "ExchangeInputNode",
+    "FeedScanNode",
+    "FilterNode",
+    "LimitNode",
+    "Node",
+    "ProjectNode",
+    "ValuesNode",
+]
+
+
+class Node(abc.ABC):
+    """A logical operator."""
+
+    @property
+    @abc.abstractmethod
+    def schema(self) -> pa.Schema: ...
+
+    @abc.abstractmethod
+    def to_proto(self) -> plan_pb2.Operator: ...
+
+    @abc.abstractmethod
+    def label(self) -> str:
+        """One line for explain()."""
+
+    def children(self) -> Sequence[Node]:
+        return ()
+
+    def walk(self) -> Iterator[Node]:
+        yield self
+        for child in self.children():
+            yield from child.walk()
+
+    def explain_lines(self, indent: int = 0) -> list[str]:
+        lines = ["  " * indent + self.label()]
+        for child in self.children():
+            lines.extend(child.explain_lines(indent + 1))
+        return lines
+
+
+@dataclass(eq=False)
+class FeedScanNode(Node):
+    feed: WorkUnitFeed
+    reader: str
+    declared_schema: pa.Schema
+    columns: list[str] | None = None
+    reader_options: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.declared_schema = normalize_schema(self.declared_schema)
+        if self.reader == UNITS_READER and self.declared_schema.names != ["unit"]:
+            raise PlanError("the 'units' reader produces one binary column named 'unit'")
+        if self.columns is not None:
+            missing = [c for c in self.columns if c not in self.declared_schema.names]
+            if missing:
+                raise PlanError(f"scan of feed {self.feed.feed_id!r}: columns {missing} are not in {self.declared_schema.names}")
+
+    @property
+    def schema(self) -> pa.Schema:
+        if self.columns is None:
+            return self.declared_schema
+        return pa.schema([self.declared_schema.field(c) for c in self.columns])
+
+    def to_proto(self) -> plan_pb2.Operator:
+        return plan_pb2.Operator(
+            feed_scan=plan_pb2.FeedScan(
+                feed=self.feed.to_proto(),
+                reader=self.reader,
+                schema=encode_schema(self.declared_schema),
+                columns=self.columns or [],
+                reader_options=self.reader_options,
+            )
+        )
+
+    def label(self) -> str:
+        cols = f", columns={self.columns}" if self.columns is not None else ""
+        provider = type(self.feed.inner()).__name__
+        return f"FeedScan[{self.feed.feed_id} ({provider}), reader={self.reader}{cols}]"
+
+
+@dataclass(eq=False)
+class ExchangeInputNode(Node):
+    """A map stage's input: batches the client streams up the DoExchange."""
+
+    input_schema: pa.Schema
+
+    @property
+    def schema(self) -> pa.Schema:
+        return normalize_schema(self.input_schema)
+
+    def to_proto(self) -> plan_pb2.Operator:
+        return plan_pb2.Operator(exchange_input=plan_pb2.ExchangeInput(schema=encode_schema(self.schema)))
+
+    def label(self) -> str:
+        return f"ExchangeInput[{', '.join(self.schema.names)}]"
+
+
+@dataclass(eq=False)
+class ValuesNode(Node):
+    table: pa.Table
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.table.schema
+
+    def to_proto(self) -> plan_pb2.Operator:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, self.table.schema) as writer:
+            writer.write_table(self.table)
+        return plan_pb2.Operator(values=plan_pb2.Values(ipc_stream=sink.getvalue().to_pybytes()))
+
+    def label(self) -> str:
+        return f"Values[{self.table.num_rows} rows]"
+
+
+@dataclass(eq=False)
+class FilterNode(Node):
+    input: Node
+    predicate: Expr
+
+    def __post_init__(self) -> None:
+        t = _typed(self.predicate, self.input.schema, "filter")
+        if t != pa.bool_():
+            raise PlanError(f"filter: the predicate {self.predicate!r} is of type {t}, not bool")
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.input.schema
+
+    def children(self) -> Sequence[Node]:
+        return (self.input,)
+
+    def to_proto(self) -> plan_pb2.Operator:
+        return plan_pb2.Operator(filter=plan_pb2.Filter(input=self.input.to_proto(), predicate=self.predicate.to_proto()))
+
+    def label(self) -> str:
+        return f"Filter[{self.predicate!r}]"
+
+
+@dataclass(eq=False)
+class ProjectNode(Node):
+    input: Node
+    exprs: list[tuple[str, Expr]]
+    _schema: pa.Schema = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        names = [n for n, _ in self.exprs]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise PlanError(f"select: column names {dupes} appear more than once")
+        self._schema = pa.schema([pa.field(n, _typed(e, self.input.schema, "select")) for n, e in self.exprs])
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._schema
+
+    def children(self) -> Sequence[Node]:
+        return (self.input,)
+
+    def to_proto(self) -> plan_pb2.Operator:
+        return plan_pb2.Operator(
+            project=plan_pb2.Project(
+                input=self.input.to_proto(),
+                exprs=[plan_pb2.NamedExpression(name=n, expr=e.to_proto()) for n, e in self.exprs],
+            )
+        )
+
+    def label(self) -> str:
+        return "Project[" + ", ".join(n if _is_col(e, n) else f"{n}={e!r}" for n, e in self.exprs) + "]"
+
+
+@dataclass(eq=False)
+class LimitNode(Node):
+    input: Node
+    count: int
+    offset: int = 0
+
+    def __post_init__(self) -> None:
+        if self.count < 0 or self.offset < 0:
+            raise PlanError(f"limit: count ({self.count}) and offset ({self.offset}) must not be negative")
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.input.schema
+
+    def children(self) -> Sequence[Node]:
+        return (self.input,)
+
+    def to_proto(self) -> plan_pb2.Operator:
+        return plan_pb2.Operator(limit=plan_pb2.Limit(input=self.input.to_proto(), count=self.count, offset=self.offset))
+
+    def label(self) -> str:
+        return f"Limit[{self.count}" + (f", offset={self.offset}]" if self.offset else "]")
+
+
+def _typed(expr: Expr, schema: pa.Schema, operator: str) -> pa.DataType:
+    try:
+        return output_type(expr, schema)
+    except PlanError as exc:
+        raise PlanError(f"{operator}: {exc}") from exc
+
+
+def _is_col(expr: Expr, name: str) -> bool:
+    msg = expr.to_proto()
+    return msg.WhichOneof("kind") == "field" and msg.field.name == name

@@ -1,0 +1,42 @@
+"""Ready-made work-unit providers for the common case: a known list of files."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+
+import pyarrow.parquet as pq
+
+from flight._proto import plan_pb2
+from flight.feed import FeedContext, WorkUnitFeedProvider, file_unit
+
+__all__ = ["FileListProvider"]
+
+
+class FileListProvider(WorkUnitFeedProvider):
+    """Files dealt round-robin over the feed's partitions (one per task by default).
+
+    With ``split_row_groups`` a Parquet file becomes one unit per row group,
+    so a few large files still spread over many tasks.
+    """
+
+    def __init__(self, paths: Sequence[str | os.PathLike[str]], *, split_row_groups: bool = False, partitions: int | None = None) -> None:
+        self.paths = [os.fspath(p) for p in paths]
+        self.split_row_groups = split_row_groups
+        self._partitions = partitions
+
+    def partitions(self) -> int | None:
+        return self._partitions
+
+    def _units(self) -> Iterator[plan_pb2.FileUnit]:
+        for path in self.paths:
+            if self.split_row_groups:
+                for rg in range(pq.ParquetFile(path).num_row_groups):
+                    yield file_unit(path, [rg])
+            else:
+                yield file_unit(path)
+
+    def feed(self, partition: int, ctx: FeedContext) -> Iterator[plan_pb2.FileUnit]:
+        for i, unit in enumerate(self._units()):
+            if i % ctx.partitions == partition:
+                yield unit

@@ -1,0 +1,7 @@
+"""``python -m flight.worker``: the same as ``flight-worker``."""
+
+import sys
+
+from flight.worker.cli import main
+
+sys.exit(main())

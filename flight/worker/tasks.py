@@ -1,0 +1,360 @@
+"""The worker's task bookkeeping as plain objects, apart from Flight I/O.
+
+A ``Task`` holds everything one running task owns: its feed inboxes (units the
+coordinator streamed in, with the credit window that bounds them), its input
+queue (map stages), its output buffer and its metrics. The ``TaskRegistry``
+is the worker's table of tasks. The Flight handlers in ``server.py`` only move
+bytes in and out of these objects, so tests can drive them without sockets.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from flight._proto import plan_pb2, protocol_pb2
+from flight.errors import ProtocolError, TaskCancelledError
+from flight.feed import LatencyStats, now_ns
+from flight.protocol import format_stage_key
+from flight.worker.buffers import OutputBuffer
+
+__all__ = ["FeedInbox", "InputQueue", "ReceivedUnit", "Task", "TaskRegistry"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReceivedUnit:
+    """A unit on the worker, with the timestamps its latencies are made of."""
+
+    body: bytes
+    created_ns: int
+    sent_ns: int
+    received_ns: int
+    inbox: FeedInbox = field(repr=False)
+
+    def done(self) -> None:
+        """The reader has turned this unit into rows."""
+        self.inbox.record_processed(self)
+
+
+class FeedInbox:
+    """Units of one feed partition for one task, bounded by credits.
+
+    The task starts by granting ``window`` credits; each unit it takes may grant
+    more, in chunks, so the coordinator never has more than ``window`` units
+    outstanding (queued here or in flight) for this partition.
+    """
+
+    def __init__(self, feed_id: str, partition: int, window: int, send_credit: Callable[[int], None]) -> None:
+        self.feed_id = feed_id
+        self.partition = partition
+        self._window = max(1, window)
+        self._send_credit = send_credit
+        self._units: deque[ReceivedUnit] = deque()
+        self._granted = 0
+        self._received = 0
+        self._taken = 0
+        self._ended = False
+        self._error: BaseException | None = None
+        self._cond = threading.Condition()
+        self.units = 0
+        self.bytes = 0
+        self.created_to_sent = LatencyStats()
+        self.sent_to_received = LatencyStats()
+        self.received_to_processed = LatencyStats()
+
+    def start(self) -> None:
+        with self._cond:
+            self._granted = self._window
+        self._send_credit(self._window)
+
+    def deliver(self, units: list[protocol_pb2.WorkUnit]) -> None:
+        """Units from a WorkUnitBatch frame; more than the credit granted is a protocol error."""
+        received_ns = now_ns()
+        with self._cond:
+            if self._ended:
+                raise ProtocolError(
+                    f"units for feed {self.feed_id!r} partition {self.partition} arrived after its FeedEnd",
+                    field="app_metadata.units",
+                )
+            if self._received + len(units) > self._granted:
+                raise ProtocolError(
+                    f"feed {self.feed_id!r} partition {self.partition}: {self._received + len(units)} units sent "
+                    f"but only {self._granted} credits granted",
+                    field="app_metadata.units",
+                )
+            self._received += len(units)
+            for u in units:
+                self._units.append(ReceivedUnit(u.body, u.created_unix_nanos, u.sent_unix_nanos, received_ns, self))
+                self.bytes += len(u.body)
+                self.created_to_sent.add(u.sent_unix_nanos - u.created_unix_nanos)
+                self.sent_to_received.add(received_ns - u.sent_unix_nanos)
+            self.units += len(units)
+            self._cond.notify_all()
+
+    def end(self) -> None:
+        with self._cond:
+            self._ended = True
+            self._cond.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        with self._cond:
+            if self._error is None:
+                self._error = error
+            self._cond.notify_all()
+
+    def take(self, most: int = 1) -> list[ReceivedUnit]:
+        """Wait for at least one unit and return up to ``most``; ``[]`` once the feed has ended."""
+        with self._cond:
+            while not self._units and not self._ended and self._error is None:
+                self._cond.wait()
+            if self._error is not None:
+                raise self._error
+            taken = [self._units.popleft() for _ in range(min(most, len(self._units)))]
+            self._taken += len(taken)
+            outstanding = self._granted - self._taken
+            grant = 0
+            if taken and not self._ended and outstanding <= self._window // 2:
+                grant = self._window - outstanding
+                self._granted += grant
+        if grant:
+            self._send_credit(grant)
+        return taken
+
+    def __iter__(self) -> Iterator[ReceivedUnit]:
+        while batch := self.take(1):
+            yield batch[0]
+
+    def record_processed(self, unit: ReceivedUnit) -> None:
+        self.received_to_processed.add(now_ns() - unit.received_ns)
+
+    def metrics(self) -> protocol_pb2.FeedMetrics:
+        return protocol_pb2.FeedMetrics(
+            feed_id=self.feed_id,
+            partition=self.partition,
+            units=self.units,
+            bytes=self.bytes,
+            created_to_sent=self.created_to_sent.to_proto(),
+            sent_to_received=self.sent_to_received.to_proto(),
+            received_to_processed=self.received_to_processed.to_proto(),
+        )
+
+
+class InputQueue:
+    """A map stage's input batches, from the exchange's reader thread to the pipeline."""
+
+    def __init__(self, max_batches: int = 8) -> None:
+        self._items: deque[pa.RecordBatch] = deque()
+        self._max = max_batches
+        self._ended = False
+        self._error: BaseException | None = None
+        self._cond = threading.Condition()
+        self.rows = 0
+
+    def put(self, batch: pa.RecordBatch) -> None:
+        with self._cond:
+            while len(self._items) >= self._max and self._error is None:
+                self._cond.wait()
+            if self._error is not None:
+                raise self._error
+            self._items.append(batch)
+            self.rows += batch.num_rows
+            self._cond.notify_all()
+
+    def end(self) -> None:
+        with self._cond:
+            self._ended = True
+            self._cond.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        with self._cond:
+            if self._error is None:
+                self._error = error
+            self._cond.notify_all()
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        while True:
+            with self._cond:
+                while not self._items and not self._ended and self._error is None:
+                    self._cond.wait()
+                if self._error is not None:
+                    raise self._error
+                if not self._items:
+                    return
+                batch = self._items.popleft()
+                self._cond.notify_all()
+            yield batch
+
+
+class Task:
+    """One task on this worker; lives exactly as long as its DoExchange."""
+
+    def __init__(
+        self,
+        header: protocol_pb2.TaskHeader,
+        plan: plan_pb2.StagePlan,
+        output_schema: pa.Schema,
+        *,
+        worker_url: str,
+        feed_window: int,
+        output_buffer_bytes: int,
+        send_credit: Callable[[str, int, int], None],
+    ) -> None:
+        self.header = header
+        self.plan = plan
+        self.output_schema = output_schema
+        self.key = format_stage_key(header.stage_key)
+        self.query_id = header.stage_key.query_id
+        self.worker_url = worker_url
+        self.started = time.perf_counter()
+        self.cancelled = threading.Event()
+        self.cancel_reason = ""
+        self.error: BaseException | None = None  # what stopped the task from outside (bad frame)
+        self.failure: Exception | None = None  # the Flight error the exchange ends with
+        self.finished = False
+        self.is_map = _has_exchange_input(plan.root)
+        self.inputs = InputQueue() if self.is_map else None
+        partitions = plan.output.partitions or 1
+        self.output = None if self.is_map else OutputBuffer(partitions, output_buffer_bytes)
+        self.inboxes: dict[tuple[str, int], FeedInbox] = {}
+        for assignment in header.feeds:
+            for p in assignment.partitions:
+                fid = assignment.feed_id
+                self.inboxes[(fid, p)] = FeedInbox(
+                    fid, p, feed_window, lambda n, fid=fid, p=p: send_credit(fid, p, n)
+                )
+        self.rows_out = 0
+        self.batches_out = 0
+        self.bytes_out = 0
+
+    # -- what the engine sees
+    def feed_partitions(self, feed_id: str) -> list[int]:
+        return sorted(p for (fid, p) in self.inboxes if fid == feed_id)
+
+    def inbox(self, feed_id: str, partition: int) -> FeedInbox:
+        try:
+            return self.inboxes[(feed_id, partition)]
+        except KeyError:
+            raise ProtocolError(
+                f"task {self.key} was not assigned partition {partition} of feed {feed_id!r}",
+                field="header.feeds",
+            ) from None
+
+    @property
+    def task_number(self) -> int:
+        return self.header.stage_key.task_number
+
+    def input_batches(self) -> Iterator[pa.RecordBatch]:
+        if self.inputs is None:
+            raise ProtocolError(f"task {self.key} has no exchange input", field="plan")
+        return iter(self.inputs)
+
+    # -- lifecycle
+    def start_feeds(self) -> None:
+        for inbox in self.inboxes.values():
+            inbox.start()
+
+    def cancel(self, reason: str) -> None:
+        """Stop the task wherever it waits: feeds, input, output."""
+        if self.cancelled.is_set():
+            return
+        self.cancel_reason = reason
+        self.cancelled.set()
+        error = TaskCancelledError(f"task cancelled: {reason}", stage_key=self.key, worker_url=self.worker_url)
+        for inbox in self.inboxes.values():
+            inbox.fail(error)
+        if self.inputs is not None:
+            self.inputs.fail(error)
+        if self.output is not None:
+            self.output.fail(error)
+
+    def fail(self, error: BaseException) -> None:
+        """Stop the task because of ``error`` (e.g. a malformed frame), which the handler reports."""
+        if self.error is None:
+            self.error = error
+        self.cancel(str(error))
+
+    def record_output(self, batch: pa.RecordBatch) -> None:
+        self.rows_out += batch.num_rows
+        self.batches_out += 1
+        self.bytes_out += batch.nbytes
+
+    def metrics(self) -> protocol_pb2.TaskMetrics:
+        return protocol_pb2.TaskMetrics(
+            stage_key=self.header.stage_key,
+            worker_url=self.worker_url,
+            rows_out=self.rows_out,
+            batches_out=self.batches_out,
+            bytes_out=self.bytes_out,
+            rows_in=self.inputs.rows if self.inputs is not None else 0,
+            elapsed_nanos=int((time.perf_counter() - self.started) * 1e9),
+            feeds=[inbox.metrics() for inbox in self.inboxes.values()],
+        )
+
+    @property
+    def buffered_bytes(self) -> int:
+        return self.output.buffered_bytes if self.output is not None else 0
+
+
+def _has_exchange_input(op: plan_pb2.Operator) -> bool:
+    kind = op.WhichOneof("kind")
+    if kind == "exchange_input":
+        return True
+    if kind is None:
+        return False
+    child = getattr(op, kind)
+    return child.HasField("input") and _has_exchange_input(child.input) if hasattr(child, "input") else False
+
+
+class TaskRegistry:
+    """The worker's running tasks by stage key; DoGet may wait briefly for one to appear."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, Task] = {}
+        self._cond = threading.Condition()
+
+    def add(self, task: Task) -> None:
+        with self._cond:
+            if task.key in self._tasks:
+                raise ProtocolError(f"task {task.key} is already running on this worker", field="header.stage_key")
+            self._tasks[task.key] = task
+            self._cond.notify_all()
+
+    def remove(self, task: Task) -> None:
+        with self._cond:
+            if self._tasks.get(task.key) is task:
+                del self._tasks[task.key]
+            self._cond.notify_all()
+
+    def get(self, key: str, wait: float = 0.0) -> Task | None:
+        with self._cond:
+            self._cond.wait_for(lambda: key in self._tasks, timeout=wait)
+            return self._tasks.get(key)
+
+    def tasks(self) -> list[Task]:
+        with self._cond:
+            return list(self._tasks.values())
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._tasks)
+
+    def wait_empty(self, timeout: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._tasks, timeout=timeout)
+
+    def cancel_query(self, query_id: str, reason: str) -> int:
+        victims = [t for t in self.tasks() if t.query_id == query_id]
+        for task in victims:
+            task.cancel(reason)
+        return len(victims)
+
+    def buffered_bytes(self) -> int:
+        return sum(t.buffered_bytes for t in self.tasks())
