@@ -111,6 +111,7 @@ class TaskChannel:
         self.key = format_stage_key(header.stage_key)
         self.ready = threading.Event()
         self.done = threading.Event()  # the worker ended the exchange (or it broke)
+        self._settled = threading.Event()  # ready, failed or done: wait_ready can stop waiting
         self.output_schema: pa.Schema | None = None
         self.metrics: protocol_pb2.TaskMetrics | None = None
         self.error: WorkerError | None = None
@@ -131,15 +132,17 @@ class TaskChannel:
 
     def wait_ready(self, deadline_s: float) -> None:
         """Block until the worker accepted the task; a clear error naming the URL otherwise."""
-        if not self.ready.wait(deadline_s) and self.error is None:
+        if not self._settled.wait(deadline_s):
             self.abort("the worker did not answer")
             raise WorkerUnavailableError(
                 f"worker {self.url} did not accept task {self.key} within {deadline_s:g}s",
                 worker_url=self.url,
                 stage_key=self.key,
             )
-        if self.error is not None and not self.ready.is_set():
-            raise self.error
+        if not self.ready.is_set():
+            raise self.error or TaskFailedError(
+                "the worker closed the exchange without accepting the task", worker_url=self.url, stage_key=self.key
+            )
 
     def send(self, frame: protocol_pb2.CoordinatorFrame) -> None:
         data = pa.py_buffer(frame.SerializeToString())
@@ -189,6 +192,7 @@ class TaskChannel:
     def _fail(self, error: WorkerError) -> None:
         if self.error is None:
             self.error = error
+            self._settled.set()
             if self._on_error is not None:
                 self._on_error(self, error)
 
@@ -213,12 +217,14 @@ class TaskChannel:
                 self._fail(translate_flight_error(exc, self.url, self.key))
         finally:
             self.done.set()
+            self._settled.set()
 
     def _handle(self, frame: protocol_pb2.WorkerFrame) -> None:
         kind = frame.WhichOneof("frame")
         if kind == "ready":
             self.output_schema = decode_schema(frame.ready.output_schema, "ready.output_schema")
             self.ready.set()
+            self._settled.set()
         elif kind == "credit":
             if self._on_credit is not None:
                 self._on_credit(self, frame.credit.feed_id, frame.credit.partition, frame.credit.credits)

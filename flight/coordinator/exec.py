@@ -68,6 +68,7 @@ class DistributedExec:
             raise ValueError(f"compression must be one of {sorted(_COMPRESSION)}, not {self.options.compression!r}")
         self.stage: StageSpec = plan_stage(query.node, len(self.resolver.get_urls()))
         self.metrics: QueryMetrics | None = None
+        self.query_id: str | None = None  # of the latest execute(), known from its start
         self._bound: list[str] | None = None
 
     # ---------------------------------------------------------------- explain
@@ -122,7 +123,7 @@ class _Run:
         self.ex = ex
         self.options = ex.options
         self.stage = ex.stage
-        self.query_id = uuid.uuid4().hex[:16]
+        self.query_id = ex.query_id = uuid.uuid4().hex[:16]
         self.clients = ClientPool()
         self.results: queue.Queue[object] = queue.Queue(maxsize=max(1, self.options.result_queue_batches))
         self.error: BaseException | None = None

@@ -236,9 +236,9 @@ class WorkerServer(fl.FlightServerBase):
         except ProtocolError as exc:
             raise pa.ArrowInvalid(f"{exc} [field: {exc.field}]") from None
         key = format_stage_key(t.stage_key)
-        task = self.registry.get(key, wait=self.options.get_wait)
+        task, why = self.registry.get(key, wait=self.options.get_wait)
         if task is None:
-            raise fl.FlightServerError(f"no task {key} on worker {self.url}: it finished, was cancelled or never started")
+            raise fl.FlightServerError(f"no task {key} on worker {self.url}: {why}")
         if task.output is None:
             raise pa.ArrowInvalid(f"task {key} is a map stage: its output streams on its DoExchange [field: ticket]")
         if t.partition_end > task.output.partitions:
@@ -291,6 +291,7 @@ class WorkerServer(fl.FlightServerBase):
         """Accept no new tasks; wait up to ``grace`` seconds for running ones, then cancel them."""
         grace = self.options.grace if grace is None else grace
         self.draining.set()
+        self.registry.close()
         log.info("draining: %d running tasks, grace %.1fs", len(self.registry), grace)
         if not self.registry.wait_empty(grace):
             for task in self.registry.tasks():

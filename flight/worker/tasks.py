@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -314,16 +314,24 @@ def _has_exchange_input(op: plan_pb2.Operator) -> bool:
 
 
 class TaskRegistry:
-    """The worker's running tasks by stage key; DoGet may wait briefly for one to appear."""
+    """The worker's running tasks by stage key.
+
+    It also remembers how recently ended tasks ended, so a DoGet that arrives
+    late gets a clear answer at once instead of waiting for a task that is gone.
+    """
+
+    REMEMBERED = 4096
 
     def __init__(self) -> None:
         self._tasks: dict[str, Task] = {}
+        self._ended: OrderedDict[str, str] = OrderedDict()
+        self._closed = False
         self._cond = threading.Condition()
 
     def add(self, task: Task) -> None:
         with self._cond:
-            if task.key in self._tasks:
-                raise ProtocolError(f"task {task.key} is already running on this worker", field="header.stage_key")
+            if task.key in self._tasks or task.key in self._ended:
+                raise ProtocolError(f"task {task.key} already ran or runs on this worker", field="header.stage_key")
             self._tasks[task.key] = task
             self._cond.notify_all()
 
@@ -331,12 +339,28 @@ class TaskRegistry:
         with self._cond:
             if self._tasks.get(task.key) is task:
                 del self._tasks[task.key]
+                self._ended[task.key] = "finished" if task.finished and task.failure is None else (
+                    f"ended early: {task.cancel_reason or task.failure}"
+                )
+                while len(self._ended) > self.REMEMBERED:
+                    self._ended.popitem(last=False)
             self._cond.notify_all()
 
-    def get(self, key: str, wait: float = 0.0) -> Task | None:
+    def get(self, key: str, wait: float = 0.0) -> tuple[Task | None, str]:
+        """The task, or None and why: it ended (how), or never appeared within ``wait`` seconds."""
         with self._cond:
-            self._cond.wait_for(lambda: key in self._tasks, timeout=wait)
-            return self._tasks.get(key)
+            self._cond.wait_for(lambda: key in self._tasks or key in self._ended or self._closed, timeout=wait)
+            if key in self._tasks:
+                return self._tasks[key], ""
+            if key in self._ended:
+                return None, f"it {self._ended[key]}"
+            return None, "it is not running here" + (" (the worker is draining)" if self._closed else "")
+
+    def close(self) -> None:
+        """Wake everyone waiting for a task: the worker is shutting down."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
 
     def tasks(self) -> list[Task]:
         with self._cond:

@@ -1,0 +1,91 @@
+"""TPC-H Parquet data for the benchmarks, generated once with ``tpchgen-cli`` and cached.
+
+The data lives in ``.bench-cache/tpch/sf{SF}/{table}/{table}.{part}.parquet``
+under the repo root (override with ``cache_dir``). Each table is generated into
+a scratch directory and renamed into place, and a ``.complete`` marker is
+written only after that, so an interrupted run never leaves a table that
+looks usable. Tables are split into several files (``parts``) so that a
+cluster's tasks each get some.
+
+``tpchgen-cli`` writes ``string_view`` columns: flight-exec normalises them
+to ``string`` at the scan, DuckDB reads them as VARCHAR.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["REPO_ROOT", "ensure_tpch", "table_files", "tpchgen_cli"]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_PARTS = 4
+_MARKER = ".complete"
+
+
+def tpchgen_cli() -> str:
+    """The ``tpchgen-cli`` executable: next to this interpreter (a venv) first, then PATH."""
+    here = Path(sys.executable).parent / ("tpchgen-cli.exe" if os.name == "nt" else "tpchgen-cli")
+    if here.exists():
+        return str(here)
+    found = shutil.which("tpchgen-cli")
+    if found is None:
+        raise FileNotFoundError("tpchgen-cli is not installed; run: pip install -e '.[bench]'")
+    return found
+
+
+def sf_dir(sf: float, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Where scale factor ``sf`` lives: ``sf0.1``, ``sf1``, ... (``%g`` keeps names short)."""
+    base = Path(cache_dir) if cache_dir is not None else REPO_ROOT / ".bench-cache" / "tpch"
+    return base / f"sf{sf:g}"
+
+
+def _complete(table_dir: Path, sf: float, parts: int) -> bool:
+    try:
+        marker = json.loads((table_dir / _MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return marker.get("sf") == sf and marker.get("parts") == parts and bool(table_files(table_dir.parent, table_dir.name))
+
+
+def ensure_tpch(
+    sf: float,
+    tables: Sequence[str] = ("lineitem",),
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    parts: int = DEFAULT_PARTS,
+) -> Path:
+    """The directory holding ``tables`` at scale factor ``sf``, generating what is missing."""
+    root = sf_dir(sf, cache_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    for table in tables:
+        final = root / table
+        if _complete(final, sf, parts):
+            continue
+        scratch = root / f".tmp-{table}-{os.getpid()}"
+        shutil.rmtree(scratch, ignore_errors=True)
+        cmd = [tpchgen_cli(), "parquet", "-s", f"{sf:g}", "-T", table, "-p", str(parts),
+               "-o", str(scratch), "--no-progress", "-q"]
+        print(f"[tpch] generating {table} at SF {sf:g} ({parts} parts) into {final}", file=sys.stderr)
+        started = time.perf_counter()
+        try:
+            subprocess.run(cmd, check=True)
+            shutil.rmtree(final, ignore_errors=True)
+            (scratch / table).rename(final)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        (final / _MARKER).write_text(json.dumps({"sf": sf, "parts": parts, "generator": cmd[1:]}))
+        print(f"[tpch] {table} ready in {time.perf_counter() - started:.1f}s", file=sys.stderr)
+    return root
+
+
+def table_files(root: str | os.PathLike[str], table: str) -> list[Path]:
+    """The Parquet files of ``table`` under ``root`` (as ``ensure_tpch`` returns it), in part order."""
+    files = list((Path(root) / table).glob(f"{table}*.parquet"))
+    return sorted(files, key=lambda p: (len(p.name), p.name))  # lineitem.2 before lineitem.10

@@ -1,0 +1,31 @@
+"""Shared fixtures: one real LocalCluster for the session and Parquet files."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from support import make_table
+
+import flight
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[flight.LocalCluster]:
+    """Two real flight-worker processes, with the testing readers loaded."""
+    with flight.LocalCluster(2, extensions=["flight.testing"]) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def parquet_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Six Parquet files of 2,000 rows, 4 row groups each."""
+    root = tmp_path_factory.mktemp("parquet")
+    paths = []
+    for i in range(6):
+        path = root / f"part-{i}.parquet"
+        pq.write_table(make_table(2000, i * 2000), path, row_group_size=500)
+        paths.append(path)
+    return paths

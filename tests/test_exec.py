@@ -1,0 +1,173 @@
+"""One stage end to end on real workers, checked against single-process pyarrow / DuckDB."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+import pytest
+from support import make_table, running_tasks, sorted_table, wait_until
+
+import flight
+from flight import col, lit
+
+
+class Files(flight.WorkUnitFeedProvider):
+    """A provider that discovers files (optionally split by row group), dealt over partitions."""
+
+    def __init__(self, paths: list[Path], row_groups: bool = False) -> None:
+        self.paths = paths
+        self.row_groups = row_groups
+
+    def feed(self, partition: int, ctx: flight.FeedContext) -> Iterator[object]:
+        units = []
+        for p in self.paths:
+            groups = range(pq.ParquetFile(p).num_row_groups) if self.row_groups else [None]
+            units += [flight.file_unit(str(p), [] if g is None else [g]) for g in groups]
+        yield from units[partition :: ctx.partitions]
+
+
+def oracle(paths: list[Path]) -> pa.Table:
+    return pa.concat_tables(pq.read_table(p) for p in paths)
+
+
+def test_provider_discovered_parquet_on_two_workers(cluster: flight.LocalCluster, parquet_files: list[Path]) -> None:
+    schema = pq.read_schema(parquet_files[0])
+    q = (
+        flight.read_parquet(Files(parquet_files, row_groups=True), schema=schema)
+        .filter((col("qty") > 10) & col("name").is_not_null())
+        .select("id", "name", total=col("qty") * 2 + 1)
+    )
+    ex = flight.DistributedExec(q, cluster.resolver())
+    got = ex.to_table()
+
+    src = oracle(parquet_files)
+    mask = pc.and_(pc.greater(src["qty"], 10), pc.is_valid(src["name"]))
+    f = src.filter(mask)
+    expected = pa.table({"id": f["id"], "name": f["name"], "total": pc.add(pc.multiply(f["qty"], 2), 1)})
+    assert sorted_table(got).equals(sorted_table(expected))
+
+    # Both workers did part of the work, every unit was read once.
+    assert ex.metrics is not None
+    assert {t.worker_url for t in ex.metrics.tasks} == set(cluster.urls)
+    assert sum(f.units for t in ex.metrics.tasks for f in t.feeds) == 6 * 4
+    assert ex.metrics.rows == expected.num_rows
+
+
+def test_result_matches_duckdb(cluster: flight.LocalCluster, parquet_files: list[Path]) -> None:
+    q = flight.read_parquet(parquet_files).filter(col("name").like("item-1%") & (col("day") < lit(pa.scalar(100, pa.int32()).cast(pa.date32())))).select(
+        "id", upper=col("name").upper(), month=col("day").month()
+    )
+    got = flight.DistributedExec(q, cluster.resolver()).to_table()
+    files = ", ".join(f"'{p}'" for p in parquet_files)
+    expected = duckdb.sql(
+        f"select id, upper(name) as upper, month(day) as month from read_parquet([{files}]) "
+        f"where name like 'item-1%' and day < date '1970-01-01' + interval 100 day"
+    ).arrow()
+    if isinstance(expected, pa.RecordBatchReader):
+        expected = expected.read_all()
+    got_rows = sorted(zip(*[got[c].to_pylist() for c in got.column_names]))
+    exp_rows = sorted(zip(*[expected[c].to_pylist() for c in expected.column_names]))
+    assert got_rows == exp_rows and len(got_rows) > 0
+
+
+def test_ipc_and_csv_readers(cluster: flight.LocalCluster, tmp_path: Path) -> None:
+    tables = [make_table(700, i * 700) for i in range(3)]
+    ipc_files, csv_files = [], []
+    for i, t in enumerate(tables):
+        feather.write_feather(t, tmp_path / f"t{i}.arrow", compression="uncompressed")
+        ipc_files.append(tmp_path / f"t{i}.arrow")
+        pacsv.write_csv(t.select(["id", "qty"]), tmp_path / f"t{i}.csv")
+        csv_files.append(tmp_path / f"t{i}.csv")
+    whole = pa.concat_tables(tables)
+
+    got_ipc = flight.DistributedExec(flight.read_ipc(ipc_files, columns=["id", "day"]), cluster.resolver()).to_table()
+    assert sorted_table(got_ipc).equals(sorted_table(whole.select(["id", "day"])))
+
+    schema = pa.schema([("id", pa.int64()), ("qty", pa.float64())])
+    q = flight.from_feed(flight.FileListProvider(csv_files), "csv", schema).filter(col("id").between(100, 1500))
+    got_csv = flight.DistributedExec(q, cluster.resolver()).to_table()
+    ids = whole["id"]
+    expected = whole.select(["id", "qty"]).filter(pc.and_(pc.greater_equal(ids, 100), pc.less_equal(ids, 1500)))
+    assert sorted_table(got_csv).equals(sorted_table(expected))
+
+
+def test_string_view_is_normalised_at_the_scan(cluster: flight.LocalCluster, tmp_path: Path) -> None:
+    t = pa.table({"s": pa.array(["a", "bb", None, "ccc"], pa.string_view()), "n": pa.array([1, 2, 3, 4])})
+    path = tmp_path / "views.parquet"
+    pq.write_table(t, path, store_schema=True)
+    q = flight.read_parquet([path]).filter(col("n") > 1)
+    assert q.schema.field("s").type == pa.string()
+    got = flight.DistributedExec(q, cluster.resolver()).to_table()
+    assert got.schema.field("s").type == pa.string()
+    assert sorted(got["s"].to_pylist(), key=str) == sorted(["bb", None, "ccc"], key=str)
+
+
+def test_values_and_limit(cluster: flight.LocalCluster, parquet_files: list[Path]) -> None:
+    table = pa.table({"x": list(range(100))})
+    got = flight.DistributedExec(flight.from_arrow(table).filter(col("x") >= 90), cluster.resolver()).to_table()
+    assert got["x"].to_pylist() == list(range(90, 100))
+
+    limited = flight.DistributedExec(flight.read_parquet(parquet_files).limit(25, offset=10), cluster.resolver()).to_table()
+    assert limited.num_rows == 25
+    ids = set(limited["id"].to_pylist())
+    assert ids <= set(oracle(parquet_files)["id"].to_pylist()) and len(ids) == 25
+
+
+@pytest.mark.parametrize("compression", ["none", "lz4", "zstd"])
+def test_ipc_compression_on_the_wire(cluster: flight.LocalCluster, parquet_files: list[Path], compression: str) -> None:
+    q = flight.read_parquet(parquet_files, columns=["id", "name"])
+    got = flight.DistributedExec(q, cluster.resolver(), compression=compression).to_table()
+    assert sorted_table(got).equals(sorted_table(oracle(parquet_files).select(["id", "name"])))
+
+
+def test_streaming_reader_and_early_stop_frees_tasks(cluster: flight.LocalCluster, parquet_files: list[Path]) -> None:
+    """Stopping after the first batch cancels the query; the workers free its tasks."""
+    ex = flight.DistributedExec(flight.read_parquet(parquet_files * 20), cluster.resolver(), output_buffer_bytes=1 << 16)
+    reader = ex.execute()
+    first = reader.read_next_batch()
+    assert first.num_rows > 0
+    reader.close()
+    del reader
+    wait_until(lambda: running_tasks(cluster.urls) == 0, timeout=2.0, what="workers to free the tasks")
+
+
+def test_explain_names_stage_tasks_and_workers(cluster: flight.LocalCluster, parquet_files: list[Path]) -> None:
+    q = flight.read_parquet(parquet_files).filter(col("qty") > 1).select("id")
+    ex = flight.DistributedExec(q, cluster.resolver())
+    text = ex.explain()
+    assert "Stage 0" in text and "2 task(s)" in text
+    for url in cluster.urls:
+        assert url in text
+    assert "Filter[" in text and "FeedScan[" in text
+    ex.to_table()
+    after = ex.explain()
+    assert "Executed query" in after and "units" in after
+
+
+def test_one_worker_resolver_runs_one_task(cluster: flight.LocalCluster, parquet_files: list[Path]) -> None:
+    ex = flight.DistributedExec(flight.read_parquet(parquet_files), [cluster.urls[0]])
+    assert ex.stage.task_count == 1
+    assert ex.to_table().num_rows == oracle(parquet_files).num_rows
+
+
+def test_map_stage_streams_batches_through_a_worker(cluster: flight.LocalCluster) -> None:
+    schema = pa.schema([("id", pa.int64()), ("qty", pa.float64())])
+    stage = flight.map_input(schema).filter(col("qty") >= 25).select("id", double=col("qty") * 2)
+    source = make_table(50_000).select(["id", "qty"])
+    batches = source.to_batches(max_chunksize=4096)
+    out = pa.Table.from_batches(list(flight.map_batches(stage, batches, cluster.urls[1])))
+    f = source.filter(pc.greater_equal(source["qty"], 25))
+    expected = pa.table({"id": f["id"], "double": pc.multiply(f["qty"], 2)})
+    assert sorted_table(out).equals(sorted_table(expected))
+
+
+def test_map_stage_with_empty_input(cluster: flight.LocalCluster) -> None:
+    stage = flight.map_input(pa.schema([("id", pa.int64())])).select(x=col("id") + 1)
+    assert list(flight.map_batches(stage, [], cluster.urls[0])) == []

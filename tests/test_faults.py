@@ -1,0 +1,290 @@
+"""Bad input and faults: each is a clear error, never a hang, a dead worker or lost rows."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.flight as fl
+import pytest
+from support import running_tasks, wait_until
+
+import flight
+from flight import col
+from flight._proto import plan_pb2, protocol_pb2
+from flight.protocol import PROTOCOL_VERSION, encode_schema
+from flight.testing import SLEEP_SCHEMA, sleep_unit
+
+
+def healthy(url: str) -> bool:
+    with fl.connect(url) as client:
+        return [r.body.to_pybytes() for r in client.do_action(fl.Action("health", b""))] == [b"ok"]
+
+
+def raw_exchange(url: str, command: bytes, frames: list[bytes] = ()) -> tuple[list[protocol_pb2.WorkerFrame], BaseException | None]:
+    """Drive a worker by hand; return the frames it sent and the error that ended the call."""
+    got: list[protocol_pb2.WorkerFrame] = []
+    with fl.connect(url) as client:
+        writer, reader = client.do_exchange(fl.FlightDescriptor.for_command(command))
+        for data in frames:
+            writer.write_metadata(pa.py_buffer(data))
+        try:
+            while True:
+                chunk = reader.read_chunk()
+                if chunk.app_metadata is not None:
+                    frame = protocol_pb2.WorkerFrame()
+                    frame.ParseFromString(chunk.app_metadata.to_pybytes())
+                    got.append(frame)
+                    if frame.WhichOneof("frame") == "error":
+                        writer.done_writing()
+        except StopIteration:
+            return got, None
+        except pa.ArrowException as exc:
+            return got, exc
+        finally:
+            try:
+                writer.close()
+            except pa.ArrowException:
+                pass  # closing repeats the call's final status, already returned above
+
+
+def header(plan: plan_pb2.StagePlan, feeds: dict[str, list[int]] | None = None, **kw: object) -> protocol_pb2.TaskHeader:
+    h = protocol_pb2.TaskHeader(
+        protocol_version=PROTOCOL_VERSION,
+        stage_key=protocol_pb2.StageKey(query_id=f"q-{uuid.uuid4().hex[:8]}", stage_id=0, task_number=0),
+        task_count=1,
+        plan=plan.SerializeToString(),
+        feeds=[protocol_pb2.FeedAssignment(feed_id=f, partitions=p) for f, p in (feeds or {}).items()],
+    )
+    for k, v in kw.items():
+        setattr(h, k, v)
+    return h
+
+
+def units_plan(feed_id: str = "f") -> plan_pb2.StagePlan:
+    return plan_pb2.StagePlan(
+        root=plan_pb2.Operator(
+            feed_scan=plan_pb2.FeedScan(
+                feed=plan_pb2.WorkUnitFeed(feed_id=feed_id),
+                reader="units",
+                schema=encode_schema(pa.schema([("unit", pa.binary())])),
+            )
+        )
+    )
+
+
+class _Nothing(flight.WorkUnitFeedProvider):
+    def feed(self, partition: int, ctx: flight.FeedContext) -> Iterator[bytes]:
+        return iter(())
+
+
+def error_of(frames: list[protocol_pb2.WorkerFrame]) -> protocol_pb2.ErrorInfo:
+    errors = [f.error for f in frames if f.WhichOneof("frame") == "error"]
+    assert errors, f"no error frame among {frames}"
+    return errors[0]
+
+
+# ------------------------------------------------------------ malformed input
+
+
+def test_malformed_descriptor_is_invalid_argument_naming_the_field(cluster: flight.LocalCluster) -> None:
+    url = cluster.urls[0]
+    frames, exc = raw_exchange(url, b"\xff\xfe not a protobuf")
+    assert isinstance(exc, pa.ArrowInvalid)  # INVALID_ARGUMENT
+    assert "descriptor.cmd" in str(exc)
+    info = error_of(frames)
+    assert info.code == protocol_pb2.ERROR_CODE_INVALID_ARGUMENT and info.field == "descriptor.cmd"
+    assert healthy(url)
+
+
+def test_wrong_protocol_version_is_named(cluster: flight.LocalCluster) -> None:
+    frames, exc = raw_exchange(cluster.urls[0], header(units_plan(), protocol_version=99).SerializeToString())
+    assert isinstance(exc, pa.ArrowInvalid) and "protocol_version 99" in str(exc)
+    assert error_of(frames).code == protocol_pb2.ERROR_CODE_VERSION_MISMATCH
+
+
+def test_malformed_plan_bytes_name_the_field(cluster: flight.LocalCluster) -> None:
+    h = header(units_plan())
+    h.plan = b"\x0a\xff\xff\xff garbage"
+    frames, exc = raw_exchange(cluster.urls[0], h.SerializeToString())
+    assert isinstance(exc, pa.ArrowInvalid) and "header.plan" in str(exc)
+    assert error_of(frames).field == "header.plan"
+    assert healthy(cluster.urls[0])
+
+
+def test_malformed_frame_names_the_field(cluster: flight.LocalCluster) -> None:
+    h = header(units_plan(), feeds={"f": [0]})
+    frames, exc = raw_exchange(cluster.urls[0], h.SerializeToString(), [b"\xff\xff\xff"])
+    assert isinstance(exc, pa.ArrowInvalid)
+    assert error_of(frames).field.startswith("app_metadata")
+    assert healthy(cluster.urls[0])
+
+
+def test_more_units_than_credits_is_a_protocol_error(cluster: flight.LocalCluster) -> None:
+    h = header(units_plan(), feeds={"f": [0]})
+    too_many = protocol_pb2.CoordinatorFrame(
+        units=protocol_pb2.WorkUnitBatch(feed_id="f", partition=0, units=[protocol_pb2.WorkUnit(body=b"x")] * 100_000)
+    )
+    frames, exc = raw_exchange(cluster.urls[0], h.SerializeToString(), [too_many.SerializeToString()])
+    info = error_of(frames)
+    assert info.code == protocol_pb2.ERROR_CODE_INVALID_ARGUMENT
+    assert "credits" in info.message and info.field == "app_metadata.units"
+    assert isinstance(exc, pa.ArrowInvalid)
+
+
+def test_unknown_reader_is_named(cluster: flight.LocalCluster) -> None:
+    q = flight.from_feed(_Nothing(), "no-such-reader", pa.schema([("a", pa.int64())]))
+    with pytest.raises(flight.InvalidTaskError, match="no-such-reader") as info:
+        flight.DistributedExec(q, cluster.resolver()).to_table()
+    assert info.value.field.endswith(".reader")
+    assert info.value.worker_url in cluster.urls
+
+
+def test_forged_function_name_is_rejected_by_the_worker(cluster: flight.LocalCluster) -> None:
+    stage = flight.map_input(pa.schema([("a", pa.int64())])).filter(col("a") > 1).stage_plan()
+    stage.root.filter.predicate.call.function = "os.system"
+    with pytest.raises(flight.InvalidTaskError, match="os.system") as info:
+        list(flight.map_batches(stage, [pa.record_batch([pa.array([1, 2])], names=["a"])], cluster.urls[0]))
+    assert "predicate" in info.value.field
+    assert healthy(cluster.urls[0])
+
+
+def test_plan_errors_are_found_before_any_worker(parquet_files: list[Path]) -> None:
+    q = flight.read_parquet(parquet_files)
+    with pytest.raises(flight.PlanError, match="nope"):
+        q.filter(col("nope") > 1)
+    with pytest.raises(flight.PlanError):
+        q.filter(col("name") > 1)
+    with pytest.raises(flight.PlanError, match="no worker"):
+        flight.DistributedExec(q, [])
+
+
+# --------------------------------------------------------------------- faults
+
+
+def test_missing_file_names_stage_worker_and_file(cluster: flight.LocalCluster, parquet_files: list[Path], tmp_path: Path) -> None:
+    missing = tmp_path / "gone.parquet"
+    q = flight.read_parquet([*parquet_files[:2], missing], schema=flight.read_parquet(parquet_files).schema)
+    with pytest.raises(flight.TaskFailedError) as info:
+        flight.DistributedExec(q, cluster.resolver()).to_table()
+    err = info.value
+    assert str(missing) in str(err)
+    assert err.worker_url in cluster.urls and err.worker_url in str(err)
+    assert err.stage_key and err.stage_key in str(err)
+    wait_until(lambda: running_tasks(cluster.urls) == 0, timeout=2.0, what="tasks to be freed")
+
+
+class Exploding(flight.WorkUnitFeedProvider):
+    def feed(self, partition: int, ctx: flight.FeedContext) -> Iterator[bytes]:
+        for i in range(5):
+            yield sleep_unit(i, ms=1)
+        if partition == 1:
+            raise KeyError("catalog page 3 is gone")
+        while not ctx.is_cancelled():  # partition 0 keeps discovering until the query stops it
+            yield sleep_unit(99, ms=5)
+
+
+def test_provider_exception_fails_the_query_and_frees_every_task(cluster: flight.LocalCluster) -> None:
+    q = flight.from_feed(Exploding(), "testing.sleep", SLEEP_SCHEMA)
+    with pytest.raises(KeyError, match="catalog page 3") as info:
+        flight.DistributedExec(q, cluster.resolver()).to_table()
+    assert any("partition 1" in note for note in getattr(info.value, "__notes__", []))
+    wait_until(lambda: running_tasks(cluster.urls) == 0, timeout=2.0, what="tasks to be freed")
+
+
+def test_reader_failure_on_one_task_cancels_the_others(cluster: flight.LocalCluster) -> None:
+    class Mixed(flight.WorkUnitFeedProvider):
+        def feed(self, partition: int, ctx: flight.FeedContext) -> Iterator[bytes]:
+            yield b"bad unit"
+
+    q = flight.from_feed(Mixed(), "testing.fail", SLEEP_SCHEMA)
+    with pytest.raises(flight.TaskFailedError, match="always fails"):
+        flight.DistributedExec(q, cluster.resolver()).to_table()
+    wait_until(lambda: running_tasks(cluster.urls) == 0, timeout=2.0, what="tasks to be freed")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_dead_worker_url_is_named_within_the_deadline(parquet_files: list[Path]) -> None:
+    dead = f"grpc://127.0.0.1:{_free_port()}"
+    started = time.monotonic()
+    with pytest.raises(flight.WorkerUnavailableError) as info:
+        flight.DistributedExec(flight.read_parquet(parquet_files), [dead], connect_timeout=3.0).to_table()
+    assert dead in str(info.value) and info.value.worker_url == dead
+    assert isinstance(info.value, flight.RetryableError)
+    assert time.monotonic() - started < 10
+
+
+def test_coordinator_death_frees_the_task_within_two_seconds(cluster: flight.LocalCluster) -> None:
+    """A coordinator process killed mid-query: the workers cancel and free its tasks."""
+    script = textwrap.dedent(
+        f"""
+        import sys, flight
+        from flight.testing import SLEEP_SCHEMA, sleep_unit
+        class Endless(flight.WorkUnitFeedProvider):
+            def feed(self, partition, ctx):
+                i = 0
+                while True:
+                    i += 1
+                    yield sleep_unit(i, ms=10)
+        q = flight.from_feed(Endless(), "testing.sleep", SLEEP_SCHEMA)
+        reader = flight.DistributedExec(q, {cluster.urls!r}).execute()
+        reader.read_next_batch()
+        print("streaming", flush=True)
+        for batch in reader:
+            pass
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "streaming"
+        assert running_tasks(cluster.urls) == 2
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        wait_until(lambda: running_tasks(cluster.urls) == 0, timeout=2.0, what="tasks of the dead coordinator to be freed")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_cancel_action_cancels_a_running_query(cluster: flight.LocalCluster) -> None:
+    class Slow(flight.WorkUnitFeedProvider):
+        def feed(self, partition: int, ctx: flight.FeedContext) -> Iterator[bytes]:
+            i = 0
+            while not ctx.is_cancelled():
+                i += 1
+                yield sleep_unit(i, ms=20)
+
+    ex = flight.DistributedExec(flight.from_feed(Slow(), "testing.sleep", SLEEP_SCHEMA), cluster.resolver())
+    reader = ex.execute()
+    reader.read_next_batch()
+    assert ex.query_id is not None
+    body = protocol_pb2.CancelRequest(query_id=ex.query_id).SerializeToString()
+    cancelled = 0
+    for url in cluster.urls:
+        with fl.connect(url) as client:
+            (res,) = list(client.do_action(fl.Action("cancel", body)))
+        result = protocol_pb2.CancelResult()
+        result.ParseFromString(res.body.to_pybytes())
+        cancelled += result.cancelled_tasks
+    assert cancelled == 2
+    with pytest.raises(flight.TaskCancelledError, match="cancelled by request"):
+        for _ in reader:
+            pass
+    wait_until(lambda: running_tasks(cluster.urls) == 0, timeout=2.0, what="cancelled tasks to be freed")
