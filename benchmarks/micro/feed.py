@@ -57,6 +57,7 @@ def measure(urls: list[str], n: int, runs: int, overrides: dict[str, int]) -> fl
     """Median units/s over ``runs`` after one warm-up run."""
     run_once(urls, min(n, 10_000), overrides)
     times = [run_once(urls, n, overrides) for _ in range(runs)]
+    print(f"[feed] {overrides or 'defaults'}: runs {', '.join(f'{t:.3f}s' for t in times)}", file=sys.stderr, flush=True)
     return n / statistics.median(times)
 
 

@@ -1,0 +1,44 @@
+"""The package's shape: public API, generated code freshness, a light import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import flight
+
+ROOT = Path(__file__).resolve().parent.parent
+
+EXPECTED_API = {
+    "DistributedExec", "ExecOptions", "Expr", "FeedContext", "FeedError", "FeedStats", "FileListProvider",
+    "FileWorkerResolver", "FlightExecError", "InvalidTaskError", "LocalCluster", "PlanError",
+    "PollingWorkerResolver", "ProtocolError", "Query", "QueryMetrics", "ReaderContext", "ResolverError",
+    "RetryableError", "StaticWorkerResolver", "TaskCancelledError", "TaskFailedError", "TaskStats",
+    "VersionMismatchError", "WorkUnit", "WorkUnitFeed", "WorkUnitFeedProvider", "WorkerError", "WorkerOptions",
+    "WorkerResolver", "WorkerUnavailableError", "__version__", "call", "coalesce", "col", "file_unit",
+    "from_arrow", "from_feed", "if_else", "lit", "map_batches", "map_input", "read_ipc", "read_parquet",
+    "register_reader", "units",
+}
+
+
+def test_public_api_is_exactly_what_is_exported() -> None:
+    assert set(flight.__all__) == EXPECTED_API
+    for name in flight.__all__:
+        assert hasattr(flight, name), name
+
+
+def test_generated_protobuf_code_is_fresh() -> None:
+    """Editing a .proto without running scripts/gen_proto.py fails here."""
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_proto.py"), "--check"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_import_stays_light() -> None:
+    code = "import sys, flight; print(sorted(m for m in ('pyspark', 'pandas', 'duckdb') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
+
+
+def test_ships_type_information() -> None:
+    assert (Path(flight.__file__).parent / "py.typed").exists()

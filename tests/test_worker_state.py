@@ -1,0 +1,147 @@
+"""The worker's bookkeeping driven without sockets: credits, buffers, registry, header checks."""
+
+from __future__ import annotations
+
+import threading
+
+import pyarrow as pa
+import pytest
+
+from flight._proto import plan_pb2, protocol_pb2
+from flight.errors import ProtocolError, TaskCancelledError, VersionMismatchError
+from flight.protocol import PROTOCOL_VERSION, decode_header, decode_ticket
+from flight.worker.buffers import OutputBuffer
+from flight.worker.tasks import FeedInbox
+
+
+def units(n: int) -> list[protocol_pb2.WorkUnit]:
+    return [protocol_pb2.WorkUnit(body=bytes([i % 256]), created_unix_nanos=1, sent_unix_nanos=2) for i in range(n)]
+
+
+def test_inbox_grants_its_window_then_tops_up_in_chunks() -> None:
+    grants: list[int] = []
+    inbox = FeedInbox("f", 0, window=8, send_credit=grants.append)
+    inbox.start()
+    assert grants == [8]
+    inbox.deliver(units(8))
+    taken = [inbox.take(1) for _ in range(3)]
+    assert all(len(t) == 1 for t in taken) and grants == [8]  # 5 outstanding > 8 // 2
+    inbox.take(1)
+    assert grants == [8, 4]  # 4 outstanding: topped up back to the window
+    with pytest.raises(ProtocolError, match="credits") as info:
+        inbox.deliver(units(9))
+    assert info.value.field == "app_metadata.units"
+
+
+def test_inbox_end_and_units_after_end() -> None:
+    inbox = FeedInbox("f", 3, window=4, send_credit=lambda n: None)
+    inbox.start()
+    inbox.deliver(units(2))
+    inbox.end()
+    assert len(list(inbox)) == 2
+    assert inbox.take(1) == []
+    with pytest.raises(ProtocolError, match="after its FeedEnd"):
+        inbox.deliver(units(1))
+
+
+def test_inbox_failure_wakes_a_waiting_reader() -> None:
+    inbox = FeedInbox("f", 0, window=4, send_credit=lambda n: None)
+    errors: list[BaseException] = []
+
+    def reader() -> None:
+        try:
+            inbox.take(1)
+        except TaskCancelledError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    inbox.fail(TaskCancelledError("stop"))
+    t.join(5)
+    assert not t.is_alive() and len(errors) == 1
+
+
+def batch(n: int) -> pa.RecordBatch:
+    return pa.record_batch([pa.array(range(n), pa.int64())], names=["x"])
+
+
+def test_output_buffer_blocks_the_producer_until_read() -> None:
+    buf = OutputBuffer(1, max_bytes=batch(100).nbytes)
+    buf.put(0, batch(100))
+    produced = threading.Event()
+
+    def producer() -> None:
+        buf.put(0, batch(100))
+        produced.set()
+        buf.finish()
+
+    t = threading.Thread(target=producer)
+    t.start()
+    assert not produced.wait(0.2), "the producer should wait while the buffer is full"
+    got = list(buf.read(0))
+    t.join(5)
+    assert [b.num_rows for b in got] == [100, 100] and buf.buffered_bytes == 0
+    assert buf.all_drained()
+    with pytest.raises(TaskCancelledError, match="already"):
+        list(buf.read(0))
+
+
+def test_output_buffer_failure_reaches_the_reader() -> None:
+    buf = OutputBuffer(2, max_bytes=1 << 20)
+    buf.put(1, batch(3))
+    buf.fail(TaskCancelledError("gone"))
+    with pytest.raises(TaskCancelledError, match="gone"):
+        list(buf.read(1))
+
+
+def header(**kw: object) -> protocol_pb2.TaskHeader:
+    plan = plan_pb2.StagePlan(root=plan_pb2.Operator(values=plan_pb2.Values()))
+    h = protocol_pb2.TaskHeader(
+        protocol_version=PROTOCOL_VERSION,
+        stage_key=protocol_pb2.StageKey(query_id="q", stage_id=1, task_number=0),
+        task_count=1,
+        plan=plan.SerializeToString(),
+    )
+    for k, v in kw.items():
+        if k == "stage_key":
+            h.stage_key.CopyFrom(v)  # type: ignore[arg-type]
+        else:
+            setattr(h, k, v)
+    return h
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"task_count": 0}, "header.task_count"),
+        ({"stage_key": protocol_pb2.StageKey(query_id="", task_number=0)}, "header.stage_key.query_id"),
+        ({"stage_key": protocol_pb2.StageKey(query_id="q", task_number=5)}, "header.stage_key.task_number"),
+        ({"plan": b""}, "header.plan"),
+        ({"plan": plan_pb2.StagePlan().SerializeToString() + b"\x00"}, "header.plan"),
+    ],
+)
+def test_header_checks_name_the_field(change: dict[str, object], field: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode_header(header(**change).SerializeToString())
+    assert info.value.field == field
+
+
+def test_header_version_and_duplicate_feeds() -> None:
+    with pytest.raises(VersionMismatchError):
+        decode_header(header(protocol_version=2).SerializeToString())
+    h = header()
+    h.feeds.add(feed_id="a", partitions=[0])
+    h.feeds.add(feed_id="a", partitions=[1])
+    with pytest.raises(ProtocolError, match="repeats") as info:
+        decode_header(h.SerializeToString())
+    assert info.value.field == "header.feeds[1].feed_id"
+    good, plan = decode_header(header().SerializeToString())
+    assert good.stage_key.stage_id == 1 and plan.root.WhichOneof("kind") == "values"
+
+
+def test_ticket_checks() -> None:
+    key = protocol_pb2.StageKey(query_id="q")
+    with pytest.raises(ProtocolError, match="empty"):
+        decode_ticket(protocol_pb2.Ticket(stage_key=key, partition_start=2, partition_end=2).SerializeToString())
+    with pytest.raises(ProtocolError, match="stage_key"):
+        decode_ticket(protocol_pb2.Ticket(partition_end=1).SerializeToString())
