@@ -67,7 +67,7 @@ def limit_batches(batches: Iterable[pa.RecordBatch], count: int, offset: int) ->
     to_skip, left = offset, count
     for batch in batches:
         if left <= 0:
-            return
+            break
         if to_skip:
             if batch.num_rows <= to_skip:
                 to_skip -= batch.num_rows
@@ -78,6 +78,17 @@ def limit_batches(batches: Iterable[pa.RecordBatch], count: int, offset: int) ->
             batch = batch.slice(0, left)
         left -= batch.num_rows
         yield batch
+    _close_early(batches)
+
+
+def _close_early(batches: Iterable[pa.RecordBatch]) -> None:
+    """Stop the producer of ``batches``; Acero reports its own early cancellation, which is expected."""
+    close = getattr(batches, "close", None)
+    if close is not None:
+        try:
+            close()
+        except pa.ArrowCancelled:
+            pass
 
 
 def compile_task(plan: plan_pb2.StagePlan, inputs: TaskInputs, batch_rows: int) -> pa.RecordBatchReader:
