@@ -6,8 +6,8 @@ Generates (or reuses) TPC-H Parquet data, starts a ``LocalCluster``, and runs
 one-stage queries the current API supports (scan, filter, project, limit).
 Each query is written twice: as DuckDB SQL, the independent oracle, and once
 against a tiny "dialect" (``col``, ``lit``, ``like``, ...) that builds both
-the flight-exec query and the single-process pyarrow (Acero, via
-``pyarrow.dataset``) baseline, so those two cannot drift apart. Results are
+the flight-exec query and the single-process pyarrow baseline (one Acero
+plan over a ``pyarrow.dataset`` scan), so those two cannot drift apart. Results are
 compared as sorted tables (floats and decimals as float64 with a tolerance).
 
 Prints one table (rows, median seconds, ratios) and ``suite: N/N queries
@@ -131,7 +131,14 @@ def log(msg: str) -> None:
 # ------------------------------------------------------------------- engines
 
 
+def needed_columns(b: Bench) -> list[str]:
+    """The lineitem columns the query reads, for projection pushdown into the scan."""
+    exprs = [*b.select(FLIGHT).values(), *([b.where(FLIGHT)] if b.where is not None else [])]
+    return sorted(set().union(*(e.referenced_fields() for e in exprs)))
+
+
 def flight_query(b: Bench, files: list[Path]) -> flight.Query:
+    # The planner pushes the columns the query uses into the scan by itself.
     q = flight.read_parquet(files)
     if b.where is not None:
         q = q.filter(b.where(FLIGHT))
@@ -151,8 +158,7 @@ def run_acero(b: Bench, dataset: ds.Dataset) -> pa.Table:
     ``string`` schema instead breaks its statistics pushdown: "equal (string, string_view)".)
     """
     select = b.select(ARROW)
-    exprs = [*b.select(FLIGHT).values(), *([b.where(FLIGHT)] if b.where is not None else [])]
-    needed = sorted(set().union(*(e.referenced_fields() for e in exprs)))  # projection pushdown
+    needed = needed_columns(b)
     normalize = [pc.field(n).cast(pa.string()) if dataset.schema.field(n).type == pa.string_view() else pc.field(n)
                  for n in needed]
     steps = [ac.Declaration("scan", ac.ScanNodeOptions(dataset, columns=needed)),
@@ -249,8 +255,9 @@ def run_suite(files: list[Path], urls: list[str], runs: int) -> list[dict[str, A
         try:
             got = run_flight(b, files, urls)  # also the warm-up of each engine
             row["rows"] = got.num_rows
-            row["error"] = differences(got, run_duckdb(con, b.sql), b.limit)
-            acero_error = differences(run_acero(b, dataset), run_duckdb(con, b.sql), b.limit)
+            want = run_duckdb(con, b.sql)
+            row["error"] = differences(got, want, b.limit)
+            acero_error = differences(run_acero(b, dataset), want, b.limit)
             if acero_error:  # the baseline is wrong, not flight-exec: say so, but keep going
                 log(f"{b.name}: the Acero baseline differs from DuckDB: {acero_error}")
             limited_sql = b.sql + (f" LIMIT {b.limit}" if b.limit is not None else "")
@@ -265,10 +272,16 @@ def run_suite(files: list[Path], urls: list[str], runs: int) -> list[dict[str, A
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
+    def secs(x: float) -> str:
+        return "-" if math.isnan(x) else f"{x:.3f}s"
+
+    def ratio(a: float, b: float) -> str:
+        return "-" if math.isnan(a) or math.isnan(b) else f"{a / b:.1f}x"
+
     print(f"{'query':<14}{'rows':>9}{'flight-exec':>13}{'duckdb':>9}{'acero':>9}{'fe/duckdb':>11}{'fe/acero':>10}  check")
     for r in results:
-        print(f"{r['query']:<14}{r['rows']:>9}{r['fe']:>12.3f}s{r['duck']:>8.3f}s{r['acero']:>8.3f}s"
-              f"{r['fe'] / r['duck']:>10.1f}x{r['fe'] / r['acero']:>9.1f}x  {r['error'] or 'ok'}")
+        print(f"{r['query']:<14}{r['rows']:>9}{secs(r['fe']):>13}{secs(r['duck']):>9}{secs(r['acero']):>9}"
+              f"{ratio(r['fe'], r['duck']):>11}{ratio(r['fe'], r['acero']):>10}  {r['error'] or 'ok'}")
 
 
 def run_micro() -> None:

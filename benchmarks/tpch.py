@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["REPO_ROOT", "ensure_tpch", "table_files", "tpchgen_cli"]
+__all__ = ["REPO_ROOT", "ensure_tpch", "sf_dir", "table_files", "tpchgen_cli"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PARTS = 4
@@ -80,7 +80,7 @@ def ensure_tpch(
             (scratch / table).rename(final)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-        (final / _MARKER).write_text(json.dumps({"sf": sf, "parts": parts, "generator": cmd[1:]}))
+        (final / _MARKER).write_text(json.dumps({"sf": sf, "parts": parts}))
         print(f"[tpch] {table} ready in {time.perf_counter() - started:.1f}s", file=sys.stderr)
     return root
 

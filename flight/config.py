@@ -18,7 +18,7 @@ Compression = Literal["none", "lz4", "zstd"]
 class WorkerOptions:
     """Defaults a worker applies when a task's header leaves a value at 0."""
 
-    feed_window: int = 64
+    feed_window: int = 256
     """Units a task keeps asked-for per feed partition (its credit window)."""
     output_buffer_bytes: int = 64 << 20
     """A task's producer waits once this many bytes of output are unread."""

@@ -172,6 +172,9 @@ class LatencyStats:
         if nanos > self.max_nanos:
             self.max_nanos = nanos
 
+    def __repr__(self) -> str:
+        return f"LatencyStats(count={self.count}, mean_ms={self.mean_ms:.3f}, max_ms={self.max_nanos / 1e6:.3f})"
+
     @property
     def mean_ms(self) -> float:
         return self.sum_nanos / self.count / 1e6 if self.count else 0.0

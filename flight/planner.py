@@ -17,6 +17,7 @@ from flight._proto import plan_pb2
 from flight.errors import PlanError
 from flight.feed import WorkUnitFeed
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, LimitNode, Node, ValuesNode
+from flight.plan.optimize import prune_columns
 from flight.protocol import encode_schema
 
 __all__ = ["FeedPlan", "StageSpec", "plan_stage"]
@@ -56,6 +57,7 @@ def plan_stage(root: Node, max_tasks: int, stage_id: int = 0) -> StageSpec:
     """Size one stage and hand out its feed partitions round-robin."""
     if max_tasks < 1:
         raise PlanError("the resolver returned no worker URLs; start workers or check the resolver's source")
+    root = prune_columns(root)
     nodes = list(root.walk())
     if any(isinstance(n, ExchangeInputNode) for n in nodes):
         raise PlanError("a plan reading exchange input is a map stage: run it with flight.map_batches or flight.spark.flight_map")

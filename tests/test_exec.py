@@ -15,6 +15,7 @@ import pytest
 from support import make_table, running_tasks, sorted_table, wait_until
 
 import flight
+import flight.plan.nodes
 from flight import col, lit
 
 
@@ -171,3 +172,13 @@ def test_map_stage_streams_batches_through_a_worker(cluster: flight.LocalCluster
 def test_map_stage_with_empty_input(cluster: flight.LocalCluster) -> None:
     stage = flight.map_input(pa.schema([("id", pa.int64())])).select(x=col("id") + 1)
     assert list(flight.map_batches(stage, [], cluster.urls[0])) == []
+
+
+def test_scans_read_only_the_columns_the_plan_uses(cluster: flight.LocalCluster, parquet_files: list[Path]) -> None:
+    q = flight.read_parquet(parquet_files).filter(col("qty") > 40).select(n=col("name").upper())
+    ex = flight.DistributedExec(q, cluster.resolver())
+    (scan,) = [n for n in ex.stage.root.walk() if isinstance(n, flight.plan.nodes.FeedScanNode)]
+    assert scan.columns == ["qty", "name"]
+    src = oracle(parquet_files)
+    expected = pc.utf8_upper(src.filter(pc.greater(src["qty"], 40))["name"])
+    assert sorted(ex.to_table()["n"].to_pylist(), key=str) == sorted(expected.to_pylist(), key=str)

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"feed: {args.units:,} units of {UNIT_BYTES} bytes, {args.workers} workers, {shown}")
     with flight.LocalCluster(args.workers) as cluster:
         if args.sweep:
-            for window, frame in itertools.product([64, 256, 1024, 4096, 16384], [256, 1024, 4096]):
+            for window, frame in itertools.product([64, 256, 1024, 4096], [64, 256, 1024, 4096]):
                 rate = measure(cluster.urls, args.units, args.runs, {**overrides, "feed_window": window, "max_units_per_frame": frame})
                 print(f"  feed_window={window:<6} max_units_per_frame={frame:<5} {rate:>10,.0f} units/s")
         rate = measure(cluster.urls, args.units, args.runs, overrides)

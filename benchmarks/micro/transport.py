@@ -159,7 +159,7 @@ def timed(fn: Callable[[], tuple[int, int]], expect_rows: int, label: str) -> tu
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sf", type=float, default=0.5, help="TPC-H scale factor (0.5: ~310 MB of Arrow data)")
-    p.add_argument("--runs", type=int, default=5, help="timed runs of each side (median reported)")
+    p.add_argument("--runs", type=int, default=7, help="timed runs of each side (median reported)")
     p.add_argument("--workers", type=int, default=2, help="flight-exec workers = raw concurrent streams")
     p.add_argument("--compression", choices=["none", "lz4", "zstd"], default="none")
     args = p.parse_args(argv)
