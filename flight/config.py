@@ -28,6 +28,8 @@ class WorkerOptions:
     """Seconds a draining worker lets running tasks finish before cancelling them."""
     get_wait: float = 10.0
     """Seconds a DoGet waits for the task it names to be registered."""
+    unit_delay_ms: float = 0.0
+    """Extra milliseconds per work unit: makes a worker artificially slow, for skew tests and benchmarks."""
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,11 @@ class ExecOptions:
     connect_timeout: float = 10.0
     """Seconds to wait for a worker to accept a task before naming it unavailable."""
     feed_window: int = 0
-    """Credit window per feed partition; 0 lets each worker use its default."""
+    """Credit window per partitioned-feed partition; 0 lets each worker use its default."""
+    shared_window: int = 2
+    """Credit window of each task on a shared-queue feed: small, so slow tasks get fewer units."""
+    affinity_wait: float = 0.05
+    """Seconds a unit with a preferred worker waits for that worker's task to have credit."""
     output_buffer_bytes: int = 0
     """Per-task output buffer bound; 0 lets each worker use its default."""
     discovery_buffer: int = 4096

@@ -31,6 +31,7 @@ __all__ = [
     "FeedContext",
     "LatencyStats",
     "RemoteUnitSource",
+    "Unit",
     "WorkUnit",
     "WorkUnitFeed",
     "WorkUnitFeedProvider",
@@ -38,12 +39,30 @@ __all__ = [
     "unit_bytes",
 ]
 
-WorkUnit = Union[bytes, bytearray, memoryview, Message]
-"""What a provider may yield: raw bytes or any protobuf message (serialized on the way)."""
+@dataclass(frozen=True)
+class Unit:
+    """A work unit with what the coordinator may know about it.
+
+    ``preferred_worker`` (a worker URL: data locality, a warm cache) sends the
+    unit to that worker's task when it has credit within a short bound.
+    ``rows`` / ``bytes`` are size hints the ``TaskEstimator`` uses to decide
+    how many tasks the work justifies. None of these cross the wire.
+    """
+
+    body: bytes | Message
+    preferred_worker: str | None = None
+    rows: int | None = None
+    bytes: int | None = None
+
+
+WorkUnit = Union[bytes, bytearray, memoryview, Message, Unit]
+"""What a provider may yield: raw bytes, any protobuf message (serialized on the way), or a ``Unit``."""
 
 
 def unit_bytes(unit: WorkUnit) -> bytes:
     """The wire body of a unit; a clear error for anything that is not bytes or protobuf."""
+    if isinstance(unit, Unit):
+        unit = unit.body
     if isinstance(unit, bytes):
         return unit
     if isinstance(unit, (bytearray, memoryview)):
@@ -82,10 +101,19 @@ class FeedContext:
 class WorkUnitFeedProvider(abc.ABC):
     """User code that discovers work units; runs only on the coordinator.
 
-    ``feed`` may be a generator or an async generator. ``partitions()`` says how
-    many independent partitions the feed has; ``None`` (the default) lets the
-    planner use one partition per task.
+    ``feed`` may be a generator or an async generator. Two ways to hand units out:
+
+    * **partitioned** (default): ``partitions()`` says how many independent
+      streams the feed has (``None``: one per task); ``feed(p, ctx)`` yields
+      partition ``p``'s units, and they all go to the task that owns ``p``.
+    * **shared queue** (``shared = True``): ``feed(0, ctx)`` is the one
+      discovery stream of the whole leaf; each unit goes to whichever task has
+      credit, so a slow task gets fewer units and discovery overlaps execution.
+      The number of tasks is then decided from the first discovered units by a
+      ``TaskEstimator``.
     """
+
+    shared: bool = False
 
     @abc.abstractmethod
     def feed(self, partition: int, ctx: FeedContext) -> Iterator[WorkUnit] | AsyncIterator[WorkUnit]:

@@ -133,13 +133,19 @@ Global___TaskOptions: _TypeAlias = TaskOptions  # noqa: Y015
 
 @_typing.final
 class FeedAssignment(_message.Message):
-    """Which partitions of a feed this task consumes."""
+    """Which partitions of a feed this task consumes. For a shared-queue feed the
+    task has one partition of its own (its task number) that the coordinator
+    fills from the feed's single discovery stream as the task grants credit.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     FEED_ID_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
+    WINDOW_FIELD_NUMBER: _builtins.int
     feed_id: _builtins.str
+    window: _builtins.int
+    """credit window for these partitions; 0 = TaskOptions.feed_window"""
     @_builtins.property
     def partitions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -147,10 +153,11 @@ class FeedAssignment(_message.Message):
         *,
         feed_id: _builtins.str = ...,
         partitions: _abc.Iterable[_builtins.int] | None = ...,
+        window: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["feed_id", b"feed_id", "partitions", b"partitions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["feed_id", b"feed_id", "partitions", b"partitions", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -25,10 +25,11 @@ import pyarrow.flight as fl
 from flight._proto import protocol_pb2
 from flight.config import ExecOptions
 from flight.coordinator.channel import ClientPool, TaskChannel, translate_flight_error
-from flight.coordinator.dispatch import FeedDispatcher
+from flight.coordinator.dispatch import FeedDispatcher, Source
 from flight.coordinator.metrics import QueryMetrics, TaskStats
 from flight.engine.pipeline import limit_batches
-from flight.errors import FlightExecError, ResolverError, TaskCancelledError, WorkerError
+from flight.errors import FlightExecError, PlanError, ResolverError, TaskCancelledError, WorkerError
+from flight.estimate import DefaultTaskEstimator, TaskEstimator
 from flight.plan.query import Query
 from flight.planner import StageSpec, plan_stage
 from flight.protocol import PROTOCOL_VERSION, make_stage_key
@@ -59,9 +60,12 @@ class DistributedExec:
         query: Query,
         resolver: WorkerResolver | Sequence[str],
         options: ExecOptions | None = None,
+        *,
+        estimator: TaskEstimator | None = None,
         **overrides: object,
     ) -> None:
         self.query = query
+        self.estimator = estimator or DefaultTaskEstimator()
         self.resolver = resolver if isinstance(resolver, WorkerResolver) else StaticWorkerResolver(list(resolver))
         self.options = replace(options or ExecOptions(), **overrides)  # type: ignore[arg-type]
         if self.options.compression not in _COMPRESSION:
@@ -78,18 +82,25 @@ class DistributedExec:
         stage = self.stage
         urls = self._bound or self.resolver.get_urls()
         state = "bound" if self._bound else "planned"
-        lines = [f"Stage {stage.stage_id} (leaf, head): {stage.task_count} task(s), {state} workers"]
+        pending = stage.sized_at_execution and stage.estimate is None
+        count = f"up to {stage.max_tasks}" if pending else str(stage.task_count)
+        lines = [f"Stage {stage.stage_id} (leaf, head): {count} task(s), {state} workers"]
         lines += [f"  note: {n}" for n in stage.notes]
-        for t in range(stage.task_count):
+        if stage.estimate is not None:
+            lines.append(f"  estimate: {stage.estimate.describe()}")
+        for t, assigned in enumerate(stage.assignments(stage.max_tasks if pending else stage.task_count)):
             url = urls[t % len(urls)] if urls else "?"
-            feeds = ", ".join(f"{fid}{parts}" for fid, parts in stage.assignments[t].items()) or "-"
-            lines.append(f"  task {t} -> {url}  feed partitions: {feeds}")
+            feeds = ", ".join(f"{fid}{'[shared]' if self._is_shared(fid) else parts}" for fid, parts in assigned.items()) or "-"
+            lines.append(f"  task {t} -> {url}  feeds: {feeds}")
         lines += ["  " + line for line in stage.root.explain_lines()]
         if stage.final_limit:
             lines.insert(1, f"  final limit {stage.final_limit[0]} offset {stage.final_limit[1]} on the coordinator")
         if self.metrics is not None:
             lines.append(self.metrics.describe())
         return "\n".join(lines)
+
+    def _is_shared(self, feed_id: str) -> bool:
+        return any(f.feed.feed_id == feed_id for f in self.stage.shared_feeds)
 
     # -------------------------------------------------------------- execution
 
@@ -134,6 +145,7 @@ class _Run:
             self.query_id,
             discovery_buffer=self.options.discovery_buffer,
             max_units_per_frame=self.options.max_units_per_frame,
+            affinity_wait_s=self.options.affinity_wait,
             on_error=self.fail,
         )
         self.started = time.perf_counter()
@@ -151,21 +163,25 @@ class _Run:
             channel.abort(f"query {self.query_id} failed: {error}")
         _offer(self.results, _DONE)
 
-    def _bind(self) -> list[str]:
+    def _bind(self, task_count: int) -> list[str]:
         urls = self.ex.resolver.get_urls()
         if not urls:
             raise ResolverError("the resolver returned no worker URLs at execution time")
-        self.ex._bound = [urls[t % len(urls)] for t in range(self.stage.task_count)]
+        self.ex._bound = [urls[t % len(urls)] for t in range(task_count)]
         return self.ex._bound
 
-    def _header(self, task: int, url: str) -> protocol_pb2.TaskHeader:
+    def _header(self, task: int, url: str, assigned: dict[str, list[int]]) -> protocol_pb2.TaskHeader:
         stage, opts = self.stage, self.options
+        shared = {f.feed.feed_id for f in stage.shared_feeds}
         return protocol_pb2.TaskHeader(
             protocol_version=PROTOCOL_VERSION,
             stage_key=make_stage_key(self.query_id, stage.stage_id, task),
-            task_count=stage.task_count,
+            task_count=len(self.ex._bound or ()),
             plan=self._plan_bytes,
-            feeds=[protocol_pb2.FeedAssignment(feed_id=f, partitions=p) for f, p in stage.assignments[task].items()],
+            feeds=[
+                protocol_pb2.FeedAssignment(feed_id=f, partitions=p, window=opts.shared_window if f in shared else 0)
+                for f, p in assigned.items()
+            ],
             target_worker_url=url,
             query_start_unix_nanos=time.time_ns(),
             options=protocol_pb2.TaskOptions(
@@ -175,22 +191,48 @@ class _Run:
             ),
         )
 
+    def _size(self) -> int:
+        """The stage's task count: planned, or estimated now from a shared feed's first units."""
+        stage = self.stage
+        if not stage.sized_at_execution:
+            return stage.task_count
+        estimator = self.ex.estimator
+        source = self.sources[stage.shared_feeds[0].feed.feed_id][0]
+        sample = self.dispatcher.sample(source, estimator.sample_units, estimator.sample_ms / 1000)
+        workers = min(stage.max_tasks, len(self.ex.resolver.get_urls()) or 1)
+        estimate = estimator.estimate(sample, workers)
+        if not 1 <= estimate.tasks <= workers:
+            raise PlanError(f"the task estimator chose {estimate.tasks} tasks; it must choose between 1 and {workers}")
+        stage.estimate, stage.task_count = estimate, estimate.tasks
+        log.debug("query %s: %s", self.query_id, estimate.describe())
+        return estimate.tasks
+
     def start(self) -> Iterator[pa.RecordBatch]:
-        urls = self._bind()
         self._plan_bytes = self.stage.stage_plan().SerializeToString()
         try:
-            for task, url in enumerate(urls):
+            # Discovery starts first: it overlaps sizing, connecting and the tasks' start.
+            self.sources: dict[str, list[Source]] = {}
+            for f in self.stage.feeds:
+                self.sources[f.feed.feed_id] = [
+                    self.dispatcher.add_source(f.feed, p, f.partitions, shared=f.shared) for p in range(f.partitions)
+                ]
+            self.dispatcher.start_discovery()
+            task_count = self._size()
+            urls = self._bind(task_count)
+            for task, assigned in enumerate(self.stage.assignments(task_count)):
                 channel = TaskChannel(
-                    url,
-                    self._header(task, url),
+                    urls[task],
+                    self._header(task, urls[task], assigned),
                     on_credit=self.dispatcher.on_credit,
                     on_error=lambda ch, err: self.fail(err),
                 )
                 self.channels.append(channel)
-            # Feeds are registered before any channel opens: credits may arrive at once.
-            for feed in self.stage.feeds:
-                for p in range(feed.partitions):
-                    self.dispatcher.add(feed.feed, p, feed.partitions, self.channels[p % self.stage.task_count])
+                # Slots exist before any channel opens: credits may arrive at once.
+                for feed_id, partitions in assigned.items():
+                    feed_sources = self.sources[feed_id]
+                    for p in partitions:
+                        source = feed_sources[0] if feed_sources[0].shared else feed_sources[p]
+                        self.dispatcher.add_slot(source, p, channel)
             for channel in self.channels:
                 channel.open(self.clients.get(channel.url))
             deadline = time.monotonic() + self.options.connect_timeout
@@ -201,7 +243,7 @@ class _Run:
             self.fail(exc)
             self._finish()
             raise
-        self.dispatcher.start()
+        self.dispatcher.start_sending()
         for channel in self.channels:
             threading.Thread(target=self._read_output, args=(channel,), name=f"doget-{channel.key}", daemon=True).start()
         return self._batches()

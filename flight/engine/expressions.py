@@ -13,13 +13,14 @@ evaluated, unpickled or looked up by a user-provided name.
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.acero as acero
 import pyarrow.compute as pc
 
 from flight._proto import plan_pb2
 from flight.errors import ProtocolError
 from flight.plan.functions import FunctionSpec, lookup
 
-__all__ = ["MAX_DEPTH", "to_pyarrow"]
+__all__ = ["MAX_DEPTH", "bind", "referenced_fields", "to_pyarrow"]
 
 MAX_DEPTH = 200
 """Deepest expression nesting the decoder accepts (keeps the worker off Python's recursion limit)."""
@@ -159,3 +160,30 @@ def _ipc_type(data: bytes, path: str) -> pa.DataType:
         return schema.field(0).type
     except _BAD_INPUT as exc:
         raise ProtocolError(f"The target type is not a readable Arrow IPC schema: {exc}", field=path) from exc
+
+
+def referenced_fields(msg: plan_pb2.Expression) -> set[str]:
+    """Column names an expression message reads (after ``to_pyarrow`` accepted it)."""
+    kind = msg.WhichOneof("kind")
+    if kind == "field":
+        return {msg.field.name}
+    if kind == "call":
+        return set().union(*(referenced_fields(a) for a in msg.call.args)) if msg.call.args else set()
+    return set()
+
+
+def bind(msg: plan_pb2.Expression, expr: pc.Expression, schema: pa.Schema, field: str) -> pa.DataType:
+    """The type ``expr`` yields over ``schema``; ``ProtocolError`` naming ``field`` when it does not fit.
+
+    Checked before the task's pipeline is built: Acero must never see an
+    expression that does not bind (pyarrow can crash the process on one).
+    """
+    missing = sorted(referenced_fields(msg) - set(schema.names))
+    if missing:
+        raise ProtocolError(f"{field} reads column {missing[0]!r}, which its input does not have ({schema.names})", field=field)
+    source = acero.Declaration("table_source", acero.TableSourceNodeOptions(schema.empty_table()))
+    project = acero.Declaration("project", acero.ProjectNodeOptions([expr], ["out"]))
+    try:
+        return acero.Declaration.from_sequence([source, project]).to_table().schema.field(0).type
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, KeyError) as exc:
+        raise ProtocolError(f"{field} does not fit its input: {exc}", field=field) from exc

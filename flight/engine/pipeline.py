@@ -10,14 +10,16 @@ runs, so a bad plan fails with a ``ProtocolError`` naming the field.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.acero as ac
 
 from flight._proto import plan_pb2
-from flight.engine.expressions import to_pyarrow
+from flight.engine.expressions import bind, to_pyarrow
 from flight.arrow_types import UNITS_READER, normalize_schema
 from flight.engine.readers import ReaderContext, UnitReadError, conform, get_reader
 from flight.errors import ProtocolError
@@ -91,9 +93,14 @@ def _close_early(batches: Iterable[pa.RecordBatch]) -> None:
             pass
 
 
-def compile_task(plan: plan_pb2.StagePlan, inputs: TaskInputs, batch_rows: int) -> pa.RecordBatchReader:
-    """The task's output stream. Raises ProtocolError for a plan this worker cannot run."""
-    decl = _compile(plan.root, inputs, batch_rows, "plan.root")
+def compile_task(
+    plan: plan_pb2.StagePlan, inputs: TaskInputs, batch_rows: int, unit_delay_s: float = 0.0
+) -> pa.RecordBatchReader:
+    """The task's output stream. Raises ProtocolError for a plan this worker cannot run.
+
+    ``unit_delay_s`` slows every work unit down on purpose (the worker's ``--unit-delay-ms``).
+    """
+    decl, _ = _compile(plan.root, _Env(inputs, batch_rows, unit_delay_s), "plan.root")
     return decl.to_reader(use_threads=True)
 
 
@@ -101,59 +108,83 @@ def _source(reader: pa.RecordBatchReader) -> ac.Declaration:
     return ac.Declaration("record_batch_reader_source", ac.RecordBatchReaderSourceNodeOptions(reader))
 
 
-def _compile(op: plan_pb2.Operator, inputs: TaskInputs, batch_rows: int, field: str) -> ac.Declaration:
+@dataclass(frozen=True)
+class _Env:
+    inputs: TaskInputs
+    batch_rows: int
+    unit_delay_s: float
+
+    def delay(self, units: int) -> None:
+        if self.unit_delay_s > 0:
+            time.sleep(self.unit_delay_s * units)
+
+
+def _compile(op: plan_pb2.Operator, env: _Env, field: str) -> tuple[ac.Declaration, pa.Schema]:
+    """An operator as a declaration, with the schema it produces (checked before anything runs)."""
     kind = op.WhichOneof("kind")
     if kind is None:
         raise ProtocolError(f"{field} has no operator set", field=field)
     here = f"{field}.{kind}"
     if kind == "feed_scan":
-        return _source(_feed_scan(op.feed_scan, inputs, batch_rows, here))
+        reader = _feed_scan(op.feed_scan, env, here)
+        return _source(reader), reader.schema
     if kind == "exchange_input":
         schema = normalize_schema(decode_schema(op.exchange_input.schema, f"{here}.schema"))
-        batches = (conform(b, schema, "an input batch") for b in inputs.input_batches())
-        return _source(pa.RecordBatchReader.from_batches(schema, batches))
+        batches = (conform(b, schema, "an input batch") for b in env.inputs.input_batches())
+        return _source(pa.RecordBatchReader.from_batches(schema, batches)), schema
     if kind == "values":
         try:
             table = pa.ipc.open_stream(op.values.ipc_stream).read_all()
         except (pa.ArrowInvalid, OSError) as exc:
             raise ProtocolError(f"{here}.ipc_stream is not an Arrow IPC stream: {exc}", field=f"{here}.ipc_stream") from exc
-        if inputs.task_number != 0:
+        if env.inputs.task_number != 0:
             table = table.schema.empty_table()
-        return ac.Declaration("table_source", ac.TableSourceNodeOptions(table))
+        return ac.Declaration("table_source", ac.TableSourceNodeOptions(table)), table.schema
     if kind == "filter":
-        child = _compile(op.filter.input, inputs, batch_rows, f"{here}.input")
+        child, schema = _compile(op.filter.input, env, f"{here}.input")
         predicate = to_pyarrow(op.filter.predicate, f"{here}.predicate")
-        return ac.Declaration.from_sequence([child, ac.Declaration("filter", ac.FilterNodeOptions(predicate))])
+        t = bind(op.filter.predicate, predicate, schema, f"{here}.predicate")
+        if t != pa.bool_():
+            raise ProtocolError(f"{here}.predicate is of type {t}, not bool", field=f"{here}.predicate")
+        return ac.Declaration.from_sequence([child, ac.Declaration("filter", ac.FilterNodeOptions(predicate))]), schema
     if kind == "project":
-        child = _compile(op.project.input, inputs, batch_rows, f"{here}.input")
-        exprs = [to_pyarrow(ne.expr, f"{here}.exprs[{i}].expr") for i, ne in enumerate(op.project.exprs)]
-        names = [ne.name for ne in op.project.exprs]
-        return ac.Declaration.from_sequence([child, ac.Declaration("project", ac.ProjectNodeOptions(exprs, names))])
+        child, schema = _compile(op.project.input, env, f"{here}.input")
+        exprs, fields = [], []
+        for i, ne in enumerate(op.project.exprs):
+            where = f"{here}.exprs[{i}].expr"
+            expr = to_pyarrow(ne.expr, where)
+            fields.append(pa.field(ne.name, bind(ne.expr, expr, schema, where)))
+            exprs.append(expr)
+        if not exprs:
+            raise ProtocolError(f"{here}.exprs is empty", field=f"{here}.exprs")
+        project = ac.Declaration("project", ac.ProjectNodeOptions(exprs, [f.name for f in fields]))
+        return ac.Declaration.from_sequence([child, project]), pa.schema(fields)
     if kind == "limit":
         lim = op.limit
         if lim.count < 0 or lim.offset < 0:
             raise ProtocolError(f"{here} has a negative count or offset", field=here)
-        child_reader = _compile(lim.input, inputs, batch_rows, f"{here}.input").to_reader(use_threads=True)
-        limited = limit_batches(child_reader, lim.count, lim.offset)
-        return _source(pa.RecordBatchReader.from_batches(child_reader.schema, limited))
+        child, schema = _compile(lim.input, env, f"{here}.input")
+        limited = limit_batches(child.to_reader(use_threads=True), lim.count, lim.offset)
+        return _source(pa.RecordBatchReader.from_batches(schema, limited)), schema
     raise ProtocolError(f"{field}: operator {kind!r} is not supported by this worker", field=here)
 
 
-def _feed_scan(scan: plan_pb2.FeedScan, inputs: TaskInputs, batch_rows: int, field: str) -> pa.RecordBatchReader:
+def _feed_scan(scan: plan_pb2.FeedScan, env: _Env, field: str) -> pa.RecordBatchReader:
     if not scan.feed.feed_id:
         raise ProtocolError(f"{field}.feed.feed_id is empty", field=f"{field}.feed.feed_id")
     feed_id = scan.feed.feed_id
     schema = scan_schema(scan, field)
+    inputs = env.inputs
     partitions = inputs.feed_partitions(feed_id)
     if scan.reader == UNITS_READER:
         expected = pa.schema([pa.field("unit", pa.binary())])
         if not schema.equals(expected):
             raise ProtocolError(f"{field}: the 'units' reader produces {expected}, not {schema}", field=f"{field}.schema")
-        return pa.RecordBatchReader.from_batches(schema, _unit_rows(inputs, feed_id, partitions))
+        return pa.RecordBatchReader.from_batches(schema, _unit_rows(env, feed_id, partitions))
     reader = get_reader(scan.reader)
     if reader is None:
         raise ProtocolError(f"{field}.reader: no reader named {scan.reader!r} on this worker", field=f"{field}.reader")
-    ctx = ReaderContext(schema=schema, columns=list(scan.columns) or None, options=dict(scan.reader_options), batch_rows=batch_rows)
+    ctx = ReaderContext(schema=schema, columns=list(scan.columns) or None, options=dict(scan.reader_options), batch_rows=env.batch_rows)
 
     def batches() -> Iterator[pa.RecordBatch]:
         for partition in partitions:
@@ -169,16 +200,18 @@ def _feed_scan(scan: plan_pb2.FeedScan, inputs: TaskInputs, batch_rows: int, fie
                         yield conform(batch, schema, where)
                 except UnitReadError as exc:
                     raise UnitReadError(f"{where}: {exc}") from exc
+                env.delay(1)
                 unit.done()
 
     return pa.RecordBatchReader.from_batches(schema, batches())
 
 
-def _unit_rows(inputs: TaskInputs, feed_id: str, partitions: list[int]) -> Iterator[pa.RecordBatch]:
+def _unit_rows(env: _Env, feed_id: str, partitions: list[int]) -> Iterator[pa.RecordBatch]:
     """The ``units`` reader: unit bodies as rows, many units per batch."""
     for partition in partitions:
-        inbox = inputs.inbox(feed_id, partition)
+        inbox = env.inputs.inbox(feed_id, partition)
         while units := inbox.take(UNITS_PER_BATCH):
+            env.delay(len(units))
             yield pa.record_batch([pa.array([u.body for u in units], pa.binary())], names=["unit"])
             for u in units:
                 u.done()

@@ -35,6 +35,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--feed-window", type=int, default=d.feed_window, help="default credit window per feed partition")
     p.add_argument("--output-buffer-mb", type=int, default=d.output_buffer_bytes >> 20, help="default output buffer per task, MiB")
     p.add_argument(
+        "--unit-delay-ms",
+        type=float,
+        default=d.unit_delay_ms,
+        help="add this many ms per work unit (an artificially slow worker, for skew tests and benchmarks)",
+    )
+    p.add_argument(
         "--extension",
         action="append",
         default=[],
@@ -58,7 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         importlib.import_module(module)
         log.info("loaded extension %s", module)
     options = WorkerOptions(
-        feed_window=args.feed_window, output_buffer_bytes=args.output_buffer_mb << 20, grace=args.grace
+        feed_window=args.feed_window,
+        output_buffer_bytes=args.output_buffer_mb << 20,
+        grace=args.grace,
+        unit_delay_ms=args.unit_delay_ms,
     )
     server = WorkerServer(args.host, args.port, options)
     stopping = threading.Event()

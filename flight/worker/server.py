@@ -127,7 +127,7 @@ class WorkerServer(fl.FlightServerBase):
             ),
         )
         try:
-            output = compile_task(plan, task, self.options.batch_rows)
+            output = compile_task(plan, task, self.options.batch_rows, self.options.unit_delay_ms / 1000)
             self.registry.add(task)
         except ProtocolError as exc:
             task.cancel("rejected")

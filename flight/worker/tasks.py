@@ -225,11 +225,10 @@ class Task:
         self.output = None if self.is_map else OutputBuffer(partitions, output_buffer_bytes)
         self.inboxes: dict[tuple[str, int], FeedInbox] = {}
         for assignment in header.feeds:
+            window = assignment.window or feed_window
             for p in assignment.partitions:
                 fid = assignment.feed_id
-                self.inboxes[(fid, p)] = FeedInbox(
-                    fid, p, feed_window, lambda n, fid=fid, p=p: send_credit(fid, p, n)
-                )
+                self.inboxes[(fid, p)] = FeedInbox(fid, p, window, lambda n, fid=fid, p=p: send_credit(fid, p, n))
         self.rows_out = 0
         self.batches_out = 0
         self.bytes_out = 0
