@@ -24,13 +24,16 @@ from flight.errors import (
     WorkerError,
     WorkerUnavailableError,
 )
-from flight.feed import FeedContext, WorkUnit, WorkUnitFeed, WorkUnitFeedProvider, file_unit
+from flight.estimate import DefaultTaskEstimator, DiscoverySample, TaskEstimate, TaskEstimator
+from flight.feed import FeedContext, Unit, WorkUnit, WorkUnitFeed, WorkUnitFeedProvider, file_unit
 from flight.plan.expr import Expr, call, coalesce, col, if_else, lit
 from flight.plan.query import Query, from_arrow, from_feed, map_input, read_ipc, read_parquet, units
 from flight.providers import FileListProvider
 from flight.resolver import FileWorkerResolver, PollingWorkerResolver, StaticWorkerResolver, WorkerResolver
 
 __all__ = [
+    "DefaultTaskEstimator",
+    "DiscoverySample",
     "DistributedExec",
     "ExecOptions",
     "Expr",
@@ -52,8 +55,11 @@ __all__ = [
     "RetryableError",
     "StaticWorkerResolver",
     "TaskCancelledError",
+    "TaskEstimate",
+    "TaskEstimator",
     "TaskFailedError",
     "TaskStats",
+    "Unit",
     "VersionMismatchError",
     "WorkUnit",
     "WorkUnitFeed",

@@ -11,6 +11,7 @@ import flight
 ROOT = Path(__file__).resolve().parent.parent
 
 EXPECTED_API = {
+    "DefaultTaskEstimator", "DiscoverySample", "TaskEstimate", "TaskEstimator", "Unit",
     "DistributedExec", "ExecOptions", "Expr", "FeedContext", "FeedError", "FeedStats", "FileListProvider",
     "FileWorkerResolver", "FlightExecError", "InvalidTaskError", "LocalCluster", "PlanError",
     "PollingWorkerResolver", "ProtocolError", "Query", "QueryMetrics", "ReaderContext", "ResolverError",
