@@ -54,6 +54,7 @@ def map_batches(
         raise translate_flight_error(exc, worker_url, label) from exc
     upload_error: list[BaseException] = []
     ready = threading.Event()
+    enough = threading.Event()  # the stage finished (e.g. a limit): stop sending input
 
     def upload() -> None:
         # Input flows while output is read: Spark's iterator is consumed here, on its own thread.
@@ -62,6 +63,8 @@ def map_batches(
                 return
             started = False
             for batch in batches:
+                if enough.is_set():
+                    break
                 if not started:
                     writer.begin(batch.schema)
                     started = True
@@ -92,6 +95,7 @@ def map_batches(
                     raise error_from_frame(frame.error, worker_url, label)
                 elif kind == "finished":
                     finished = True
+                    enough.set()
             if chunk.data is not None and chunk.data.num_rows:
                 yield chunk.data
         if upload_error:

@@ -175,6 +175,8 @@ class WorkerServer(fl.FlightServerBase):
                     task.output.put(0, batch)
             if task.error is not None or task.cancelled.is_set():
                 raise task.error or TaskCancelledError(task.cancel_reason)
+            if task.inputs is not None:
+                task.inputs.discard()  # input may still come after the output is complete
             if task.output is not None:
                 task.output.finish()
             task.finished = True

@@ -154,16 +154,29 @@ class InputQueue:
         self._items: deque[pa.RecordBatch] = deque()
         self._max = max_batches
         self._ended = False
+        self._discarding = False
         self._error: BaseException | None = None
         self._cond = threading.Condition()
         self.rows = 0
 
+    def discard(self) -> None:
+        """The pipeline needs no more input (e.g. a limit was reached): drop what still arrives.
+
+        The exchange keeps being read, so the client's half-close is still seen.
+        """
+        with self._cond:
+            self._discarding = True
+            self._items.clear()
+            self._cond.notify_all()
+
     def put(self, batch: pa.RecordBatch) -> None:
         with self._cond:
-            while len(self._items) >= self._max and self._error is None:
+            while len(self._items) >= self._max and self._error is None and not self._discarding:
                 self._cond.wait()
             if self._error is not None:
                 raise self._error
+            if self._discarding:
+                return
             self._items.append(batch)
             self.rows += batch.num_rows
             self._cond.notify_all()
