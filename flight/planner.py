@@ -59,14 +59,14 @@ class StageSpec:
 
     def assignments(self, task_count: int) -> list[dict[str, list[int]]]:
         """Per task: feed id -> the partitions it consumes (its own task number for a shared feed)."""
-        out: list[dict[str, list[int]]] = [{} for _ in range(task_count)]
+        out: list[dict[str, list[int]]] = [{f.feed.feed_id: [] for f in self.feeds} for _ in range(task_count)]
         for f in self.feeds:
             if f.shared:
                 for t in range(task_count):
                     out[t][f.feed.feed_id] = [t]
             else:
                 for p in range(f.partitions):
-                    out[p % task_count].setdefault(f.feed.feed_id, []).append(p)
+                    out[p % task_count][f.feed.feed_id].append(p)
         return out
 
     def stage_plan(self) -> plan_pb2.StagePlan:

@@ -23,7 +23,7 @@ from flight._version import __version__
 from flight.config import WorkerOptions
 from flight.engine.pipeline import compile_task
 from flight.engine.readers import UnitReadError
-from flight.errors import FlightExecError, ProtocolError, TaskCancelledError, VersionMismatchError
+from flight.errors import FlightExecError, ProtocolError, TaskCancelledError, VersionMismatchError, WorkerError
 from flight.protocol import (
     PROTOCOL_VERSION,
     decode_coordinator_frame,
@@ -227,7 +227,7 @@ class WorkerServer(fl.FlightServerBase):
         message = _clean(error)
         log.info("task %s failed: %s", task.key, message)
         self._send_error(sender, protocol_pb2.ERROR_CODE_EXECUTION, message, task.header.stage_key)
-        task.cancel(message)
+        task.cancel(message, failed=True)
         return fl.FlightServerError(f"task {task.key} failed on {self.url}: {message}")
 
     # ------------------------------------------------------------------- DoGet
@@ -349,7 +349,8 @@ def _stream(task: Task, start: int, end: int) -> Iterator[tuple[pa.RecordBatch, 
     except TaskCancelledError as exc:
         raise fl.FlightCancelledError(f"task {task.key} on {task.worker_url}: {exc.cause}") from None
     except FlightExecError as exc:
-        raise fl.FlightServerError(f"task {task.key} on {task.worker_url}: {exc}") from None
+        cause = exc.cause if isinstance(exc, WorkerError) else str(exc)
+        raise fl.FlightServerError(f"task {task.key} failed on {task.worker_url}: {cause}") from None
 
 
 def _clean(exc: BaseException) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from flight._proto import plan_pb2, protocol_pb2
-from flight.errors import ProtocolError, TaskCancelledError
+from flight.errors import ProtocolError, TaskCancelledError, TaskFailedError
 from flight.feed import LatencyStats, now_ns
 from flight.protocol import format_stage_key
 from flight.worker.buffers import OutputBuffer
@@ -237,6 +237,7 @@ class Task:
         partitions = plan.output.partitions or 1
         self.output = None if self.is_map else OutputBuffer(partitions, output_buffer_bytes)
         self.inboxes: dict[tuple[str, int], FeedInbox] = {}
+        self.assigned_feeds = {a.feed_id for a in header.feeds}
         for assignment in header.feeds:
             window = assignment.window or feed_window
             for p in assignment.partitions:
@@ -248,6 +249,11 @@ class Task:
 
     # -- what the engine sees
     def feed_partitions(self, feed_id: str) -> list[int]:
+        if feed_id not in self.assigned_feeds:
+            raise ProtocolError(
+                f"the plan scans feed {feed_id!r}, which header.feeds does not assign to task {self.key}",
+                field="header.feeds",
+            )
         return sorted(p for (fid, p) in self.inboxes if fid == feed_id)
 
     def inbox(self, feed_id: str, partition: int) -> FeedInbox:
@@ -273,13 +279,18 @@ class Task:
         for inbox in self.inboxes.values():
             inbox.start()
 
-    def cancel(self, reason: str) -> None:
-        """Stop the task wherever it waits: feeds, input, output."""
+    def cancel(self, reason: str, *, failed: bool = False) -> None:
+        """Stop the task wherever it waits: feeds, input, output.
+
+        ``failed`` says the task broke (rather than being called off): readers
+        of its output then see the failure itself, not a cancellation.
+        """
         if self.cancelled.is_set():
             return
         self.cancel_reason = reason
         self.cancelled.set()
-        error = TaskCancelledError(f"task cancelled: {reason}", stage_key=self.key, worker_url=self.worker_url)
+        kind = TaskFailedError if failed else TaskCancelledError
+        error = kind(reason if failed else f"task cancelled: {reason}", stage_key=self.key, worker_url=self.worker_url)
         for inbox in self.inboxes.values():
             inbox.fail(error)
         if self.inputs is not None:

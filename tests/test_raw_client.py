@@ -1,0 +1,722 @@
+"""A raw ``pyarrow.flight`` client drives a worker with only docs/protocol.md and the .proto files.
+
+Nothing from the project is imported here: the message classes come from the
+two ``.proto`` files, compiled with ``grpc_tools.protoc`` into a descriptor set
+and loaded into a private descriptor pool (so they never meet the project's own
+generated modules, which other tests load into the default pool). The worker
+runs as a separate process, started the way a user starts it. If these tests
+pass, the protocol document is enough to write a coordinator in any language.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.resources
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.flight as fl
+import pyarrow.parquet as pq
+import pytest
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from grpc_tools import protoc
+
+ROOT = Path(__file__).resolve().parents[1]
+PROTO_DIR = ROOT / "proto"
+PROTO_FILES = ["flight/_proto/protocol.proto", "flight/_proto/plan.proto"]
+PROTOCOL_VERSION = 1  # docs/protocol.md, section 1
+LISTENING = re.compile(rb"^flight-worker listening on (grpc://\S+)$")
+START_TIMEOUT = 30.0
+STOP_TIMEOUT = 40.0  # above the worker's default drain grace (30 s)
+CALL = fl.FlightCallOptions(timeout=30.0)  # no Flight call may hang a test
+
+
+# ------------------------------------------------------------------ protobufs
+
+
+class Protos:
+    """Message classes of package ``flight_exec.v1`` from a private descriptor pool.
+
+    ``P.TaskHeader``, ``P.StagePlan``, ... are classes; ``P.enum("ErrorCode", "ERROR_CODE_EXECUTION")``
+    is an enum value's number.
+    """
+
+    def __init__(self, descriptor_set: bytes) -> None:
+        self.pool = descriptor_pool.DescriptorPool()
+        for file in descriptor_pb2.FileDescriptorSet.FromString(descriptor_set).file:
+            self.pool.Add(file)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        cls = message_factory.GetMessageClass(self.pool.FindMessageTypeByName(f"flight_exec.v1.{name}"))
+        setattr(self, name, cls)
+        return cls
+
+    def enum(self, enum: str, value: str) -> int:
+        return int(self.pool.FindEnumTypeByName(f"flight_exec.v1.{enum}").values_by_name[value].number)
+
+    # Expression builders (plan.proto: Expression, FieldRef, Literal, Call).
+    def col(self, name: str) -> Any:
+        return self.Expression(field=self.FieldRef(name=name))
+
+    def lit(self, **value: Any) -> Any:
+        return self.Expression(literal=self.Literal(**value))
+
+    def call(self, function: str, *args: Any, options: Any = None) -> Any:
+        call = self.Call(function=function, args=list(args))
+        if options is not None:
+            call.options.CopyFrom(options)
+        return self.Expression(call=call)
+
+
+@pytest.fixture(scope="module")
+def P(tmp_path_factory: pytest.TempPathFactory) -> Protos:
+    out = tmp_path_factory.mktemp("protos") / "flight_exec.binpb"
+    include = importlib.resources.files("grpc_tools") / "_proto"  # well-known types, should the protos ever import them
+    args = [
+        "grpc_tools.protoc",
+        f"-I{PROTO_DIR}",
+        f"-I{include}",
+        "--include_imports",
+        f"--descriptor_set_out={out}",
+        *PROTO_FILES,
+    ]
+    assert protoc.main(args) == 0, f"protoc failed on {PROTO_FILES}"
+    return Protos(out.read_bytes())
+
+
+# --------------------------------------------------------------------- worker
+
+
+@dataclass
+class Worker:
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+
+def _first_line(proc: subprocess.Popen[bytes], timeout: float) -> bytes:
+    """The worker's first stdout line, waiting at most ``timeout`` seconds."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    buf = b""
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while b"\n" not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"the worker printed no line within {timeout:g} s (so far: {buf!r})")
+            if not sel.select(left):
+                continue
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                raise AssertionError(f"the worker exited with {proc.wait(5)} before it listened")
+            buf += chunk
+    return buf.split(b"\n", 1)[0].rstrip(b"\r")
+
+
+def start_worker(workdir: Path) -> Worker:
+    log = workdir / "worker.log"
+    with open(log, "wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flight.worker", "--host", "127.0.0.1", "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            cwd=workdir,
+        )
+    try:
+        line = _first_line(proc, START_TIMEOUT)
+        match = LISTENING.match(line)
+        assert match, f"unexpected first line from the worker: {line!r}"
+    except BaseException:
+        stop_worker(proc)
+        raise
+    return Worker(proc, match.group(1).decode(), log)
+
+
+def stop_worker(proc: subprocess.Popen[bytes]) -> int:
+    """SIGTERM, then wait; kill if it does not stop. Returns the exit code."""
+    try:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+            raise AssertionError(f"the worker did not stop within {STOP_TIMEOUT:g} s of SIGTERM") from None
+    finally:
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+    w = start_worker(tmp_path_factory.mktemp("worker"))
+    try:
+        yield w
+    finally:
+        rc = stop_worker(w.proc)
+    assert rc == 0, f"the worker exited with {rc} after SIGTERM; its log:\n{w.log_tail()}"
+
+
+@pytest.fixture(scope="module")
+def client(worker: Worker) -> Iterator[fl.FlightClient]:
+    c = fl.connect(worker.url)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+# -------------------------------------------------------------------- helpers
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Poll ``predicate`` every 10 ms until it holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()  # never set: an interruptible pause between polls
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        pause.wait(0.01)
+
+
+def clean(exc: BaseException) -> str:
+    """A Flight error's message as a user should see it (docs/protocol.md, section 10)."""
+    return str(exc).split(". Detail:")[0]
+
+
+def schema_bytes(schema: pa.Schema) -> bytes:
+    return schema.serialize().to_pybytes()
+
+
+def read_schema(data: bytes) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(data))
+
+
+def new_key(P: Protos, task_number: int = 0) -> Any:
+    """A fresh stage key: a key runs once per worker."""
+    return P.StageKey(query_id=f"raw-{uuid.uuid4().hex[:12]}", stage_id=0, task_number=task_number)
+
+
+def header(P: Protos, key: Any, plan: Any, feeds: dict[str, list[int]] | None = None, **options: Any) -> Any:
+    return P.TaskHeader(
+        protocol_version=PROTOCOL_VERSION,
+        stage_key=key,
+        task_count=key.task_number + 1,
+        plan=plan.SerializeToString(),
+        feeds=[P.FeedAssignment(feed_id=f, partitions=p) for f, p in (feeds or {}).items()],
+        query_start_unix_nanos=time.time_ns(),
+        options=P.TaskOptions(**options),
+    )
+
+
+def info(P: Protos, client: fl.FlightClient) -> Any:
+    (result,) = list(client.do_action(fl.Action("info", b""), options=CALL))
+    return P.WorkerInfo.FromString(result.body.to_pybytes())
+
+
+def healthy(client: fl.FlightClient) -> bool:
+    (result,) = list(client.do_action(fl.Action("health", b""), options=CALL))
+    return bool(result.body.to_pybytes() == b"ok")
+
+
+class Exchange:
+    """One task's DoExchange, driven by hand."""
+
+    def __init__(self, P: Protos, client: fl.FlightClient, cmd: bytes, options: fl.FlightCallOptions = CALL) -> None:
+        self.P = P
+        # The first message carries the CMD descriptor and nothing else; pyarrow sends it on open.
+        self.writer, self.reader = client.do_exchange(fl.FlightDescriptor.for_command(cmd), options=options)
+
+    def send(self, **member: Any) -> None:
+        """One CoordinatorFrame as a metadata-only message, e.g. ``send(feed_end=...)``."""
+        frame = self.P.CoordinatorFrame(**member)
+        self.writer.write_metadata(pa.py_buffer(frame.SerializeToString()))
+
+    def read(self) -> tuple[Any | None, pa.RecordBatch | None]:
+        """The next message: (WorkerFrame or None, record batch or None). StopIteration at the end."""
+        chunk = self.reader.read_chunk()
+        frame = None
+        if chunk.app_metadata is not None and chunk.app_metadata.size:
+            frame = self.P.WorkerFrame.FromString(chunk.app_metadata.to_pybytes())
+        return frame, chunk.data
+
+    def frame(self) -> Any:
+        """The next message, which must be a frame (a leaf task's exchange carries no batches)."""
+        frame, data = self.read()
+        assert data is None, "a non-map task sent a record batch on its exchange"
+        assert frame is not None, "a message with neither a frame nor a batch"
+        return frame
+
+    def drain(self) -> list[Any]:
+        """Frames until the end of the stream (raises the call's error status, if any)."""
+        frames = []
+        while True:
+            try:
+                frames.append(self.frame())
+            except StopIteration:
+                return frames
+
+    def close(self) -> None:
+        # Once the call ended, closing the writer re-raises its final status: expected.
+        with contextlib.suppress(pa.ArrowException):
+            self.writer.close()
+
+
+def read_doget(P: Protos, client: fl.FlightClient, ticket: Any) -> tuple[pa.Schema, list[pa.RecordBatch], list[int]]:
+    """A DoGet stream read with read_chunk (read_all turns CANCELLED into KeyboardInterrupt)."""
+    reader = client.do_get(fl.Ticket(ticket.SerializeToString()), options=CALL)
+    batches, partitions = [], []
+    while True:
+        try:
+            chunk = reader.read_chunk()
+        except StopIteration:
+            break
+        assert chunk.app_metadata is not None, "every DoGet batch carries its BatchMetadata"
+        meta = P.BatchMetadata.FromString(chunk.app_metadata.to_pybytes())
+        assert meta.HasField("partition")
+        partitions.append(meta.partition)
+        batches.append(chunk.data)
+    return reader.schema, batches, partitions
+
+
+def sorted_rows(table: pa.Table, key: str) -> list[dict[str, Any]]:
+    return list(table.sort_by([(key, "ascending")]).to_pylist())
+
+
+FILE_SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.float64())])
+
+
+def write_files(root: Path, count: int = 3, rows: int = 40) -> list[Path]:
+    paths = []
+    for f in range(count):
+        ids = list(range(f * rows, (f + 1) * rows))
+        table = pa.table(
+            {
+                "id": pa.array(ids, pa.int64()),
+                "name": pa.array([None if i % 11 == 0 else f"item-{i % 7}" for i in ids], pa.string()),
+                "score": pa.array([float(i * 7 % 50) for i in ids], pa.float64()),
+            },
+            schema=FILE_SCHEMA,
+        )
+        path = root / f"part-{f}.parquet"
+        pq.write_table(table, path, row_group_size=16)
+        paths.append(path)
+    return paths
+
+
+def scan(P: Protos, feed_id: str = "files", reader: str = "parquet") -> Any:
+    return P.Operator(
+        feed_scan=P.FeedScan(feed=P.WorkUnitFeed(feed_id=feed_id), reader=reader, schema=schema_bytes(FILE_SCHEMA))
+    )
+
+
+# ---------------------------------------------------------------------- tests
+
+
+def test_leaf_task_fed_under_credit_and_read_with_doget(P: Protos, client: fl.FlightClient, worker: Worker, tmp_path: Path) -> None:
+    paths = write_files(tmp_path)
+    # What the stage must return, computed by pyarrow straight from the files.
+    source = pa.concat_tables([pq.read_table(p) for p in paths])
+    kept = source.filter(pc.greater_equal(source["score"], 20.0))
+    expected = pa.table(
+        {
+            "id": pc.add(kept["id"], 1000),
+            "label": pc.utf8_upper(kept["name"]),
+            "score2": pc.multiply(kept["score"], 2.0),
+        }
+    )
+    assert 0 < expected.num_rows < source.num_rows
+
+    plan = P.StagePlan(
+        root=P.Operator(
+            project=P.Project(
+                input=P.Operator(
+                    filter=P.Filter(
+                        input=scan(P),
+                        predicate=P.call("greater_equal", P.col("score"), P.lit(float_value=20.0)),
+                    )
+                ),
+                exprs=[
+                    P.NamedExpression(name="id", expr=P.call("add", P.col("id"), P.lit(int_value=1000))),
+                    P.NamedExpression(name="label", expr=P.call("utf8_upper", P.col("name"))),
+                    P.NamedExpression(name="score2", expr=P.call("multiply", P.col("score"), P.lit(float_value=2.0))),
+                ],
+            )
+        ),
+        output=P.OutputSpec(partitions=1),
+        output_schema=schema_bytes(expected.schema),
+    )
+    key = new_key(P)
+    window = 2  # fewer credits than files: the client must wait for more credit
+    task = header(P, key, plan, {"files": [0]}, feed_window=window)
+    task.target_worker_url = worker.url
+    ex = Exchange(P, client, task.SerializeToString())
+    try:
+        ready = ex.frame()
+        assert ready.WhichOneof("frame") == "ready", ready
+        output_schema = read_schema(ready.ready.output_schema)
+        assert output_schema.equals(expected.schema), output_schema
+
+        # Credits: answer each FeedCredit with at most that many units, then FeedEnd.
+        pending = [P.FileUnit(path=str(p)).SerializeToString() for p in paths]
+        balance = granted = sent = credit_frames = 0
+        while pending:
+            frame = ex.frame()
+            assert frame.WhichOneof("frame") == "credit", frame
+            assert (frame.credit.feed_id, frame.credit.partition) == ("files", 0)
+            credit_frames += 1
+            balance += frame.credit.credits
+            granted += frame.credit.credits
+            n = min(balance, len(pending))
+            if n:
+                now = time.time_ns()
+                units = [P.WorkUnit(body=b, created_unix_nanos=now, sent_unix_nanos=now) for b in pending[:n]]
+                ex.send(units=P.WorkUnitBatch(feed_id="files", partition=0, units=units))
+                del pending[:n]
+                balance -= n
+                sent += n
+            assert sent <= granted
+        ex.send(feed_end=P.FeedEnd(feed_id="files", partition=0))
+        assert credit_frames >= 2, "the initial window was smaller than the work: more credit had to come"
+
+        # The output, read with DoGet (small here; a real client reads it while feeding).
+        ticket = P.Ticket(stage_key=key, partition_start=0, partition_end=1)
+        schema, batches, partitions = read_doget(P, client, ticket)
+        assert schema.equals(output_schema)
+        assert set(partitions) <= {0}
+        result = pa.Table.from_batches(batches, schema=schema)
+        assert sorted_rows(result, "id") == sorted_rows(expected, "id")
+
+        # The finished frame (late credit frames may come first), then the half-close releases the task.
+        frame = ex.frame()
+        while frame.WhichOneof("frame") == "credit":
+            frame = ex.frame()
+        assert frame.WhichOneof("frame") == "finished", frame
+        metrics = frame.finished
+        assert metrics.stage_key == key
+        assert metrics.rows_out == expected.num_rows
+        assert [(f.feed_id, f.partition, f.units) for f in metrics.feeds] == [("files", 0, len(paths))]
+        ex.writer.done_writing()
+        rest = ex.drain()  # ends with status OK
+        assert all(f.WhichOneof("frame") == "credit" for f in rest), rest
+    finally:
+        ex.close()
+
+    wait_until(lambda: info(P, client).running_tasks == 0, "the worker to free the task")
+    worker_info = info(P, client)
+    assert worker_info.protocol_version == PROTOCOL_VERSION
+    assert worker_info.url == worker.url
+    assert not worker_info.draining
+
+
+def test_map_stage_streams_batches_both_ways(P: Protos, client: fl.FlightClient) -> None:
+    schema = pa.schema([("k", pa.int64()), ("v", pa.string())])
+    inputs = [
+        pa.record_batch(
+            [
+                pa.array(range(b * 10, b * 10 + 10), pa.int64()),
+                pa.array([None if i % 4 == 0 else f"{'ab'[i % 2]}{i}" for i in range(b * 10, b * 10 + 10)], pa.string()),
+            ],
+            schema=schema,
+        )
+        for b in range(3)
+    ]
+    source = pa.Table.from_batches(inputs)
+    mask = pc.and_(pc.greater_equal(source["k"], 5), pc.starts_with(source["v"], pattern="a"))
+    expected = source.filter(mask)
+    assert 0 < expected.num_rows < source.num_rows
+
+    starts_with_a = P.FunctionOptions(match_substring=P.MatchSubstringOptions(pattern="a"))
+    plan = P.StagePlan(
+        root=P.Operator(
+            filter=P.Filter(
+                input=P.Operator(exchange_input=P.ExchangeInput(schema=schema_bytes(schema))),
+                predicate=P.call(
+                    "and",
+                    P.call("greater_equal", P.col("k"), P.lit(int_value=5)),
+                    P.call("starts_with", P.col("v"), options=starts_with_a),
+                ),
+            )
+        ),
+        output=P.OutputSpec(partitions=1),
+        output_schema=schema_bytes(schema),
+    )
+    ex = Exchange(P, client, header(P, new_key(P), plan).SerializeToString())
+    try:
+        ready, data = ex.read()
+        assert data is None and ready is not None and ready.WhichOneof("frame") == "ready", ready
+        output_schema = read_schema(ready.ready.output_schema)
+        assert output_schema.equals(schema)
+
+        # Input up the exchange. Small enough for gRPC's buffers, so writing it all before
+        # reading is safe; a real client reads the output concurrently.
+        ex.writer.begin(schema)
+        for batch in inputs:
+            ex.writer.write_batch(batch)
+        ex.writer.done_writing()  # ends the task's input
+
+        events: list[str] = []
+        out: list[pa.RecordBatch] = []
+        finished = None
+        while True:
+            try:
+                frame, data = ex.read()
+            except StopIteration:
+                break
+            if data is not None:
+                events.append("batch")
+                out.append(data)
+            if frame is not None:
+                events.append(frame.WhichOneof("frame"))
+                if frame.WhichOneof("frame") == "finished":
+                    finished = frame.finished
+        assert ex.reader.schema.equals(output_schema)
+        assert events and events[-1] == "finished", events
+        assert set(events) <= {"batch", "finished"}, events
+        assert finished is not None
+        assert finished.rows_in == source.num_rows
+        assert finished.rows_out == expected.num_rows
+        result = pa.Table.from_batches(out, schema=output_schema)
+        assert sorted_rows(result, "k") == sorted_rows(expected, "k")
+    finally:
+        ex.close()
+    wait_until(lambda: info(P, client).running_tasks == 0, "the worker to free the map task")
+
+
+def _garbage(P: Protos) -> bytes:
+    return b"\xff\xff\xffthis is not a TaskHeader"
+
+
+def _version_99(P: Protos) -> bytes:
+    task = header(P, new_key(P), P.StagePlan(root=scan(P)), {"files": [0]})
+    task.protocol_version = 99
+    return bytes(task.SerializeToString())
+
+
+def _task_number_too_big(P: Protos) -> bytes:
+    task = header(P, new_key(P), P.StagePlan(root=scan(P)), {"files": [0]})
+    task.task_count = 2
+    task.stage_key.task_number = 2
+    return bytes(task.SerializeToString())
+
+
+def _unlisted_function(P: Protos) -> bytes:
+    plan = P.StagePlan(root=P.Operator(filter=P.Filter(input=scan(P), predicate=P.call("system", P.col("name")))))
+    return bytes(header(P, new_key(P), plan, {"files": [0]}).SerializeToString())
+
+
+@pytest.mark.parametrize(
+    ("make_cmd", "code", "field"),
+    [
+        (_garbage, "ERROR_CODE_INVALID_ARGUMENT", "descriptor.cmd"),
+        (_version_99, "ERROR_CODE_VERSION_MISMATCH", "header.protocol_version"),
+        (_task_number_too_big, "ERROR_CODE_INVALID_ARGUMENT", "header.stage_key.task_number"),
+        (_unlisted_function, "ERROR_CODE_INVALID_ARGUMENT", "plan.root.filter.predicate.call.function"),
+    ],
+    ids=["garbage", "version-99", "task-number", "unlisted-function"],
+)
+def test_malformed_header_is_rejected_with_its_field(
+    P: Protos, client: fl.FlightClient, make_cmd: Callable[[Protos], bytes], code: str, field: str
+) -> None:
+    ex = Exchange(P, client, make_cmd(P))
+    try:
+        frames: list[Any] = []
+        with pytest.raises(pa.ArrowInvalid) as raised:  # status INVALID_ARGUMENT, at once
+            while True:
+                frames.append(ex.frame())
+    finally:
+        ex.close()
+    assert [f.WhichOneof("frame") for f in frames] == ["error"], frames
+    error = frames[0].error
+    assert error.code == P.enum("ErrorCode", code)
+    assert error.field == field
+    assert error.message and "Traceback" not in error.message
+    message = clean(raised.value)
+    assert message.endswith(f"[field: {field}]"), message
+    assert "Traceback" not in message
+    assert healthy(client)
+    assert info(P, client).running_tasks == 0
+
+
+def test_more_units_than_credit_is_a_protocol_error(P: Protos, client: fl.FlightClient, tmp_path: Path) -> None:
+    (path,) = write_files(tmp_path, count=1)
+    ex = Exchange(P, client, header(P, new_key(P), P.StagePlan(root=scan(P)), {"files": [0]}, feed_window=2).SerializeToString())
+    try:
+        assert ex.frame().WhichOneof("frame") == "ready"
+        credit = ex.frame()
+        assert credit.WhichOneof("frame") == "credit" and credit.credit.credits == 2, credit
+        unit = P.WorkUnit(body=P.FileUnit(path=str(path)).SerializeToString())
+        ex.send(units=P.WorkUnitBatch(feed_id="files", partition=0, units=[unit] * 3))
+        frames: list[Any] = []
+        with pytest.raises(pa.ArrowInvalid) as raised:  # the worker ends the call without waiting for us
+            while True:
+                frames.append(ex.frame())
+    finally:
+        ex.close()
+    errors = [f.error for f in frames if f.WhichOneof("frame") == "error"]
+    assert len(errors) == 1, frames
+    assert errors[0].code == P.enum("ErrorCode", "ERROR_CODE_INVALID_ARGUMENT")
+    assert errors[0].field == "app_metadata.units"
+    assert clean(raised.value).endswith("[field: app_metadata.units]")
+    wait_until(lambda: info(P, client).running_tasks == 0, "the worker to free the rejected task")
+
+
+def test_execution_error_is_reported_then_released_by_the_half_close(P: Protos, client: fl.FlightClient, tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-file.parquet"
+    key = new_key(P)
+    ex = Exchange(P, client, header(P, key, P.StagePlan(root=scan(P)), {"files": [0]}).SerializeToString())
+    try:
+        assert ex.frame().WhichOneof("frame") == "ready"
+        assert ex.frame().WhichOneof("frame") == "credit"
+        unit = P.WorkUnit(body=P.FileUnit(path=str(missing)).SerializeToString())
+        ex.send(units=P.WorkUnitBatch(feed_id="files", partition=0, units=[unit]))
+        ex.send(feed_end=P.FeedEnd(feed_id="files", partition=0))
+        frame = ex.frame()
+        while frame.WhichOneof("frame") == "credit":
+            frame = ex.frame()
+        assert frame.WhichOneof("frame") == "error", frame
+        assert frame.error.code == P.enum("ErrorCode", "ERROR_CODE_EXECUTION")
+        assert str(missing) in frame.error.message
+        assert frame.error.stage_key == key
+
+        # The task's output cannot be read (its ErrorInfo above has the real cause).
+        ticket = P.Ticket(stage_key=key, partition_start=0, partition_end=1)
+        with pytest.raises((fl.FlightCancelledError, fl.FlightServerError)):
+            read_doget(P, client, ticket)
+
+        # The worker keeps the task until the half-close, then ends the call as "failed".
+        ex.writer.done_writing()
+        with pytest.raises(fl.FlightServerError) as raised:
+            ex.drain()
+        assert str(missing) in clean(raised.value)
+    finally:
+        ex.close()
+    wait_until(lambda: info(P, client).running_tasks == 0, "the worker to free the failed task")
+
+
+def test_cancel_frame_cancels_and_the_half_close_ends_the_call(P: Protos, client: fl.FlightClient) -> None:
+    key = new_key(P)
+    ex = Exchange(P, client, header(P, key, P.StagePlan(root=scan(P)), {"files": [0]}).SerializeToString())
+    try:
+        assert ex.frame().WhichOneof("frame") == "ready"
+        assert info(P, client).running_tasks == 1
+        ex.send(cancel=P.Cancel(reason="the raw client changed its mind"))
+        frame = ex.frame()
+        while frame.WhichOneof("frame") == "credit":
+            frame = ex.frame()
+        assert frame.WhichOneof("frame") == "error", frame
+        assert frame.error.code == P.enum("ErrorCode", "ERROR_CODE_CANCELLED")
+        assert "the raw client changed its mind" in frame.error.message
+        ex.writer.done_writing()
+        with pytest.raises(fl.FlightCancelledError):
+            ex.drain()
+    finally:
+        ex.close()
+    wait_until(lambda: info(P, client).running_tasks == 0, "the worker to free the cancelled task")
+
+
+def test_expressions_that_do_not_fit_their_input_are_rejected_not_fatal(P: Protos, tmp_path: Path) -> None:
+    # Its own worker: pyarrow can crash a process on an expression that does not bind, and a
+    # regression here must not take the shared worker (and every later test) down with it.
+    own = start_worker(tmp_path)
+    try:
+        with fl.connect(own.url) as c:
+            cases = [  # (the field the error must name, the plan's root)
+                ("plan.root.filter.predicate", P.Operator(  # a column the scan does not have
+                    filter=P.Filter(input=scan(P), predicate=P.call("greater", P.col("no_such_column"), P.lit(int_value=1)))
+                )),
+                ("plan.root.filter.predicate", P.Operator(  # not boolean
+                    filter=P.Filter(input=scan(P), predicate=P.call("add", P.col("id"), P.lit(int_value=1)))
+                )),
+                ("plan.root.project.exprs[0].expr", P.Operator(  # no utf8_upper kernel for float64
+                    project=P.Project(
+                        input=scan(P),
+                        exprs=[P.NamedExpression(name="x", expr=P.call("utf8_upper", P.col("score")))],
+                    )
+                )),
+            ]
+            for field, root in cases:
+                ex = Exchange(P, c, header(P, new_key(P), P.StagePlan(root=root), {"files": [0]}).SerializeToString())
+                try:
+                    frames: list[Any] = []
+                    with pytest.raises(pa.ArrowInvalid) as raised:
+                        while True:
+                            frames.append(ex.frame())
+                finally:
+                    ex.close()
+                assert own.proc.poll() is None, f"the worker died with exit code {own.proc.returncode}"
+                assert [f.WhichOneof("frame") for f in frames] == ["error"], frames
+                assert frames[0].error.code == P.enum("ErrorCode", "ERROR_CODE_INVALID_ARGUMENT")
+                assert frames[0].error.field == field
+                assert clean(raised.value).endswith(f"[field: {field}]")
+            assert healthy(c)
+            assert info(P, c).running_tasks == 0
+    finally:
+        rc = stop_worker(own.proc)
+    assert rc == 0, f"the worker exited with {rc}; its log:\n{own.log_tail()}"
+
+
+def test_map_stage_limit_ends_the_call_although_more_input_was_sent(P: Protos, tmp_path: Path) -> None:
+    # Once its Limit is satisfied, a map stage discards further input but still sees the half-close.
+    # Its own worker: should that regress, a stuck task must not hold up the shared worker's shutdown.
+    own = start_worker(tmp_path)
+    key = new_key(P)
+    schema = pa.schema([("k", pa.int64())])
+    plan = P.StagePlan(
+        root=P.Operator(
+            limit=P.Limit(input=P.Operator(exchange_input=P.ExchangeInput(schema=schema_bytes(schema))), count=5)
+        )
+    )
+    try:
+        with fl.connect(own.url) as c:
+            try:
+                ex = Exchange(P, c, header(P, key, plan).SerializeToString(), fl.FlightCallOptions(timeout=10.0))
+                try:
+                    assert ex.frame().WhichOneof("frame") == "ready"
+                    ex.writer.begin(schema)
+                    for i in range(300):  # far more than the worker's 8-batch input queue
+                        ex.writer.write_batch(pa.record_batch([pa.array(range(i * 10, i * 10 + 10), pa.int64())], schema=schema))
+                    ex.writer.done_writing()
+                    rows, kinds = 0, []
+                    while True:
+                        try:
+                            frame, data = ex.read()
+                        except StopIteration:
+                            break
+                        if data is not None:
+                            rows += data.num_rows
+                        if frame is not None:
+                            kinds.append(frame.WhichOneof("frame"))
+                    assert kinds == ["finished"]
+                    assert rows == 5
+                finally:
+                    ex.close()
+                wait_until(lambda: info(P, c).running_tasks == 0, "the worker to free the map task", timeout=5.0)
+            finally:
+                # Free a stuck task (should the test fail) so the worker stops without its grace period.
+                with contextlib.suppress(pa.ArrowException):
+                    list(c.do_action(fl.Action("cancel", P.CancelRequest(query_id=key.query_id).SerializeToString()), options=CALL))
+    finally:
+        rc = stop_worker(own.proc)
+    assert rc == 0, f"the worker exited with {rc}; its log:\n{own.log_tail()}"
