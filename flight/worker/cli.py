@@ -13,9 +13,7 @@ import logging
 import os
 import signal
 import sys
-import threading
 from collections.abc import Sequence
-from types import FrameType
 
 from flight._version import __version__
 from flight.config import WorkerOptions
@@ -69,20 +67,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         grace=args.grace,
         unit_delay_ms=args.unit_delay_ms,
     )
+    # Block the stop signals in every thread (threads inherit the mask, so do it before the
+    # server starts any) and take them synchronously below: a Python signal handler could run
+    # in the middle of a lock the main thread holds.
+    stop_signals = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     server = WorkerServer(args.host, args.port, options)
-    stopping = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("received signal %d; draining", signum)
-        stopping.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     print(f"flight-worker listening on {server.url}", flush=True)
     log.info("flight-worker %s serving on %s", __version__, server.url)
-    # Wait in Python, not in server.wait(): signal handlers only run between bytecodes.
-    while not stopping.wait(0.5):
-        pass
+    signum = signal.sigwait(stop_signals)
+    log.info("received signal %d; draining", signum)
     server.drain(args.grace)
     server.shutdown()
     log.info("stopped")
