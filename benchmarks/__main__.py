@@ -285,14 +285,15 @@ def print_table(results: list[dict[str, Any]]) -> None:
 
 
 def run_micro() -> None:
-    """Each micro benchmark in its own process (they start their own clusters); show its last line."""
+    """Each micro benchmark in its own process (they start their own clusters); show its last line(s)."""
     here = Path(__file__).resolve().parent
-    for script in ("transport.py", "feed.py"):
+    # slow_discovery.py ends with two figures: first_batch_ms, then slow_discovery_ratio.
+    for script, tail in (("transport.py", 1), ("feed.py", 1), ("skew.py", 1), ("slow_discovery.py", 2)):
         log(f"micro benchmark {script}")
         proc = subprocess.run([sys.executable, str(here / "micro" / script)], cwd=here.parent,
                               stdout=subprocess.PIPE, text=True)
         lines = proc.stdout.strip().splitlines()
-        print(lines[-1] if proc.returncode == 0 and lines else f"{script}: failed with exit code {proc.returncode}")
+        print("\n".join(lines[-tail:]) if proc.returncode == 0 and lines else f"{script}: failed with exit code {proc.returncode}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -300,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sf", type=float, default=0.1, help="TPC-H scale factor")
     p.add_argument("--workers", type=int, default=2, help="LocalCluster workers")
     p.add_argument("--runs", type=int, default=3, help="timed runs per query and engine (median)")
-    p.add_argument("--micro", action="store_true", help="also run benchmarks/micro/{transport,feed}.py")
+    p.add_argument("--micro", action="store_true", help="also run benchmarks/micro/{transport,feed,skew,slow_discovery}.py")
     args = p.parse_args(argv)
 
     log(f"ensuring TPC-H lineitem at SF {args.sf:g}")

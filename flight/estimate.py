@@ -62,16 +62,14 @@ class TaskEstimator(abc.ABC):
 
 
 class DefaultTaskEstimator(TaskEstimator):
-    """Size-aware when hints exist, count-aware when discovery ended, all workers otherwise.
+    """Size-aware when hints exist and discovery ended; every worker while it still runs.
 
     * discovery ended within the sample: the whole work is known. With byte
       hints, one task per ``target_bytes_per_task`` (or per ``target_rows_per_task``
       with row hints); without, one task per unit. Capped by the workers.
-    * discovery still running: the total is unknown, but the sample is a lower
-      bound. When its hints already fill every worker's target, or no hints
-      exist, use every worker (work keeps arriving); when the hints say the
-      sample is small, still use every worker that the units seen so far can
-      keep busy — an unfinished discovery is expected to bring more.
+    * discovery still running: the total is unknown and more is coming, and the
+      count cannot grow later, so every worker gets a task (a shared queue
+      keeps idle ones cheap: they only hold credit).
     """
 
     def __init__(
@@ -104,9 +102,9 @@ class DefaultTaskEstimator(TaskEstimator):
                 want = sample.units
                 reasons.append("no size hints: at most one task per unit")
         else:
-            reasons.append("discovery still running: the total is unknown")
+            reasons.append("discovery still running: the total is unknown, so every worker")
             want = workers
-        tasks = max(1, min(want, workers, max(sample.units, 1)))
+        tasks = max(1, min(want, workers))
         if tasks == workers and want > workers:
             reasons.append(f"capped by {workers} worker(s)")
         return TaskEstimate(tasks, reasons)

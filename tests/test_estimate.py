@@ -25,7 +25,7 @@ def sample(n: int, size: int | None = None, rows: int | None = None, finished: b
         (sample(10, size=32 * MB), 8, 3),  # 320 MB at 128 MB per task
         (sample(2), 4, 2),  # unknown size, finished: at most one task per unit
         (sample(64, finished=False), 3, 3),  # unknown size, still discovering: every worker
-        (sample(1, finished=False), 3, 1),  # one unit seen so far: one task can keep up
+        (sample(1, finished=False), 3, 3),  # one unit seen so far, more coming: the count cannot grow later
         (sample(0), 3, 1),  # empty discovery: one task yields the empty result
         (sample(5, rows=600_000), 8, 3),  # row hints: 3M rows at 1M per task
     ],
