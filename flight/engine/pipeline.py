@@ -100,7 +100,11 @@ def compile_task(
 
     ``unit_delay_s`` slows every work unit down on purpose (the worker's ``--unit-delay-ms``).
     """
-    decl, _ = _compile(plan.root, _Env(inputs, batch_rows, unit_delay_s), "plan.root")
+    env = _Env(inputs, batch_rows, unit_delay_s)
+    if plan.root.WhichOneof("kind") == "feed_scan":
+        # Nothing to compute: Acero would only copy batches between threads.
+        return _feed_scan(plan.root.feed_scan, env, "plan.root.feed_scan")
+    decl, _ = _compile(plan.root, env, "plan.root")
     return decl.to_reader(use_threads=True)
 
 

@@ -11,6 +11,9 @@ plain types it can.
 
 from __future__ import annotations
 
+import os
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -115,16 +118,39 @@ def read_parquet(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
         raise UnitReadError(f"cannot read parquet file {unit.path!r}: {exc}") from exc
 
 
+_MAPS: OrderedDict[tuple[str, int, int], pa.MemoryMappedFile] = OrderedDict()
+_MAPS_LOCK = threading.Lock()
+MAPPED_FILES = 64
+"""IPC files a worker keeps mapped: a long-lived worker re-reading hot files skips re-faulting their pages."""
+
+
+def _mapped(path: str) -> pa.MemoryMappedFile:
+    """A read-only memory map of ``path``, reused while the file is unchanged (same mtime and size)."""
+    st = os.stat(path)
+    key = (path, st.st_mtime_ns, st.st_size)
+    with _MAPS_LOCK:
+        source = _MAPS.get(key)
+        if source is not None:
+            _MAPS.move_to_end(key)
+            return source
+    source = pa.memory_map(path)
+    with _MAPS_LOCK:
+        _MAPS[key] = source
+        while len(_MAPS) > MAPPED_FILES:
+            _MAPS.popitem(last=False)  # closed when its last reader lets go
+    return source
+
+
 def read_ipc(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
     unit = _file_unit(body)
     try:
-        source = pa.memory_map(unit.path)
+        source = _mapped(unit.path)
         try:
             reader = pa.ipc.open_file(source)
             batches: Iterable[pa.RecordBatch] = (reader.get_batch(i) for i in range(reader.num_record_batches))
         except pa.ArrowInvalid:
-            source.seek(0)
-            batches = pa.ipc.open_stream(source)
+            # Not the file format: an IPC stream, read from a map of its own (streams read sequentially).
+            batches = pa.ipc.open_stream(pa.memory_map(unit.path))
         for batch in batches:
             yield batch.select(ctx.columns) if ctx.columns else batch
     except (OSError, pa.ArrowException) as exc:
