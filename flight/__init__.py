@@ -4,6 +4,7 @@ The public API lives here; everything else is private to the package.
 """
 
 from flight._version import __version__
+from flight.plan import agg
 from flight.cluster import LocalCluster
 from flight.config import ExecOptions, WorkerOptions
 from flight.coordinator.exec import DistributedExec
@@ -69,6 +70,7 @@ __all__ = [
     "WorkerResolver",
     "WorkerUnavailableError",
     "__version__",
+    "agg",
     "call",
     "coalesce",
     "col",

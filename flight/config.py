@@ -54,3 +54,7 @@ class ExecOptions:
     """Most units one WorkUnitBatch frame carries."""
     result_queue_batches: int = 16
     """Batches the coordinator buffers between the DoGet streams and the caller."""
+    broadcast_bytes: int = 32 << 20
+    """A join's right side estimated below this many bytes is broadcast to the other side's tasks."""
+    rows_per_task: int = 250_000
+    """Upper stages get one task per this many estimated input rows (never more than the workers)."""

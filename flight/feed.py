@@ -115,6 +115,10 @@ class WorkUnitFeedProvider(abc.ABC):
 
     shared: bool = False
 
+    def estimated_rows(self) -> float | None:
+        """Rows the feed will produce, if known cheaply at planning (sizes upper stages and broadcasts)."""
+        return None
+
     @abc.abstractmethod
     def feed(self, partition: int, ctx: FeedContext) -> Iterator[WorkUnit] | AsyncIterator[WorkUnit]:
         """Yield the work units of ``partition``."""

@@ -1,15 +1,27 @@
-"""From a query to stages and tasks.
+"""From a query to stages and tasks, cut at network boundaries.
 
-Until multi-stage plans exist, a query is one stage: its leaf reads feeds,
-its root is what the caller sees. The planner bounds how many tasks the stage
-may get (never more than the workers the resolver returns at planning time)
-and says how feed partitions map to tasks. A stage fed by a shared-queue feed
-gets its final task count at execution, from a ``TaskEstimator`` looking at
-the first discovered units; URLs are bound right before execution too.
+The planner walks the logical plan bottom-up, growing *fragments* (operators
+that run in the same tasks) and cutting a fragment into a stage where rows
+must cross workers:
+
+* aggregate → partial aggregate in every task, hash shuffle on the keys (one
+  task for a global aggregate), final aggregate; ``mean`` travels as sum and
+  count, ``count_distinct`` shuffles the rows and aggregates once;
+* join → broadcast of the right (build) side when it is estimated small, else a
+  hash shuffle of both sides on the keys;
+* sort → sort (with fetch for a top-k) in every task, then one task merges;
+  limit → a local limit in every task, then the final limit in one task;
+* union → every input shuffled round-robin into the union's tasks.
+
+A fragment that already runs in one task needs none of that: with one worker
+the whole query is one stage. Leaf stages are sized from their feeds (a
+shared-queue feed by a ``TaskEstimator`` at execution), upper stages from the
+rows estimated to reach them; never more tasks than workers.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -18,11 +30,20 @@ from flight._proto import plan_pb2
 from flight.errors import PlanError
 from flight.estimate import TaskEstimate
 from flight.feed import WorkUnitFeed
-from flight.plan.nodes import ExchangeInputNode, FeedScanNode, LimitNode, Node, ValuesNode
+from flight.plan.expr import col, if_else, lit
+from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, LimitNode, Node, ProjectNode, ValuesNode
 from flight.plan.optimize import prune_columns
-from flight.protocol import encode_schema
+from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, ShuffleReadNode, SortNode, UnionNode
 
-__all__ = ["FeedPlan", "StageSpec", "plan_stage"]
+__all__ = ["FeedPlan", "PlannerOptions", "QueryPlan", "StageSpec", "plan_query"]
+
+
+@dataclass(frozen=True)
+class PlannerOptions:
+    broadcast_bytes: int = 32 << 20
+    """A join's right side estimated below this is broadcast instead of shuffled."""
+    rows_per_task: int = 250_000
+    """Upper stages get one task per this many estimated input rows (at most one per worker)."""
 
 
 @dataclass(frozen=True)
@@ -34,16 +55,19 @@ class FeedPlan:
 
 @dataclass
 class StageSpec:
-    """One stage, ready to be sized and bound to workers."""
+    """One stage: its operators, its tasks, and how its output reaches its consumer."""
 
     stage_id: int
     root: Node
     max_tasks: int
     feeds: list[FeedPlan]
-    final_limit: tuple[int, int] | None = None  # (count, offset) the coordinator applies over all tasks
-    notes: list[str] = field(default_factory=list)
+    reads: list[ShuffleReadNode]
+    output_mode: str = "head"  # head, hash, gather, broadcast, round_robin
+    output_keys: list[str] = field(default_factory=list)
+    consumer: int | None = None
     task_count: int = 0  # fixed at planning, or at execution for a shared-queue leaf
     estimate: TaskEstimate | None = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def output_schema(self) -> pa.Schema:
@@ -57,6 +81,10 @@ class StageSpec:
     def sized_at_execution(self) -> bool:
         return bool(self.shared_feeds)
 
+    @property
+    def children(self) -> list[int]:
+        return [r.stage_id for r in self.reads]
+
     def assignments(self, task_count: int) -> list[dict[str, list[int]]]:
         """Per task: feed id -> the partitions it consumes (its own task number for a shared feed)."""
         out: list[dict[str, list[int]]] = [{f.feed.feed_id: [] for f in self.feeds} for _ in range(task_count)]
@@ -69,58 +97,215 @@ class StageSpec:
                     out[p % task_count][f.feed.feed_id].append(p)
         return out
 
-    def stage_plan(self) -> plan_pb2.StagePlan:
-        root = self.root
-        if self.final_limit is not None:
-            # Each task keeps count + offset rows; the coordinator applies the real limit.
-            count, offset = self.final_limit
-            assert isinstance(root, LimitNode)
-            root = LimitNode(root.input, count + offset, 0)
-        return plan_pb2.StagePlan(
-            root=root.to_proto(),
-            output=plan_pb2.OutputSpec(partitions=1),
-            output_schema=encode_schema(self.root.schema),
-        )
+    def output_spec(self, consumer_tasks: int) -> plan_pb2.OutputSpec:
+        if self.output_mode in ("hash", "round_robin"):
+            return plan_pb2.OutputSpec(partitions=consumer_tasks, hash_keys=self.output_keys, readers=1)
+        if self.output_mode == "broadcast":
+            return plan_pb2.OutputSpec(partitions=1, readers=consumer_tasks)
+        return plan_pb2.OutputSpec(partitions=1, readers=1)
 
 
-def plan_stage(root: Node, max_tasks: int, stage_id: int = 0) -> StageSpec:
-    """Bound one stage's tasks and describe its feeds."""
+@dataclass
+class QueryPlan:
+    stages: list[StageSpec]  # children before their consumers; the head is last
+
+    @property
+    def head(self) -> StageSpec:
+        return self.stages[-1]
+
+    def stage(self, stage_id: int) -> StageSpec:
+        return self.stages[[s.stage_id for s in self.stages].index(stage_id)]
+
+
+@dataclass
+class _Frag:
+    """Operators that will run in the same tasks, not yet cut into a stage."""
+
+    node: Node
+    tasks: int  # at most this many; 1 means certainly one task
+    rows: float | None
+    feeds: list[FeedPlan] = field(default_factory=list)
+    reads: list[ShuffleReadNode] = field(default_factory=list)
+    leaf: bool = False  # sized by its feeds rather than by rows
+
+
+class _Planner:
+    def __init__(self, max_tasks: int, options: PlannerOptions) -> None:
+        self.max_tasks = max_tasks
+        self.options = options
+        self.stages: list[StageSpec] = []
+
+    def upper_tasks(self, rows: float | None) -> int:
+        if rows is None:
+            return self.max_tasks
+        return max(1, min(self.max_tasks, math.ceil(rows / self.options.rows_per_task)))
+
+    def cut(self, frag: _Frag, mode: str, keys: list[str] | None = None) -> ShuffleReadNode:
+        stage_id = len(self.stages)
+        spec = StageSpec(stage_id, frag.node, frag.tasks, frag.feeds, frag.reads, output_mode=mode, output_keys=keys or [])
+        spec.task_count = frag.tasks
+        self.stages.append(spec)
+        read_mode = {"hash": "hash", "round_robin": "hash", "gather": "gather", "broadcast": "broadcast", "head": "gather"}[mode]
+        return ShuffleReadNode(stage_id, frag.node.schema, read_mode)
+
+    def consumer(self, node: Node, tasks: int, rows: float | None, reads: list[ShuffleReadNode]) -> _Frag:
+        return _Frag(node, tasks, rows, [], reads)
+
+    # ------------------------------------------------------------- the walk
+
+    def build(self, node: Node) -> _Frag:
+        if isinstance(node, FeedScanNode):
+            return self.scan(node)
+        if isinstance(node, ValuesNode):
+            return _Frag(node, 1, float(node.table.num_rows))
+        if isinstance(node, ExchangeInputNode):
+            raise PlanError("a plan reading exchange input is a map stage: run it with flight.map_batches or flight.spark.flight_map")
+        if isinstance(node, FilterNode):
+            f = self.build(node.input)
+            return self.wrap(f, FilterNode(f.node, node.predicate), None if f.rows is None else f.rows * 0.5)
+        if isinstance(node, ProjectNode):
+            f = self.build(node.input)
+            return self.wrap(f, ProjectNode(f.node, node.exprs), f.rows)
+        if isinstance(node, LimitNode):
+            return self.limit(node)
+        if isinstance(node, SortNode):
+            return self.sort(node, fetch=node.fetch)
+        if isinstance(node, AggregateNode):
+            return self.aggregate(node)
+        if isinstance(node, JoinNode):
+            return self.join(node)
+        if isinstance(node, UnionNode):
+            return self.union(node)
+        raise PlanError(f"the planner does not know operator {type(node).__name__}")
+
+    @staticmethod
+    def wrap(f: _Frag, node: Node, rows: float | None) -> _Frag:
+        return _Frag(node, f.tasks, rows, f.feeds, f.reads, f.leaf)
+
+    def scan(self, node: FeedScanNode) -> _Frag:
+        provider = node.feed.inner()
+        rows = provider.estimated_rows()
+        if provider.shared:
+            return _Frag(node, self.max_tasks, rows, [FeedPlan(node.feed, 1, shared=True)], leaf=True)
+        declared = provider.partitions()
+        if declared is not None and declared < 1:
+            raise PlanError(f"feed {node.feed.feed_id!r}: partitions() returned {declared}; it must be at least 1")
+        tasks = min(self.max_tasks, declared) if declared is not None else self.max_tasks
+        return _Frag(node, tasks, rows, [FeedPlan(node.feed, declared or tasks)], leaf=True)
+
+    def limit(self, node: LimitNode) -> _Frag:
+        if isinstance(node.input, SortNode):  # top-k: every task keeps only its first count + offset rows
+            f = self.sort(node.input, fetch=node.count + node.offset)
+            return self.wrap(f, LimitNode(f.node, node.count, node.offset), float(node.count))
+        f = self.build(node.input)
+        if f.tasks == 1:
+            return self.wrap(f, LimitNode(f.node, node.count, node.offset), float(node.count))
+        read = self.cut(self.wrap(f, LimitNode(f.node, node.count + node.offset, 0), f.rows), "gather")
+        return self.consumer(LimitNode(read, node.count, node.offset), 1, float(node.count), [read])
+
+    def sort(self, node: SortNode, fetch: int) -> _Frag:
+        f = self.build(node.input)
+        if f.tasks == 1:
+            return self.wrap(f, SortNode(f.node, node.keys, node.nulls_first, fetch), f.rows)
+        read = self.cut(self.wrap(f, SortNode(f.node, node.keys, node.nulls_first, fetch), f.rows), "gather")
+        return self.consumer(SortNode(read, node.keys, node.nulls_first, fetch), 1, f.rows, [read])
+
+    def aggregate(self, node: AggregateNode) -> _Frag:
+        f = self.build(node.input)
+        rows = 1.0 if not node.keys else (None if f.rows is None else max(1.0, f.rows * 0.1))
+        if f.tasks == 1:
+            return self.wrap(f, AggregateNode(f.node, node.keys, node.calls, node.label_text), rows)
+        mode = "hash" if node.keys else "gather"
+        tasks = self.upper_tasks(f.rows) if node.keys else 1
+        if any(c.function == "count_distinct" for c in node.calls):
+            # No partial form: move the rows, aggregate once.
+            read = self.cut(f, mode, node.keys)
+            return self.consumer(AggregateNode(read, node.keys, node.calls, node.label_text), tasks, rows, [read])
+        partial: list[AggCall] = []
+        final: list[AggCall] = []
+        outputs: list[tuple[str, object]] = [(k, col(k)) for k in node.keys]
+        for i, c in enumerate(node.calls):
+            p = f"__p{i}"
+            if c.function == "mean":
+                partial += [AggCall(p + "s", "sum", c.expr), AggCall(p + "c", "count", c.expr)]
+                final += [AggCall(p + "s", "sum", col(p + "s")), AggCall(p + "c", "sum", col(p + "c"))]
+                total, n = col(p + "s").cast(pa.float64()), col(p + "c").cast(pa.float64())
+                outputs.append((c.name, if_else(n > 0, total / n, lit(None, pa.float64()))))
+            else:
+                again = "sum" if c.function in ("count", "count_all", "sum") else c.function
+                partial.append(AggCall(p, c.function, c.expr))
+                final.append(AggCall(p, again, col(p)))
+                outputs.append((c.name, col(p)))
+        label = node.label_text or "Aggregate"
+        pre = self.wrap(f, AggregateNode(f.node, node.keys, partial, f"Partial{label}"), f.rows)
+        read = self.cut(pre, mode, node.keys)
+        merged = AggregateNode(read, node.keys, final, f"Final{label}")
+        return self.consumer(ProjectNode(merged, outputs), tasks, rows, [read])  # type: ignore[arg-type]
+
+    def join(self, node: JoinNode) -> _Frag:
+        left, right = self.build(node.left), self.build(node.right)
+        rows = max(left.rows or 0.0, right.rows or 0.0) or None
+        if left.tasks == 1 and right.tasks == 1:
+            merged = JoinNode(left.node, right.node, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "local")
+            return _Frag(merged, 1, rows, left.feeds + right.feeds, left.reads + right.reads, left.leaf or right.leaf)
+        small = right.rows is not None and right.rows * _row_width(right.node.schema) <= self.options.broadcast_bytes
+        if small and node.join_type in ("inner", "left outer", "left semi", "left anti"):
+            read = self.cut(right, "broadcast")
+            merged = JoinNode(left.node, read, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "broadcast")
+            return _Frag(merged, left.tasks, rows, left.feeds, left.reads + [read], left.leaf)
+        tasks = self.upper_tasks(rows)
+        lread = self.cut(left, "hash", node.left_keys)
+        rread = self.cut(right, "hash", node.right_keys)
+        merged = JoinNode(lread, rread, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "shuffle")
+        return self.consumer(merged, tasks, rows, [lread, rread])
+
+    def union(self, node: UnionNode) -> _Frag:
+        frags = [self.build(n) for n in node.inputs]
+        rows = None if any(f.rows is None for f in frags) else sum(f.rows or 0.0 for f in frags)
+        if all(f.tasks == 1 for f in frags):
+            return _Frag(
+                UnionNode([f.node for f in frags]),
+                1,
+                rows,
+                [fp for f in frags for fp in f.feeds],
+                [r for f in frags for r in f.reads],
+            )
+        tasks = max(f.tasks for f in frags)
+        reads = [self.cut(f, "round_robin") for f in frags]
+        return self.consumer(UnionNode(list(reads)), tasks, rows, reads)
+
+
+def _row_width(schema: pa.Schema) -> int:
+    width = 0
+    for f in schema:
+        try:
+            width += max(1, f.type.bit_width // 8)
+        except ValueError:  # variable width: strings, binaries, nested
+            width += 32
+    return width
+
+
+def plan_query(root: Node, max_tasks: int, options: PlannerOptions | None = None) -> QueryPlan:
+    """Cut ``root`` into stages; the head stage (what the caller reads) comes last."""
     if max_tasks < 1:
         raise PlanError("the resolver returned no worker URLs; start workers or check the resolver's source")
-    root = prune_columns(root)
-    nodes = list(root.walk())
-    if any(isinstance(n, ExchangeInputNode) for n in nodes):
-        raise PlanError("a plan reading exchange input is a map stage: run it with flight.map_batches or flight.spark.flight_map")
-    scans = [n for n in nodes if isinstance(n, FeedScanNode)]
-    notes: list[str] = []
-    feeds: list[FeedPlan] = []
-    task_count = 1
-    if not scans:
-        notes.append("no feed: one task")
-    else:
-        fixed: list[int] = []
-        for scan in scans:
-            provider = scan.feed.inner()
-            if provider.shared:
-                feeds.append(FeedPlan(scan.feed, 1, shared=True))
-            else:
-                declared = provider.partitions()
-                if declared is not None and declared < 1:
-                    raise PlanError(f"feed {scan.feed.feed_id!r}: partitions() returned {declared}; it must be at least 1")
-                feeds.append(FeedPlan(scan.feed, declared or 0))
-                if declared is not None:
-                    fixed.append(declared)
-        task_count = min(max_tasks, max(fixed)) if fixed else max_tasks
-        feeds = [FeedPlan(f.feed, f.partitions or task_count, f.shared) for f in feeds]
-        if any(f.shared for f in feeds):
-            notes.append(f"shared-queue feed: up to {max_tasks} task(s), the count decided from discovery at execution")
-        else:
-            shown = [f.partitions for f in feeds]
-            notes.append(f"{task_count} task(s): {max_tasks} worker(s), feed partitions {shown}")
-    final_limit = None
-    if isinstance(root, LimitNode) and (task_count > 1 or any(f.shared for f in feeds)):
-        final_limit = (root.count, root.offset)
-        notes.append(f"limit {root.count} offset {root.offset} applied again over all tasks")
-    if any(isinstance(n, ValuesNode) for n in nodes) and task_count > 1:
-        notes.append("values are emitted by task 0 only")
-    return StageSpec(stage_id, root, max_tasks, feeds, final_limit, notes, task_count)
+    planner = _Planner(max_tasks, options or PlannerOptions())
+    frag = planner.build(prune_columns(root))
+    planner.cut(frag, "head")
+    stages = planner.stages
+    for stage in stages:
+        for read in stage.reads:
+            stages[read.stage_id].consumer = stage.stage_id
+    for stage in stages:
+        _describe(stage)
+    return QueryPlan(stages)
+
+
+def _describe(stage: StageSpec) -> None:
+    if stage.shared_feeds:
+        stage.notes.append(f"shared-queue feed: up to {stage.max_tasks} task(s), the count decided from discovery at execution")
+    elif stage.feeds:
+        stage.notes.append(f"{stage.task_count} task(s): feed partitions {[f.partitions for f in stage.feeds]}")
+    if stage.output_mode not in ("head", "gather"):
+        keys = f" on {stage.output_keys}" if stage.output_keys else ""
+        stage.notes.append(f"output: {stage.output_mode}{keys} to stage {stage.consumer}")

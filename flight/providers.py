@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flight._proto import plan_pb2
@@ -24,9 +25,19 @@ class FileListProvider(WorkUnitFeedProvider):
         self.paths = [os.fspath(p) for p in paths]
         self.split_row_groups = split_row_groups
         self._partitions = partitions
+        self._rows: float | None = None
 
     def partitions(self) -> int | None:
         return self._partitions
+
+    def estimated_rows(self) -> float | None:
+        """From the Parquet footers (read once); unknown for other formats."""
+        if self._rows is None and all(p.endswith(".parquet") for p in self.paths):
+            try:
+                self._rows = float(sum(pq.ParquetFile(p).metadata.num_rows for p in self.paths))
+            except (OSError, pa.ArrowException):
+                return None  # a file that cannot be read fails the query where it is read, with its name
+        return self._rows
 
     def _units(self) -> Iterator[plan_pb2.FileUnit]:
         for path in self.paths:

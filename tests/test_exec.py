@@ -148,8 +148,8 @@ def test_explain_names_stage_tasks_and_workers(cluster: flight.LocalCluster, par
         assert url in text
     assert "Filter[" in text and "FeedScan[" in text
     ex.to_table()
-    after = ex.explain()
-    assert "Executed query" in after and "units" in after
+    after = ex.explain(analyze=True)
+    assert "Executed query" in after and "units" in after and "rows in" in after
 
 
 def test_one_worker_resolver_runs_one_task(cluster: flight.LocalCluster, parquet_files: list[Path]) -> None:

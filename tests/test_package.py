@@ -17,7 +17,7 @@ EXPECTED_API = {
     "PollingWorkerResolver", "ProtocolError", "Query", "QueryMetrics", "ReaderContext", "ResolverError",
     "RetryableError", "StaticWorkerResolver", "TaskCancelledError", "TaskFailedError", "TaskStats",
     "VersionMismatchError", "WorkUnit", "WorkUnitFeed", "WorkUnitFeedProvider", "WorkerError", "WorkerOptions",
-    "WorkerResolver", "WorkerUnavailableError", "__version__", "call", "coalesce", "col", "file_unit",
+    "WorkerResolver", "WorkerUnavailableError", "__version__", "agg", "call", "coalesce", "col", "file_unit",
     "from_arrow", "from_feed", "if_else", "lit", "map_batches", "map_input", "read_ipc", "read_parquet",
     "register_reader", "units",
 }

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66light/_proto/plan.proto\x12\x0e\x66light_exec.v1\"\x91\x01\n\nExpression\x12)\n\x05\x66ield\x18\x01 \x01(\x0b\x32\x18.flight_exec.v1.FieldRefH\x00\x12*\n\x07literal\x18\x02 \x01(\x0b\x32\x17.flight_exec.v1.LiteralH\x00\x12$\n\x04\x63\x61ll\x18\x03 \x01(\x0b\x32\x14.flight_exec.v1.CallH\x00\x42\x06\n\x04kind\"\x18\n\x08\x46ieldRef\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x95\x01\n\x07Literal\x12\x14\n\nbool_value\x18\x01 \x01(\x08H\x00\x12\x13\n\tint_value\x18\x02 \x01(\x03H\x00\x12\x15\n\x0b\x66loat_value\x18\x03 \x01(\x01H\x00\x12\x16\n\x0cstring_value\x18\x04 \x01(\tH\x00\x12\x16\n\x0c\x62inary_value\x18\x05 \x01(\x0cH\x00\x12\x0f\n\x05\x61rrow\x18\x06 \x01(\x0cH\x00\x42\x07\n\x05value\"t\n\x04\x43\x61ll\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\x12(\n\x04\x61rgs\x18\x02 \x03(\x0b\x32\x1a.flight_exec.v1.Expression\x12\x30\n\x07options\x18\x03 \x01(\x0b\x32\x1f.flight_exec.v1.FunctionOptions\"\xcb\x02\n\x0f\x46unctionOptions\x12+\n\x04\x63\x61st\x18\x01 \x01(\x0b\x32\x1b.flight_exec.v1.CastOptionsH\x00\x12\x36\n\nset_lookup\x18\x02 \x01(\x0b\x32 .flight_exec.v1.SetLookupOptionsH\x00\x12@\n\x0fmatch_substring\x18\x03 \x01(\x0b\x32%.flight_exec.v1.MatchSubstringOptionsH\x00\x12-\n\x05slice\x18\x04 \x01(\x0b\x32\x1c.flight_exec.v1.SliceOptionsH\x00\x12-\n\x05round\x18\x05 \x01(\x0b\x32\x1c.flight_exec.v1.RoundOptionsH\x00\x12+\n\x04null\x18\x06 \x01(\x0b\x32\x1b.flight_exec.v1.NullOptionsH\x00\x42\x06\n\x04kind\"0\n\x0b\x43\x61stOptions\x12\x13\n\x0btarget_type\x18\x01 \x01(\x0c\x12\x0c\n\x04safe\x18\x02 \x01(\x08\"9\n\x10SetLookupOptions\x12\x11\n\tvalue_set\x18\x01 \x01(\x0c\x12\x12\n\nskip_nulls\x18\x02 \x01(\x08\"=\n\x15MatchSubstringOptions\x12\x0f\n\x07pattern\x18\x01 \x01(\t\x12\x13\n\x0bignore_case\x18\x02 \x01(\x08\"G\n\x0cSliceOptions\x12\r\n\x05start\x18\x01 \x01(\x03\x12\x11\n\x04stop\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x0c\n\x04step\x18\x03 \x01(\x03\x42\x07\n\x05_stop\"\x1f\n\x0cRoundOptions\x12\x0f\n\x07ndigits\x18\x01 \x01(\x03\"\"\n\x0bNullOptions\x12\x13\n\x0bnan_is_null\x18\x01 \x01(\x08\"I\n\x0fNamedExpression\x12\x0c\n\x04name\x18\x01 \x01(\t\x12(\n\x04\x65xpr\x18\x02 \x01(\x0b\x32\x1a.flight_exec.v1.Expression\"\xa2\x02\n\x08Operator\x12-\n\tfeed_scan\x18\x01 \x01(\x0b\x32\x18.flight_exec.v1.FeedScanH\x00\x12\x37\n\x0e\x65xchange_input\x18\x02 \x01(\x0b\x32\x1d.flight_exec.v1.ExchangeInputH\x00\x12(\n\x06values\x18\x03 \x01(\x0b\x32\x16.flight_exec.v1.ValuesH\x00\x12(\n\x06\x66ilter\x18\x04 \x01(\x0b\x32\x16.flight_exec.v1.FilterH\x00\x12*\n\x07project\x18\x05 \x01(\x0b\x32\x17.flight_exec.v1.ProjectH\x00\x12&\n\x05limit\x18\x06 \x01(\x0b\x32\x15.flight_exec.v1.LimitH\x00\x42\x06\n\x04kind\"\x1f\n\x0cWorkUnitFeed\x12\x0f\n\x07\x66\x65\x65\x64_id\x18\x01 \x01(\t\"\xe2\x01\n\x08\x46\x65\x65\x64Scan\x12*\n\x04\x66\x65\x65\x64\x18\x01 \x01(\x0b\x32\x1c.flight_exec.v1.WorkUnitFeed\x12\x0e\n\x06reader\x18\x02 \x01(\t\x12\x0e\n\x06schema\x18\x03 \x01(\x0c\x12\x0f\n\x07\x63olumns\x18\x04 \x03(\t\x12\x43\n\x0ereader_options\x18\x05 \x03(\x0b\x32+.flight_exec.v1.FeedScan.ReaderOptionsEntry\x1a\x34\n\x12ReaderOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1f\n\rExchangeInput\x12\x0e\n\x06schema\x18\x01 \x01(\x0c\"\x1c\n\x06Values\x12\x12\n\nipc_stream\x18\x01 \x01(\x0c\"`\n\x06\x46ilter\x12\'\n\x05input\x18\x01 \x01(\x0b\x32\x18.flight_exec.v1.Operator\x12-\n\tpredicate\x18\x02 \x01(\x0b\x32\x1a.flight_exec.v1.Expression\"b\n\x07Project\x12\'\n\x05input\x18\x01 \x01(\x0b\x32\x18.flight_exec.v1.Operator\x12.\n\x05\x65xprs\x18\x02 \x03(\x0b\x32\x1f.flight_exec.v1.NamedExpression\"O\n\x05Limit\x12\'\n\x05input\x18\x01 \x01(\x0b\x32\x18.flight_exec.v1.Operator\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\x12\x0e\n\x06offset\x18\x03 \x01(\x03\" \n\nOutputSpec\x12\x12\n\npartitions\x18\x01 \x01(\r\"v\n\tStagePlan\x12&\n\x04root\x18\x01 \x01(\x0b\x32\x18.flight_exec.v1.Operator\x12*\n\x06output\x18\x02 \x01(\x0b\x32\x1a.flight_exec.v1.OutputSpec\x12\x15\n\routput_schema\x18\x03 \x01(\x0c\",\n\x08\x46ileUnit\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\nrow_groups\x18\x02 \x03(\rb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66light/_proto/plan.proto\x12\x0e\x66light_exec.v1\"\x91\x01\n\nExpression\x12)\n\x05\x66ield\x18\x01 \x01(\x0b\x32\x18.flight_exec.v1.FieldRefH\x00\x12*\n\x07literal\x18\x02 \x01(\x0b\x32\x17.flight_exec.v1.LiteralH\x00\x12$\n\x04\x63\x61ll\x18\x03 \x01(\x0b\x32\x14.flight_exec.v1.CallH\x00\x42\x06\n\x04kind\"\x18\n\x08\x46ieldRef\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x95\x01\n\x07Literal\x12\x14\n\nbool_value\x18\x01 \x01(\x08H\x00\x12\x13\n\tint_value\x18\x02 \x01(\x03H\x00\x12\x15\n\x0b\x66loat_value\x18\x03 \x01(\x01H\x00\x12\x16\n\x0cstring_value\x18\x04 \x01(\tH\x00\x12\x16\n\x0c\x62inary_value\x18\x05 \x01(\x0cH\x00\x12\x0f\n\x05\x61rrow\x18\x06 \x01(\x0cH\x00\x42\x07\n\x05value\"t\n\x04\x43\x61ll\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\x12(\n\x04\x61rgs\x18\x02 \x03(\x0b\x32\x1a.flight_exec.v1.Expression\x12\x30\n\x07options\x18\x03 \x01(\x0b\x32\x1f.flight_exec.v1.FunctionOptions\"\xcb\x02\n\x0f\x46unctionOptions\x12+\n\x04\x63\x61st\x18\x01 \x01(\x0b\x32\x1b.flight_exec.v1.CastOptionsH\x00\x12\x36\n\nset_lookup\x18\x02 \x01(\x0b\x32 .flight_exec.v1.SetLookupOptionsH\x00\x12@\n\x0fmatch_substring\x18\x03 \x01(\x0b\x32%.flight_exec.v1.MatchSubstringOptionsH\x00\x12-\n\x05slice\x18\x04 \x01(\x0b\x32\x1c.flight_exec.v1.SliceOptionsH\x00\x12-\n\x05round\x18\x05 \x01(\x0b\x32\x1c.flight_exec.v1.RoundOptionsH\x00\x12+\n\x04null\x18\x06 \x01(\x0b\x32\x1b.flight_exec.v1.NullOptionsH\x00\x42\x06\n\x04kind\"0\n\x0b\x43\x61stOptions\x12\x13\n\x0btarget_type\x18\x01 \x01(\x0c\x12\x0c\n\x04safe\x18\x02 \x01(\x08\"9\n\x10SetLookupOptions\x12\x11\n\tvalue_set\x18\x01 \x01(\x0c\x12\x12\n\nskip_nulls\x18\x02 \x01(\x08\"=\n\x15MatchSubstringOptions\x12\x0f\n\x07pattern\x18\x01 \x01(\t\x12\x13\n\x0bignore_case\x18\x02 \x01(\x08\"G\n\x0cSliceOptions\x12\r\n\x05start\x18\x01 \x01(\x03\x12\x11\n\x04stop\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x0c\n\x04step\x18\x03 \x01(\x03\x42\x07\n\x05_stop\"\x1f\n\x0cRoundOptions\x12\x0f\n\x07ndigits\x18\x01 \x01(\x03\"\"\n\x0bNullOptions\x12\x13\n\x0bnan_is_null\x18\x01 \x01(\x08\"I\n\x0fNamedExpression\x12\x0c\n\x04name\x18\x01 \x01(\t\x12(\n\x04\x65xpr\x18\x02 \x01(\x0b\x32\x1a.flight_exec.v1.Expression\"\x84\x04\n\x08Operator\x12-\n\tfeed_scan\x18\x01 \x01(\x0b\x32\x18.flight_exec.v1.FeedScanH\x00\x12\x37\n\x0e\x65xchange_input\x18\x02 \x01(\x0b\x32\x1d.flight_exec.v1.ExchangeInputH\x00\x12(\n\x06values\x18\x03 \x01(\x0b\x32\x16.flight_exec.v1.ValuesH\x00\x12(\n\x06\x66ilter\x18\x04 \x01(\x0b\x32\x16.flight_exec.v1.FilterH\x00\x12*\n\x07project\x18\x05 \x01(\x0b\x32\x17.flight_exec.v1.ProjectH\x00\x12&\n\x05limit\x18\x06 \x01(\x0b\x32\x15.flight_exec.v1.LimitH\x00\x12.\n\taggregate\x18\x07 \x01(\x0b\x32\x19.flight_exec.v1.AggregateH\x00\x12-\n\thash_join\x18\x08 \x01(\x0b\x32\x18.flight_exec.v1.HashJoinH\x00\x12$\n\x04sort\x18\t \x01(\x0b\x32\x14.flight_exec.v1.SortH\x00\x12&\n\x05union\x18\n \x01(\x0b\x32\x15.flight_exec.v1.UnionH\x00\x12\x33\n\x0cshuffle_read\x18\x0b \x01(\x0b\x32\x1b.flight_exec.v1.ShuffleReadH\x00\x42\x06\n\x04kind\"\x1f\n\x0cWorkUnitFeed\x12\x0f\n\x07\x66\x65\x65\x64_id\x18\x01 \x01(\t\"\xe2\x01\n\x08\x46\x65\x65\x64Scan\x12*\n\x04\x66\x65\x65\x64\x18\x01 \x01(\x0b\x32\x1c.flight_exec.v1.WorkUnitFeed\x12\x0e\n\x06reader\x18\x02 \x01(\t\x12\x0e\n\x06schema\x18\x03 \x01(\x0c\x12\x0f\n\x07\x63olumns\x18\x04 \x03(\t\x12\x43\n\x0ereader_options\x18\x05 \x03(\x0b\x32+.flight_exec.v1.FeedScan.ReaderOptionsEntry\x1a\x34\n\x12ReaderOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1f\n\rExchangeInput\x12\x0e\n\x06schema\x18\x01 \x01(\x0c\"\x1c\n\x06Values\x12\x12\n\nipc_stream\x18\x01 \x01(\x0c\"`\n\x06\x46ilter\x12\'\n\x05input\x18\x01 \x01(\x0b\x32\x18.flight_exec.v1.Operator\x12-\n\tpredicate\x18\x02 \x01(\x0b\x32\x1a.flight_exec.v1.Expression\"b\n\x07Project\x12\'\n\x05input\x18\x01 \x01(\x0b\x32\x18.flight_exec.v1.Operator\x12.\n\x05\x65xprs\x18\x02 \x03(\x0b\x32\x1f.flight_exec.v1.NamedExpression\"O\n\x05Limit\x12\'\n\x05input\x18\x01 \x01(\x0b\x32\x18.flight_exec.v1.Operator\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\x12\x0e\n\x06offset\x18\x03 \x01(\x03\"?\n\rAggregateCall\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\x12\x0e\n\x06\x63olumn\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\"u\n\tAggregate\x12\'\n\x05input\x18\x01 \x01(\x0b\x32\x18.flight_exec.v1.Operator\x12\x0c\n\x04keys\x18\x02 \x03(\t\x12\x31\n\naggregates\x18\x03 \x03(\x0b\x32\x1d.flight_exec.v1.AggregateCall\"\xab\x01\n\x08HashJoin\x12&\n\x04left\x18\x01 \x01(\x0b\x32\x18.flight_exec.v1.Operator\x12\'\n\x05right\x18\x02 \x01(\x0b\x32\x18.flight_exec.v1.Operator\x12\x11\n\tleft_keys\x18\x03 \x03(\t\x12\x12\n\nright_keys\x18\x04 \x03(\t\x12\x11\n\tjoin_type\x18\x05 \x01(\t\x12\x14\n\x0cright_suffix\x18\x06 \x01(\t\"-\n\x07SortKey\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\x12\x12\n\ndescending\x18\x02 \x01(\x08\"z\n\x04Sort\x12\'\n\x05input\x18\x01 \x01(\x0b\x32\x18.flight_exec.v1.Operator\x12%\n\x04keys\x18\x02 \x03(\x0b\x32\x17.flight_exec.v1.SortKey\x12\x13\n\x0bnulls_first\x18\x03 \x01(\x08\x12\r\n\x05\x66\x65tch\x18\x04 \x01(\x03\"1\n\x05Union\x12(\n\x06inputs\x18\x01 \x03(\x0b\x32\x18.flight_exec.v1.Operator\".\n\x0cProducerTask\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x11\n\tstage_key\x18\x02 \x01(\x0c\"\x90\x01\n\x0bShuffleRead\x12\x10\n\x08stage_id\x18\x01 \x01(\r\x12/\n\tproducers\x18\x02 \x03(\x0b\x32\x1c.flight_exec.v1.ProducerTask\x12\x17\n\x0fpartition_start\x18\x03 \x01(\r\x12\x15\n\rpartition_end\x18\x04 \x01(\r\x12\x0e\n\x06schema\x18\x05 \x01(\x0c\"D\n\nOutputSpec\x12\x12\n\npartitions\x18\x01 \x01(\r\x12\x11\n\thash_keys\x18\x02 \x03(\t\x12\x0f\n\x07readers\x18\x03 \x01(\r\"v\n\tStagePlan\x12&\n\x04root\x18\x01 \x01(\x0b\x32\x18.flight_exec.v1.Operator\x12*\n\x06output\x18\x02 \x01(\x0b\x32\x1a.flight_exec.v1.OutputSpec\x12\x15\n\routput_schema\x18\x03 \x01(\x0c\",\n\x08\x46ileUnit\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\nrow_groups\x18\x02 \x03(\rb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -58,27 +58,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NAMEDEXPRESSION']._serialized_start=1136
   _globals['_NAMEDEXPRESSION']._serialized_end=1209
   _globals['_OPERATOR']._serialized_start=1212
-  _globals['_OPERATOR']._serialized_end=1502
-  _globals['_WORKUNITFEED']._serialized_start=1504
-  _globals['_WORKUNITFEED']._serialized_end=1535
-  _globals['_FEEDSCAN']._serialized_start=1538
-  _globals['_FEEDSCAN']._serialized_end=1764
-  _globals['_FEEDSCAN_READEROPTIONSENTRY']._serialized_start=1712
-  _globals['_FEEDSCAN_READEROPTIONSENTRY']._serialized_end=1764
-  _globals['_EXCHANGEINPUT']._serialized_start=1766
-  _globals['_EXCHANGEINPUT']._serialized_end=1797
-  _globals['_VALUES']._serialized_start=1799
-  _globals['_VALUES']._serialized_end=1827
-  _globals['_FILTER']._serialized_start=1829
-  _globals['_FILTER']._serialized_end=1925
-  _globals['_PROJECT']._serialized_start=1927
-  _globals['_PROJECT']._serialized_end=2025
-  _globals['_LIMIT']._serialized_start=2027
-  _globals['_LIMIT']._serialized_end=2106
-  _globals['_OUTPUTSPEC']._serialized_start=2108
-  _globals['_OUTPUTSPEC']._serialized_end=2140
-  _globals['_STAGEPLAN']._serialized_start=2142
-  _globals['_STAGEPLAN']._serialized_end=2260
-  _globals['_FILEUNIT']._serialized_start=2262
-  _globals['_FILEUNIT']._serialized_end=2306
+  _globals['_OPERATOR']._serialized_end=1728
+  _globals['_WORKUNITFEED']._serialized_start=1730
+  _globals['_WORKUNITFEED']._serialized_end=1761
+  _globals['_FEEDSCAN']._serialized_start=1764
+  _globals['_FEEDSCAN']._serialized_end=1990
+  _globals['_FEEDSCAN_READEROPTIONSENTRY']._serialized_start=1938
+  _globals['_FEEDSCAN_READEROPTIONSENTRY']._serialized_end=1990
+  _globals['_EXCHANGEINPUT']._serialized_start=1992
+  _globals['_EXCHANGEINPUT']._serialized_end=2023
+  _globals['_VALUES']._serialized_start=2025
+  _globals['_VALUES']._serialized_end=2053
+  _globals['_FILTER']._serialized_start=2055
+  _globals['_FILTER']._serialized_end=2151
+  _globals['_PROJECT']._serialized_start=2153
+  _globals['_PROJECT']._serialized_end=2251
+  _globals['_LIMIT']._serialized_start=2253
+  _globals['_LIMIT']._serialized_end=2332
+  _globals['_AGGREGATECALL']._serialized_start=2334
+  _globals['_AGGREGATECALL']._serialized_end=2397
+  _globals['_AGGREGATE']._serialized_start=2399
+  _globals['_AGGREGATE']._serialized_end=2516
+  _globals['_HASHJOIN']._serialized_start=2519
+  _globals['_HASHJOIN']._serialized_end=2690
+  _globals['_SORTKEY']._serialized_start=2692
+  _globals['_SORTKEY']._serialized_end=2737
+  _globals['_SORT']._serialized_start=2739
+  _globals['_SORT']._serialized_end=2861
+  _globals['_UNION']._serialized_start=2863
+  _globals['_UNION']._serialized_end=2912
+  _globals['_PRODUCERTASK']._serialized_start=2914
+  _globals['_PRODUCERTASK']._serialized_end=2960
+  _globals['_SHUFFLEREAD']._serialized_start=2963
+  _globals['_SHUFFLEREAD']._serialized_end=3107
+  _globals['_OUTPUTSPEC']._serialized_start=3109
+  _globals['_OUTPUTSPEC']._serialized_end=3177
+  _globals['_STAGEPLAN']._serialized_start=3179
+  _globals['_STAGEPLAN']._serialized_end=3297
+  _globals['_FILEUNIT']._serialized_start=3299
+  _globals['_FILEUNIT']._serialized_end=3343
 # @@protoc_insertion_point(module_scope)

@@ -361,6 +361,11 @@ class Operator(_message.Message):
     FILTER_FIELD_NUMBER: _builtins.int
     PROJECT_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
+    AGGREGATE_FIELD_NUMBER: _builtins.int
+    HASH_JOIN_FIELD_NUMBER: _builtins.int
+    SORT_FIELD_NUMBER: _builtins.int
+    UNION_FIELD_NUMBER: _builtins.int
+    SHUFFLE_READ_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def feed_scan(self) -> Global___FeedScan: ...
     @_builtins.property
@@ -373,6 +378,16 @@ class Operator(_message.Message):
     def project(self) -> Global___Project: ...
     @_builtins.property
     def limit(self) -> Global___Limit: ...
+    @_builtins.property
+    def aggregate(self) -> Global___Aggregate: ...
+    @_builtins.property
+    def hash_join(self) -> Global___HashJoin: ...
+    @_builtins.property
+    def sort(self) -> Global___Sort: ...
+    @_builtins.property
+    def union(self) -> Global___Union: ...
+    @_builtins.property
+    def shuffle_read(self) -> Global___ShuffleRead: ...
     def __init__(
         self,
         *,
@@ -382,12 +397,17 @@ class Operator(_message.Message):
         filter: Global___Filter | None = ...,
         project: Global___Project | None = ...,
         limit: Global___Limit | None = ...,
+        aggregate: Global___Aggregate | None = ...,
+        hash_join: Global___HashJoin | None = ...,
+        sort: Global___Sort | None = ...,
+        union: Global___Union | None = ...,
+        shuffle_read: Global___ShuffleRead | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["exchange_input", b"exchange_input", "feed_scan", b"feed_scan", "filter", b"filter", "kind", b"kind", "limit", b"limit", "project", b"project", "values", b"values"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["aggregate", b"aggregate", "exchange_input", b"exchange_input", "feed_scan", b"feed_scan", "filter", b"filter", "hash_join", b"hash_join", "kind", b"kind", "limit", b"limit", "project", b"project", "shuffle_read", b"shuffle_read", "sort", b"sort", "union", b"union", "values", b"values"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exchange_input", b"exchange_input", "feed_scan", b"feed_scan", "filter", b"filter", "kind", b"kind", "limit", b"limit", "project", b"project", "values", b"values"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aggregate", b"aggregate", "exchange_input", b"exchange_input", "feed_scan", b"feed_scan", "filter", b"filter", "hash_join", b"hash_join", "kind", b"kind", "limit", b"limit", "project", b"project", "shuffle_read", b"shuffle_read", "sort", b"sort", "union", b"union", "values", b"values"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["feed_scan", "exchange_input", "values", "filter", "project", "limit"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["feed_scan", "exchange_input", "values", "filter", "project", "limit", "aggregate", "hash_join", "sort", "union", "shuffle_read"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -595,25 +615,274 @@ class Limit(_message.Message):
 Global___Limit: _TypeAlias = Limit  # noqa: Y015
 
 @_typing.final
+class AggregateCall(_message.Message):
+    """One aggregate over an input column (arguments are computed by a Project below).
+    function: "count" (non-null values), "count_all" (rows; no column), "count_distinct",
+    "sum", "min", "max", "mean".
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FUNCTION_FIELD_NUMBER: _builtins.int
+    COLUMN_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    function: _builtins.str
+    column: _builtins.str
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        function: _builtins.str = ...,
+        column: _builtins.str = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["column", b"column", "function", b"function", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AggregateCall: _TypeAlias = AggregateCall  # noqa: Y015
+
+@_typing.final
+class Aggregate(_message.Message):
+    """Group by `keys` (none: one global row). Output: the keys, then the aggregates."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INPUT_FIELD_NUMBER: _builtins.int
+    KEYS_FIELD_NUMBER: _builtins.int
+    AGGREGATES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def input(self) -> Global___Operator: ...
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def aggregates(self) -> _containers.RepeatedCompositeFieldContainer[Global___AggregateCall]: ...
+    def __init__(
+        self,
+        *,
+        input: Global___Operator | None = ...,
+        keys: _abc.Iterable[_builtins.str] | None = ...,
+        aggregates: _abc.Iterable[Global___AggregateCall] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aggregates", b"aggregates", "input", b"input", "keys", b"keys"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Aggregate: _TypeAlias = Aggregate  # noqa: Y015
+
+@_typing.final
+class HashJoin(_message.Message):
+    """Acero's hash join: `right` is the build side. join_type: "inner", "left outer",
+    "right outer", "full outer", "left semi", "left anti". Output: the left columns,
+    then the right ones (none for semi/anti), a right name that collides with a left
+    one taking `right_suffix`.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEFT_FIELD_NUMBER: _builtins.int
+    RIGHT_FIELD_NUMBER: _builtins.int
+    LEFT_KEYS_FIELD_NUMBER: _builtins.int
+    RIGHT_KEYS_FIELD_NUMBER: _builtins.int
+    JOIN_TYPE_FIELD_NUMBER: _builtins.int
+    RIGHT_SUFFIX_FIELD_NUMBER: _builtins.int
+    join_type: _builtins.str
+    right_suffix: _builtins.str
+    @_builtins.property
+    def left(self) -> Global___Operator: ...
+    @_builtins.property
+    def right(self) -> Global___Operator: ...
+    @_builtins.property
+    def left_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def right_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        left: Global___Operator | None = ...,
+        right: Global___Operator | None = ...,
+        left_keys: _abc.Iterable[_builtins.str] | None = ...,
+        right_keys: _abc.Iterable[_builtins.str] | None = ...,
+        join_type: _builtins.str = ...,
+        right_suffix: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["left", b"left", "right", b"right"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["join_type", b"join_type", "left", b"left", "left_keys", b"left_keys", "right", b"right", "right_keys", b"right_keys", "right_suffix", b"right_suffix"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HashJoin: _TypeAlias = HashJoin  # noqa: Y015
+
+@_typing.final
+class SortKey(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COLUMN_FIELD_NUMBER: _builtins.int
+    DESCENDING_FIELD_NUMBER: _builtins.int
+    column: _builtins.str
+    descending: _builtins.bool
+    def __init__(
+        self,
+        *,
+        column: _builtins.str = ...,
+        descending: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["column", b"column", "descending", b"descending"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SortKey: _TypeAlias = SortKey  # noqa: Y015
+
+@_typing.final
+class Sort(_message.Message):
+    """Sort by `keys`; with `fetch` > 0 keep only the first `fetch` rows (top-k)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INPUT_FIELD_NUMBER: _builtins.int
+    KEYS_FIELD_NUMBER: _builtins.int
+    NULLS_FIRST_FIELD_NUMBER: _builtins.int
+    FETCH_FIELD_NUMBER: _builtins.int
+    nulls_first: _builtins.bool
+    fetch: _builtins.int
+    @_builtins.property
+    def input(self) -> Global___Operator: ...
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedCompositeFieldContainer[Global___SortKey]: ...
+    def __init__(
+        self,
+        *,
+        input: Global___Operator | None = ...,
+        keys: _abc.Iterable[Global___SortKey] | None = ...,
+        nulls_first: _builtins.bool = ...,
+        fetch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fetch", b"fetch", "input", b"input", "keys", b"keys", "nulls_first", b"nulls_first"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Sort: _TypeAlias = Sort  # noqa: Y015
+
+@_typing.final
+class Union(_message.Message):
+    """The rows of every input, one after the other (all inputs share one schema)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INPUTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def inputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Operator]: ...
+    def __init__(
+        self,
+        *,
+        inputs: _abc.Iterable[Global___Operator] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["inputs", b"inputs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Union: _TypeAlias = Union  # noqa: Y015
+
+@_typing.final
+class ProducerTask(_message.Message):
+    """One task of a producer stage, as a consumer reads it with DoGet."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    URL_FIELD_NUMBER: _builtins.int
+    STAGE_KEY_FIELD_NUMBER: _builtins.int
+    url: _builtins.str
+    stage_key: _builtins.bytes
+    """a serialized flight_exec.v1.StageKey (protocol.proto)"""
+    def __init__(
+        self,
+        *,
+        url: _builtins.str = ...,
+        stage_key: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["stage_key", b"stage_key", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProducerTask: _TypeAlias = ProducerTask  # noqa: Y015
+
+@_typing.final
+class ShuffleRead(_message.Message):
+    """Rows another stage produced: partitions [partition_start, partition_end) of every
+    producer task, read with DoGet (a task's own worker reads them locally).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STAGE_ID_FIELD_NUMBER: _builtins.int
+    PRODUCERS_FIELD_NUMBER: _builtins.int
+    PARTITION_START_FIELD_NUMBER: _builtins.int
+    PARTITION_END_FIELD_NUMBER: _builtins.int
+    SCHEMA_FIELD_NUMBER: _builtins.int
+    stage_id: _builtins.int
+    partition_start: _builtins.int
+    partition_end: _builtins.int
+    schema: _builtins.bytes
+    @_builtins.property
+    def producers(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProducerTask]: ...
+    def __init__(
+        self,
+        *,
+        stage_id: _builtins.int = ...,
+        producers: _abc.Iterable[Global___ProducerTask] | None = ...,
+        partition_start: _builtins.int = ...,
+        partition_end: _builtins.int = ...,
+        schema: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition_end", b"partition_end", "partition_start", b"partition_start", "producers", b"producers", "schema", b"schema", "stage_id", b"stage_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShuffleRead: _TypeAlias = ShuffleRead  # noqa: Y015
+
+@_typing.final
 class OutputSpec(_message.Message):
     """---------------------------------------------------------------------- stage
 
-    How a task lays out its output. One partition per task until shuffles exist.
+    How a task lays out its output: `partitions` partitions (0 means 1), rows
+    hash-partitioned on `hash_keys` when there are several; each partition is read
+    by `readers` consumers (0 means 1; more for a broadcast).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     PARTITIONS_FIELD_NUMBER: _builtins.int
+    HASH_KEYS_FIELD_NUMBER: _builtins.int
+    READERS_FIELD_NUMBER: _builtins.int
     partitions: _builtins.int
-    """0 means 1"""
+    readers: _builtins.int
+    @_builtins.property
+    def hash_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
         partitions: _builtins.int = ...,
+        hash_keys: _abc.Iterable[_builtins.str] | None = ...,
+        readers: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hash_keys", b"hash_keys", "partitions", b"partitions", "readers", b"readers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -529,13 +529,15 @@ class TaskMetrics(_message.Message):
     ROWS_IN_FIELD_NUMBER: _builtins.int
     ELAPSED_NANOS_FIELD_NUMBER: _builtins.int
     FEEDS_FIELD_NUMBER: _builtins.int
+    BYTES_IN_FIELD_NUMBER: _builtins.int
     worker_url: _builtins.str
     rows_out: _builtins.int
     batches_out: _builtins.int
     bytes_out: _builtins.int
     rows_in: _builtins.int
-    """map stages: rows received on the exchange"""
+    """rows received: on the exchange (map stages) or from other stages (shuffle reads)"""
     elapsed_nanos: _builtins.int
+    bytes_in: _builtins.int
     @_builtins.property
     def stage_key(self) -> Global___StageKey: ...
     @_builtins.property
@@ -551,10 +553,11 @@ class TaskMetrics(_message.Message):
         rows_in: _builtins.int = ...,
         elapsed_nanos: _builtins.int = ...,
         feeds: _abc.Iterable[Global___FeedMetrics] | None = ...,
+        bytes_in: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["stage_key", b"stage_key"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches_out", b"batches_out", "bytes_out", b"bytes_out", "elapsed_nanos", b"elapsed_nanos", "feeds", b"feeds", "rows_in", b"rows_in", "rows_out", b"rows_out", "stage_key", b"stage_key", "worker_url", b"worker_url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches_out", b"batches_out", "bytes_in", b"bytes_in", "bytes_out", b"bytes_out", "elapsed_nanos", b"elapsed_nanos", "feeds", b"feeds", "rows_in", b"rows_in", "rows_out", b"rows_out", "stage_key", b"stage_key", "worker_url", b"worker_url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -112,6 +112,7 @@ class TaskChannel:
         self.ready = threading.Event()
         self.done = threading.Event()  # the worker ended the exchange (or it broke)
         self._settled = threading.Event()  # ready, failed or done: wait_ready can stop waiting
+        self.finished = threading.Event()  # the final metrics arrived, or the exchange ended
         self.output_schema: pa.Schema | None = None
         self.metrics: protocol_pb2.TaskMetrics | None = None
         self.error: WorkerError | None = None
@@ -218,6 +219,7 @@ class TaskChannel:
         finally:
             self.done.set()
             self._settled.set()
+            self.finished.set()
 
     def _handle(self, frame: protocol_pb2.WorkerFrame) -> None:
         kind = frame.WhichOneof("frame")
@@ -232,3 +234,4 @@ class TaskChannel:
             self._fail(error_from_frame(frame.error, self.url, self.key))
         elif kind == "finished":
             self.metrics = frame.finished
+            self.finished.set()

@@ -1,12 +1,13 @@
-"""``DistributedExec``: plan a query, run its tasks on workers, stream the result.
+"""``DistributedExec``: plan a query, run its stages on workers, stream the result.
 
-Execution: bind task slots to the resolver's current URLs, open one
-DoExchange per task (the header rides in the descriptor), wait until every
-worker accepted its task, start the feed dispatcher, read each task's output
-with DoGet into one bounded queue, and hand the caller a RecordBatchReader
-over that queue. Any failure (a task error, a provider exception, a dead
-worker) aborts every task and surfaces as one exception; closing the channels
-is what frees the tasks on the workers.
+Execution: size every stage (a shared-queue leaf from its first discovered
+units), bind task slots to the resolver's current URLs, give every consumer
+task the URLs and keys of the producer tasks it reads, open one DoExchange per
+task of every stage (all stages run at once, rows stream between them), start
+the feed dispatcher, and read the head stage's output with DoGet into one
+bounded queue behind the caller's RecordBatchReader. Any failure (a task
+error, a provider exception, a dead worker) aborts every task and surfaces as
+one exception; closing the channels is what frees the tasks on the workers.
 """
 
 from __future__ import annotations
@@ -22,17 +23,17 @@ from dataclasses import replace
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from flight._proto import protocol_pb2
+from flight._proto import plan_pb2, protocol_pb2
 from flight.config import ExecOptions
 from flight.coordinator.channel import ClientPool, TaskChannel, translate_flight_error
 from flight.coordinator.dispatch import FeedDispatcher, Source
+from flight.coordinator.explain import explain_plan
 from flight.coordinator.metrics import QueryMetrics, TaskStats
-from flight.engine.pipeline import limit_batches
 from flight.errors import FlightExecError, PlanError, ResolverError, TaskCancelledError, WorkerError
 from flight.estimate import DefaultTaskEstimator, TaskEstimator
 from flight.plan.query import Query
-from flight.planner import StageSpec, plan_stage
-from flight.protocol import PROTOCOL_VERSION, make_stage_key
+from flight.planner import PlannerOptions, QueryPlan, StageSpec, plan_query
+from flight.protocol import PROTOCOL_VERSION, encode_schema, make_stage_key
 from flight.resolver import StaticWorkerResolver, WorkerResolver
 
 __all__ = ["DistributedExec"]
@@ -45,14 +46,12 @@ _COMPRESSION = {
     "zstd": protocol_pb2.COMPRESSION_ZSTD,
 }
 
-_DONE = object()
-
 
 class DistributedExec:
     """Runs a ``Query`` on the workers a ``WorkerResolver`` names.
 
     Planning happens here, with ``len(resolver.get_urls())`` as the most tasks
-    the stage may get; URLs are bound to tasks when ``execute()`` runs.
+    a stage may get; URLs are bound to tasks when ``execute()`` runs.
     """
 
     def __init__(
@@ -70,61 +69,33 @@ class DistributedExec:
         self.options = replace(options or ExecOptions(), **overrides)  # type: ignore[arg-type]
         if self.options.compression not in _COMPRESSION:
             raise ValueError(f"compression must be one of {sorted(_COMPRESSION)}, not {self.options.compression!r}")
-        self.stage: StageSpec = plan_stage(query.node, len(self.resolver.get_urls()))
+        planner_options = PlannerOptions(
+            broadcast_bytes=self.options.broadcast_bytes, rows_per_task=self.options.rows_per_task
+        )
+        self.plan: QueryPlan = plan_query(query.node, len(self.resolver.get_urls()), planner_options)
         self.metrics: QueryMetrics | None = None
         self.query_id: str | None = None  # of the latest execute(), known from its start
-        self._bound: list[str] | None = None
+        self.bound: dict[int, list[str]] = {}  # stage id -> the URL of each task, once executed
 
-    # ---------------------------------------------------------------- explain
+    @property
+    def stage(self) -> StageSpec:
+        """The head stage: the one whose output the caller reads."""
+        return self.plan.head
 
-    def explain(self) -> str:
-        """The stage, its tasks and their workers (planned slots until executed)."""
-        stage = self.stage
-        urls = self._bound or self.resolver.get_urls()
-        state = "bound" if self._bound else "planned"
-        pending = stage.sized_at_execution and stage.estimate is None
-        count = f"up to {stage.max_tasks}" if pending else str(stage.task_count)
-        lines = [f"Stage {stage.stage_id} (leaf, head): {count} task(s), {state} workers"]
-        lines += [f"  note: {n}" for n in stage.notes]
-        if stage.estimate is not None:
-            lines.append(f"  estimate: {stage.estimate.describe()}")
-        for t, assigned in enumerate(stage.assignments(stage.max_tasks if pending else stage.task_count)):
-            url = urls[t % len(urls)] if urls else "?"
-            feeds = ", ".join(f"{fid}{'[shared]' if self._is_shared(fid) else parts}" for fid, parts in assigned.items()) or "-"
-            lines.append(f"  task {t} -> {url}  feeds: {feeds}")
-        lines += ["  " + line for line in stage.root.explain_lines()]
-        if stage.final_limit:
-            lines.insert(1, f"  final limit {stage.final_limit[0]} offset {stage.final_limit[1]} on the coordinator")
-        if self.metrics is not None:
-            lines.append(self.metrics.describe())
-        return "\n".join(lines)
+    @property
+    def stages(self) -> list[StageSpec]:
+        return self.plan.stages
 
-    def _is_shared(self, feed_id: str) -> bool:
-        return any(f.feed.feed_id == feed_id for f in self.stage.shared_feeds)
-
-    # -------------------------------------------------------------- execution
+    def explain(self, analyze: bool = False) -> str:
+        """Stages, their operators, tasks and workers; with ``analyze``, what each task measured."""
+        return explain_plan(self, analyze)
 
     def to_table(self) -> pa.Table:
         return self.execute().read_all()
 
     def execute(self) -> pa.RecordBatchReader:
         """Start the query and return its rows as a stream."""
-        run = _Run(self)
-        batches = run.start()
-        if self.stage.final_limit is not None:
-            count, offset = self.stage.final_limit
-            batches = _closing(limit_batches(batches, count, offset), batches)
-        return pa.RecordBatchReader.from_batches(self.stage.output_schema, batches)
-
-
-def _closing(outer: Iterator[pa.RecordBatch], inner: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """``outer``, closing ``inner`` (and so the query) when it stops early."""
-    try:
-        yield from outer
-    finally:
-        close = getattr(inner, "close", None)
-        if close is not None:
-            close()
+        return pa.RecordBatchReader.from_batches(self.stage.output_schema, _Run(self).start())
 
 
 class _Run:
@@ -133,7 +104,7 @@ class _Run:
     def __init__(self, ex: DistributedExec) -> None:
         self.ex = ex
         self.options = ex.options
-        self.stage = ex.stage
+        self.plan = ex.plan
         self.query_id = ex.query_id = uuid.uuid4().hex[:16]
         self.clients = ClientPool()
         self.results: queue.Queue[object] = queue.Queue(maxsize=max(1, self.options.result_queue_batches))
@@ -141,6 +112,8 @@ class _Run:
         self.failed = threading.Event()
         self._lock = threading.Lock()
         self.channels: list[TaskChannel] = []
+        self.by_stage: dict[int, list[TaskChannel]] = {}
+        self.sources: dict[str, list[Source]] = {}
         self.dispatcher = FeedDispatcher(
             self.query_id,
             discovery_buffer=self.options.discovery_buffer,
@@ -150,6 +123,7 @@ class _Run:
         )
         self.started = time.perf_counter()
         self.first_batch_s: float | None = None
+        self.ex.bound = {}
 
     def fail(self, error: BaseException) -> None:
         """Record the first failure and stop everything; later errors are consequences."""
@@ -163,21 +137,49 @@ class _Run:
             channel.abort(f"query {self.query_id} failed: {error}")
         _offer(self.results, _DONE)
 
-    def _bind(self, task_count: int) -> list[str]:
-        urls = self.ex.resolver.get_urls()
-        if not urls:
-            raise ResolverError("the resolver returned no worker URLs at execution time")
-        self.ex._bound = [urls[t % len(urls)] for t in range(task_count)]
-        return self.ex._bound
+    # ------------------------------------------------------------ set-up
 
-    def _header(self, task: int, url: str, assigned: dict[str, list[int]]) -> protocol_pb2.TaskHeader:
-        stage, opts = self.stage, self.options
+    def _size(self, stage: StageSpec, workers: int) -> int:
+        """A stage's task count: planned, or estimated now from a shared feed's first units."""
+        if not stage.sized_at_execution:
+            return max(1, min(stage.task_count, workers))
+        estimator = self.ex.estimator
+        source = self.sources[stage.shared_feeds[0].feed.feed_id][0]
+        sample = self.dispatcher.sample(source, estimator.sample_units, estimator.sample_ms / 1000)
+        limit = min(stage.max_tasks, workers)
+        estimate = estimator.estimate(sample, limit)
+        if not 1 <= estimate.tasks <= limit:
+            raise PlanError(f"the task estimator chose {estimate.tasks} tasks; it must choose between 1 and {limit}")
+        stage.estimate, stage.task_count = estimate, estimate.tasks
+        log.debug("query %s stage %d: %s", self.query_id, stage.stage_id, estimate.describe())
+        return estimate.tasks
+
+    def _task_plan(self, stage: StageSpec, task: int, counts: dict[int, int]) -> bytes:
+        """The stage's operators for one task: its reads bound to the producers' URLs and keys."""
+        for read in stage.reads:
+            producer = read.stage_id
+            read.producers = [
+                (url, make_stage_key(self.query_id, producer, t).SerializeToString())
+                for t, url in enumerate(self.ex.bound[producer])
+            ]
+            read.partition = task
+        consumer_tasks = counts[stage.consumer] if stage.consumer is not None else 1
+        plan = plan_pb2.StagePlan(
+            root=stage.root.to_proto(),
+            output=stage.output_spec(consumer_tasks),
+            output_schema=encode_schema(stage.output_schema),
+        )
+        return plan.SerializeToString()
+
+    def _header(self, stage: StageSpec, task: int, count: int, plan: bytes, assigned: dict[str, list[int]]) -> protocol_pb2.TaskHeader:
+        opts = self.options
         shared = {f.feed.feed_id for f in stage.shared_feeds}
+        url = self.ex.bound[stage.stage_id][task]
         return protocol_pb2.TaskHeader(
             protocol_version=PROTOCOL_VERSION,
             stage_key=make_stage_key(self.query_id, stage.stage_id, task),
-            task_count=len(self.ex._bound or ()),
-            plan=self._plan_bytes,
+            task_count=count,
+            plan=plan,
             feeds=[
                 protocol_pb2.FeedAssignment(feed_id=f, partitions=p, window=opts.shared_window if f in shared else 0)
                 for f, p in assigned.items()
@@ -191,70 +193,67 @@ class _Run:
             ),
         )
 
-    def _size(self) -> int:
-        """The stage's task count: planned, or estimated now from a shared feed's first units."""
-        stage = self.stage
-        if not stage.sized_at_execution:
-            return stage.task_count
-        estimator = self.ex.estimator
-        source = self.sources[stage.shared_feeds[0].feed.feed_id][0]
-        sample = self.dispatcher.sample(source, estimator.sample_units, estimator.sample_ms / 1000)
-        workers = min(stage.max_tasks, len(self.ex.resolver.get_urls()) or 1)
-        estimate = estimator.estimate(sample, workers)
-        if not 1 <= estimate.tasks <= workers:
-            raise PlanError(f"the task estimator chose {estimate.tasks} tasks; it must choose between 1 and {workers}")
-        stage.estimate, stage.task_count = estimate, estimate.tasks
-        log.debug("query %s: %s", self.query_id, estimate.describe())
-        return estimate.tasks
-
     def start(self) -> Iterator[pa.RecordBatch]:
-        self._plan_bytes = self.stage.stage_plan().SerializeToString()
         try:
             # Discovery starts first: it overlaps sizing, connecting and the tasks' start.
-            self.sources: dict[str, list[Source]] = {}
-            for f in self.stage.feeds:
-                self.sources[f.feed.feed_id] = [
-                    self.dispatcher.add_source(f.feed, p, f.partitions, shared=f.shared) for p in range(f.partitions)
-                ]
+            for stage in self.plan.stages:
+                for f in stage.feeds:
+                    self.sources[f.feed.feed_id] = [
+                        self.dispatcher.add_source(f.feed, p, f.partitions, shared=f.shared) for p in range(f.partitions)
+                    ]
             self.dispatcher.start_discovery()
-            task_count = self._size()
-            urls = self._bind(task_count)
-            for task, assigned in enumerate(self.stage.assignments(task_count)):
-                channel = TaskChannel(
-                    urls[task],
-                    self._header(task, urls[task], assigned),
-                    on_credit=self.dispatcher.on_credit,
-                    on_error=lambda ch, err: self.fail(err),
-                )
-                self.channels.append(channel)
-                # Slots exist before any channel opens: credits may arrive at once.
-                for feed_id, partitions in assigned.items():
-                    feed_sources = self.sources[feed_id]
-                    for p in partitions:
-                        source = feed_sources[0] if feed_sources[0].shared else feed_sources[p]
-                        self.dispatcher.add_slot(source, p, channel)
+            urls = self.ex.resolver.get_urls()
+            if not urls:
+                raise ResolverError("the resolver returned no worker URLs at execution time")
+            counts = {s.stage_id: self._size(s, len(urls)) for s in self.plan.stages}
+            for stage in self.plan.stages:
+                # Stages start at different workers, so a small stage does not always land on the first.
+                offset = stage.stage_id % len(urls)
+                self.ex.bound[stage.stage_id] = [urls[(offset + t) % len(urls)] for t in range(counts[stage.stage_id])]
+            for stage in self.plan.stages:
+                self._stage_channels(stage, counts)
             for channel in self.channels:
                 channel.open(self.clients.get(channel.url))
             deadline = time.monotonic() + self.options.connect_timeout
             for channel in self.channels:
                 channel.wait_ready(max(0.0, deadline - time.monotonic()))
+            for channel in self.by_stage[self.plan.head.stage_id]:
                 self._check_schema(channel)
         except BaseException as exc:
             self.fail(exc)
             self._finish()
             raise
         self.dispatcher.start_sending()
-        for channel in self.channels:
+        for channel in self.by_stage[self.plan.head.stage_id]:
             threading.Thread(target=self._read_output, args=(channel,), name=f"doget-{channel.key}", daemon=True).start()
         return self._batches()
 
+    def _stage_channels(self, stage: StageSpec, counts: dict[int, int]) -> None:
+        count = counts[stage.stage_id]
+        channels = self.by_stage[stage.stage_id] = []
+        for task, assigned in enumerate(stage.assignments(count)):
+            header = self._header(stage, task, count, self._task_plan(stage, task, counts), assigned)
+            channel = TaskChannel(
+                header.target_worker_url, header, on_credit=self.dispatcher.on_credit, on_error=lambda ch, err: self.fail(err)
+            )
+            channels.append(channel)
+            self.channels.append(channel)
+            # Slots exist before any channel opens: credits may arrive at once.
+            for feed_id, partitions in assigned.items():
+                feed_sources = self.sources[feed_id]
+                for p in partitions:
+                    source = feed_sources[0] if feed_sources[0].shared else feed_sources[p]
+                    self.dispatcher.add_slot(source, p, channel)
+
     def _check_schema(self, channel: TaskChannel) -> None:
-        if channel.output_schema is not None and not channel.output_schema.equals(self.stage.output_schema):
+        if channel.output_schema is not None and not channel.output_schema.equals(self.plan.head.output_schema):
             raise WorkerError(
-                f"the worker's output schema {channel.output_schema} differs from the planned {self.stage.output_schema}",
+                f"the worker's output schema {channel.output_schema} differs from the planned {self.plan.head.output_schema}",
                 worker_url=channel.url,
                 stage_key=channel.key,
             )
+
+    # ------------------------------------------------------------ results
 
     def _read_output(self, channel: TaskChannel) -> None:
         ticket = protocol_pb2.Ticket(stage_key=channel.header.stage_key, partition_start=0, partition_end=1)
@@ -276,7 +275,7 @@ class _Run:
             self.fail(channel.error or translate_flight_error(exc, channel.url, channel.key))
 
     def _batches(self) -> Iterator[pa.RecordBatch]:
-        pending = len(self.channels)
+        pending = len(self.by_stage[self.plan.head.stage_id])
         try:
             while pending:
                 item = self.results.get()
@@ -299,9 +298,13 @@ class _Run:
 
     def _await_metrics(self) -> None:
         """All outputs are read: collect each task's final frame (bounded wait)."""
-        deadline = time.monotonic() + self.options.connect_timeout
+        # The result is complete. Upstream tasks report their final metrics as their consumers
+        # drain them; one still running after a moment is not needed (e.g. below a limit).
+        grace = time.monotonic() + 0.5
         for channel in self.channels:
+            channel.finished.wait(max(0.0, grace - time.monotonic()))
             channel.close()
+        deadline = time.monotonic() + self.options.connect_timeout
         for channel in self.channels:
             if not channel.done.wait(max(0.0, deadline - time.monotonic())):
                 self.fail(WorkerError("the worker did not end the task after its output was read", worker_url=channel.url, stage_key=channel.key))
@@ -324,6 +327,9 @@ class _Run:
         )
         if self.error is not None and not isinstance(self.error, FlightExecError):
             log.debug("query %s failed in user code: %r", self.query_id, self.error)
+
+
+_DONE = object()
 
 
 def _offer(q: queue.Queue[object], item: object, stop: threading.Event | None = None) -> bool:

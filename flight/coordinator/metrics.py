@@ -53,6 +53,7 @@ class TaskStats:
     rows_in: int
     elapsed_s: float
     feeds: list[FeedStats] = field(default_factory=list)
+    bytes_in: int = 0
 
     @classmethod
     def from_proto(cls, m: protocol_pb2.TaskMetrics, url: str) -> TaskStats:
@@ -65,6 +66,7 @@ class TaskStats:
             m.rows_in,
             m.elapsed_nanos / 1e9,
             [FeedStats.from_proto(f) for f in m.feeds],
+            m.bytes_in,
         )
 
 
@@ -78,7 +80,13 @@ class QueryMetrics:
 
     @property
     def rows(self) -> int:
-        return sum(t.rows_out for t in self.tasks)
+        """Rows the tasks of the head stage produced (what the caller received)."""
+        head = max((int(t.stage_key.split("/")[1]) for t in self.tasks), default=0)
+        return sum(t.rows_out for t in self.tasks if int(t.stage_key.split("/")[1]) == head)
+
+    def summary(self) -> str:
+        first = f"{self.first_batch_s * 1000:.1f} ms" if self.first_batch_s is not None else "-"
+        return f"Executed query {self.query_id} in {self.elapsed_s:.3f}s (first batch after {first}), {len(self.tasks)} task(s)"
 
     @property
     def units(self) -> int:

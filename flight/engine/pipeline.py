@@ -22,6 +22,7 @@ from flight._proto import plan_pb2
 from flight.engine.expressions import bind, to_pyarrow
 from flight.arrow_types import UNITS_READER, normalize_schema
 from flight.engine.readers import ReaderContext, UnitReadError, conform, get_reader
+from flight.engine.relational import JOIN_TYPES, aggregate_decl, empty_source, join_decl, output_schema, sort_decl, union_batches
 from flight.errors import ProtocolError
 from flight.protocol import decode_schema
 
@@ -51,6 +52,10 @@ class TaskInputs(Protocol):
     def inbox(self, feed_id: str, partition: int) -> InboxLike: ...
 
     def input_batches(self) -> Iterable[pa.RecordBatch]: ...
+
+    def read_partitions(self, producers: list[tuple[str, bytes]], start: int, end: int) -> Iterator[pa.RecordBatch]:
+        """Partitions [start, end) of every producer task (another stage's output)."""
+        ...
 
 
 def scan_schema(scan: plan_pb2.FeedScan, field: str) -> pa.Schema:
@@ -170,7 +175,85 @@ def _compile(op: plan_pb2.Operator, env: _Env, field: str) -> tuple[ac.Declarati
         child, schema = _compile(lim.input, env, f"{here}.input")
         limited = limit_batches(child.to_reader(use_threads=True), lim.count, lim.offset)
         return _source(pa.RecordBatchReader.from_batches(schema, limited)), schema
+    if kind == "aggregate":
+        return _aggregate(op.aggregate, env, here)
+    if kind == "hash_join":
+        return _hash_join(op.hash_join, env, here)
+    if kind == "sort":
+        srt = op.sort
+        child, schema = _compile(srt.input, env, f"{here}.input")
+        keys = [(k.column, k.descending) for k in srt.keys]
+        _check_columns([k for k, _ in keys], schema, f"{here}.keys")
+        if not keys or srt.fetch < 0:
+            raise ProtocolError(f"{here} needs keys and a fetch of at least 0", field=here)
+        decl = sort_decl(child, keys, srt.nulls_first)
+        if not srt.fetch:
+            return decl, schema
+        top = limit_batches(decl.to_reader(use_threads=True), srt.fetch, 0)
+        return _source(pa.RecordBatchReader.from_batches(schema, top)), schema
+    if kind == "union":
+        if not op.union.inputs:
+            raise ProtocolError(f"{here}.inputs is empty", field=f"{here}.inputs")
+        parts = [_compile(child, env, f"{here}.inputs[{i}]") for i, child in enumerate(op.union.inputs)]
+        schema = parts[0][1]
+        for i, (_, other) in enumerate(parts[1:], 1):
+            if not other.equals(schema):
+                raise ProtocolError(f"{here}.inputs[{i}] has another schema than inputs[0]", field=f"{here}.inputs[{i}]")
+        readers = (decl.to_reader(use_threads=True) for decl, _ in parts)
+        return _source(pa.RecordBatchReader.from_batches(schema, union_batches(readers, schema))), schema
+    if kind == "shuffle_read":
+        rd = op.shuffle_read
+        schema = normalize_schema(decode_schema(rd.schema, f"{here}.schema"))
+        if rd.partition_end <= rd.partition_start:
+            raise ProtocolError(f"{here} has an empty partition range", field=f"{here}.partition_end")
+        producers = [(p.url, p.stage_key) for p in rd.producers]
+        batches = (conform(b, schema, f"stage {rd.stage_id} output") for b in env.inputs.read_partitions(producers, rd.partition_start, rd.partition_end))
+        return _source(pa.RecordBatchReader.from_batches(schema, batches)), schema
     raise ProtocolError(f"{field}: operator {kind!r} is not supported by this worker", field=here)
+
+
+def _check_columns(names: Iterable[str], schema: pa.Schema, field: str) -> None:
+    for n in names:
+        if n not in schema.names:
+            raise ProtocolError(f"{field}: column {n!r} is not in the input ({schema.names})", field=field)
+
+
+_AGG_FUNCTIONS = {"count", "count_all", "count_distinct", "sum", "min", "max", "mean"}
+
+
+def _aggregate(agg: plan_pb2.Aggregate, env: _Env, here: str) -> tuple[ac.Declaration, pa.Schema]:
+    child, schema = _compile(agg.input, env, f"{here}.input")
+    _check_columns(agg.keys, schema, f"{here}.keys")
+    calls = []
+    for i, a in enumerate(agg.aggregates):
+        where = f"{here}.aggregates[{i}]"
+        if a.function not in _AGG_FUNCTIONS:
+            raise ProtocolError(f"{where}: aggregate {a.function!r} is not one of {sorted(_AGG_FUNCTIONS)}", field=f"{where}.function")
+        if a.function != "count_all":
+            _check_columns([a.column], schema, f"{where}.column")
+        calls.append((a.function, a.column, a.name))
+    try:
+        out = output_schema(aggregate_decl(empty_source(schema), agg.keys, calls))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise ProtocolError(f"{here} does not fit its input: {exc}", field=here) from exc
+    return aggregate_decl(child, agg.keys, calls), out
+
+
+def _hash_join(join: plan_pb2.HashJoin, env: _Env, here: str) -> tuple[ac.Declaration, pa.Schema]:
+    if join.join_type not in JOIN_TYPES:
+        raise ProtocolError(f"{here}.join_type {join.join_type!r} is not one of {JOIN_TYPES}", field=f"{here}.join_type")
+    if not join.left_keys or len(join.left_keys) != len(join.right_keys):
+        raise ProtocolError(f"{here} needs as many left keys as right keys", field=f"{here}.left_keys")
+    left, ls = _compile(join.left, env, f"{here}.left")
+    right, rs = _compile(join.right, env, f"{here}.right")
+    _check_columns(join.left_keys, ls, f"{here}.left_keys")
+    _check_columns(join.right_keys, rs, f"{here}.right_keys")
+    args = (join.join_type, join.left_keys, join.right_keys, join.right_suffix)
+    try:
+        out = output_schema(join_decl(empty_source(ls), empty_source(rs), *args))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise ProtocolError(f"{here} does not fit its inputs: {exc}", field=here) from exc
+    return join_decl(left, right, *args), out
 
 
 def _feed_scan(scan: plan_pb2.FeedScan, env: _Env, field: str) -> pa.RecordBatchReader:

@@ -113,7 +113,8 @@ def read_parquet(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
         groups = list(unit.row_groups) or None
         if groups and max(groups) >= pf.num_row_groups:
             raise UnitReadError(f"file {unit.path!r} has {pf.num_row_groups} row groups, not {max(groups) + 1}")
-        yield from pf.iter_batches(batch_size=ctx.batch_rows, row_groups=groups, columns=ctx.columns)
+        # use_threads=False: this runs on a pool thread already; decoding must not wait on the pool itself.
+        yield from pf.iter_batches(batch_size=ctx.batch_rows, row_groups=groups, columns=ctx.columns, use_threads=False)
     except (OSError, pa.ArrowException) as exc:
         raise UnitReadError(f"cannot read parquet file {unit.path!r}: {exc}") from exc
 

@@ -23,8 +23,10 @@ from flight._proto import plan_pb2
 from flight.arrow_types import UNITS_READER
 from flight.errors import PlanError
 from flight.feed import WorkUnitFeed, WorkUnitFeedProvider
-from flight.plan.expr import Expr, col
+from flight.plan.agg import Agg
+from flight.plan.expr import Expr, coalesce, col
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, LimitNode, Node, ProjectNode, ValuesNode
+from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, SortNode, UnionNode
 from flight.protocol import encode_schema
 from flight.providers import FileListProvider
 
@@ -70,6 +72,77 @@ class Query:
     def limit(self, n: int, offset: int = 0) -> Query:
         return Query(LimitNode(self.node, n, offset))
 
+    def aggregate(self, keys: str | Sequence[str] = (), aggs: Mapping[str, Agg] | None = None, **named: Agg) -> Query:
+        """Group by ``keys`` (none: one global row) and compute ``aggs`` / ``named`` aggregates.
+
+        ``q.aggregate(["k"], total=agg.sum(col("x") * 2), n=agg.count_all())``
+        """
+        key_list = [keys] if isinstance(keys, str) else list(keys)
+        items = {**(aggs or {}), **named}
+        calls = []
+        for name, a in items.items():
+            if not isinstance(a, Agg):
+                raise PlanError(f"aggregate {name!r}: {a!r} is not an aggregate; use flight.agg.sum(...) and friends")
+            expr = a.expr.cast(pa.float64()) if a.function == "mean" and a.expr is not None else a.expr
+            calls.append(AggCall(name, a.function, expr))
+        return Query(AggregateNode(self.node, key_list, calls))
+
+    def distinct(self) -> Query:
+        """Each distinct row once."""
+        return Query(AggregateNode(self.node, list(self.schema.names), [], label_text="Distinct"))
+
+    def join(
+        self,
+        other: Query,
+        on: str | Sequence[str] | None = None,
+        *,
+        left_on: str | Sequence[str] | None = None,
+        right_on: str | Sequence[str] | None = None,
+        how: str = "inner",
+        suffix: str = "_right",
+    ) -> Query:
+        """Hash join with ``other`` (the build side). ``how``: inner, left, right, full, semi, anti.
+
+        With ``on`` the key columns appear once (coalesced for right and full
+        joins); with ``left_on`` / ``right_on`` both sides' keys are kept.
+        """
+        if how not in _JOIN_TYPES:
+            raise PlanError(f"join: how={how!r} is not one of {', '.join(_JOIN_TYPES)}")
+        if (on is None) == (left_on is None or right_on is None):
+            raise PlanError("join: give either on=, or both left_on= and right_on=")
+        lk = _names(on if on is not None else left_on)
+        rk = _names(on if on is not None else right_on)
+        left, right = _widen_int_keys(self, lk, other, rk)
+        node: Node = JoinNode(left.node, right.node, lk, rk, _JOIN_TYPES[how], suffix)
+        if on is None or how in ("semi", "anti"):
+            return Query(node)
+        # One column per key: the left one, or the non-null of both where the right side may lead.
+        exprs: list[tuple[str, Expr]] = []
+        dropped = {k + suffix for k in rk}
+        for name in node.schema.names:
+            if name in dropped:
+                continue
+            if name in lk and how in ("right", "full"):
+                exprs.append((name, coalesce(col(name), col(name + suffix))))
+            else:
+                exprs.append((name, col(name)))
+        return Query(ProjectNode(node, exprs))
+
+    def sort(
+        self, by: str | Sequence[str], descending: bool | Sequence[bool] = False, nulls: str = "last"
+    ) -> Query:
+        keys = _names(by)
+        desc = [descending] * len(keys) if isinstance(descending, bool) else list(descending)
+        if len(desc) != len(keys):
+            raise PlanError(f"sort: {len(keys)} keys but {len(desc)} descending flags")
+        if nulls not in ("first", "last"):
+            raise PlanError(f"sort: nulls must be 'first' or 'last', not {nulls!r}")
+        return Query(SortNode(self.node, list(zip(keys, desc)), nulls_first=nulls == "first"))
+
+    def union(self, *others: Query) -> Query:
+        """All rows of this query and ``others`` (same schema), like SQL's UNION ALL."""
+        return Query(UnionNode([self.node, *(o.node for o in others)]))
+
     # -------------------------------------------------------------- outputs
 
     def explain(self) -> str:
@@ -85,6 +158,36 @@ class Query:
 
     def __repr__(self) -> str:
         return f"Query(\n{self.explain()}\n)"
+
+
+_JOIN_TYPES = {
+    "inner": "inner",
+    "left": "left outer",
+    "right": "right outer",
+    "full": "full outer",
+    "semi": "left semi",
+    "anti": "left anti",
+}
+
+
+def _names(value: str | Sequence[str] | None) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _widen_int_keys(left: Query, lk: list[str], right: Query, rk: list[str]) -> tuple[Query, Query]:
+    """Integer keys of different widths join as int64 (a user should not have to cast them)."""
+    lcast: dict[str, Expr] = {}
+    rcast: dict[str, Expr] = {}
+    for a, b in zip(lk, rk):
+        if a not in left.schema.names or b not in right.schema.names:
+            continue  # JoinNode names the missing key
+        ta, tb = left.schema.field(a).type, right.schema.field(b).type
+        if ta != tb and pa.types.is_integer(ta) and pa.types.is_integer(tb):
+            lcast[a] = col(a).cast(pa.int64())
+            rcast[b] = col(b).cast(pa.int64())
+    return (left.with_columns(**lcast) if lcast else left, right.with_columns(**rcast) if rcast else right)
 
 
 def _expr(value: object, where: str) -> Expr:

@@ -1,9 +1,10 @@
 """A task's output buffer: bounded, partitioned, freed as it is read.
 
 The producer (the task's pipeline) waits when the unread bytes pass the bound,
-so a slow reader slows the task instead of growing the worker's memory.
-Each partition is read once (by one ``DoGet``); a batch is dropped from the
-buffer as soon as it has been handed to the reader.
+so a slow reader slows the task instead of growing the worker's memory. Each
+partition is read by a fixed number of readers: one for a hash shuffle or the
+coordinator, every consumer task for a broadcast. A batch is dropped once all
+of its partition's readers have passed it.
 """
 
 from __future__ import annotations
@@ -19,11 +20,22 @@ from flight.errors import TaskCancelledError
 __all__ = ["OutputBuffer"]
 
 
+class _Partition:
+    def __init__(self, readers: int) -> None:
+        self.batches: deque[pa.RecordBatch] = deque()
+        self.base = 0  # index of batches[0] in the partition's whole stream
+        self.cursors = [0] * readers
+        self.claimed = 0
+        self.done_readers = 0
+
+    def total(self) -> int:
+        return self.base + len(self.batches)
+
+
 class OutputBuffer:
-    def __init__(self, partitions: int, max_bytes: int) -> None:
-        self._queues: list[deque[pa.RecordBatch]] = [deque() for _ in range(partitions)]
-        self._readers: set[int] = set()
-        self._drained: set[int] = set()
+    def __init__(self, partitions: int, max_bytes: int, readers: int = 1) -> None:
+        self._parts = [_Partition(max(1, readers)) for _ in range(partitions)]
+        self._readers = max(1, readers)
         self._max_bytes = max_bytes
         self._bytes = 0
         self._finished = False
@@ -32,7 +44,7 @@ class OutputBuffer:
 
     @property
     def partitions(self) -> int:
-        return len(self._queues)
+        return len(self._parts)
 
     @property
     def buffered_bytes(self) -> int:
@@ -46,7 +58,7 @@ class OutputBuffer:
                 self._cond.wait()
             if self._error is not None:
                 raise self._error
-            self._queues[partition].append(batch)
+            self._parts[partition].batches.append(batch)
             self._bytes += size
             self._cond.notify_all()
 
@@ -60,40 +72,56 @@ class OutputBuffer:
         with self._cond:
             if self._error is None:
                 self._error = error
-            for q in self._queues:
-                q.clear()
+            for part in self._parts:
+                part.base += len(part.batches)
+                part.batches.clear()
             self._bytes = 0
             self._cond.notify_all()
 
     def all_drained(self) -> bool:
         with self._cond:
-            return self._finished and len(self._drained) == len(self._queues)
+            return self._finished and all(p.done_readers == self._readers for p in self._parts)
 
     def wait_drained(self, timeout: float | None = None) -> bool:
         with self._cond:
             return self._cond.wait_for(
-                lambda: self._error is not None or (self._finished and len(self._drained) == len(self._queues)),
+                lambda: self._error is not None
+                or (self._finished and all(p.done_readers == self._readers for p in self._parts)),
                 timeout,
             )
 
+    def _trim(self, part: _Partition) -> None:
+        """Drop the batches every reader of ``part`` has passed."""
+        low = min(part.cursors)
+        while part.base < low and part.batches:
+            self._bytes -= part.batches.popleft().nbytes
+            part.base += 1
+
     def read(self, partition: int) -> Iterator[pa.RecordBatch]:
-        """Batches of ``partition`` until the task finished; each partition may be read once."""
+        """Batches of ``partition`` until the task finished; each partition has a fixed number of readers."""
+        part = self._parts[partition]
         with self._cond:
-            if partition in self._readers:
-                raise TaskCancelledError(f"output partition {partition} is already being read or was read")
-            self._readers.add(partition)
-        queue = self._queues[partition]
+            if part.claimed >= self._readers:
+                raise TaskCancelledError(
+                    f"output partition {partition} already has its {self._readers} reader(s)"
+                )
+            slot = part.claimed
+            part.claimed += 1
         while True:
             with self._cond:
-                while not queue and not self._finished and self._error is None:
+                while part.cursors[slot] >= part.total() and not self._finished and self._error is None:
                     self._cond.wait()
                 if self._error is not None:
                     raise self._error
-                if not queue:
-                    self._drained.add(partition)
+                index = part.cursors[slot]
+                if index >= part.total():
+                    part.done_readers += 1
+                    part.cursors[slot] = 1 << 62  # passed everything: never holds batches back
+                    self._trim(part)
                     self._cond.notify_all()
                     return
-                batch = queue.popleft()
-                self._bytes -= batch.nbytes
+                batch = part.batches[index - part.base]
+                part.cursors[slot] = index + 1
+                self._trim(part)
                 self._cond.notify_all()
             yield batch

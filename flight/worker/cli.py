@@ -8,12 +8,15 @@ SIGTERM (and Ctrl-C) drain: no new tasks, running ones get ``--grace`` seconds.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import logging
 import os
 import signal
 import sys
 from collections.abc import Sequence
+
+import pyarrow as pa
 
 from flight._version import __version__
 from flight.config import WorkerOptions
@@ -45,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="MODULE",
         help="import MODULE at start (it may register readers); repeatable",
     )
+    p.add_argument(
+        "--io-threads",
+        type=int,
+        default=64,
+        help="Arrow I/O threads: every task's sources wait on this pool, so it must exceed the tasks' sources (default: %(default)s)",
+    )
     p.add_argument("--log-level", default="INFO", help="logging level on stderr (default: %(default)s)")
     p.add_argument("--version", action="version", version=f"flight-worker {__version__}")
     return p
@@ -58,6 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         stream=sys.stderr, level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # Acero runs each task's sources (feed scans, shuffle reads, exchange input) on the I/O pool,
+    # where they wait for units or rows; a small pool would let waiting sources starve the rest.
+    pa.set_io_thread_count(args.io_threads)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` dumps every thread's stack
     for module in args.extension:
         importlib.import_module(module)
         log.info("loaded extension %s", module)

@@ -32,6 +32,7 @@ from flight.protocol import (
     encode_schema,
     format_stage_key,
 )
+from flight.worker.shuffle import PeerClients, read_partitions
 from flight.worker.tasks import Task, TaskRegistry
 
 __all__ = ["ACTIONS", "WorkerServer"]
@@ -94,6 +95,7 @@ class WorkerServer(fl.FlightServerBase):
         self.options = options or WorkerOptions()
         self.url = f"grpc://{host}:{self.port}"
         self.registry = TaskRegistry()
+        self.peers = PeerClients()
         self.draining = threading.Event()
 
     # ------------------------------------------------------------- DoExchange
@@ -125,14 +127,15 @@ class WorkerServer(fl.FlightServerBase):
             send_credit=lambda fid, p, n: sender.frame(
                 protocol_pb2.WorkerFrame(credit=protocol_pb2.FeedCredit(feed_id=fid, partition=p, credits=n))
             ),
+            read_partitions=self._read_partitions,
         )
         try:
             output = compile_task(plan, task, self.options.batch_rows, self.options.unit_delay_ms / 1000)
+            task.output_schema = output.schema  # before the task is visible to DoGet
             self.registry.add(task)
         except ProtocolError as exc:
             task.cancel("rejected")
             self._reject(sender, exc, header.stage_key)
-        task.output_schema = output.schema
         log.debug("task %s started (%d feed partitions)", key, len(task.inboxes))
         runner = threading.Thread(target=self._run, args=(task, output, sender), name=f"task-{key}", daemon=True)
         try:
@@ -172,7 +175,7 @@ class WorkerServer(fl.FlightServerBase):
                 if task.output is None:
                     sender.batch(batch)
                 else:
-                    task.output.put(0, batch)
+                    task.emit(batch)
             if task.error is not None or task.cancelled.is_set():
                 raise task.error or TaskCancelledError(task.cancel_reason)
             if task.inputs is not None:
@@ -183,6 +186,11 @@ class WorkerServer(fl.FlightServerBase):
             sender.frame(protocol_pb2.WorkerFrame(finished=task.metrics()))
         except (FlightExecError, UnitReadError, pa.ArrowException, OSError) as exc:
             task.failure = self._fail(task, sender, exc)
+
+    def _read_partitions(
+        self, task: Task, producers: list[tuple[str, bytes]], start: int, end: int
+    ) -> Iterator[pa.RecordBatch]:
+        return read_partitions(task, self.registry, self.peers, self.url, producers, start, end, self.options.get_wait)
 
     # ------------------------------------------------------------------ errors
 

@@ -22,6 +22,7 @@ from flight._proto import plan_pb2, protocol_pb2
 from flight.errors import ProtocolError, TaskCancelledError, TaskFailedError
 from flight.feed import LatencyStats, now_ns
 from flight.protocol import format_stage_key
+from flight.engine.partition import split_by_hash
 from flight.worker.buffers import OutputBuffer
 
 __all__ = ["FeedInbox", "InputQueue", "ReceivedUnit", "Task", "TaskRegistry"]
@@ -219,6 +220,7 @@ class Task:
         feed_window: int,
         output_buffer_bytes: int,
         send_credit: Callable[[str, int, int], None],
+        read_partitions: Callable[[Task, list[tuple[str, bytes]], int, int], Iterator[pa.RecordBatch]] | None = None,
     ) -> None:
         self.header = header
         self.plan = plan
@@ -235,7 +237,10 @@ class Task:
         self.is_map = _has_exchange_input(plan.root)
         self.inputs = InputQueue() if self.is_map else None
         partitions = plan.output.partitions or 1
-        self.output = None if self.is_map else OutputBuffer(partitions, output_buffer_bytes)
+        self.hash_keys = list(plan.output.hash_keys)
+        self.output = None if self.is_map else OutputBuffer(partitions, output_buffer_bytes, plan.output.readers or 1)
+        self._read_partitions = read_partitions
+        self._next_partition = 0
         self.inboxes: dict[tuple[str, int], FeedInbox] = {}
         self.assigned_feeds = {a.feed_id for a in header.feeds}
         for assignment in header.feeds:
@@ -246,6 +251,8 @@ class Task:
         self.rows_out = 0
         self.batches_out = 0
         self.bytes_out = 0
+        self.rows_in = 0
+        self.bytes_in = 0
 
     # -- what the engine sees
     def feed_partitions(self, feed_id: str) -> list[int]:
@@ -264,6 +271,27 @@ class Task:
                 f"task {self.key} was not assigned partition {partition} of feed {feed_id!r}",
                 field="header.feeds",
             ) from None
+
+    def read_partitions(self, producers: list[tuple[str, bytes]], start: int, end: int) -> Iterator[pa.RecordBatch]:
+        if self._read_partitions is None:
+            raise ProtocolError(f"task {self.key} cannot read other stages here", field="plan")
+        for batch in self._read_partitions(self, producers, start, end):
+            self.rows_in += batch.num_rows
+            self.bytes_in += batch.nbytes
+            yield batch
+
+    def emit(self, batch: pa.RecordBatch) -> None:
+        """Put an output batch in its partition(s): by key hash, or round-robin without keys."""
+        assert self.output is not None
+        n = self.output.partitions
+        if n == 1:
+            self.output.put(0, batch)
+        elif self.hash_keys:
+            for p, piece in split_by_hash(batch, self.hash_keys, n):
+                self.output.put(p, piece)
+        else:
+            self.output.put(self._next_partition, batch)
+            self._next_partition = (self._next_partition + 1) % n
 
     @property
     def task_number(self) -> int:
@@ -316,7 +344,8 @@ class Task:
             rows_out=self.rows_out,
             batches_out=self.batches_out,
             bytes_out=self.bytes_out,
-            rows_in=self.inputs.rows if self.inputs is not None else 0,
+            rows_in=self.rows_in + (self.inputs.rows if self.inputs is not None else 0),
+            bytes_in=self.bytes_in,
             elapsed_nanos=int((time.perf_counter() - self.started) * 1e9),
             feeds=[inbox.metrics() for inbox in self.inboxes.values()],
         )

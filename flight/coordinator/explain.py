@@ -1,0 +1,51 @@
+"""``explain()``: the stage tree with each stage's tasks and workers, and what they measured."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flight.coordinator.exec import DistributedExec
+    from flight.planner import StageSpec
+
+__all__ = ["explain_plan"]
+
+
+def explain_plan(ex: DistributedExec, analyze: bool) -> str:
+    urls = ex.resolver.get_urls()
+    lines: list[str] = []
+    metrics = {t.stage_key: t for t in ex.metrics.tasks} if (analyze and ex.metrics) else {}
+    for stage in reversed(ex.plan.stages):  # the head first, as the result flows up to it
+        lines += _stage(ex, stage, urls, metrics)
+    if ex.metrics is not None:
+        lines.append(ex.metrics.summary())
+    return "\n".join(lines)
+
+
+def _stage(ex: DistributedExec, stage: StageSpec, urls: list[str], metrics: dict) -> list[str]:
+    bound = ex.bound.get(stage.stage_id)
+    pending = stage.sized_at_execution and stage.estimate is None
+    count = f"up to {stage.max_tasks}" if pending and not bound else str(len(bound) if bound else stage.task_count)
+    role = "head" if stage.consumer is None else f"-> stage {stage.consumer} ({stage.output_mode})"
+    kind = "leaf" if stage.feeds else "values" if not stage.reads else "upper"
+    lines = [f"Stage {stage.stage_id} [{kind}, {role}]: {count} task(s), {'bound' if bound else 'planned'} workers"]
+    lines += [f"  note: {n}" for n in stage.notes]
+    if stage.estimate is not None:
+        lines.append(f"  estimate: {stage.estimate.describe()}")
+    shared = {f.feed.feed_id for f in stage.shared_feeds}
+    n = len(bound) if bound else (stage.max_tasks if pending else stage.task_count)
+    for t, assigned in enumerate(stage.assignments(n)):
+        url = bound[t] if bound else (urls[(stage.stage_id + t) % len(urls)] if urls else "?")
+        feeds = ", ".join(f"{fid}{'[shared]' if fid in shared else parts}" for fid, parts in assigned.items())
+        line = f"  task {t} -> {url}" + (f"  feeds: {feeds}" if feeds else "")
+        key = f"{ex.query_id}/{stage.stage_id}/{t}"
+        if key in metrics:
+            m = metrics[key]
+            units = sum(f.units for f in m.feeds)
+            line += (
+                f"  | rows in {m.rows_in}, out {m.rows_out}; {m.batches_out} batches; "
+                f"{m.bytes_in} bytes in, {m.bytes_out} out; {units} units; {m.elapsed_s * 1000:.1f} ms"
+            )
+        lines.append(line)
+    lines += ["  " + line for line in stage.root.explain_lines()]
+    return lines

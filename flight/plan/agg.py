@@ -1,0 +1,72 @@
+"""Aggregate functions for ``Query.aggregate``: ``agg.sum(col("x") * 2)``, ``agg.count_all()``, ...
+
+Kept in their own namespace so ``sum``, ``min`` and ``max`` do not shadow Python's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flight.errors import PlanError
+from flight.plan.expr import Expr, col
+
+__all__ = ["Agg", "count", "count_all", "count_distinct", "max", "mean", "min", "sum"]
+
+FUNCTIONS = ("count", "count_all", "count_distinct", "sum", "min", "max", "mean")
+
+
+@dataclass(frozen=True, eq=False)
+class Agg:
+    """One aggregate: a function over an expression (none for ``count_all``)."""
+
+    function: str
+    expr: Expr | None = None
+
+    def __post_init__(self) -> None:
+        if self.function not in FUNCTIONS:
+            raise PlanError(f"unknown aggregate {self.function!r}; known: {', '.join(FUNCTIONS)}")
+        if (self.expr is None) != (self.function == "count_all"):
+            raise PlanError(f"aggregate {self.function!r} {'takes no' if self.function == 'count_all' else 'needs an'} argument")
+
+    def __repr__(self) -> str:
+        return f"{self.function}({'' if self.expr is None else repr(self.expr)})"
+
+
+def _arg(value: Expr | str) -> Expr:
+    if isinstance(value, str):
+        return col(value)
+    if isinstance(value, Expr):
+        return value
+    raise PlanError(f"an aggregate's argument is a column name or an expression, not {value!r}")
+
+
+def count(value: Expr | str) -> Agg:
+    """Non-null values."""
+    return Agg("count", _arg(value))
+
+
+def count_all() -> Agg:
+    """Rows, like SQL's ``count(*)``."""
+    return Agg("count_all")
+
+
+def count_distinct(value: Expr | str) -> Agg:
+    """Distinct non-null values."""
+    return Agg("count_distinct", _arg(value))
+
+
+def sum(value: Expr | str) -> Agg:  # noqa: A001 - the aggregate's name
+    return Agg("sum", _arg(value))
+
+
+def min(value: Expr | str) -> Agg:  # noqa: A001
+    return Agg("min", _arg(value))
+
+
+def max(value: Expr | str) -> Agg:  # noqa: A001
+    return Agg("max", _arg(value))
+
+
+def mean(value: Expr | str) -> Agg:
+    """The average as float64 (of non-null values)."""
+    return Agg("mean", _arg(value))

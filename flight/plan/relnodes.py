@@ -1,0 +1,258 @@
+"""Relational operators: aggregate, join, sort, union, and the read of another stage.
+
+Output schemas come from running the engine's own Acero declarations over
+empty inputs, so they are exactly what workers will produce; a key that does
+not exist or types that do not fit are ``PlanError``s naming the operator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.acero as ac
+
+from flight._proto import plan_pb2
+from flight.engine.expressions import to_pyarrow
+from flight.engine.relational import aggregate_decl, empty_source, join_decl, output_schema
+from flight.errors import PlanError
+from flight.plan.expr import Expr, output_type
+from flight.plan.nodes import Node
+from flight.protocol import encode_schema
+
+__all__ = ["AggCall", "AggregateNode", "JoinNode", "ShuffleReadNode", "SortNode", "UnionNode"]
+
+
+@dataclass(frozen=True, eq=False)
+class AggCall:
+    name: str
+    function: str
+    expr: Expr | None  # None for count_all
+
+
+def _require(names: Sequence[str], schema: pa.Schema, operator: str, what: str) -> None:
+    for n in names:
+        if n not in schema.names:
+            raise PlanError(f"{operator}: {what} {n!r} is not a column of its input; available: {', '.join(schema.names)}")
+
+
+@dataclass(eq=False)
+class AggregateNode(Node):
+    input: Node
+    keys: list[str]
+    calls: list[AggCall]
+    label_text: str = ""
+    _schema: pa.Schema = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        schema = self.input.schema
+        _require(self.keys, schema, "aggregate", "group key")
+        names = [*self.keys, *(c.name for c in self.calls)]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise PlanError(f"aggregate: output names {dupes} appear more than once")
+        for c in self.calls:
+            if c.expr is not None:
+                try:
+                    output_type(c.expr, schema)
+                except PlanError as exc:
+                    raise PlanError(f"aggregate {c.name}: {exc}") from exc
+        exprs, names_in = self._arguments()
+        source = empty_source(schema)
+        project = ac.Declaration("project", ac.ProjectNodeOptions([to_pyarrow(e.to_proto()) for e in exprs], names_in))
+        decl = aggregate_decl(ac.Declaration.from_sequence([source, project]), self.keys, self._calls())
+        try:
+            self._schema = output_schema(decl)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise PlanError(f"aggregate: {exc}") from exc
+
+    def _arguments(self) -> tuple[list[Expr], list[str]]:
+        from flight.plan.expr import col
+
+        exprs = [col(k) for k in self.keys]
+        names = list(self.keys)
+        for i, c in enumerate(self.calls):
+            if c.expr is not None:
+                exprs.append(c.expr)
+                names.append(f"__arg{i}")
+        return exprs, names
+
+    def _calls(self) -> list[tuple[str, str, str]]:
+        return [(c.function, "" if c.expr is None else f"__arg{i}", c.name) for i, c in enumerate(self.calls)]
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._schema
+
+    def children(self) -> Sequence[Node]:
+        return (self.input,)
+
+    def to_proto(self) -> plan_pb2.Operator:
+        exprs, names = self._arguments()
+        project = plan_pb2.Operator(
+            project=plan_pb2.Project(
+                input=self.input.to_proto(),
+                exprs=[plan_pb2.NamedExpression(name=n, expr=e.to_proto()) for n, e in zip(names, exprs)],
+            )
+        )
+        return plan_pb2.Operator(
+            aggregate=plan_pb2.Aggregate(
+                input=project,
+                keys=self.keys,
+                aggregates=[plan_pb2.AggregateCall(function=f, column=c, name=n) for f, c, n in self._calls()],
+            )
+        )
+
+    def label(self) -> str:
+        what = self.label_text or "Aggregate"
+        calls = ", ".join(f"{c.name}={c.function}({'' if c.expr is None else repr(c.expr)})" for c in self.calls)
+        return f"{what}[keys={self.keys}; {calls}]"
+
+
+@dataclass(eq=False)
+class JoinNode(Node):
+    left: Node
+    right: Node
+    left_keys: list[str]
+    right_keys: list[str]
+    join_type: str
+    right_suffix: str = "_right"
+    strategy: str = ""  # set by the planner: "broadcast" or "shuffle", shown by explain()
+    _schema: pa.Schema = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if len(self.left_keys) != len(self.right_keys) or not self.left_keys:
+            raise PlanError("join: give as many left keys as right keys, at least one")
+        ls, rs = self.left.schema, self.right.schema
+        _require(self.left_keys, ls, "join", "left key")
+        _require(self.right_keys, rs, "join", "right key")
+        for lk, rk in zip(self.left_keys, self.right_keys):
+            lt, rt = ls.field(lk).type, rs.field(rk).type
+            if lt != rt:
+                raise PlanError(
+                    f"join: key {lk!r} ({lt}) and {rk!r} ({rt}) have different types; cast one side first"
+                )
+        decl = join_decl(empty_source(ls), empty_source(rs), self.join_type, self.left_keys, self.right_keys, self.right_suffix)
+        try:
+            self._schema = output_schema(decl)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise PlanError(f"join on {self.left_keys} = {self.right_keys}: {exc}") from exc
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._schema
+
+    def children(self) -> Sequence[Node]:
+        return (self.left, self.right)
+
+    def to_proto(self) -> plan_pb2.Operator:
+        return plan_pb2.Operator(
+            hash_join=plan_pb2.HashJoin(
+                left=self.left.to_proto(),
+                right=self.right.to_proto(),
+                left_keys=self.left_keys,
+                right_keys=self.right_keys,
+                join_type=self.join_type,
+                right_suffix=self.right_suffix,
+            )
+        )
+
+    def label(self) -> str:
+        how = f", {self.strategy}" if self.strategy else ""
+        keys = ", ".join(f"{a}={b}" for a, b in zip(self.left_keys, self.right_keys))
+        return f"HashJoin[{self.join_type}, {keys}{how}]"
+
+
+@dataclass(eq=False)
+class SortNode(Node):
+    input: Node
+    keys: list[tuple[str, bool]]
+    nulls_first: bool = False
+    fetch: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.keys:
+            raise PlanError("sort: no sort keys given")
+        _require([k for k, _ in self.keys], self.input.schema, "sort", "key")
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.input.schema
+
+    def children(self) -> Sequence[Node]:
+        return (self.input,)
+
+    def to_proto(self) -> plan_pb2.Operator:
+        return plan_pb2.Operator(
+            sort=plan_pb2.Sort(
+                input=self.input.to_proto(),
+                keys=[plan_pb2.SortKey(column=k, descending=d) for k, d in self.keys],
+                nulls_first=self.nulls_first,
+                fetch=self.fetch,
+            )
+        )
+
+    def label(self) -> str:
+        keys = ", ".join(f"{k} {'desc' if d else 'asc'}" for k, d in self.keys)
+        return f"Sort[{keys}" + (f", fetch={self.fetch}]" if self.fetch else "]")
+
+
+@dataclass(eq=False)
+class UnionNode(Node):
+    inputs: list[Node]
+
+    def __post_init__(self) -> None:
+        first = self.inputs[0].schema
+        for i, node in enumerate(self.inputs[1:], 1):
+            if not node.schema.equals(first):
+                raise PlanError(f"union: input {i} has schema {node.schema}, not {first}; select and cast to match")
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.inputs[0].schema
+
+    def children(self) -> Sequence[Node]:
+        return tuple(self.inputs)
+
+    def to_proto(self) -> plan_pb2.Operator:
+        return plan_pb2.Operator(union=plan_pb2.Union(inputs=[n.to_proto() for n in self.inputs]))
+
+    def label(self) -> str:
+        return f"Union[{len(self.inputs)} inputs]"
+
+
+@dataclass(eq=False)
+class ShuffleReadNode(Node):
+    """Rows of stage ``stage_id``, crossing a network boundary.
+
+    ``mode``: "hash" (task t reads partition t of every producer), "gather" (the
+    one consumer task reads every producer's only partition) or "broadcast"
+    (every consumer task reads every producer's only partition). The producers'
+    URLs and keys are bound at execution, right before serialization.
+    """
+
+    stage_id: int
+    input_schema: pa.Schema
+    mode: str
+    producers: list[tuple[str, bytes]] = field(default_factory=list)
+    partition: int = 0
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.input_schema
+
+    def to_proto(self) -> plan_pb2.Operator:
+        start = self.partition if self.mode == "hash" else 0
+        return plan_pb2.Operator(
+            shuffle_read=plan_pb2.ShuffleRead(
+                stage_id=self.stage_id,
+                producers=[plan_pb2.ProducerTask(url=u, stage_key=k) for u, k in self.producers],
+                partition_start=start,
+                partition_end=start + 1,
+                schema=encode_schema(self.input_schema),
+            )
+        )
+
+    def label(self) -> str:
+        return f"{self.mode.capitalize()}Read[stage {self.stage_id}]"

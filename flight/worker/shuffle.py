@@ -1,0 +1,122 @@
+"""Reading other tasks' output partitions: worker to worker with DoGet, or locally.
+
+A consumer task reads its partitions from every producer task at once (one
+thread each, into a small bounded queue), so producers progress independently.
+A producer on the same worker is read straight from its output buffer: no
+network, no serialization.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from flight._proto import protocol_pb2
+from flight.errors import FlightExecError, TaskFailedError
+from flight.protocol import format_stage_key
+from flight.worker.tasks import Task, TaskRegistry
+
+__all__ = ["PeerClients", "read_partitions"]
+
+log = logging.getLogger(__name__)
+
+_END = object()
+
+
+class PeerClients:
+    """One FlightClient per peer worker, kept for the worker's life (clients are thread-safe)."""
+
+    def __init__(self) -> None:
+        self._clients: dict[str, fl.FlightClient] = {}
+        self._lock = threading.Lock()
+
+    def get(self, url: str) -> fl.FlightClient:
+        with self._lock:
+            client = self._clients.get(url)
+            if client is None:
+                client = self._clients[url] = fl.connect(url)
+            return client
+
+
+def _clean(text: str) -> str:
+    for marker in (". Detail: Python exception", ". gRPC client debug context", ". Client context:"):
+        text = text.split(marker)[0]
+    return text.strip()
+
+
+def read_partitions(
+    task: Task,
+    registry: TaskRegistry,
+    peers: PeerClients,
+    own_url: str,
+    producers: list[tuple[str, bytes]],
+    start: int,
+    end: int,
+    wait: float,
+) -> Iterator[pa.RecordBatch]:
+    """Partitions [start, end) of every producer; raises a TaskFailedError naming a producer that failed."""
+    results: queue.Queue[object] = queue.Queue(maxsize=8)
+    stop = threading.Event()
+
+    def offer(item: object) -> bool:
+        while not stop.is_set() and not task.cancelled.is_set():
+            try:
+                results.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def pump(url: str, key_bytes: bytes) -> None:
+        key = protocol_pb2.StageKey.FromString(key_bytes)
+        name = format_stage_key(key)
+        try:
+            if url == own_url:
+                producer, why = registry.get(name, wait=wait)
+                if producer is None or producer.output is None:
+                    raise TaskFailedError(f"producer task {name} is not readable here: {why or 'it has no output buffer'}")
+                for p in range(start, end):
+                    for batch in producer.output.read(p):
+                        if not offer(batch):
+                            return
+            else:
+                ticket = protocol_pb2.Ticket(stage_key=key, partition_start=start, partition_end=end)
+                reader = peers.get(url).do_get(fl.Ticket(ticket.SerializeToString()))
+                while True:
+                    try:
+                        chunk = reader.read_chunk()
+                    except StopIteration:
+                        break
+                    if chunk.data is not None and chunk.data.num_rows and not offer(chunk.data):
+                        return
+            offer(_END)
+        except FlightExecError as exc:
+            offer(TaskFailedError(f"reading task {name} on {url}: {exc}"))
+        except (pa.ArrowException, OSError) as exc:
+            offer(TaskFailedError(f"reading task {name} on {url}: {_clean(str(exc))}"))
+
+    threads = [threading.Thread(target=pump, args=p, name=f"shuffle-{task.key}", daemon=True) for p in producers]
+    for t in threads:
+        t.start()
+    pending = len(threads)
+    try:
+        while pending:
+            try:
+                item = results.get(timeout=0.1)
+            except queue.Empty:
+                if task.cancelled.is_set():
+                    return
+                continue
+            if item is _END:
+                pending -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item  # type: ignore[misc]
+    finally:
+        stop.set()

@@ -1,0 +1,71 @@
+"""Ten TPC-H queries on a real 3-worker cluster, checked against DuckDB.
+
+Each query runs with 1, 2 and 3 workers (the first k URLs of one cluster as the
+resolver), so the same plan is exercised as one task per stage and as several
+tasks joined by shuffles. The data is TPC-H at a small scale factor, generated
+with ``tpchgen-cli`` into the benchmarks' cache (``.bench-cache/tpch``, ignored
+by git): it is made once per checkout (about 6 s) and then reused, like the
+benchmarks' own data. The queries, their SQL and the comparison live in
+``benchmarks/tpch_queries.py``, shared with the benchmark harness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import flight
+from benchmarks.tpch import ensure_tpch, tpchgen_cli
+from benchmarks.tpch_queries import (
+    ORDERED,
+    QUERY_NUMBERS,
+    TABLES,
+    compare,
+    duckdb_answer,
+    duckdb_connection,
+    query,
+    tpch_files,
+)
+
+pytestmark = pytest.mark.slow
+
+SF = 0.05  # lineitem: 300K rows in 4 files per table
+WORKERS = (1, 2, 3)
+
+
+@pytest.fixture(scope="module")
+def files() -> dict[str, list[Path]]:
+    try:
+        tpchgen_cli()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    return tpch_files(ensure_tpch(SF, TABLES), TABLES)
+
+
+@pytest.fixture(scope="module")
+def expected(files: dict[str, list[Path]]) -> Iterator[dict[int, pa.Table]]:
+    """DuckDB's answer to each query, computed once."""
+    con = duckdb_connection(files)
+    try:
+        yield {n: duckdb_answer(n, files, con) for n in QUERY_NUMBERS}
+    finally:
+        con.close()
+
+
+@pytest.fixture(scope="module")
+def tpch_cluster() -> Iterator[flight.LocalCluster]:
+    with flight.LocalCluster(3) as c:
+        yield c
+
+
+@pytest.mark.parametrize("workers", WORKERS, ids=lambda k: f"w{k}")
+@pytest.mark.parametrize("n", QUERY_NUMBERS, ids=lambda n: f"q{n}")
+def test_tpch_query(
+    n: int, workers: int, files: dict[str, list[Path]], expected: dict[int, pa.Table], tpch_cluster: flight.LocalCluster
+) -> None:
+    got = flight.DistributedExec(query(n, files), tpch_cluster.urls[:workers]).to_table()
+    difference = compare(got, expected[n], ORDERED.get(n))
+    assert difference is None, f"TPC-H Q{n} on {workers} worker(s) differs from DuckDB: {difference}"
