@@ -26,6 +26,7 @@ from flight.errors import (
     WorkerUnavailableError,
 )
 from flight.estimate import DefaultTaskEstimator, DiscoverySample, TaskEstimate, TaskEstimator
+from flight.local import run_local
 from flight.feed import FeedContext, Unit, WorkUnit, WorkUnitFeed, WorkUnitFeedProvider, file_unit
 from flight.plan.expr import Expr, call, coalesce, col, if_else, lit
 from flight.plan.query import Query, from_arrow, from_feed, map_input, read_ipc, read_parquet, units
@@ -84,5 +85,6 @@ __all__ = [
     "read_ipc",
     "read_parquet",
     "register_reader",
+    "run_local",
     "units",
 ]

@@ -19,7 +19,7 @@ EXPECTED_API = {
     "VersionMismatchError", "WorkUnit", "WorkUnitFeed", "WorkUnitFeedProvider", "WorkerError", "WorkerOptions",
     "WorkerResolver", "WorkerUnavailableError", "__version__", "agg", "call", "coalesce", "col", "file_unit",
     "from_arrow", "from_feed", "if_else", "lit", "map_batches", "map_input", "read_ipc", "read_parquet",
-    "register_reader", "units",
+    "register_reader", "run_local", "units",
 }
 
 

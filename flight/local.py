@@ -1,0 +1,89 @@
+"""Run a query in this process: the same engine (one Acero plan), no workers, no network.
+
+The baseline "what one process does with pyarrow Acero" that benchmarks
+compare distributed execution with, and a quick way to try a plan. Feeds run
+in place: each partition's provider is drained as the scan asks for units.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from collections.abc import Iterable, Iterator
+
+import pyarrow as pa
+
+from flight._proto import plan_pb2
+from flight.engine.pipeline import compile_task
+from flight.errors import PlanError
+from flight.feed import FeedContext, WorkUnitFeed, unit_bytes
+from flight.plan.query import Query
+from flight.planner import plan_query
+
+__all__ = ["run_local"]
+
+
+class _Unit:
+    __slots__ = ("body",)
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    def done(self) -> None:
+        pass
+
+
+class _Inbox:
+    """A partition's units straight from its provider (async providers are drained first)."""
+
+    def __init__(self, feed: WorkUnitFeed, partition: int, partitions: int, cancelled: threading.Event) -> None:
+        ctx = FeedContext("local", feed.feed_id, partition, partitions, cancelled)
+        stream = feed.feed(partition, ctx)
+        if inspect.isasyncgen(stream) or hasattr(stream, "__anext__"):
+            stream = iter(asyncio.run(_collect(stream)))  # type: ignore[arg-type]
+        self._units: Iterator[object] = iter(stream)  # type: ignore[arg-type]
+
+    def take(self, most: int = 1) -> list[_Unit]:
+        out = []
+        for unit in self._units:
+            out.append(_Unit(unit_bytes(unit)))  # type: ignore[arg-type]
+            if len(out) >= most:
+                break
+        return out
+
+
+async def _collect(stream: object) -> list[object]:
+    return [u async for u in stream]  # type: ignore[attr-defined]
+
+
+class _LocalInputs:
+    task_number = 0
+
+    def __init__(self, feeds: dict[str, tuple[WorkUnitFeed, int]]) -> None:
+        self._feeds = feeds
+        self.cancelled = threading.Event()
+
+    def feed_partitions(self, feed_id: str) -> list[int]:
+        return list(range(self._feeds[feed_id][1]))
+
+    def inbox(self, feed_id: str, partition: int) -> _Inbox:
+        feed, partitions = self._feeds[feed_id]
+        return _Inbox(feed, partition, partitions, self.cancelled)
+
+    def input_batches(self) -> Iterable[pa.RecordBatch]:
+        raise PlanError("run_local cannot run a map stage; use flight.map_batches with a worker")
+
+    def read_partitions(self, producers: list[tuple[str, bytes]], start: int, end: int) -> Iterator[pa.RecordBatch]:
+        raise PlanError("run_local plans one stage; it never reads another stage")
+
+
+def run_local(query: Query, batch_rows: int = 64 * 1024) -> pa.RecordBatchReader:
+    """The query's rows, computed in this process as one streaming Acero plan."""
+    plan = plan_query(query.node, max_tasks=1)
+    if len(plan.stages) != 1:  # pragma: no cover - one task never needs a network boundary
+        raise PlanError("a one-task plan should be a single stage")
+    stage = plan.head
+    feeds = {f.feed.feed_id: (f.feed, f.partitions) for f in stage.feeds}
+    inputs = _LocalInputs(feeds)
+    return compile_task(plan_pb2.StagePlan(root=stage.root.to_proto()), inputs, batch_rows)
