@@ -22,7 +22,7 @@ rows estimated to reach them; never more tasks than workers.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 
@@ -134,6 +134,7 @@ class _Planner:
         self.max_tasks = max_tasks
         self.options = options
         self.stages: list[StageSpec] = []
+        self.feed_ids: set[str] = set()
 
     def upper_tasks(self, rows: float | None) -> int:
         if rows is None:
@@ -162,7 +163,8 @@ class _Planner:
             raise PlanError("a plan reading exchange input is a map stage: run it with flight.map_batches or flight.spark.flight_map")
         if isinstance(node, FilterNode):
             f = self.build(node.input)
-            return self.wrap(f, FilterNode(f.node, node.predicate), None if f.rows is None else f.rows * 0.5)
+            rows = None if f.rows is None else f.rows * selectivity(node.predicate.to_proto())
+            return self.wrap(f, FilterNode(f.node, node.predicate), rows)
         if isinstance(node, ProjectNode):
             f = self.build(node.input)
             return self.wrap(f, ProjectNode(f.node, node.exprs), f.rows)
@@ -184,6 +186,10 @@ class _Planner:
 
     def scan(self, node: FeedScanNode) -> _Frag:
         provider = node.feed.inner()
+        if node.feed.feed_id in self.feed_ids:
+            # The same source read twice (a self-join): each read is a feed of its own.
+            node = replace(node, feed=WorkUnitFeed(provider))
+        self.feed_ids.add(node.feed.feed_id)
         rows = provider.estimated_rows()
         if provider.shared:
             return _Frag(node, self.max_tasks, rows, [FeedPlan(node.feed, 1, shared=True)], leaf=True)
@@ -248,7 +254,11 @@ class _Planner:
         if left.tasks == 1 and right.tasks == 1:
             merged = JoinNode(left.node, right.node, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "local")
             return _Frag(merged, 1, rows, left.feeds + right.feeds, left.reads + right.reads, left.leaf or right.leaf)
-        small = right.rows is not None and right.rows * _row_width(right.node.schema) <= self.options.broadcast_bytes
+        # Broadcasting copies the build side into every probe task: worth it when that side is small,
+        # and not larger than the side that would otherwise be shuffled.
+        right_bytes = None if right.rows is None else right.rows * _row_width(right.node.schema)
+        left_bytes = float("inf") if left.rows is None else left.rows * _row_width(left.node.schema)
+        small = right_bytes is not None and right_bytes <= min(self.options.broadcast_bytes, left_bytes)
         if small and node.join_type in ("inner", "left outer", "left semi", "left anti"):
             read = self.cut(right, "broadcast")
             merged = JoinNode(left.node, read, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "broadcast")
@@ -273,6 +283,42 @@ class _Planner:
         tasks = max(f.tasks for f in frags)
         reads = [self.cut(f, "round_robin") for f in frags]
         return self.consumer(UnionNode(list(reads)), tasks, rows, reads)
+
+
+_SELECTIVITY = {
+    "equal": 0.1,
+    "not_equal": 0.9,
+    "less": 1 / 3,
+    "less_equal": 1 / 3,
+    "greater": 1 / 3,
+    "greater_equal": 1 / 3,
+    "match_like": 0.1,
+    "match_substring": 0.1,
+    "match_substring_regex": 0.1,
+    "starts_with": 0.1,
+    "ends_with": 0.1,
+    "is_null": 0.05,
+    "is_valid": 0.95,
+}
+
+
+def selectivity(expr: plan_pb2.Expression) -> float:
+    """The fraction of rows a predicate keeps, by the textbook defaults (System R's)."""
+    if expr.WhichOneof("kind") != "call":
+        return 0.5
+    call = expr.call
+    args = [selectivity(a) for a in call.args]
+    if call.function in ("and", "and_kleene") and args:
+        return math.prod(args)
+    if call.function in ("or", "or_kleene") and args:
+        return 1 - math.prod(1 - a for a in args)
+    if call.function == "invert" and args:
+        return 1 - args[0]
+    if call.function == "and_not" or call.function == "and_not_kleene":
+        return args[0] * (1 - args[1]) if len(args) == 2 else 0.5
+    if call.function == "is_in":
+        return 0.25
+    return _SELECTIVITY.get(call.function, 0.5)
 
 
 def _row_width(schema: pa.Schema) -> int:

@@ -182,3 +182,12 @@ def test_scans_read_only_the_columns_the_plan_uses(cluster: flight.LocalCluster,
     src = oracle(parquet_files)
     expected = pc.utf8_upper(src.filter(pc.greater(src["qty"], 40))["name"])
     assert sorted(ex.to_table()["n"].to_pylist(), key=str) == sorted(expected.to_pylist(), key=str)
+
+
+def test_self_join_reads_the_source_twice(cluster: flight.LocalCluster, parquet_files: list[Path]) -> None:
+    q = flight.read_parquet(parquet_files[:2]).select("id", "qty")
+    joined = q.join(q.select("id", q2=col("qty") * 2), on="id")
+    got = flight.DistributedExec(joined, cluster.resolver()).to_table()
+    src = oracle(parquet_files[:2])
+    assert got.num_rows == src.num_rows
+    assert sorted(got["q2"].to_pylist()) == sorted(v * 2 for v in src["qty"].to_pylist())
