@@ -288,3 +288,26 @@ def test_cancel_action_cancels_a_running_query(cluster: flight.LocalCluster) -> 
         for _ in reader:
             pass
     wait_until(lambda: running_tasks(cluster.urls) == 0, timeout=2.0, what="cancelled tasks to be freed")
+
+
+def test_a_worker_dying_mid_query_fails_it_naming_the_worker() -> None:
+    """A worker killed while a multi-stage query runs: a retryable error naming it, in bounded time."""
+
+    class Slow(flight.WorkUnitFeedProvider):
+        def feed(self, partition: int, ctx: flight.FeedContext) -> Iterator[bytes]:
+            for i in range(200):
+                yield sleep_unit(partition * 1000 + i, ms=20)
+
+    with flight.LocalCluster(2, extensions=["flight.testing"]) as own:
+        q = flight.from_feed(Slow(), "testing.sleep", SLEEP_SCHEMA).aggregate(["id"], n=flight.agg.count_all())
+        ex = flight.DistributedExec(q, own.urls, rows_per_task=1)
+        reader = ex.execute()
+        victim, url = own.processes[1], own.urls[1]
+        wait_until(lambda: running_tasks([url]) > 0, what="the victim to run tasks")
+        started = time.monotonic()
+        victim.send_signal(signal.SIGKILL)
+        with pytest.raises(flight.RetryableError) as info:
+            reader.read_all()
+        assert url in str(info.value)
+        assert time.monotonic() - started < 10
+        wait_until(lambda: running_tasks([own.urls[0]]) == 0, timeout=2.0, what="the survivor to free its tasks")

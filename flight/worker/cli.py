@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 import pyarrow as pa
 
@@ -59,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> NoReturn:
     args = _parser().parse_args(argv)
     # Batches that arrive over Flight may sit at any offset; Acero warns on each unless told
     # how to handle them. Copying into aligned memory is the safe choice on every CPU.
@@ -93,7 +94,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     server.drain(args.grace)
     server.shutdown()
     log.info("stopped")
-    return 0
+    # Leave without interpreter finalization: Arrow and gRPC threads that are still winding down
+    # (a stream to a dead peer, say) must not run Python code while the interpreter tears down.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
