@@ -219,7 +219,9 @@ def _typed(expr: Expr, schema: pa.Schema, operator: str) -> pa.DataType:
     try:
         return output_type(expr, schema)
     except PlanError as exc:
-        raise PlanError(f"{operator}: {exc}") from exc
+        used = sorted(n for n in expr.referenced_fields() if n in schema.names)
+        columns = ", ".join(f"{n!r} ({schema.field(n).type})" for n in used)
+        raise PlanError(f"{operator}: {exc}" + (f" [columns: {columns}]" if columns else "")) from exc
 
 
 def _is_col(expr: Expr, name: str) -> bool:

@@ -24,7 +24,7 @@ from flight.arrow_types import UNITS_READER
 from flight.errors import PlanError
 from flight.feed import WorkUnitFeed, WorkUnitFeedProvider
 from flight.plan.agg import Agg
-from flight.plan.expr import Expr, coalesce, col
+from flight.plan.expr import Expr, coalesce, col, output_type
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, LimitNode, Node, ProjectNode, ValuesNode
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, SortNode, UnionNode
 from flight.protocol import encode_schema
@@ -83,7 +83,13 @@ class Query:
         for name, a in items.items():
             if not isinstance(a, Agg):
                 raise PlanError(f"aggregate {name!r}: {a!r} is not an aggregate; use flight.agg.sum(...) and friends")
-            expr = a.expr.cast(pa.float64()) if a.function == "mean" and a.expr is not None else a.expr
+            expr = a.expr
+            if a.function == "mean" and expr is not None:
+                t = output_type(expr, self.schema)
+                if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)):
+                    used = ", ".join(sorted(expr.referenced_fields()))
+                    raise PlanError(f"aggregate {name}: mean needs a number, but {expr!r} ({used}) is {t}")
+                expr = expr.cast(pa.float64())
             calls.append(AggCall(name, a.function, expr))
         return Query(AggregateNode(self.node, key_list, calls))
 
