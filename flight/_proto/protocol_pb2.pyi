@@ -572,6 +572,7 @@ class WorkerFrame(_message.Message):
     LOAD_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     FINISHED_FIELD_NUMBER: _builtins.int
+    DRAINED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def ready(self) -> Global___Ready: ...
     @_builtins.property
@@ -584,6 +585,10 @@ class WorkerFrame(_message.Message):
     def finished(self) -> Global___TaskMetrics:
         """the task produced all its output"""
 
+    @_builtins.property
+    def drained(self) -> Global___Drained:
+        """after finished: every output partition has been read by all its readers"""
+
     def __init__(
         self,
         *,
@@ -592,16 +597,36 @@ class WorkerFrame(_message.Message):
         load: Global___LoadInfo | None = ...,
         error: Global___ErrorInfo | None = ...,
         finished: Global___TaskMetrics | None = ...,
+        drained: Global___Drained | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["credit", b"credit", "error", b"error", "finished", b"finished", "frame", b"frame", "load", b"load", "ready", b"ready"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["credit", b"credit", "drained", b"drained", "error", b"error", "finished", b"finished", "frame", b"frame", "load", b"load", "ready", b"ready"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["credit", b"credit", "error", b"error", "finished", b"finished", "frame", b"frame", "load", b"load", "ready", b"ready"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credit", b"credit", "drained", b"drained", "error", b"error", "finished", b"finished", "frame", b"frame", "load", b"load", "ready", b"ready"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_frame: _TypeAlias = _typing.Literal["ready", "credit", "load", "error", "finished"]  # noqa: Y015
+    _WhichOneofReturnType_frame: _TypeAlias = _typing.Literal["ready", "credit", "load", "error", "finished", "drained"]  # noqa: Y015
     _WhichOneofArgType_frame: _TypeAlias = _typing.Literal["frame", b"frame"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_frame) -> _WhichOneofReturnType_frame | None: ...
 
 Global___WorkerFrame: _TypeAlias = WorkerFrame  # noqa: Y015
+
+@_typing.final
+class Drained(_message.Message):
+    """Sent once a non-map task's output buffer is empty and every reader reached its end;
+    a coordinator whose consumers are not itself (e.g. Spark tasks) half-closes on it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Drained: _TypeAlias = Drained  # noqa: Y015
 
 @_typing.final
 class Ticket(_message.Message):

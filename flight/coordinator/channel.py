@@ -113,6 +113,7 @@ class TaskChannel:
         self.done = threading.Event()  # the worker ended the exchange (or it broke)
         self._settled = threading.Event()  # ready, failed or done: wait_ready can stop waiting
         self.finished = threading.Event()  # the final metrics arrived, or the exchange ended
+        self.drained = threading.Event()  # every output partition was read (by whoever reads it)
         self.output_schema: pa.Schema | None = None
         self.metrics: protocol_pb2.TaskMetrics | None = None
         self.error: WorkerError | None = None
@@ -220,6 +221,7 @@ class TaskChannel:
             self.done.set()
             self._settled.set()
             self.finished.set()
+            self.drained.set()
 
     def _handle(self, frame: protocol_pb2.WorkerFrame) -> None:
         kind = frame.WhichOneof("frame")
@@ -235,3 +237,5 @@ class TaskChannel:
         elif kind == "finished":
             self.metrics = frame.finished
             self.finished.set()
+        elif kind == "drained":
+            self.drained.set()

@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -36,7 +36,7 @@ from flight.planner import PlannerOptions, QueryPlan, StageSpec, plan_query
 from flight.protocol import PROTOCOL_VERSION, encode_schema, make_stage_key
 from flight.resolver import StaticWorkerResolver, WorkerResolver
 
-__all__ = ["DistributedExec"]
+__all__ = ["DetachedQuery", "DistributedExec", "HeadPartition"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,72 @@ class DistributedExec:
     def execute(self) -> pa.RecordBatchReader:
         """Start the query and return its rows as a stream."""
         return pa.RecordBatchReader.from_batches(self.stage.output_schema, _Run(self).start())
+
+    def start_detached(self) -> DetachedQuery:
+        """Start the query, leaving its head outputs for others to read with DoGet.
+
+        For consumers that are not this process (Spark tasks): each entry of
+        ``partitions`` is a worker URL and a ticket. The query's tasks live until
+        every head partition has been read (or ``close()``).
+        """
+        run = _Run(self)
+        run.launch()
+        return DetachedQuery(run)
+
+
+@dataclass(frozen=True)
+class HeadPartition:
+    """One head task's output: read it with ``DoGet(Ticket(ticket))`` at ``url``."""
+
+    url: str
+    ticket: bytes
+
+
+class DetachedQuery:
+    """A running query whose head outputs other processes read."""
+
+    def __init__(self, run: _Run) -> None:
+        self._run = run
+        self.query_id = run.query_id
+        self.schema = run.plan.head.output_schema
+        head = run.by_stage[run.plan.head.stage_id]
+        self.partitions = [
+            HeadPartition(c.url, protocol_pb2.Ticket(stage_key=c.header.stage_key, partition_start=0, partition_end=1).SerializeToString())
+            for c in head
+        ]
+        self._done = threading.Event()
+        threading.Thread(target=self._watch, args=(head,), name=f"detached-{self.query_id}", daemon=True).start()
+
+    def _watch(self, head: list[TaskChannel]) -> None:
+        try:
+            for channel in head:
+                while not channel.drained.wait(0.1):
+                    if self._run.failed.is_set():
+                        return
+            if self._run.error is None:
+                self._run._await_metrics()
+        finally:
+            self._run._finish()
+            self._done.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until every head partition was read; raise the query's error if it failed."""
+        finished = self._done.wait(timeout)
+        if self._run.error is not None:
+            raise self._run.error
+        return finished
+
+    def close(self) -> None:
+        """Cancel the query if it still runs, and free its tasks."""
+        if not self._done.is_set():
+            self._run.fail(TaskCancelledError("the detached query was closed"))
+        self._done.wait(self._run.options.connect_timeout)
+
+    def __enter__(self) -> DetachedQuery:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class _Run:
@@ -194,6 +260,13 @@ class _Run:
         )
 
     def start(self) -> Iterator[pa.RecordBatch]:
+        self.launch()
+        for channel in self.by_stage[self.plan.head.stage_id]:
+            threading.Thread(target=self._read_output, args=(channel,), name=f"doget-{channel.key}", daemon=True).start()
+        return self._batches()
+
+    def launch(self) -> None:
+        """Size, bind and open every task, and start the feeds; the head's output is left unread."""
         try:
             # Discovery starts first: it overlaps sizing, connecting and the tasks' start.
             for stage in self.plan.stages:
@@ -224,9 +297,6 @@ class _Run:
             self._finish()
             raise
         self.dispatcher.start_sending()
-        for channel in self.by_stage[self.plan.head.stage_id]:
-            threading.Thread(target=self._read_output, args=(channel,), name=f"doget-{channel.key}", daemon=True).start()
-        return self._batches()
 
     def _stage_channels(self, stage: StageSpec, counts: dict[int, int]) -> None:
         count = counts[stage.stage_id]

@@ -184,6 +184,10 @@ class WorkerServer(fl.FlightServerBase):
                 task.output.finish()
             task.finished = True
             sender.frame(protocol_pb2.WorkerFrame(finished=task.metrics()))
+            if task.output is not None:
+                task.output.wait_drained()
+                if task.output.all_drained():
+                    sender.frame(protocol_pb2.WorkerFrame(drained=protocol_pb2.Drained()))
         except (FlightExecError, UnitReadError, pa.ArrowException, OSError) as exc:
             task.failure = self._fail(task, sender, exc)
 
