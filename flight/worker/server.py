@@ -23,7 +23,14 @@ from flight._version import __version__
 from flight.config import WorkerOptions
 from flight.engine.pipeline import compile_task
 from flight.engine.readers import UnitReadError
-from flight.errors import FlightExecError, ProtocolError, TaskCancelledError, VersionMismatchError, WorkerError
+from flight.errors import (
+    FlightExecError,
+    ProtocolError,
+    TaskCancelledError,
+    VersionMismatchError,
+    WorkerError,
+    WorkerUnavailableError,
+)
 from flight.protocol import (
     PROTOCOL_VERSION,
     decode_coordinator_frame,
@@ -238,7 +245,8 @@ class WorkerServer(fl.FlightServerBase):
             return fl.FlightCancelledError(f"task {task.key} cancelled: {task.cancel_reason}")
         message = _clean(error)
         log.info("task %s failed: %s", task.key, message)
-        self._send_error(sender, protocol_pb2.ERROR_CODE_EXECUTION, message, task.header.stage_key)
+        code = protocol_pb2.ERROR_CODE_UNAVAILABLE if isinstance(error, WorkerUnavailableError) else protocol_pb2.ERROR_CODE_EXECUTION
+        self._send_error(sender, code, message, task.header.stage_key)
         task.cancel(message, failed=True)
         return fl.FlightServerError(f"task {task.key} failed on {self.url}: {message}")
 

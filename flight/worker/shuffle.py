@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from flight._proto import protocol_pb2
-from flight.errors import FlightExecError, TaskFailedError
+from flight.errors import FlightExecError, TaskFailedError, WorkerUnavailableError
 from flight.protocol import format_stage_key
 from flight.worker.tasks import Task, TaskRegistry
 
@@ -97,6 +97,9 @@ def read_partitions(
             offer(_END)
         except FlightExecError as exc:
             offer(TaskFailedError(f"reading task {name} on {url}: {exc}"))
+        except (fl.FlightUnavailableError, fl.FlightTimedOutError) as exc:
+            # The producer's worker is gone: retryable, and it is that worker the error names.
+            offer(WorkerUnavailableError(f"worker {url} (task {name}) is unavailable: {_clean(str(exc))}", cause=_clean(str(exc))))
         except (pa.ArrowException, OSError) as exc:
             offer(TaskFailedError(f"reading task {name} on {url}: {_clean(str(exc))}"))
 
