@@ -154,10 +154,14 @@ def table_rows(table: pa.Table) -> list[tuple]:
 
 def _order(row: tuple) -> tuple:
     """A sort key for rows with nulls and NaNs (nulls first, NaN after every number)."""
-    return tuple(
-        (0, 0) if v is None else (2, 0) if isinstance(v, float) and math.isnan(v) else (1, round(v, 6) if isinstance(v, float) else v)
-        for v in row
-    )
+    def key(v: object) -> tuple:
+        if v is None:
+            return (0, 0)
+        if isinstance(v, float):
+            return (2, 0) if math.isnan(v) else (1, round(v, 6))
+        return (1, v)
+
+    return tuple(key(v) for v in row)
 
 
 def _same(a: object, b: object) -> bool:
@@ -206,10 +210,11 @@ HOWS = ["inner", "left", "right", "full", "semi", "anti"]
 _SQL_JOIN = {"inner": "JOIN", "left": "LEFT JOIN", "right": "RIGHT JOIN", "full": "FULL OUTER JOIN"}
 
 
-def _join_query(data: Data, how: str, style: str, left: flight.Query, right: flight.Query, suffix: str = "_right") -> flight.Query:
+def _join_query(how: str, style: str, left: flight.Query, right: flight.Query) -> flight.Query:
+    """L join R on k = rk: with ``on=`` (R's key renamed to k) or with ``left_on`` / ``right_on``."""
     if style == "on":
-        return left.join(right.select("rid", "s", "x", "w", k=col("rk")), on="k", how=how, suffix=suffix)
-    return left.join(right, left_on="k", right_on="rk", how=how, suffix=suffix)
+        return left.join(right.select("rid", "s", "x", "w", k=col("rk")), on="k", how=how)
+    return left.join(right, left_on="k", right_on="rk", how=how)
 
 
 def _join_sql(how: str, style: str, left: str = "L", right: str = "R", suffix: str = "_right") -> tuple[list[str], str]:
@@ -232,7 +237,7 @@ def _join_sql(how: str, style: str, left: str = "L", right: str = "R", suffix: s
 @pytest.mark.parametrize("style", ["on", "left_on"])
 @pytest.mark.parametrize("how", HOWS)
 def test_join_with_null_and_duplicate_keys(cluster3: flight.LocalCluster, data: Data, how: str, style: str, setup: tuple) -> None:
-    q = _join_query(data, how, style, data.read("L"), data.read("R"))
+    q = _join_query(how, style, data.read("L"), data.read("R"))
     got, ex = run(cluster3, setup, q)
     names, sql = _join_sql(how, style)
     assert got.column_names == names  # the right side's ``s`` and ``x`` got the suffix
@@ -313,7 +318,7 @@ def test_join_with_an_empty_side(cluster3: flight.LocalCluster, data: Data, how:
         left, lpred = left.filter(col("id") < 0), "id < 0"
     if empty in ("right", "both"):
         right, rpred = right.filter(col("rid") < 0), "rid < 0"
-    got, ex = run(cluster3, setup, _join_query(data, how, "on", left, right))
+    got, ex = run(cluster3, setup, _join_query(how, "on", left, right))
     names, sql = _join_sql(how, "on", "Lf", "Rf")
     assert got.column_names == names
     expected = data.sql(f"WITH Lf AS (SELECT * FROM L WHERE {lpred}), Rf AS (SELECT * FROM R WHERE {rpred}) {sql}")
@@ -323,7 +328,7 @@ def test_join_with_an_empty_side(cluster3: flight.LocalCluster, data: Data, how:
 
 @pytest.mark.parametrize("setup", JOIN_SETUPS)
 def test_join_then_aggregate_then_sort(cluster3: flight.LocalCluster, data: Data, setup: tuple) -> None:
-    """Three shuffles in a row: join on k, group by the right side's s, sort the groups."""
+    """Stage after stage: join on k, group by the right side's s (with count_distinct), sort the groups."""
     q = (
         data.read("L")
         .join(data.read("R"), left_on="k", right_on="rk", how="left")
@@ -376,13 +381,6 @@ def test_grouped_aggregate_of_empty_input(cluster3: flight.LocalCluster, data: D
     assert got.column_names == ["g", "name", *_ALL_AGGS, *extra]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=flight.WorkerError,
-    reason="a global aggregate whose only aggregates are count_all() (SQL count(*)) fails on the worker: "
-    "AggregateNode.to_proto emits a Project with no expressions (no keys, no arguments) and the worker rejects it "
-    "with InvalidTaskError 'plan.root.aggregate.input.project.exprs is empty'",
-)
 @pytest.mark.parametrize("setup", SETUPS)
 @pytest.mark.parametrize("empty", [False, True], ids=["rows", "empty"])
 def test_global_count_all_alone(cluster3: flight.LocalCluster, data: Data, empty: bool, setup: tuple) -> None:

@@ -295,6 +295,9 @@ class _Run:
         except BaseException as exc:
             self.fail(exc)
             self._finish()
+            # The first failure is the cause; later ones (cancellations) are its consequences.
+            if self.error is not None and self.error is not exc:
+                raise self.error from None
             raise
         self.dispatcher.start_sending()
 

@@ -90,6 +90,13 @@ class AggregateNode(Node):
 
     def to_proto(self) -> plan_pb2.Operator:
         exprs, names = self._arguments()
+        if not exprs:  # e.g. a global count(*): nothing to compute, the rows are enough
+            return plan_pb2.Operator(
+                aggregate=plan_pb2.Aggregate(
+                    input=self.input.to_proto(),
+                    aggregates=[plan_pb2.AggregateCall(function=f, column=c, name=n) for f, c, n in self._calls()],
+                )
+            )
         project = plan_pb2.Operator(
             project=plan_pb2.Project(
                 input=self.input.to_proto(),
