@@ -30,7 +30,7 @@ from flight._proto import plan_pb2
 from flight.errors import PlanError
 from flight.estimate import TaskEstimate
 from flight.feed import WorkUnitFeed
-from flight.plan.expr import col, if_else, lit
+from flight.plan.expr import Expr, col, if_else, lit
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, LimitNode, Node, ProjectNode, ValuesNode
 from flight.plan.optimize import prune_columns
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, ShuffleReadNode, SortNode, UnionNode
@@ -230,18 +230,24 @@ class _Planner:
         partial: list[AggCall] = []
         final: list[AggCall] = []
         outputs: list[tuple[str, object]] = [(k, col(k)) for k in node.keys]
-        for i, c in enumerate(node.calls):
-            p = f"__p{i}"
+        known: dict[tuple[str, bytes], str] = {}
+
+        def part(function: str, expr: Expr | None) -> str:
+            """The partial column computing ``function(expr)``; equal ones are computed once."""
+            key = (function, b"" if expr is None else expr.to_proto().SerializeToString(deterministic=True))
+            if key not in known:
+                name = known[key] = f"__p{len(known)}"
+                again = "sum" if function in ("count", "count_all", "sum") else function
+                partial.append(AggCall(name, function, expr))
+                final.append(AggCall(name, again, col(name)))
+            return known[key]
+
+        for c in node.calls:
             if c.function == "mean":
-                partial += [AggCall(p + "s", "sum", c.expr), AggCall(p + "c", "count", c.expr)]
-                final += [AggCall(p + "s", "sum", col(p + "s")), AggCall(p + "c", "sum", col(p + "c"))]
-                total, n = col(p + "s").cast(pa.float64()), col(p + "c").cast(pa.float64())
+                total, n = col(part("sum", c.expr)).cast(pa.float64()), col(part("count", c.expr)).cast(pa.float64())
                 outputs.append((c.name, if_else(n > 0, total / n, lit(None, pa.float64()))))
             else:
-                again = "sum" if c.function in ("count", "count_all", "sum") else c.function
-                partial.append(AggCall(p, c.function, c.expr))
-                final.append(AggCall(p, again, col(p)))
-                outputs.append((c.name, col(p)))
+                outputs.append((c.name, col(part(c.function, c.expr))))
         label = node.label_text or "Aggregate"
         pre = self.wrap(f, AggregateNode(f.node, node.keys, partial, f"Partial{label}"), f.rows)
         read = self.cut(pre, mode, node.keys)

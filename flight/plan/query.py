@@ -89,7 +89,7 @@ class Query:
                 if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)):
                     used = ", ".join(sorted(expr.referenced_fields()))
                     raise PlanError(f"aggregate {name}: mean needs a number, but {expr!r} ({used}) is {t}")
-                expr = expr.cast(pa.float64())
+                expr = expr if t == pa.float64() else expr.cast(pa.float64())
             calls.append(AggCall(name, a.function, expr))
         return Query(AggregateNode(self.node, key_list, calls))
 

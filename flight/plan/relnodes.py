@@ -67,19 +67,31 @@ class AggregateNode(Node):
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             raise PlanError(f"aggregate: {exc}") from exc
 
+    def _argument_columns(self) -> list[str]:
+        """Each call's argument column; equal expressions share one (Acero does not spot them)."""
+        seen: dict[bytes, str] = {}
+        columns = []
+        for i, c in enumerate(self.calls):
+            if c.expr is None:
+                columns.append("")
+                continue
+            key = c.expr.to_proto().SerializeToString(deterministic=True)
+            columns.append(seen.setdefault(key, f"__arg{i}"))
+        return columns
+
     def _arguments(self) -> tuple[list[Expr], list[str]]:
         from flight.plan.expr import col
 
         exprs = [col(k) for k in self.keys]
         names = list(self.keys)
-        for i, c in enumerate(self.calls):
-            if c.expr is not None:
+        for c, column in zip(self.calls, self._argument_columns()):
+            if c.expr is not None and column not in names:
                 exprs.append(c.expr)
-                names.append(f"__arg{i}")
+                names.append(column)
         return exprs, names
 
     def _calls(self) -> list[tuple[str, str, str]]:
-        return [(c.function, "" if c.expr is None else f"__arg{i}", c.name) for i, c in enumerate(self.calls)]
+        return [(c.function, column, c.name) for c, column in zip(self.calls, self._argument_columns())]
 
     @property
     def schema(self) -> pa.Schema:
