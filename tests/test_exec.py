@@ -191,3 +191,30 @@ def test_self_join_reads_the_source_twice(cluster: flight.LocalCluster, parquet_
     src = oracle(parquet_files[:2])
     assert got.num_rows == src.num_rows
     assert sorted(got["q2"].to_pylist()) == sorted(v * 2 for v in src["qty"].to_pylist())
+
+
+def test_shuffle_within_one_worker_skips_the_network(cluster: flight.LocalCluster, parquet_files: list[Path]) -> None:
+    """Producer and consumer tasks on the same worker: shuffled rows never touch the wire."""
+    class TwoSlotsOnOneWorker(flight.WorkerResolver):
+        def get_urls(self) -> list[str]:
+            return [cluster.urls[0]] * 2
+
+    q = flight.read_parquet(parquet_files).aggregate(["name"], n=flight.agg.count_all())
+    ex = flight.DistributedExec(q, TwoSlotsOnOneWorker(), rows_per_task=1)
+    got = ex.to_table()
+    src = oracle(parquet_files)
+    assert sorted(got["n"].to_pylist()) == sorted(pc.value_counts(src["name"]).field("counts").to_pylist())
+    assert ex.metrics is not None
+    readers = [t for t in ex.metrics.tasks if t.bytes_in]
+    assert readers and all(t.bytes_in_local == t.bytes_in for t in readers)
+    assert "local)" in ex.explain(analyze=True)
+
+
+def test_shuffle_across_workers_reads_remote_partitions(cluster: flight.LocalCluster, parquet_files: list[Path]) -> None:
+    q = flight.read_parquet(parquet_files).aggregate(["name"], n=flight.agg.count_all())
+    ex = flight.DistributedExec(q, cluster.urls, rows_per_task=1)
+    ex.to_table()
+    assert ex.metrics is not None
+    total = sum(t.bytes_in for t in ex.metrics.tasks)
+    local = sum(t.bytes_in_local for t in ex.metrics.tasks)
+    assert 0 < local < total  # half the partitions are on the reader's own worker

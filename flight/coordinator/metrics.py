@@ -54,6 +54,7 @@ class TaskStats:
     elapsed_s: float
     feeds: list[FeedStats] = field(default_factory=list)
     bytes_in: int = 0
+    bytes_in_local: int = 0
 
     @classmethod
     def from_proto(cls, m: protocol_pb2.TaskMetrics, url: str) -> TaskStats:
@@ -67,6 +68,7 @@ class TaskStats:
             m.elapsed_nanos / 1e9,
             [FeedStats.from_proto(f) for f in m.feeds],
             m.bytes_in,
+            m.bytes_in_local,
         )
 
 

@@ -12,6 +12,7 @@ import faulthandler
 import importlib
 import logging
 import os
+import select
 import signal
 import sys
 from collections.abc import Sequence
@@ -81,15 +82,22 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         grace=args.grace,
         unit_delay_ms=args.unit_delay_ms,
     )
-    # Block the stop signals in every thread (threads inherit the mask, so do it before the
-    # server starts any) and take them synchronously below: a Python signal handler could run
-    # in the middle of a lock the main thread holds.
-    stop_signals = {signal.SIGTERM, signal.SIGINT}
-    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+    # Stop signals: a do-nothing Python handler (so no thread ever dies of the default action)
+    # plus the wakeup fd, which the C-level handler writes the signal number to, from any thread.
+    # The main thread waits on that pipe; no Python code runs inside a signal handler.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    stop_signals = {int(signal.SIGTERM), int(signal.SIGINT)}
+    for signum in stop_signals:
+        signal.signal(signum, lambda *_: None)
     server = WorkerServer(args.host, args.port, options)
     print(f"flight-worker listening on {server.url}", flush=True)
     log.info("flight-worker %s serving on %s", __version__, server.url)
-    signum = signal.sigwait(stop_signals)
+    signum = 0
+    while signum not in stop_signals:
+        select.select([wake_r], [], [])
+        signum = next((b for b in os.read(wake_r, 64) if b in stop_signals), 0)
     log.info("received signal %d; draining", signum)
     server.drain(args.grace)
     server.shutdown()

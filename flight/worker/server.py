@@ -200,7 +200,7 @@ class WorkerServer(fl.FlightServerBase):
 
     def _read_partitions(
         self, task: Task, producers: list[tuple[str, bytes]], start: int, end: int
-    ) -> Iterator[pa.RecordBatch]:
+    ) -> Iterator[tuple[pa.RecordBatch, bool]]:
         return read_partitions(task, self.registry, self.peers, self.url, producers, start, end, self.options.get_wait)
 
     # ------------------------------------------------------------------ errors

@@ -58,8 +58,11 @@ def read_partitions(
     start: int,
     end: int,
     wait: float,
-) -> Iterator[pa.RecordBatch]:
-    """Partitions [start, end) of every producer; raises a TaskFailedError naming a producer that failed."""
+) -> Iterator[tuple[pa.RecordBatch, bool]]:
+    """Partitions [start, end) of every producer, each batch with whether it was read locally.
+
+    Raises a TaskFailedError (or WorkerUnavailableError) naming a producer that failed.
+    """
     results: queue.Queue[object] = queue.Queue(maxsize=8)
     stop = threading.Event()
 
@@ -82,7 +85,7 @@ def read_partitions(
                     raise TaskFailedError(f"producer task {name} is not readable here: {why or 'it has no output buffer'}")
                 for p in range(start, end):
                     for batch in producer.output.read(p):
-                        if not offer(batch):
+                        if not offer((batch, True)):
                             return
             else:
                 ticket = protocol_pb2.Ticket(stage_key=key, partition_start=start, partition_end=end)
@@ -92,7 +95,7 @@ def read_partitions(
                         chunk = reader.read_chunk()
                     except StopIteration:
                         break
-                    if chunk.data is not None and chunk.data.num_rows and not offer(chunk.data):
+                    if chunk.data is not None and chunk.data.num_rows and not offer((chunk.data, False)):
                         return
             offer(_END)
         except FlightExecError as exc:

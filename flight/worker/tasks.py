@@ -220,7 +220,7 @@ class Task:
         feed_window: int,
         output_buffer_bytes: int,
         send_credit: Callable[[str, int, int], None],
-        read_partitions: Callable[[Task, list[tuple[str, bytes]], int, int], Iterator[pa.RecordBatch]] | None = None,
+        read_partitions: Callable[[Task, list[tuple[str, bytes]], int, int], Iterator[tuple[pa.RecordBatch, bool]]] | None = None,
     ) -> None:
         self.header = header
         self.plan = plan
@@ -253,6 +253,7 @@ class Task:
         self.bytes_out = 0
         self.rows_in = 0
         self.bytes_in = 0
+        self.bytes_in_local = 0
 
     # -- what the engine sees
     def feed_partitions(self, feed_id: str) -> list[int]:
@@ -275,9 +276,10 @@ class Task:
     def read_partitions(self, producers: list[tuple[str, bytes]], start: int, end: int) -> Iterator[pa.RecordBatch]:
         if self._read_partitions is None:
             raise ProtocolError(f"task {self.key} cannot read other stages here", field="plan")
-        for batch in self._read_partitions(self, producers, start, end):
+        for batch, local in self._read_partitions(self, producers, start, end):
             self.rows_in += batch.num_rows
             self.bytes_in += batch.nbytes
+            self.bytes_in_local += batch.nbytes if local else 0
             yield batch
 
     def emit(self, batch: pa.RecordBatch) -> None:
@@ -346,6 +348,7 @@ class Task:
             bytes_out=self.bytes_out,
             rows_in=self.rows_in + (self.inputs.rows if self.inputs is not None else 0),
             bytes_in=self.bytes_in,
+            bytes_in_local=self.bytes_in_local,
             elapsed_nanos=int((time.perf_counter() - self.started) * 1e9),
             feeds=[inbox.metrics() for inbox in self.inboxes.values()],
         )
