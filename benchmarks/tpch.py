@@ -22,11 +22,17 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["REPO_ROOT", "ensure_tpch", "sf_dir", "table_files", "tpchgen_cli"]
+__all__ = ["REPO_ROOT", "ROWS_PER_SF", "ensure_tpch", "sf_dir", "table_files", "table_ready", "tpchgen_cli"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PARTS = 4
 _MARKER = ".complete"
+
+ROWS_PER_SF = {
+    "lineitem": 6_000_000, "orders": 1_500_000, "partsupp": 800_000, "part": 200_000,
+    "customer": 150_000, "supplier": 10_000, "nation": 25, "region": 5,
+}
+"""Rows of each table at scale factor 1 (about; nation and region do not scale): a table's share of the work."""
 
 
 def tpchgen_cli() -> str:
@@ -52,6 +58,13 @@ def _complete(table_dir: Path, sf: float, parts: int) -> bool:
     except (OSError, ValueError):
         return False
     return marker.get("sf") == sf and marker.get("parts") == parts and bool(table_files(table_dir.parent, table_dir.name))
+
+
+def table_ready(
+    sf: float, table: str, cache_dir: str | os.PathLike[str] | None = None, *, parts: int = DEFAULT_PARTS
+) -> bool:
+    """Whether ``table`` at ``sf`` is already generated and complete (``ensure_tpch`` would skip it)."""
+    return _complete(sf_dir(sf, cache_dir) / table, sf, parts)
 
 
 def ensure_tpch(

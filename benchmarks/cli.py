@@ -1,0 +1,250 @@
+"""flight-bench: TPC-H on flight-exec vs PySpark, single-process Acero and DuckDB.
+
+    flight-bench [--sf 0.1] [--queries 1,6,...] [--engines flight,pyspark,acero,duckdb]
+                 [--workers 1,2 | --workers-file F | --urls U,...] [--runs 3] [--out bench-results]
+    flight-bench micro [NAME ...] [-- ARGS]      (also: python -m benchmarks ...)
+
+Generates TPC-H Parquet data with ``tpchgen-cli`` into a cache (once per scale
+factor), starts a ``LocalCluster`` (or uses running workers), and runs each
+query on each engine: one warm-up, then ``--runs`` timed runs; the median
+counts. Every result is checked against DuckDB's; a mismatch or a failure is
+reported in red and makes the exit code 1. Writes ``OUT/tpch-sf{SF}.json``
+(machine, versions, every run's time and peak RSS), ``.md`` (medians, ratios to
+flight-exec) and ``.png``; prints the Markdown table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack, closing
+from pathlib import Path
+
+import flight
+from benchmarks import report
+from benchmarks.engines import (AceroEngine, DuckDBEngine, Engine, FailedEngine, FlightEngine, SparkEngine,
+                                java_available, spark_available)
+from benchmarks.micro import runner as micro
+from benchmarks.progress import Progress
+from benchmarks.suite import run_suite
+from benchmarks.tpch import ROWS_PER_SF, ensure_tpch, sf_dir, table_ready
+from benchmarks.tpch_queries import QUERY_NUMBERS, SQL, TABLES, duckdb_answer, duckdb_connection, tpch_files
+
+__all__ = ["main"]
+
+ENGINES = ("flight", "pyspark", "acero", "duckdb")
+OUT_DEFAULT = "bench-results"
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
+
+
+def _names(text: str) -> list[str]:
+    names = [v.strip().lower() for v in text.split(",") if v.strip()]
+    unknown = [n for n in names if n not in ENGINES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"engines are a comma-separated subset of {','.join(ENGINES)}; got {text!r}")
+    return list(dict.fromkeys(names))
+
+
+def default_engines() -> list[str]:
+    """flight, acero, duckdb, and pyspark when it is installed and Java is there to run it."""
+    return ["flight", "acero", "duckdb", *(["pyspark"] if spark_available() and java_available() else [])]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="flight-bench", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Engines: flight = DistributedExec on the workers; acero = flight.run_local, the same plan as one "
+               "Acero pipeline in this process; duckdb = the SQL text in DuckDB (the reference answer); pyspark = "
+               "the same SQL text in a local[N] SparkSession. 'flight-bench micro --help' lists the micro benchmarks.",
+    )
+    p.add_argument("--sf", type=float, default=0.1, help="TPC-H scale factor (default: %(default)s)")
+    p.add_argument("--queries", type=_ints, default=list(QUERY_NUMBERS),
+                   help=f"comma-separated query numbers (default: all of {','.join(map(str, QUERY_NUMBERS))})")
+    p.add_argument("--engines", type=_names, default=None,
+                   help="comma-separated subset of flight,pyspark,acero,duckdb (default: all; pyspark only "
+                        "when it is installed and java is found)")
+    p.add_argument("--workers", type=_ints, default=[2],
+                   help="LocalCluster worker counts to run flight-exec with, e.g. 1,2 (default: 2)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--workers-file", type=Path, help="use running workers listed in this file (one URL a line)")
+    where.add_argument("--urls", help="use running workers at these comma-separated URLs")
+    p.add_argument("--runs", type=int, default=3, help="timed runs per query and engine, after one warm-up (default: 3)")
+    p.add_argument("--out", type=Path, default=Path(OUT_DEFAULT), help="output directory (default: %(default)s)")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help=f"TPC-H data cache (default: {sf_dir(1).parent})")
+    p.add_argument("--spark-cores", type=int, default=None,
+                   help="N of PySpark's local[N] (default: the largest flight-exec worker count)")
+    p.add_argument("--spark-memory", default="4g", help="spark.driver.memory (default: %(default)s)")
+    p.add_argument("--no-chart", action="store_true", help="skip the PNG chart")
+    p.add_argument("--micro", action="store_true", help="also run the default micro benchmarks afterwards")
+    p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    return p
+
+
+def needed_tables(numbers: Sequence[int]) -> list[str]:
+    """The tables the chosen queries read (from their SQL text), in TABLES order."""
+    words = set().union(*(re.findall(r"[a-z_]+", SQL[n].lower()) for n in numbers))
+    return [t for t in TABLES if t in words]
+
+
+def generate(sf: float, tables: Sequence[str], cache_dir: Path | None, progress: Progress) -> Path:
+    """``ensure_tpch`` table by table, with a bar weighted by the tables' sizes."""
+    missing = [t for t in tables if not table_ready(sf, t, cache_dir)]
+    if not missing:
+        progress.log(f"TPC-H SF {sf:g}: {len(tables)} tables cached in {sf_dir(sf, cache_dir)}")
+        return sf_dir(sf, cache_dir)
+    bar = progress.add(f"generating TPC-H SF {sf:g} with tpchgen-cli ({', '.join(missing)})",
+                       total=sum(ROWS_PER_SF[t] for t in missing))
+    started = time.perf_counter()
+    for table in missing:
+        progress.advance(bar, 0, description=f"generating TPC-H SF {sf:g}: {table}")
+        ensure_tpch(sf, (table,), cache_dir)
+        progress.advance(bar, ROWS_PER_SF[table])
+    progress.finish(bar, description=f"TPC-H SF {sf:g} generated in {time.perf_counter() - started:.0f}s")
+    return ensure_tpch(sf, tables, cache_dir)
+
+
+def _external_urls(args: argparse.Namespace) -> list[str] | None:
+    if args.urls:
+        return [u.strip() for u in args.urls.split(",") if u.strip()]
+    if args.workers_file:
+        with flight.FileWorkerResolver(args.workers_file) as resolver:
+            return resolver.get_urls()
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["micro"]:
+        return micro.main(argv[1:], OUT_DEFAULT)
+    p = parser()
+    args = p.parse_args(argv)
+    unknown = [n for n in args.queries if n not in QUERY_NUMBERS]
+    if unknown:
+        p.error(f"queries {unknown} are not in the suite; it has {','.join(map(str, QUERY_NUMBERS))}")
+    if args.runs < 1 or min(args.workers) < 1:
+        p.error("--runs and --workers must be at least 1")
+    explicit = args.engines is not None
+    names = args.engines if explicit else default_engines()
+    if "pyspark" in names and not spark_available():
+        p.error("the pyspark engine needs PySpark: pip install -e '.[spark]'")
+    if "pyspark" in names and not java_available():
+        p.error("the pyspark engine needs Java (java on PATH or JAVA_HOME)")
+    urls = _external_urls(args)
+    if urls is not None and not urls:
+        p.error("no worker URLs given")
+
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    started_at, started, load_start = report.now_iso(), time.perf_counter(), report.load_average()
+    numbers = list(dict.fromkeys(args.queries))
+    tables = needed_tables(numbers)
+    with Progress(live=False if args.plain else None) as progress, ExitStack() as stack:
+        if not explicit and "pyspark" not in names:
+            progress.warn("PySpark (or Java) not found: running without the pyspark engine")
+        files = tpch_files(generate(args.sf, tables, args.cache_dir, progress), tables)
+
+        engines: list[Engine] = []
+        if "duckdb" in names:
+            engines.append(stack.enter_context(closing(DuckDBEngine(files))))
+        worker_counts = [len(urls)] if urls is not None else sorted(set(args.workers))
+        if "flight" in names:
+            if urls is not None:
+                engines.append(FlightEngine(files, urls, None))
+            else:
+                bar = progress.add(f"starting LocalCluster({max(worker_counts)})", total=1)
+                cluster = stack.enter_context(flight.LocalCluster(max(worker_counts)))
+                progress.finish(bar, description=f"LocalCluster: {', '.join(cluster.urls)}")
+                for k in worker_counts:
+                    engines.append(FlightEngine(files, cluster.urls[:k], [p.pid for p in cluster.processes[:k]]))
+        if "acero" in names:
+            engines.append(AceroEngine(files))
+        if "pyspark" in names:
+            cores = args.spark_cores or max(worker_counts)
+            bar = progress.add(f"starting Spark local[{cores}]", total=1)
+            try:
+                spark = stack.enter_context(closing(SparkEngine(files, cores, memory=args.spark_memory)))
+            except Exception as exc:  # noqa: BLE001 - the other engines still run; every pyspark cell shows this
+                progress.error(f"Spark local[{cores}] did not start: {type(exc).__name__}: {exc}")
+                engines.append(FailedEngine("pyspark", f"PySpark local[{cores}]", "PySpark", exc))
+            else:
+                progress.finish(bar, description=f"Spark {spark.version} local[{cores}] ready in {spark.startup_seconds:.1f}s")
+                engines.append(spark)
+
+        reference_con = stack.enter_context(closing(duckdb_connection(files))) if "duckdb" not in names else None
+        cells = run_suite(engines, numbers, args.runs, lambda n: duckdb_answer(n, files, reference_con), progress)
+
+        # Ratios are to flight-exec with the most workers (to the first column when flight-exec did not run).
+        ordered = sorted(engines, key=_column_order)
+        flights = [e for e in ordered if isinstance(e, FlightEngine)]
+        reference = flights[-1].key if flights else ordered[0].key
+        labels = {e.key: e.label for e in ordered}
+        shorts = {e.key: e.short for e in ordered}
+        if len(flights) == 1:
+            shorts[reference] = "flight-exec"
+        info = report.machine()
+        title = _title(args.sf, info, args.runs)
+        stem = f"tpch-sf{args.sf:g}"
+        markdown = report.markdown(cells, labels, shorts, numbers, reference, title)
+        (out / f"{stem}.md").write_text(markdown)
+        if not args.no_chart:
+            report.chart(cells, labels, shorts, numbers, reference, title, out / f"{stem}.png")
+        rel = report.ratios(cells, reference)
+        report.write_json(out / f"{stem}.json", {
+            "started": started_at, "finished": report.now_iso(), "wall_seconds": round(time.perf_counter() - started, 1),
+            "command": ["flight-bench", *argv],
+            "machine": {**info, "load_average_1_5_15_min": {"start": load_start, "end": report.load_average()}},
+            "versions": report.versions(with_java="pyspark" in names),
+            "settings": {"sf": args.sf, "queries": numbers, "runs": args.runs, "warmups": 1,
+                         "workers": worker_counts, "external_workers": urls is not None,
+                         "engines": [e.key for e in engines], "reference_answer": "duckdb",
+                         "peak_rss": "per run: the sum of the VmHWM of the engine's processes, each reset before "
+                                     "the run (benchmarks/memory.py; a result's peak_rss_method says if sampled VmRSS was used instead)"},
+            "engines": {e.key: e.describe() for e in engines},
+            "summary": {"ratios_to": reference,
+                        "geomean_ratio": {e: report.geomean(list(r.values())) for e, r in rel.items()},
+                        "ok": all(c.status == "ok" for c in cells)},
+            "results": [c.to_json() for c in cells],
+        })
+
+    print(markdown, flush=True)
+    print(f"wrote {out / stem}.md, .json{'' if args.no_chart else ', .png'} in {time.perf_counter() - started:.0f}s", flush=True)
+    problems = [c for c in cells if c.status != "ok"]
+    ok = not problems
+    if problems:
+        print(f"FAILED: {len(problems)} of {len(cells)} query x engine results are wrong or failed (see above)",
+              file=sys.stderr, flush=True)
+    if args.micro:
+        with Progress(live=False if args.plain else None) as progress:
+            ok = micro.run([n for n in micro.DEFAULT if n in micro.available()], [], out, progress) and ok
+    return 0 if ok else 1
+
+
+def _column_order(e: Engine) -> tuple[int, int]:
+    kind = ["flight", "pyspark", "acero", "duckdb"]
+    head = e.key.split("[")[0]
+    return (kind.index(head) if head in kind else len(kind), len(getattr(e, "urls", [])))
+
+
+def _title(sf: float, info: dict[str, object], runs: int) -> str:
+    memory = info.get("memory_bytes")
+    gib = f", {int(memory) / (1 << 30):.0f} GiB" if isinstance(memory, int) else ""
+    return (f"TPC-H SF {sf:g} on {info.get('cores')} cores{gib} ({info.get('cpu', info.get('machine'))}): "
+            f"median of {runs} run(s) after 1 warm-up")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
