@@ -269,6 +269,15 @@ class _Planner:
             read = self.cut(right, "broadcast")
             merged = JoinNode(left.node, read, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "broadcast")
             return _Frag(merged, left.tasks, rows, left.feeds, left.reads + [read], left.leaf)
+        left_small = left.rows is not None and left_bytes <= min(self.options.broadcast_bytes, right_bytes or float("inf"))
+        clash = set(left.node.schema.names) & set(right.node.schema.names)
+        if left_small and node.join_type == "inner" and not clash:
+            # An inner join is symmetric: broadcast the small left side into the right side's tasks,
+            # then put the columns back in the order the query asked for.
+            read = self.cut(left, "broadcast")
+            swapped = JoinNode(right.node, read, node.right_keys, node.left_keys, "inner", node.right_suffix, "broadcast, sides swapped")
+            ordered = ProjectNode(swapped, [(n, col(n)) for n in node.schema.names])
+            return _Frag(ordered, right.tasks, rows, right.feeds, right.reads + [read], right.leaf)
         tasks = self.upper_tasks(rows)
         lread = self.cut(left, "hash", node.left_keys)
         rread = self.cut(right, "hash", node.right_keys)

@@ -218,3 +218,18 @@ def test_shuffle_across_workers_reads_remote_partitions(cluster: flight.LocalClu
     total = sum(t.bytes_in for t in ex.metrics.tasks)
     local = sum(t.bytes_in_local for t in ex.metrics.tasks)
     assert 0 < local < total  # half the partitions are on the reader's own worker
+
+
+def test_inner_join_broadcasts_a_small_left_side(cluster: flight.LocalCluster, parquet_files: list[Path]) -> None:
+    """A small left side of an inner join is broadcast into the big right side's tasks."""
+    small = flight.read_parquet(parquet_files[:1]).filter(col("id") < 50).select(k="id", tag="name")
+    big = flight.read_parquet(parquet_files).select("id", "qty")
+    q = small.join(big, left_on="k", right_on="id")
+    ex = flight.DistributedExec(q, cluster.resolver())
+    assert "sides swapped" in ex.explain()
+    got = ex.to_table()
+    assert got.column_names == ["k", "tag", "id", "qty"]
+    src = oracle(parquet_files)
+    expected = src.filter(pc.less(src["id"], 50))
+    assert sorted(got["id"].to_pylist()) == sorted(expected["id"].to_pylist())
+    assert got["k"].to_pylist() == got["id"].to_pylist()

@@ -49,7 +49,10 @@ class Query:
         return Query(FilterNode(self.node, _expr(predicate, "filter")))
 
     def select(self, *columns: str | Expr, **named: Expr | object) -> Query:
-        """Keep ``columns`` (names or field expressions) and add ``named`` expressions, in that order."""
+        """Keep ``columns`` (names or field expressions) and add ``named`` expressions, in that order.
+
+        A string value names a column (``select(k="id")`` renames); write ``lit("text")`` for text.
+        """
         exprs: list[tuple[str, Expr]] = []
         for c in columns:
             if isinstance(c, str):
@@ -197,8 +200,11 @@ def _widen_int_keys(left: Query, lk: list[str], right: Query, rk: list[str]) -> 
 
 
 def _expr(value: object, where: str) -> Expr:
+    """An expression from what a user passed: an Expr, a column name (as in Polars), or a literal."""
     if isinstance(value, Expr):
         return value
+    if isinstance(value, str):
+        return col(value)  # a string literal is lit("...")
     from flight.plan.expr import lit
 
     try:
