@@ -23,7 +23,16 @@ from flight.errors import PlanError
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType, StructType
 
-__all__ = ["Conformer", "arrow_schema", "check_conformable", "ddl", "spark_schema", "spark_type", "to_struct"]
+__all__ = [
+    "Conformer",
+    "arrow_schema",
+    "check_conformable",
+    "ddl",
+    "input_schema",
+    "spark_schema",
+    "spark_type",
+    "to_struct",
+]
 
 
 def _types() -> Any:
@@ -142,6 +151,11 @@ def arrow_schema(struct: StructType) -> pa.Schema:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     return to_arrow_schema(struct, timezone="UTC")
+
+
+def input_schema(df: Any) -> pa.Schema:
+    """The Arrow schema of the batches ``df.mapInArrow`` hands its function: build ``map_input`` from it."""
+    return arrow_schema(df.schema)
 
 
 def _find(names: list[str], name: str) -> int | None:

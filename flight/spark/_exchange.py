@@ -1,0 +1,171 @@
+"""A map stage's DoExchange, safe to abandon half-way (what a Spark task needs).
+
+This is ``flight.coordinator.map.map_batches`` with one difference that matters
+inside Spark: the Flight writer is only ever used by one thread at a time.
+``map_batches`` closes the writer from the consumer's thread while its upload
+thread may still be writing, when the consumer stops early (an error raised by
+the caller, a Spark ``limit``, a worker error frame): gRPC then aborts the
+process ("API misuse of type GRPC_CALL_ERROR_TOO_MANY_OPERATIONS"), or the
+close hangs, and Spark reports "Python worker exited unexpectedly (crashed)"
+instead of the worker's error. Here, stopping early means: tell the upload to
+stop, cancel the call (thread-safe in gRPC; it unblocks a blocked write), wait
+for the upload thread to end, and only then close the writer.
+
+Kept until ``map_batches`` gets the same fix (see docs/spark.md); the
+protocol is docs/protocol.md section 8, "A map stage".
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from flight._proto import protocol_pb2
+from flight.coordinator.channel import error_from_frame, translate_flight_error
+from flight.errors import TaskFailedError
+from flight.protocol import PROTOCOL_VERSION, decode_worker_frame, make_stage_key
+
+__all__ = ["exchange_batches"]
+
+log = logging.getLogger(__name__)
+
+_JOIN_S = 10.0
+
+
+def exchange_batches(
+    plan: bytes,
+    batches: Iterable[pa.RecordBatch],
+    url: str,
+    *,
+    task_number: int = 0,
+    connect_timeout: float = 10.0,
+) -> Iterator[pa.RecordBatch]:
+    """Run the serialized map stage ``plan`` over ``batches`` on ``url``; yield its output as it comes."""
+    key = make_stage_key(uuid.uuid4().hex[:16], 0, task_number)
+    label = f"{key.query_id}/0/{task_number}"
+    header = protocol_pb2.TaskHeader(
+        protocol_version=PROTOCOL_VERSION,
+        stage_key=key,
+        task_count=task_number + 1,
+        plan=plan,
+        target_worker_url=url,
+        query_start_unix_nanos=time.time_ns(),
+    )
+    try:
+        client = fl.connect(url)
+        writer, reader = client.do_exchange(fl.FlightDescriptor.for_command(header.SerializeToString()))
+    except (pa.ArrowException, OSError) as exc:
+        raise translate_flight_error(exc, url, label) from exc
+
+    ready = threading.Event()
+    stop = threading.Event()  # finished, failed or abandoned: send no more input
+    upload_error: list[BaseException] = []
+
+    def fail_upload(exc: BaseException) -> None:
+        upload_error.append(exc)
+        try:
+            reader.cancel()  # the consumer's read_chunk raises, and it reports ``exc``
+        except (pa.ArrowException, OSError) as cancel_exc:
+            log.debug("task %s: cancelling after an upload error: %s", label, cancel_exc)
+
+    def upload() -> None:
+        deadline = time.monotonic() + connect_timeout
+        while not ready.wait(0.05):
+            if stop.is_set() or time.monotonic() > deadline:
+                return  # the consumer sees the worker's error, or its silence
+        source = iter(batches)
+        started = False
+        while not stop.is_set():
+            try:
+                batch = next(source)
+            except StopIteration:
+                break
+            except BaseException as exc:  # noqa: BLE001 - the input failed: reported by the consumer
+                if not stop.is_set():
+                    fail_upload(exc)
+                return
+            try:
+                if not started:
+                    writer.begin(batch.schema)
+                    started = True
+                writer.write_batch(batch)
+            except (pa.ArrowException, OSError) as exc:
+                # Usually the worker ended the call (its error frame is on the way to the consumer);
+                # if nothing ends the exchange soon, the error was ours (e.g. a batch of another schema).
+                if not stop.wait(2.0):
+                    fail_upload(exc)
+                return
+        try:
+            writer.done_writing()  # the end of the input, or (after `finished`) the release
+        except (pa.ArrowException, OSError) as exc:
+            log.debug("task %s: half-close: %s", label, exc)
+
+    thread = threading.Thread(target=upload, name=f"spark-map-upload-{label}", daemon=True)
+    thread.start()
+    finished = False
+    try:
+        while True:
+            try:
+                chunk = reader.read_chunk()
+            except StopIteration:
+                break
+            except (pa.ArrowException, OSError) as exc:
+                if upload_error:  # the input failed (e.g. Spark's iterator): that is the cause
+                    raise _own(upload_error[0], url, label) from exc
+                raise translate_flight_error(exc, url, label) from exc
+            if chunk.app_metadata is not None and chunk.app_metadata.size:
+                frame = decode_worker_frame(chunk.app_metadata)
+                kind = frame.WhichOneof("frame")
+                if kind == "ready":
+                    ready.set()
+                elif kind == "error":
+                    raise error_from_frame(frame.error, url, label)
+                elif kind == "finished":
+                    finished = True
+                    stop.set()  # e.g. a satisfied limit: the rest of the input is not needed
+            if chunk.data is not None and chunk.data.num_rows:
+                yield chunk.data
+        if upload_error:
+            raise _own(upload_error[0], url, label)
+        if not finished:
+            raise TaskFailedError("the worker ended the map stage before it finished", worker_url=url, stage_key=label)
+    finally:
+        _close(writer, reader, client, thread, stop, label)
+
+
+def _own(exc: BaseException, url: str, label: str) -> BaseException:
+    """A Flight error of the upload as a WorkerError; anything else (the input's own error) as it is."""
+    return translate_flight_error(exc, url, label) if isinstance(exc, (pa.ArrowException, OSError)) else exc
+
+
+def _close(
+    writer: fl.FlightStreamWriter,
+    reader: fl.FlightStreamReader,
+    client: fl.FlightClient,
+    thread: threading.Thread,
+    stop: threading.Event,
+    label: str,
+) -> None:
+    """End the exchange without ever using the writer from two threads at once."""
+    stop.set()
+    if thread.is_alive():
+        try:
+            reader.cancel()  # unblocks a write waiting for flow control; the call is over anyway
+        except (pa.ArrowException, OSError) as exc:
+            log.debug("task %s: cancel: %s", label, exc)
+        thread.join(_JOIN_S)
+    if thread.is_alive():
+        # Still inside the caller's input iterator: leave the writer to it (the call is cancelled).
+        log.warning("task %s: the input iterator did not return within %.0fs; leaving it behind", label, _JOIN_S)
+        return
+    try:
+        writer.close()
+    except (pa.ArrowException, OSError) as exc:
+        log.debug("task %s: closing the exchange: %s", label, exc)
+    client.close()

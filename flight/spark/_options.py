@@ -1,0 +1,157 @@
+"""The ``flight`` data source's options: plain strings, encoded and decoded here.
+
+Spark passes data source options as strings, through the JVM, to a Python
+planner process and then (inside the reader) to every Spark task. Two forms:
+
+* **head partitions** (what ``flight.spark.read`` sets): ``partitions`` = base64
+  of a JSON list ``[{"url": ..., "ticket": base64}]``, one per head task of a
+  query running detached on the driver; ``schema`` = base64 of its Arrow IPC
+  schema; ``query_id`` for messages.
+* **one-stage plan** (coordinator-less): ``plan`` = base64 of a serialized
+  ``StagePlan`` without shuffle reads; ``workers`` = comma-separated URLs (or
+  ``resolver`` = a resolver's ``describe()`` JSON); ``units`` = base64 of JSON
+  ``{"tasks": n, "assign": [{feed_id: {partition: [base64 unit, ...]}}, ...]}``
+  (one dict per task); ``tasks`` overrides the task count.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from flight._proto import plan_pb2
+from flight.errors import PlanError
+from flight.protocol import decode_schema
+from flight.resolver import resolver_from_description
+from flight.spark._workers import Workers, describe_workers
+
+__all__ = ["HeadOptions", "PlanOptions", "decode_options", "encode_head", "encode_units"]
+
+Assignment = dict[str, dict[int, list[bytes]]]  # feed id -> partition -> unit bodies
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str, option: str) -> bytes:
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError, ValueError) as exc:
+        raise PlanError(f"flight data source: option {option!r} is not valid base64: {exc}") from exc
+
+
+def _json(text: str, option: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise PlanError(f"flight data source: option {option!r} is not valid JSON: {exc}") from exc
+
+
+def encode_head(partitions: list[tuple[str, bytes]], schema: pa.Schema, query_id: str) -> dict[str, str]:
+    items = [{"url": url, "ticket": _b64(ticket)} for url, ticket in partitions]
+    return {
+        "partitions": _b64(json.dumps(items).encode()),
+        "schema": _b64(schema.serialize().to_pybytes()),
+        "query_id": query_id,
+    }
+
+
+def encode_units(assign: list[Assignment]) -> str:
+    body = {
+        "tasks": len(assign),
+        "assign": [{f: {str(p): [_b64(u) for u in units] for p, units in parts.items()} for f, parts in a.items()} for a in assign],
+    }
+    return _b64(json.dumps(body).encode())
+
+
+def _decode_units(text: str) -> list[Assignment]:
+    body = _json(_unb64(text, "units").decode(), "units")
+    try:
+        assign = body["assign"]  # type: ignore[index]
+        return [
+            {str(f): {int(p): [_unb64(u, "units") for u in units] for p, units in parts.items()} for f, parts in a.items()}
+            for a in assign
+        ]
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise PlanError(f"flight data source: option 'units' is not {{'tasks': n, 'assign': [...]}}: {exc!r}") from exc
+
+
+@dataclass(frozen=True)
+class HeadOptions:
+    """Read the head partitions of a query running detached on the driver."""
+
+    partitions: list[tuple[str, bytes]]
+    schema: pa.Schema
+    query_id: str
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """Run a one-stage plan: each Spark partition is one task, which the Spark task drives itself."""
+
+    plan: bytes
+    schema: pa.Schema
+    workers: Workers
+    assign: list[Assignment]
+    connect_timeout: float
+
+
+def _float(options: Mapping[str, str], name: str, default: float) -> float:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise PlanError(f"flight data source: option {name!r} must be a number of seconds, not {raw!r}") from None
+
+
+def decode_options(options: Mapping[str, str]) -> HeadOptions | PlanOptions:
+    """The options of a ``spark.read.format("flight")``; a PlanError says what is missing or wrong."""
+    if options.get("partitions") is not None:
+        items = _json(_unb64(options["partitions"], "partitions").decode(), "partitions")
+        if not isinstance(items, list) or not all(isinstance(i, dict) and "url" in i and "ticket" in i for i in items):
+            raise PlanError("flight data source: option 'partitions' must be a list of {'url', 'ticket'}")
+        if options.get("schema") is None:
+            raise PlanError("flight data source: option 'partitions' needs option 'schema' (base64 Arrow IPC schema)")
+        schema = decode_schema(_unb64(options["schema"], "schema"), "schema")
+        parts = [(str(i["url"]), _unb64(i["ticket"], "partitions")) for i in items]
+        return HeadOptions(parts, schema, str(options.get("query_id") or "?"))
+    if options.get("plan") is not None:
+        plan = plan_pb2.StagePlan()
+        try:
+            plan.ParseFromString(_unb64(options["plan"], "plan"))
+        except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends
+            raise PlanError(f"flight data source: option 'plan' is not a serialized StagePlan: {exc}") from exc
+        if not plan.HasField("root") or not plan.output_schema:
+            raise PlanError("flight data source: option 'plan' needs a StagePlan with a root and an output_schema")
+        schema = decode_schema(plan.output_schema, "plan.output_schema")
+        if options.get("resolver") is not None:
+            described = _json(options["resolver"], "resolver")
+            resolver_from_description(described).close()  # type: ignore[arg-type] - validates it here
+            workers = Workers(described, _float(options, "health_timeout", 2.0))  # type: ignore[arg-type]
+        elif options.get("workers") is not None:
+            workers = Workers(describe_workers(options["workers"]), _float(options, "health_timeout", 2.0))
+        else:
+            raise PlanError("flight data source: option 'plan' needs option 'workers' (comma-separated grpc:// URLs)")
+        assign = _decode_units(options["units"]) if options.get("units") is not None else []
+        try:
+            tasks = int(options.get("tasks") or len(assign) or 1)
+        except ValueError:
+            raise PlanError(f"flight data source: option 'tasks' must be an integer, not {options.get('tasks')!r}") from None
+        if tasks < 1:
+            raise PlanError(f"flight data source: option 'tasks' must be at least 1, not {tasks}")
+        if assign and tasks != len(assign):
+            raise PlanError(f"flight data source: option 'tasks' is {tasks} but 'units' was made for {len(assign)} tasks")
+        assign = assign or [{} for _ in range(tasks)]
+        return PlanOptions(plan.SerializeToString(), schema, workers, assign, _float(options, "connect_timeout", 10.0))
+    raise PlanError(
+        "flight data source: give option 'plan' (a one-stage StagePlan, base64) with 'workers', "
+        "or use flight.spark.read(spark, query, resolver), which sets the options of a running query"
+    )

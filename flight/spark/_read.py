@@ -1,0 +1,164 @@
+"""Driver-side helpers of the ``flight`` data source.
+
+``read(spark, query, resolver)`` is the usual way: the driver starts the query
+detached (``DistributedExec.start_detached()``, so the coordinator lives in the
+driver for as long as Spark reads) and hands Spark the head partitions (URL and
+ticket each) and the Arrow schema as options. Spark then reads every head
+partition in parallel with ``DoGet``; the driver never holds the result.
+
+``plan_options(query)`` builds the options of the coordinator-less form: a
+query that is one stage (scan, filter, project) with its work units listed on
+the driver, which every Spark task runs as its own task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from flight._proto import plan_pb2
+from flight.config import ExecOptions
+from flight.coordinator.exec import DetachedQuery, DistributedExec
+from flight.errors import PlanError
+from flight.feed import FeedContext, WorkUnit, unit_bytes
+from flight.plan.query import Query
+from flight.planner import plan_query
+from flight.protocol import encode_schema
+from flight.resolver import WorkerResolver
+from flight.spark._options import Assignment, _b64, encode_head, encode_units
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["FlightRead", "plan_options", "read", "register", "start_read"]
+
+FORMAT = "flight"
+
+
+def register(spark: SparkSession) -> None:
+    """Register the ``flight`` data source with ``spark`` (idempotent)."""
+    from flight.spark._source import FlightDataSource
+
+    spark.dataSource.register(FlightDataSource)
+
+
+class FlightRead:
+    """A query running detached on the driver, and the Spark DataFrame that reads it.
+
+    The query's tasks wait on the workers until Spark has read every head
+    partition (then they free themselves) or until ``close()``. The DataFrame
+    can be read once: use ``df.cache()`` or write it out to use it twice.
+    """
+
+    def __init__(self, detached: DetachedQuery, df: DataFrame) -> None:
+        self.query = detached
+        self.df = df
+
+    @property
+    def query_id(self) -> str:
+        return self.query.query_id
+
+    @property
+    def partitions(self) -> int:
+        return len(self.query.partitions)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once every head partition was read; raises the query's error if it failed."""
+        return self.query.wait(timeout)
+
+    def close(self) -> None:
+        """Cancel the query if Spark has not read it all, and free its tasks."""
+        self.query.close()
+
+    def __enter__(self) -> FlightRead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def start_read(
+    spark: SparkSession,
+    query: Query,
+    resolver: WorkerResolver | Sequence[str],
+    options: ExecOptions | None = None,
+    **overrides: object,
+) -> FlightRead:
+    """Start ``query`` on the workers; return the handle whose ``df`` reads its head partitions."""
+    register(spark)
+    detached = DistributedExec(query, resolver, options, **overrides).start_detached()
+    try:
+        opts = encode_head([(p.url, p.ticket) for p in detached.partitions], detached.schema, detached.query_id)
+        df = spark.read.format(FORMAT).options(**opts).load()
+    except BaseException:
+        detached.close()
+        raise
+    return FlightRead(detached, df)
+
+
+def read(
+    spark: SparkSession,
+    query: Query,
+    resolver: WorkerResolver | Sequence[str],
+    options: ExecOptions | None = None,
+    **overrides: object,
+) -> DataFrame:
+    """``query``'s result as a Spark DataFrame: one partition per head task, each read with DoGet.
+
+    The DataFrame can be read once (cache it or write it out); ``start_read``
+    gives the handle to wait for or cancel the query.
+    """
+    return start_read(spark, query, resolver, options, **overrides).df
+
+
+def _drain(stream: Iterator[WorkUnit] | AsyncIterator[WorkUnit]) -> list[bytes]:
+    if inspect.isasyncgen(stream) or hasattr(stream, "__anext__"):
+
+        async def collect() -> list[bytes]:
+            return [unit_bytes(u) async for u in stream]  # type: ignore[union-attr]
+
+        return asyncio.run(collect())
+    return [unit_bytes(u) for u in stream]  # type: ignore[union-attr]
+
+
+def plan_options(query: Query, tasks: int = 2) -> dict[str, str]:
+    """Options ``plan`` / ``units`` / ``tasks`` for ``spark.read.format("flight")`` (add ``workers``).
+
+    Only for a query that is **one stage** with at most ``tasks`` tasks (scans,
+    filters, projections: no aggregate, join, sort or limit across tasks). Its
+    feeds' providers run here, now, to the end: their units travel inside the
+    options, so keep them few (files, not rows). Each Spark partition then runs
+    one task of the stage; the DataFrame can be read any number of times.
+    """
+    if tasks < 1:
+        raise PlanError(f"plan_options: tasks must be at least 1, not {tasks}")
+    qplan = plan_query(query.node, tasks)
+    if len(qplan.stages) != 1:
+        raise PlanError(
+            f"plan_options: this query needs {len(qplan.stages)} stages (it aggregates, joins, sorts or limits across "
+            "tasks); the 'plan' option carries one stage only. Use flight.spark.read(spark, query, resolver)."
+        )
+    stage = qplan.head
+    count = tasks if stage.sized_at_execution else max(1, min(stage.task_count or tasks, tasks))
+    query_id = f"spark-plan-{uuid.uuid4().hex[:8]}"
+    assign: list[Assignment] = [{f.feed.feed_id: {} for f in stage.feeds} for _ in range(count)]
+    for f in stage.feeds:
+        provider = f.feed.inner()
+        streams = [
+            _drain(provider.feed(p, FeedContext(query_id, f.feed.feed_id, p, f.partitions))) for p in range(f.partitions)
+        ]
+        if f.shared:
+            for i, unit in enumerate(streams[0]):  # one discovery stream, dealt round-robin: task t owns partition t
+                assign[i % count][f.feed.feed_id].setdefault(i % count, []).append(unit)
+            for t in range(count):
+                assign[t][f.feed.feed_id].setdefault(t, [])
+        else:
+            for p, units in enumerate(streams):
+                assign[p % count][f.feed.feed_id][p] = units
+    plan = plan_pb2.StagePlan(
+        root=stage.root.to_proto(), output=plan_pb2.OutputSpec(partitions=1), output_schema=encode_schema(stage.output_schema)
+    )
+    return {"plan": _b64(plan.SerializeToString()), "units": encode_units(assign), "tasks": str(count)}
