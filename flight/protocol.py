@@ -16,6 +16,7 @@ from flight.errors import ProtocolError, VersionMismatchError
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "status_message",
     "decode_coordinator_frame",
     "decode_header",
     "decode_schema",
@@ -28,6 +29,18 @@ __all__ = [
 
 PROTOCOL_VERSION = 1
 """Bumped on any change a peer of the previous version would misread."""
+
+
+def status_message(error: BaseException | str) -> str:
+    """The readable part of a Flight status: what precedes pyarrow's appended detail and context.
+
+    pyarrow adds ". Detail: ..." (a Python traceback for errors escaping a handler) and
+    ". gRPC client debug context: ..." to messages; people should see neither.
+    """
+    text = str(error)
+    for marker in (". Detail:", "\nDetail:", ". gRPC client debug context", ". Client context:"):
+        text = text.split(marker)[0]
+    return text.strip()
 
 
 def make_stage_key(query_id: str, stage_id: int, task_number: int) -> protocol_pb2.StageKey:

@@ -157,6 +157,28 @@ def test_a_worker_failing_while_input_still_flows_is_a_task_error(cluster: fligh
     assert "Traceback" not in str(info.value)
 
 
+def test_spark_stopping_early_leaves_its_python_workers_healthy(spark, cluster: flight.LocalCluster) -> None:  # type: ignore[no-untyped-def]
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "500")
+    try:
+        out = fs.map_in_arrow(_ids(200_000, 2, spark), _simple_stage(), cluster.urls)
+        assert len(out.limit(3).collect()) == 3  # Spark stops reading while input still flows
+        assert out.count() == sum(1 for i in range(200_000) if i % 7 > 2)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+
+
+def test_abandoning_an_exchange_half_way_is_safe(cluster: flight.LocalCluster) -> None:
+    from flight.coordinator.map import map_batches
+
+    plan = _simple_stage().stage_plan().SerializeToString()
+    batch = pa.record_batch([pa.array(range(5000)), pa.array([5] * 5000, pa.int32()), pa.array(["a"] * 5000)], schema=IDS_SCHEMA)
+    for _ in range(30):  # flight.map_batches aborts the process here now and then (see docs/spark.md)
+        out = map_batches(plan, iter([batch] * 50), cluster.urls[0])
+        next(out)
+        out.close()
+    wait_until(lambda: running_tasks(cluster.urls) == 0, what="the abandoned tasks to be freed")
+
+
 def test_a_dead_worker_among_live_ones_is_skipped(spark, cluster: flight.LocalCluster) -> None:  # type: ignore[no-untyped-def]
     workers = [dead_url(), *cluster.urls]
     out = _rows(fs.map_in_arrow(_ids(3000, 6, spark), _simple_stage(), workers))
@@ -286,6 +308,16 @@ def test_the_plan_option_runs_a_one_stage_query_in_the_spark_tasks(spark, files,
     assert sorted(first["l_orderkey"].to_pylist()) == sorted(want["l_orderkey"].to_pylist())
     assert first.schema.field("l_shipdate").type == pa.date32()
     wait_until(lambda: running_tasks(cluster.urls) == 0, what="the Spark-driven tasks to be freed")
+
+
+def test_the_plan_option_alone_runs_a_plan_without_feeds(spark, cluster: flight.LocalCluster) -> None:  # type: ignore[no-untyped-def]
+    import base64
+
+    q = flight.from_arrow(pa.table({"a": [1, 2, 3], "b": ["x", "y", "z"]})).filter(col("a") >= 2)
+    fs.register(spark)
+    plan = base64.b64encode(q.stage_plan().SerializeToString()).decode()
+    df = spark.read.format("flight").option("plan", plan).option("workers", ",".join(cluster.urls)).load()
+    assert [tuple(r) for r in df.collect()] == [(2, "y"), (3, "z")] == [tuple(r) for r in df.collect()]
 
 
 def test_the_plan_option_refuses_a_multi_stage_query(files) -> None:  # type: ignore[no-untyped-def]

@@ -14,7 +14,7 @@ first round checks that both give the same row count and revenue and is not
 timed. The last line is ``spark_map_ratio: X`` = median time with flight_map /
 median time without (lower is better).
 
-    python benchmarks/micro/spark_map.py [--sf 1] [--runs 3] [--workers 2]
+    python benchmarks/micro/spark_map.py [--sf 1] [--runs 5] [--workers 2]
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def local_map(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sf", type=float, default=1.0)
-    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--runs", type=int, default=5)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-rows", type=int, default=10_000, help="spark.sql.execution.arrow.maxRecordsPerBatch")
     args = p.parse_args(argv)

@@ -25,7 +25,7 @@ from flight.errors import (
     WorkerError,
     WorkerUnavailableError,
 )
-from flight.protocol import decode_schema, decode_worker_frame, format_stage_key
+from flight.protocol import decode_schema, decode_worker_frame, format_stage_key, status_message
 
 __all__ = ["ClientPool", "TaskChannel", "error_from_frame", "translate_flight_error"]
 
@@ -35,15 +35,9 @@ CreditHandler = Callable[["TaskChannel", str, int, int], None]
 ErrorHandler = Callable[["TaskChannel", BaseException], None]
 
 
-def _clean(text: str) -> str:
-    for marker in (". Detail: Python exception", ". gRPC client debug context", ". Client context:"):
-        text = text.split(marker)[0]
-    return text.strip()
-
-
 def translate_flight_error(exc: BaseException, url: str, stage_key: str = "") -> WorkerError:
     """A pyarrow/Flight exception from talking to ``url`` as the most specific own error."""
-    message = _clean(str(exc))
+    message = status_message(exc)
     if isinstance(exc, fl.FlightUnavailableError) or "failed to connect" in message.lower():
         return WorkerUnavailableError(f"worker {url} is unavailable: {message}", worker_url=url, stage_key=stage_key, cause=message)
     if isinstance(exc, fl.FlightTimedOutError):
@@ -187,7 +181,7 @@ class TaskChannel:
             try:
                 writer.close()
             except (pa.ArrowException, OSError) as exc:
-                log.debug("task %s: closing the exchange: %s", self.key, _clean(str(exc)))
+                log.debug("task %s: closing the exchange: %s", self.key, status_message(exc))
 
     # ---------------------------------------------------------------- reading
 

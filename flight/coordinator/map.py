@@ -2,12 +2,15 @@
 
 The client sends the header in the descriptor, then its input batches; the
 worker runs the stage over them and streams the output back on the same
-exchange while input still flows. The client's half-close ends the input.
-This is what ``flight.spark.flight_map`` calls from inside Spark tasks.
+exchange while input still flows. The client's half-close ends the input (and,
+after the worker's ``finished`` frame, releases the task). This is what
+``flight.spark.flight_map`` calls from inside Spark tasks; docs/protocol.md,
+"A map stage", has the sequence.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -18,12 +21,16 @@ import pyarrow.flight as fl
 
 from flight._proto import plan_pb2, protocol_pb2
 from flight.coordinator.channel import error_from_frame, translate_flight_error
-from flight.errors import PlanError, TaskFailedError, WorkerError
+from flight.errors import PlanError, TaskFailedError
 from flight.plan.nodes import ExchangeInputNode
 from flight.plan.query import Query
 from flight.protocol import PROTOCOL_VERSION, decode_worker_frame, make_stage_key
 
 __all__ = ["map_batches"]
+
+log = logging.getLogger(__name__)
+
+_JOIN_S = 10.0
 
 
 def map_batches(
@@ -35,47 +42,74 @@ def map_batches(
     task_number: int = 0,
     connect_timeout: float = 10.0,
 ) -> Iterator[pa.RecordBatch]:
-    """Run a map stage over ``batches`` on ``worker_url``; yields output batches as they come."""
-    plan_bytes = _plan_bytes(stage)
+    """Run a map stage over ``batches`` on ``worker_url``; yield its output batches as they come.
+
+    Input is read on a thread of its own, so input and output overlap. Stopping
+    early (the caller's error, a limit, a worker's error frame) tells the upload
+    to stop, cancels the call (thread-safe in gRPC; it unblocks a blocked write),
+    waits for the upload thread, and only then closes the writer: a Flight
+    writer used from two threads at once aborts the process.
+    """
+    plan = _plan_bytes(stage)
+    url = worker_url
     key = make_stage_key(query_id or uuid.uuid4().hex[:16], 0, task_number)
+    label = f"{key.query_id}/0/{task_number}"
     header = protocol_pb2.TaskHeader(
         protocol_version=PROTOCOL_VERSION,
         stage_key=key,
         task_count=task_number + 1,
-        plan=plan_bytes,
-        target_worker_url=worker_url,
+        plan=plan,
+        target_worker_url=url,
         query_start_unix_nanos=time.time_ns(),
     )
-    label = f"{key.query_id}/0/{task_number}"
     try:
-        client = fl.connect(worker_url)
+        client = fl.connect(url)
         writer, reader = client.do_exchange(fl.FlightDescriptor.for_command(header.SerializeToString()))
     except (pa.ArrowException, OSError) as exc:
-        raise translate_flight_error(exc, worker_url, label) from exc
-    upload_error: list[BaseException] = []
+        raise translate_flight_error(exc, url, label) from exc
+
     ready = threading.Event()
-    enough = threading.Event()  # the stage finished (e.g. a limit): stop sending input
+    stop = threading.Event()  # finished, failed or abandoned: send no more input
+    upload_error: list[BaseException] = []
+
+    def fail_upload(exc: BaseException) -> None:
+        upload_error.append(exc)
+        try:
+            reader.cancel()  # the consumer's read_chunk raises, and it reports ``exc``
+        except (pa.ArrowException, OSError) as cancel_exc:
+            log.debug("task %s: cancelling after an upload error: %s", label, cancel_exc)
 
     def upload() -> None:
-        # Input flows while output is read: Spark's iterator is consumed here, on its own thread.
-        try:
-            if not ready.wait(connect_timeout):
+        deadline = time.monotonic() + connect_timeout
+        while not ready.wait(0.05):
+            if stop.is_set() or time.monotonic() > deadline:
+                return  # the consumer sees the worker's error, or its silence
+        source = iter(batches)
+        started = False
+        while not stop.is_set():
+            try:
+                batch = next(source)
+            except StopIteration:
+                break
+            except BaseException as exc:  # noqa: BLE001 - the input failed: reported by the consumer
+                if not stop.is_set():
+                    fail_upload(exc)
                 return
-            started = False
-            for batch in batches:
-                if enough.is_set():
-                    break
+            try:
                 if not started:
                     writer.begin(batch.schema)
                     started = True
                 writer.write_batch(batch)
-            writer.done_writing()
-        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread below
-            upload_error.append(exc)
-            try:
-                reader.cancel()
-            except (pa.ArrowException, OSError):
-                pass
+            except (pa.ArrowException, OSError) as exc:
+                # Usually the worker ended the call (its error frame is on the way to the consumer);
+                # if nothing ends the exchange soon, the error was ours (e.g. a batch of another schema).
+                if not stop.wait(2.0):
+                    fail_upload(exc)
+                return
+        try:
+            writer.done_writing()  # the end of the input, or (after `finished`) the release
+        except (pa.ArrowException, OSError) as exc:
+            log.debug("task %s: half-close: %s", label, exc)
 
     thread = threading.Thread(target=upload, name=f"map-upload-{label}", daemon=True)
     thread.start()
@@ -86,35 +120,60 @@ def map_batches(
                 chunk = reader.read_chunk()
             except StopIteration:
                 break
+            except (pa.ArrowException, OSError) as exc:
+                if upload_error:  # the input failed (e.g. Spark's iterator): that is the cause
+                    raise _own(upload_error[0], url, label) from exc
+                raise translate_flight_error(exc, url, label) from exc
             if chunk.app_metadata is not None and chunk.app_metadata.size:
                 frame = decode_worker_frame(chunk.app_metadata)
                 kind = frame.WhichOneof("frame")
                 if kind == "ready":
                     ready.set()
                 elif kind == "error":
-                    raise error_from_frame(frame.error, worker_url, label)
+                    raise error_from_frame(frame.error, url, label)
                 elif kind == "finished":
                     finished = True
-                    enough.set()
+                    stop.set()  # e.g. a satisfied limit: the rest of the input is not needed
             if chunk.data is not None and chunk.data.num_rows:
                 yield chunk.data
         if upload_error:
-            raise upload_error[0]
+            raise _own(upload_error[0], url, label)
         if not finished:
-            raise TaskFailedError("the worker ended the map stage before it finished", worker_url=worker_url, stage_key=label)
-    except (pa.ArrowException, OSError) as exc:
-        if upload_error:
-            raise upload_error[0] from exc
-        raise translate_flight_error(exc, worker_url, label) from exc
-    except WorkerError:
-        raise
+            raise TaskFailedError("the worker ended the map stage before it finished", worker_url=url, stage_key=label)
     finally:
-        ready.set()
+        _close(writer, reader, client, thread, stop, label)
+
+
+def _own(exc: BaseException, url: str, label: str) -> BaseException:
+    """A Flight error of the upload as a WorkerError; anything else (the input's own error) as it is."""
+    return translate_flight_error(exc, url, label) if isinstance(exc, (pa.ArrowException, OSError)) else exc
+
+
+def _close(
+    writer: fl.FlightStreamWriter,
+    reader: fl.FlightStreamReader,
+    client: fl.FlightClient,
+    thread: threading.Thread,
+    stop: threading.Event,
+    label: str,
+) -> None:
+    """End the exchange without ever using the writer from two threads at once."""
+    stop.set()
+    if thread.is_alive():
         try:
-            writer.close()
-        except (pa.ArrowException, OSError):
-            pass
-        client.close()
+            reader.cancel()  # unblocks a write waiting for flow control; the call is over anyway
+        except (pa.ArrowException, OSError) as exc:
+            log.debug("task %s: cancel: %s", label, exc)
+        thread.join(_JOIN_S)
+    if thread.is_alive():
+        # Still inside the caller's input iterator: leave the writer to it (the call is cancelled).
+        log.warning("task %s: the input iterator did not return within %.0fs; leaving it behind", label, _JOIN_S)
+        return
+    try:
+        writer.close()
+    except (pa.ArrowException, OSError) as exc:
+        log.debug("task %s: closing the exchange: %s", label, exc)
+    client.close()
 
 
 def _plan_bytes(stage: Query | plan_pb2.StagePlan | bytes) -> bytes:

@@ -1,6 +1,6 @@
 """``flight_map``: run a flight-exec map stage inside ``DataFrame.mapInArrow``.
 
-Each Spark task opens one ``DoExchange`` to a worker (``exchange_batches``, the
+Each Spark task opens one ``DoExchange`` to a worker (``map_batches``, the
 protocol of ``flight.map_batches`` made safe to abandon half-way): the
 partition's batches stream up on a thread of their own while the results
 stream back and are handed to Spark, so nothing is collected in memory. The
@@ -22,7 +22,7 @@ from flight.plan.nodes import ExchangeInputNode
 from flight.plan.query import Query
 from flight.protocol import decode_schema, encode_schema
 from flight.resolver import WorkerResolver
-from flight.spark._exchange import exchange_batches
+from flight.coordinator.map import map_batches
 from flight.spark._schema import Conformer, arrow_schema, check_conformable, ddl, to_struct
 from flight.spark._workers import Workers, describe_workers, mark_down
 
@@ -101,13 +101,13 @@ class FlightMap:
         source = _Pulled(iter(batches))
         failures: list[str] = []
         for url in self.workers.candidates(partition, failures):
-            output = exchange_batches(self.plan, source, url, task_number=partition, connect_timeout=self.connect_timeout)
+            output = map_batches(self.plan, source, url, task_number=partition, connect_timeout=self.connect_timeout)
             try:
                 try:
                     for batch in output:
                         yield conform(batch)
                     return
-                except (pa.ArrowException, OSError) as exc:  # defensive: exchange_batches translates its own
+                except (pa.ArrowException, OSError) as exc:  # defensive: map_batches translates its own
                     raise translate_flight_error(exc, url) from exc
             except RetryableError as exc:
                 # A worker that vanished before taking any input: the next one gets the partition.

@@ -30,12 +30,12 @@ from flight.protocol import decode_schema
 from flight.resolver import resolver_from_description
 from flight.spark._workers import Workers, describe_workers
 
-__all__ = ["HeadOptions", "PlanOptions", "decode_options", "encode_head", "encode_units"]
+__all__ = ["HeadOptions", "PlanOptions", "b64", "decode_options", "encode_head", "encode_units"]
 
 Assignment = dict[str, dict[int, list[bytes]]]  # feed id -> partition -> unit bodies
 
 
-def _b64(data: bytes) -> str:
+def b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
@@ -54,10 +54,10 @@ def _json(text: str, option: str) -> object:
 
 
 def encode_head(partitions: list[tuple[str, bytes]], schema: pa.Schema, query_id: str) -> dict[str, str]:
-    items = [{"url": url, "ticket": _b64(ticket)} for url, ticket in partitions]
+    items = [{"url": url, "ticket": b64(ticket)} for url, ticket in partitions]
     return {
-        "partitions": _b64(json.dumps(items).encode()),
-        "schema": _b64(schema.serialize().to_pybytes()),
+        "partitions": b64(json.dumps(items).encode()),
+        "schema": b64(schema.serialize().to_pybytes()),
         "query_id": query_id,
     }
 
@@ -65,9 +65,9 @@ def encode_head(partitions: list[tuple[str, bytes]], schema: pa.Schema, query_id
 def encode_units(assign: list[Assignment]) -> str:
     body = {
         "tasks": len(assign),
-        "assign": [{f: {str(p): [_b64(u) for u in units] for p, units in parts.items()} for f, parts in a.items()} for a in assign],
+        "assign": [{f: {str(p): [b64(u) for u in units] for p, units in parts.items()} for f, parts in a.items()} for a in assign],
     }
-    return _b64(json.dumps(body).encode())
+    return b64(json.dumps(body).encode())
 
 
 def _decode_units(text: str) -> list[Assignment]:

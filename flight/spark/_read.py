@@ -28,7 +28,7 @@ from flight.plan.query import Query
 from flight.planner import plan_query
 from flight.protocol import encode_schema
 from flight.resolver import WorkerResolver
-from flight.spark._options import Assignment, _b64, encode_head, encode_units
+from flight.spark._options import Assignment, b64, encode_head, encode_units
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -161,4 +161,4 @@ def plan_options(query: Query, tasks: int = 2) -> dict[str, str]:
     plan = plan_pb2.StagePlan(
         root=stage.root.to_proto(), output=plan_pb2.OutputSpec(partitions=1), output_schema=encode_schema(stage.output_schema)
     )
-    return {"plan": _b64(plan.SerializeToString()), "units": encode_units(assign), "tasks": str(count)}
+    return {"plan": b64(plan.SerializeToString()), "units": encode_units(assign), "tasks": str(count)}

@@ -121,7 +121,7 @@ def _read_head(p: HeadPartition) -> Iterator[pa.RecordBatch]:
                 yield chunk.data
     except (pa.ArrowException, OSError) as exc:
         error = translate_flight_error(exc, p.url)
-        cause = error.cause.split(". Detail:")[0]  # pyarrow's server suffix, e.g. ". Detail: Failed"
+        cause = error.cause
         raise type(error)(f"cannot read {where}: {cause}. {READ_ONCE_HINT}", worker_url=p.url, cause=cause) from exc
     finally:
         client.close()

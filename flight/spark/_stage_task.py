@@ -10,7 +10,6 @@ the Spark task, so such a DataFrame can be read any number of times.
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,7 +28,6 @@ from flight.spark._workers import Workers, mark_down
 
 __all__ = ["run_stage_task"]
 
-log = logging.getLogger(__name__)
 
 
 class _Embedded(WorkUnitFeedProvider):

@@ -38,6 +38,7 @@ from flight.protocol import (
     decode_ticket,
     encode_schema,
     format_stage_key,
+    status_message,
 )
 from flight.worker.shuffle import PeerClients, read_partitions
 from flight.worker.tasks import Task, TaskRegistry
@@ -243,7 +244,7 @@ class WorkerServer(fl.FlightServerBase):
             log.debug("task %s cancelled: %s", task.key, task.cancel_reason)
             self._send_error(sender, protocol_pb2.ERROR_CODE_CANCELLED, f"cancelled: {task.cancel_reason}", task.header.stage_key)
             return fl.FlightCancelledError(f"task {task.key} cancelled: {task.cancel_reason}")
-        message = _clean(error)
+        message = status_message(error)
         log.info("task %s failed: %s", task.key, message)
         code = protocol_pb2.ERROR_CODE_UNAVAILABLE if isinstance(error, WorkerUnavailableError) else protocol_pb2.ERROR_CODE_EXECUTION
         self._send_error(sender, code, message, task.header.stage_key)
@@ -338,10 +339,10 @@ def _read_frames(task: Task, reader: fl.MetadataRecordBatchReader) -> None:
     except ProtocolError as exc:
         task.fail(exc)
         return
-    except TaskCancelledError:
-        return
+    except FlightExecError:
+        return  # the task already stopped (cancelled or failed); its runner reports why
     except (pa.ArrowException, OSError) as exc:
-        task.cancel(f"the coordinator's exchange broke: {_clean(exc)}")
+        task.cancel(f"the coordinator's exchange broke: {status_message(exc)}")
         return
     if task.inputs is not None:
         task.inputs.end()
@@ -372,10 +373,3 @@ def _stream(task: Task, start: int, end: int) -> Iterator[tuple[pa.RecordBatch, 
         cause = exc.cause if isinstance(exc, WorkerError) else str(exc)
         raise fl.FlightServerError(f"task {task.key} failed on {task.worker_url}: {cause}") from None
 
-
-def _clean(exc: BaseException) -> str:
-    """An exception's message without the traceback pyarrow appends to statuses."""
-    text = str(exc)
-    for marker in (". Detail: Python exception", "\nDetail: Python exception", ". gRPC client debug context"):
-        text = text.split(marker)[0]
-    return text.strip()

@@ -18,7 +18,7 @@ import pyarrow.flight as fl
 
 from flight._proto import protocol_pb2
 from flight.errors import FlightExecError, TaskFailedError, WorkerUnavailableError
-from flight.protocol import format_stage_key
+from flight.protocol import format_stage_key, status_message
 from flight.worker.tasks import Task, TaskRegistry
 
 __all__ = ["PeerClients", "read_partitions"]
@@ -41,12 +41,6 @@ class PeerClients:
             if client is None:
                 client = self._clients[url] = fl.connect(url)
             return client
-
-
-def _clean(text: str) -> str:
-    for marker in (". Detail: Python exception", ". gRPC client debug context", ". Client context:"):
-        text = text.split(marker)[0]
-    return text.strip()
 
 
 def read_partitions(
@@ -102,9 +96,9 @@ def read_partitions(
             offer(TaskFailedError(f"reading task {name} on {url}: {exc}"))
         except (fl.FlightUnavailableError, fl.FlightTimedOutError) as exc:
             # The producer's worker is gone: retryable, and it is that worker the error names.
-            offer(WorkerUnavailableError(f"worker {url} (task {name}) is unavailable: {_clean(str(exc))}", cause=_clean(str(exc))))
+            offer(WorkerUnavailableError(f"worker {url} (task {name}) is unavailable: {status_message(exc)}", cause=status_message(exc)))
         except (pa.ArrowException, OSError) as exc:
-            offer(TaskFailedError(f"reading task {name} on {url}: {_clean(str(exc))}"))
+            offer(TaskFailedError(f"reading task {name} on {url}: {status_message(exc)}"))
 
     threads = [threading.Thread(target=pump, args=p, name=f"shuffle-{task.key}", daemon=True) for p in producers]
     for t in threads:
