@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import pickle
-import time
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -150,9 +150,10 @@ def test_a_worker_failing_while_input_still_flows_is_a_task_error(cluster: fligh
         yield bad
         yield from [good] * 200
 
+    pause = threading.Event()  # never set: wait() is a pause
     with pytest.raises(flight.TaskFailedError, match=r"Failed to parse string: 'x'") as info:
         for _ in fm(batches()):
-            time.sleep(0.005)
+            pause.wait(0.005)  # a slow consumer: input keeps flowing while it reads
     assert info.value.worker_url == cluster.urls[0]
     assert "Traceback" not in str(info.value)
 

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from flight._proto import protocol_pb2
+from flight.clients import translate_flight_error
 from flight.errors import (
     FlightExecError,
     InvalidTaskError,
@@ -27,26 +28,12 @@ from flight.errors import (
 )
 from flight.protocol import decode_schema, decode_worker_frame, format_stage_key, status_message
 
-__all__ = ["ClientPool", "TaskChannel", "error_from_frame", "translate_flight_error"]
+__all__ = ["TaskChannel", "error_from_frame"]
 
 log = logging.getLogger(__name__)
 
 CreditHandler = Callable[["TaskChannel", str, int, int], None]
 ErrorHandler = Callable[["TaskChannel", BaseException], None]
-
-
-def translate_flight_error(exc: BaseException, url: str, stage_key: str = "") -> WorkerError:
-    """A pyarrow/Flight exception from talking to ``url`` as the most specific own error."""
-    message = status_message(exc)
-    if isinstance(exc, fl.FlightUnavailableError) or "failed to connect" in message.lower():
-        return WorkerUnavailableError(f"worker {url} is unavailable: {message}", worker_url=url, stage_key=stage_key, cause=message)
-    if isinstance(exc, fl.FlightTimedOutError):
-        return WorkerUnavailableError(f"worker {url} timed out: {message}", worker_url=url, stage_key=stage_key, cause=message)
-    if isinstance(exc, fl.FlightCancelledError):
-        return TaskCancelledError(message, worker_url=url, stage_key=stage_key)
-    if isinstance(exc, pa.ArrowInvalid):
-        return InvalidTaskError(message, worker_url=url, stage_key=stage_key)
-    return TaskFailedError(message, worker_url=url, stage_key=stage_key)
 
 
 def error_from_frame(info: protocol_pb2.ErrorInfo, url: str, stage_key: str) -> WorkerError:
@@ -59,34 +46,6 @@ def error_from_frame(info: protocol_pb2.ErrorInfo, url: str, stage_key: str) -> 
     if info.code == protocol_pb2.ERROR_CODE_UNAVAILABLE:
         return WorkerUnavailableError(info.message, worker_url=where, stage_key=key)
     return TaskFailedError(info.message, worker_url=where, stage_key=key)
-
-
-class ClientPool:
-    """One FlightClient per worker URL for the life of a query (clients are thread-safe)."""
-
-    def __init__(self) -> None:
-        self._clients: dict[str, fl.FlightClient] = {}
-        self._lock = threading.Lock()
-
-    def get(self, url: str) -> fl.FlightClient:
-        with self._lock:
-            client = self._clients.get(url)
-            if client is None:
-                try:
-                    client = fl.connect(url)
-                except (pa.ArrowException, OSError) as exc:
-                    raise translate_flight_error(exc, url) from exc
-                self._clients[url] = client
-            return client
-
-    def close(self) -> None:
-        with self._lock:
-            clients, self._clients = list(self._clients.values()), {}
-        for client in clients:
-            try:
-                client.close()
-            except (pa.ArrowException, OSError) as exc:
-                log.debug("closing a Flight client failed: %s", exc)
 
 
 class TaskChannel:

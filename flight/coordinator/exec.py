@@ -25,7 +25,8 @@ import pyarrow.flight as fl
 
 from flight._proto import plan_pb2, protocol_pb2
 from flight.config import ExecOptions
-from flight.coordinator.channel import ClientPool, TaskChannel, translate_flight_error
+from flight.clients import ClientPool, translate_flight_error
+from flight.coordinator.channel import TaskChannel
 from flight.coordinator.dispatch import FeedDispatcher, Source
 from flight.coordinator.explain import explain_plan
 from flight.coordinator.metrics import QueryMetrics, TaskStats

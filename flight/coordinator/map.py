@@ -20,7 +20,8 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from flight._proto import plan_pb2, protocol_pb2
-from flight.coordinator.channel import error_from_frame, translate_flight_error
+from flight.clients import translate_flight_error
+from flight.coordinator.channel import error_from_frame
 from flight.errors import PlanError, TaskFailedError
 from flight.plan.nodes import ExchangeInputNode
 from flight.plan.query import Query

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from flight.coordinator.channel import translate_flight_error
+from flight.clients import translate_flight_error
 from flight.errors import PlanError, RetryableError
 from flight.plan.nodes import ExchangeInputNode
 from flight.plan.query import Query

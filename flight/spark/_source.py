@@ -18,7 +18,7 @@ import pyarrow.flight as fl
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from flight.coordinator.channel import translate_flight_error
+from flight.clients import translate_flight_error
 from flight.spark._options import Assignment, HeadOptions, PlanOptions, decode_options
 from flight.spark._schema import Conformer, arrow_schema, spark_schema
 from flight.spark._stage_task import run_stage_task

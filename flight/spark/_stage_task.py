@@ -18,7 +18,8 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from flight._proto import protocol_pb2
-from flight.coordinator.channel import TaskChannel, translate_flight_error
+from flight.clients import translate_flight_error
+from flight.coordinator.channel import TaskChannel
 from flight.coordinator.dispatch import FeedDispatcher
 from flight.errors import RetryableError, TaskCancelledError, WorkerError
 from flight.feed import FeedContext, WorkUnitFeed, WorkUnitFeedProvider

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from flight.coordinator.channel import translate_flight_error
+from flight.clients import translate_flight_error
 from flight.errors import ResolverError, WorkerUnavailableError
 from flight.resolver import StaticWorkerResolver, WorkerResolver, resolver_from_description
 

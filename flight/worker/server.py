@@ -40,7 +40,8 @@ from flight.protocol import (
     format_stage_key,
     status_message,
 )
-from flight.worker.shuffle import PeerClients, read_partitions
+from flight.clients import ClientPool
+from flight.worker.shuffle import read_partitions
 from flight.worker.tasks import Task, TaskRegistry
 
 __all__ = ["ACTIONS", "WorkerServer"]
@@ -103,7 +104,7 @@ class WorkerServer(fl.FlightServerBase):
         self.options = options or WorkerOptions()
         self.url = f"grpc://{host}:{self.port}"
         self.registry = TaskRegistry()
-        self.peers = PeerClients()
+        self.peers = ClientPool()
         self.draining = threading.Event()
 
     # ------------------------------------------------------------- DoExchange

@@ -17,36 +17,22 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from flight._proto import protocol_pb2
+from flight.clients import ClientPool
 from flight.errors import FlightExecError, TaskFailedError, WorkerUnavailableError
 from flight.protocol import format_stage_key, status_message
 from flight.worker.tasks import Task, TaskRegistry
 
-__all__ = ["PeerClients", "read_partitions"]
+__all__ = ["read_partitions"]
 
 log = logging.getLogger(__name__)
 
 _END = object()
 
 
-class PeerClients:
-    """One FlightClient per peer worker, kept for the worker's life (clients are thread-safe)."""
-
-    def __init__(self) -> None:
-        self._clients: dict[str, fl.FlightClient] = {}
-        self._lock = threading.Lock()
-
-    def get(self, url: str) -> fl.FlightClient:
-        with self._lock:
-            client = self._clients.get(url)
-            if client is None:
-                client = self._clients[url] = fl.connect(url)
-            return client
-
-
 def read_partitions(
     task: Task,
     registry: TaskRegistry,
-    peers: PeerClients,
+    peers: ClientPool,
     own_url: str,
     producers: list[tuple[str, bytes]],
     start: int,
