@@ -5,6 +5,7 @@ They make a unit's cost and outcome explicit in its body (JSON, not code):
 * ``testing.sleep``: ``{"id": 7, "ms": 20, "rows": 3}`` sleeps ``ms`` then emits
   ``rows`` rows of ``(id, row)``; schema ``SLEEP_SCHEMA``.
 * ``testing.fail``: always fails, naming the unit; for error-path tests.
+* ``testing.raise``: raises a plain ``ValueError`` (a reader's own exception type).
 """
 
 from __future__ import annotations
@@ -43,5 +44,11 @@ def _fail(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
     yield  # pragma: no cover - makes this a generator
 
 
+def _raise(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
+    raise ValueError(f"odd unit {body[:60]!r}: the testing.raise reader raises a plain ValueError")
+    yield  # pragma: no cover - makes this a generator
+
+
 register_reader("testing.sleep", _sleep)
 register_reader("testing.fail", _fail)
+register_reader("testing.raise", _raise)

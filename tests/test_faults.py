@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import signal
 import socket
 import subprocess
@@ -15,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
-from support import running_tasks, wait_until
+from support import running_tasks, wait_until, worker_info
 
 import flight
 from flight import col
@@ -311,3 +312,38 @@ def test_a_worker_dying_mid_query_fails_it_naming_the_worker() -> None:
         assert url in str(info.value)
         assert time.monotonic() - started < 10
         wait_until(lambda: running_tasks([own.urls[0]]) == 0, timeout=2.0, what="the survivor to free its tasks")
+
+
+def test_a_limit_query_releases_tasks_whose_output_was_not_all_read(cluster: flight.LocalCluster, parquet_files: list) -> None:
+    """Producers below a satisfied limit still hold output; the coordinator's release frees them."""
+    q = flight.read_parquet(parquet_files * 4).limit(5000)
+    got = flight.DistributedExec(q, cluster.urls, output_buffer_bytes=1 << 16).to_table()
+    assert got.num_rows == 5000
+    wait_until(lambda: running_tasks(cluster.urls) == 0, timeout=2.0, what="every task to be freed")
+    assert all(worker_info(u).buffered_bytes == 0 for u in cluster.urls)
+
+
+def test_a_reader_raising_its_own_exception_type_fails_the_query(cluster: flight.LocalCluster) -> None:
+    class Odd(flight.WorkUnitFeedProvider):
+        def feed(self, partition: int, ctx: flight.FeedContext) -> Iterator[bytes]:
+            yield b"not json"  # testing.sleep raises UnitReadError; testing.raise raises ValueError
+
+    q = flight.from_feed(Odd(), "testing.raise", SLEEP_SCHEMA)
+    with pytest.raises(flight.TaskFailedError, match="ValueError|odd unit"):
+        flight.DistributedExec(q, cluster.urls, connect_timeout=5).to_table()
+    wait_until(lambda: running_tasks(cluster.urls) == 0, timeout=2.0, what="tasks to be freed")
+
+
+def test_a_result_reader_dropped_unread_frees_the_tasks(cluster: flight.LocalCluster) -> None:
+    class Endless(flight.WorkUnitFeedProvider):
+        def feed(self, partition: int, ctx: flight.FeedContext) -> Iterator[bytes]:
+            i = 0
+            while not ctx.is_cancelled():
+                i += 1
+                yield sleep_unit(i, ms=10)
+
+    reader = flight.DistributedExec(flight.from_feed(Endless(), "testing.sleep", SLEEP_SCHEMA), cluster.urls).execute()
+    wait_until(lambda: running_tasks(cluster.urls) == 2, what="the tasks to start")
+    del reader
+    gc.collect()
+    wait_until(lambda: running_tasks(cluster.urls) == 0, timeout=2.0, what="the tasks of a dropped reader to be freed")

@@ -186,6 +186,7 @@ class FeedDispatcher:
                 self._cond.wait()
             if self.cancelled.is_set():
                 raise _Stopped
+            item.queued_at = time.monotonic()  # the affinity wait starts once the unit is in the queue
             source.queue.append(item)
             source.discovered += 1
             if len(source.sample_bytes) < 100_000:

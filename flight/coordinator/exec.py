@@ -17,6 +17,7 @@ import queue
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
@@ -96,7 +97,11 @@ class DistributedExec:
 
     def execute(self) -> pa.RecordBatchReader:
         """Start the query and return its rows as a stream."""
-        return pa.RecordBatchReader.from_batches(self.stage.output_schema, _Run(self).start())
+        run = _Run(self)
+        reader = pa.RecordBatchReader.from_batches(self.stage.output_schema, run.start())
+        # A reader dropped before it was read (or read to the end) must not leave the tasks running.
+        weakref.finalize(reader, run.abandon)
+        return reader
 
     def start_detached(self) -> DetachedQuery:
         """Start the query, leaving its head outputs for others to read with DoGet.
@@ -178,6 +183,7 @@ class _Run:
         self.error: BaseException | None = None
         self.failed = threading.Event()
         self._lock = threading.Lock()
+        self._finished = False
         self.channels: list[TaskChannel] = []
         self.by_stage: dict[int, list[TaskChannel]] = {}
         self.sources: dict[str, list[Source]] = {}
@@ -387,7 +393,17 @@ class _Run:
                 self.fail(channel.error)
                 return
 
+    def abandon(self) -> None:
+        """The caller's reader is gone: cancel whatever still runs."""
+        if not self._finished:
+            self.fail(TaskCancelledError("the result reader was dropped before it was read to the end"))
+            self._finish()
+
     def _finish(self) -> None:
+        with self._lock:
+            if self._finished:
+                return
+            self._finished = True
         self.dispatcher.stop()
         for channel in self.channels:
             channel.finish()

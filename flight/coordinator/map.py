@@ -22,7 +22,7 @@ import pyarrow.flight as fl
 from flight._proto import plan_pb2, protocol_pb2
 from flight.clients import translate_flight_error
 from flight.coordinator.channel import error_from_frame
-from flight.errors import PlanError, TaskFailedError
+from flight.errors import PlanError, TaskFailedError, WorkerUnavailableError
 from flight.plan.nodes import ExchangeInputNode
 from flight.plan.query import Query
 from flight.protocol import PROTOCOL_VERSION, decode_worker_frame, make_stage_key
@@ -63,10 +63,13 @@ def map_batches(
         target_worker_url=url,
         query_start_unix_nanos=time.time_ns(),
     )
+    client = None
     try:
         client = fl.connect(url)
         writer, reader = client.do_exchange(fl.FlightDescriptor.for_command(header.SerializeToString()))
     except (pa.ArrowException, OSError) as exc:
+        if client is not None:
+            client.close()
         raise translate_flight_error(exc, url, label) from exc
 
     ready = threading.Event()
@@ -83,8 +86,17 @@ def map_batches(
     def upload() -> None:
         deadline = time.monotonic() + connect_timeout
         while not ready.wait(0.05):
-            if stop.is_set() or time.monotonic() > deadline:
-                return  # the consumer sees the worker's error, or its silence
+            if stop.is_set():
+                return  # the consumer sees the worker's error
+            if time.monotonic() > deadline:
+                fail_upload(
+                    WorkerUnavailableError(
+                        f"worker {url} did not accept map task {label} within {connect_timeout:g}s",
+                        worker_url=url,
+                        stage_key=label,
+                    )
+                )
+                return
         source = iter(batches)
         started = False
         while not stop.is_set():

@@ -107,21 +107,25 @@ class OutputBuffer:
                 )
             slot = part.claimed
             part.claimed += 1
-        while True:
-            with self._cond:
-                while part.cursors[slot] >= part.total() and not self._finished and self._error is None:
-                    self._cond.wait()
-                if self._error is not None:
-                    raise self._error
-                index = part.cursors[slot]
-                if index >= part.total():
-                    part.done_readers += 1
-                    part.cursors[slot] = 1 << 62  # passed everything: never holds batches back
+        try:
+            while True:
+                with self._cond:
+                    while part.cursors[slot] >= part.total() and not self._finished and self._error is None:
+                        self._cond.wait()
+                    if self._error is not None:
+                        raise self._error
+                    index = part.cursors[slot]
+                    if index >= part.total():
+                        return
+                    batch = part.batches[index - part.base]
+                    part.cursors[slot] = index + 1
                     self._trim(part)
                     self._cond.notify_all()
-                    return
-                batch = part.batches[index - part.base]
-                part.cursors[slot] = index + 1
+                yield batch
+        finally:
+            # Done, failed or abandoned (a reader below a limit stops early): it holds nothing back any more.
+            with self._cond:
+                part.done_readers += 1
+                part.cursors[slot] = 1 << 62
                 self._trim(part)
                 self._cond.notify_all()
-            yield batch

@@ -199,6 +199,9 @@ class WorkerServer(fl.FlightServerBase):
                     sender.frame(protocol_pb2.WorkerFrame(drained=protocol_pb2.Drained()))
         except (FlightExecError, UnitReadError, pa.ArrowException, OSError) as exc:
             task.failure = self._fail(task, sender, exc)
+        except Exception as exc:  # noqa: BLE001 - a reader or extension raised its own type: still a task failure
+            log.warning("task %s: unexpected %s", task.key, type(exc).__name__, exc_info=True)
+            task.failure = self._fail(task, sender, exc)
 
     def _read_partitions(
         self, task: Task, producers: list[tuple[str, bytes]], start: int, end: int
@@ -349,6 +352,9 @@ def _read_frames(task: Task, reader: fl.MetadataRecordBatchReader) -> None:
         task.inputs.end()
     elif not task.finished:
         task.cancel("the coordinator closed the task's exchange before it finished")
+    else:
+        # Finished, and the coordinator lets go: output nobody read any more (below a limit) is dropped.
+        task.cancel("released by the coordinator")
 
 
 def _dispatch(task: Task, frame: protocol_pb2.CoordinatorFrame) -> None:

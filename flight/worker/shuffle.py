@@ -56,9 +56,10 @@ def read_partitions(
         return False
 
     def pump(url: str, key_bytes: bytes) -> None:
-        key = protocol_pb2.StageKey.FromString(key_bytes)
-        name = format_stage_key(key)
+        name = "(undecodable stage key)"
         try:
+            key = protocol_pb2.StageKey.FromString(key_bytes)
+            name = format_stage_key(key)
             if url == own_url:
                 producer, why = registry.get(name, wait=wait)
                 if producer is None or producer.output is None:
@@ -85,6 +86,8 @@ def read_partitions(
             offer(WorkerUnavailableError(f"worker {url} (task {name}) is unavailable: {status_message(exc)}", cause=status_message(exc)))
         except (pa.ArrowException, OSError) as exc:
             offer(TaskFailedError(f"reading task {name} on {url}: {status_message(exc)}"))
+        except Exception as exc:  # noqa: BLE001 - anything else must still reach the consumer, or it waits
+            offer(TaskFailedError(f"reading task {name} on {url}: {type(exc).__name__}: {exc}"))
 
     threads = [threading.Thread(target=pump, args=p, name=f"shuffle-{task.key}", daemon=True) for p in producers]
     for t in threads:
