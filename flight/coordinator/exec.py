@@ -53,7 +53,9 @@ class DistributedExec:
     """Runs a ``Query`` on the workers a ``WorkerResolver`` names.
 
     Planning happens here, with ``len(resolver.get_urls())`` as the most tasks
-    a stage may get; URLs are bound to tasks when ``execute()`` runs.
+    a stage may get; URLs are bound to tasks when ``execute()`` runs. Run one
+    execution at a time per instance (a run binds its producers into the shared
+    plan); make another ``DistributedExec`` for a concurrent run of the same query.
     """
 
     def __init__(
