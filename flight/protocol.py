@@ -15,7 +15,9 @@ from flight._proto import plan_pb2, protocol_pb2
 from flight.errors import ProtocolError, VersionMismatchError
 
 __all__ = [
+    "COMPRESSION",
     "PROTOCOL_VERSION",
+    "ipc_options",
     "status_message",
     "decode_coordinator_frame",
     "decode_header",
@@ -29,6 +31,21 @@ __all__ = [
 
 PROTOCOL_VERSION = 1
 """Bumped on any change a peer of the previous version would misread."""
+
+
+COMPRESSION = {
+    "none": protocol_pb2.COMPRESSION_NONE,
+    "lz4": protocol_pb2.COMPRESSION_LZ4,
+    "zstd": protocol_pb2.COMPRESSION_ZSTD,
+}
+"""``ExecOptions.compression`` names and their wire values."""
+
+
+def ipc_options(compression: int) -> pa.ipc.IpcWriteOptions:
+    """IPC write options for a TaskOptions.ipc_compression value (unknown values: none)."""
+    names = {v: k for k, v in COMPRESSION.items()}
+    name = names.get(compression, "none")
+    return pa.ipc.IpcWriteOptions(compression=None if name == "none" else name)
 
 
 def status_message(error: BaseException | str) -> str:

@@ -35,18 +35,12 @@ from flight.errors import FlightExecError, PlanError, ResolverError, TaskCancell
 from flight.estimate import DefaultTaskEstimator, TaskEstimator
 from flight.plan.query import Query
 from flight.planner import PlannerOptions, QueryPlan, StageSpec, plan_query
-from flight.protocol import PROTOCOL_VERSION, encode_schema, make_stage_key
+from flight.protocol import COMPRESSION, PROTOCOL_VERSION, encode_schema, make_stage_key
 from flight.resolver import StaticWorkerResolver, WorkerResolver
 
 __all__ = ["DetachedQuery", "DistributedExec", "HeadPartition"]
 
 log = logging.getLogger(__name__)
-
-_COMPRESSION = {
-    "none": protocol_pb2.COMPRESSION_NONE,
-    "lz4": protocol_pb2.COMPRESSION_LZ4,
-    "zstd": protocol_pb2.COMPRESSION_ZSTD,
-}
 
 
 class DistributedExec:
@@ -71,8 +65,8 @@ class DistributedExec:
         self.estimator = estimator or DefaultTaskEstimator()
         self.resolver = resolver if isinstance(resolver, WorkerResolver) else StaticWorkerResolver(list(resolver))
         self.options = replace(options or ExecOptions(), **overrides)  # type: ignore[arg-type]
-        if self.options.compression not in _COMPRESSION:
-            raise ValueError(f"compression must be one of {sorted(_COMPRESSION)}, not {self.options.compression!r}")
+        if self.options.compression not in COMPRESSION:
+            raise ValueError(f"compression must be one of {sorted(COMPRESSION)}, not {self.options.compression!r}")
         planner_options = PlannerOptions(
             broadcast_bytes=self.options.broadcast_bytes, rows_per_task=self.options.rows_per_task
         )
@@ -262,7 +256,7 @@ class _Run:
             target_worker_url=url,
             query_start_unix_nanos=time.time_ns(),
             options=protocol_pb2.TaskOptions(
-                ipc_compression=_COMPRESSION[opts.compression],
+                ipc_compression=COMPRESSION[opts.compression],
                 feed_window=opts.feed_window,
                 output_buffer_bytes=opts.output_buffer_bytes,
             ),

@@ -38,6 +38,7 @@ from flight.protocol import (
     decode_ticket,
     encode_schema,
     format_stage_key,
+    ipc_options,
     status_message,
 )
 from flight.clients import ClientPool
@@ -53,12 +54,6 @@ ACTIONS = {
     "info": "A WorkerInfo: version, protocol version, running tasks, buffered bytes, draining.",
     "cancel": "Body: a CancelRequest. Cancels every task of that query; answers a CancelResult.",
     "drain": "Stop accepting tasks; running ones finish or are cancelled after the grace period.",
-}
-
-_COMPRESSION = {
-    protocol_pb2.COMPRESSION_NONE: None,
-    protocol_pb2.COMPRESSION_LZ4: "lz4",
-    protocol_pb2.COMPRESSION_ZSTD: "zstd",
 }
 
 
@@ -172,7 +167,7 @@ class WorkerServer(fl.FlightServerBase):
 
     def _run(self, task: Task, output: pa.RecordBatchReader, sender: _Sender) -> None:
         """The task's pipeline, on its own thread; its outcome is a frame (and ``task.failure``)."""
-        ipc = pa.ipc.IpcWriteOptions(compression=_COMPRESSION.get(task.header.options.ipc_compression))
+        ipc = ipc_options(task.header.options.ipc_compression)
         try:
             task.start_feeds()
             if task.is_map:
@@ -273,7 +268,7 @@ class WorkerServer(fl.FlightServerBase):
                 f"ticket asks for partitions [{t.partition_start}, {t.partition_end}) "
                 f"but task {key} has {task.output.partitions} [field: ticket.partition_end]"
             )
-        ipc = pa.ipc.IpcWriteOptions(compression=_COMPRESSION.get(task.header.options.ipc_compression))
+        ipc = ipc_options(task.header.options.ipc_compression)
         return fl.GeneratorStream(task.output_schema, _stream(task, t.partition_start, t.partition_end), options=ipc)
 
     # ---------------------------------------------------------------- DoAction
