@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -16,7 +17,7 @@ import pyarrow.flight as fl
 from flight.errors import InvalidTaskError, TaskCancelledError, TaskFailedError, WorkerError, WorkerUnavailableError
 from flight.protocol import status_message
 
-__all__ = ["ClientPool", "translate_flight_error"]
+__all__ = ["ClientPool", "read_stream", "translate_flight_error"]
 
 log = logging.getLogger(__name__)
 
@@ -61,3 +62,19 @@ class ClientPool:
                 client.close()
             except (pa.ArrowException, OSError) as exc:
                 log.debug("closing a Flight client failed: %s", exc)
+
+
+def read_stream(client: fl.FlightClient, ticket: bytes) -> Iterator[pa.RecordBatch]:
+    """The non-empty batches of a DoGet stream, read chunk by chunk.
+
+    ``read_chunk`` rather than ``read_all``: pyarrow turns a CANCELLED status read
+    by ``read_all`` on the main thread into a KeyboardInterrupt.
+    """
+    reader = client.do_get(fl.Ticket(ticket))
+    while True:
+        try:
+            chunk = reader.read_chunk()
+        except StopIteration:
+            return
+        if chunk.data is not None and chunk.data.num_rows:
+            yield chunk.data

@@ -50,3 +50,17 @@ def running_tasks(urls: list[str]) -> int:
 def sorted_table(table: pa.Table) -> pa.Table:
     """Row order does not matter across tasks: compare sorted by every column."""
     return table.sort_by([(name, "ascending") for name in table.column_names])
+
+
+def tpch_test_files(sf: float = 0.05) -> dict[str, list]:
+    """TPC-H Parquet files for tests (cached under .bench-cache); skips when tpchgen-cli is missing."""
+    import pytest
+
+    from benchmarks.tpch import ensure_tpch, tpchgen_cli
+    from benchmarks.tpch_queries import TABLES, tpch_files
+
+    try:
+        tpchgen_cli()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    return tpch_files(ensure_tpch(sf, TABLES), TABLES)

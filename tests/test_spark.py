@@ -18,12 +18,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from spark_support import dead_url, spark_session
-from support import running_tasks, wait_until
+from support import running_tasks, tpch_test_files, wait_until
 
 import flight
 import flight.spark as fs
-from benchmarks.tpch import ensure_tpch, tpchgen_cli
-from benchmarks.tpch_queries import ORDERED, TABLES, compare, duckdb_answer, duckdb_connection, query, tpch_files
+from benchmarks.tpch_queries import ORDERED, compare, duckdb_answer, duckdb_connection, query
 from flight import agg, col, lit
 from flight.errors import PlanError, WorkerUnavailableError
 
@@ -43,11 +42,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
 @pytest.fixture(scope="module")
 def files() -> dict[str, list[Path]]:
-    try:
-        tpchgen_cli()
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
-    return tpch_files(ensure_tpch(SF, TABLES), TABLES)
+    return tpch_test_files(SF)
 
 
 @pytest.fixture(scope="module")

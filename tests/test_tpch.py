@@ -18,18 +18,16 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from support import tpch_test_files
 
 import flight
-from benchmarks.tpch import ensure_tpch, tpchgen_cli
 from benchmarks.tpch_queries import (
     ORDERED,
     QUERY_NUMBERS,
-    TABLES,
     compare,
     duckdb_answer,
     duckdb_connection,
     query,
-    tpch_files,
 )
 
 pytestmark = pytest.mark.slow
@@ -44,11 +42,7 @@ PLANS = {
 
 @pytest.fixture(scope="module")
 def files() -> dict[str, list[Path]]:
-    try:
-        tpchgen_cli()
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
-    return tpch_files(ensure_tpch(SF, TABLES), TABLES)
+    return tpch_test_files(SF)
 
 
 @pytest.fixture(scope="module")

@@ -22,11 +22,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
-import pyarrow.flight as fl
 
 from flight._proto import plan_pb2, protocol_pb2
 from flight.config import ExecOptions
-from flight.clients import ClientPool, translate_flight_error
+from flight.clients import ClientPool, read_stream, translate_flight_error
 from flight.coordinator.channel import TaskChannel
 from flight.coordinator.dispatch import FeedDispatcher, Source
 from flight.coordinator.explain import explain_plan
@@ -334,15 +333,9 @@ class _Run:
     def _read_output(self, channel: TaskChannel) -> None:
         ticket = protocol_pb2.Ticket(stage_key=channel.header.stage_key, partition_start=0, partition_end=1)
         try:
-            reader = self.clients.get(channel.url).do_get(fl.Ticket(ticket.SerializeToString()))
-            while not self.failed.is_set():
-                try:
-                    chunk = reader.read_chunk()
-                except StopIteration:
-                    break
-                if chunk.data is not None and chunk.data.num_rows:
-                    if not _offer(self.results, chunk.data, self.failed):
-                        return
+            for batch in read_stream(self.clients.get(channel.url), ticket.SerializeToString()):
+                if not _offer(self.results, batch, self.failed):
+                    return
             if not self.failed.is_set():
                 _offer(self.results, (_DONE, channel), self.failed)
         except (pa.ArrowException, OSError) as exc:

@@ -18,7 +18,7 @@ import pyarrow.flight as fl
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from flight.clients import translate_flight_error
+from flight.clients import read_stream, translate_flight_error
 from flight.spark._options import Assignment, HeadOptions, PlanOptions, decode_options
 from flight.spark._schema import Conformer, arrow_schema, spark_schema
 from flight.spark._stage_task import run_stage_task
@@ -111,14 +111,7 @@ def _read_head(p: HeadPartition) -> Iterator[pa.RecordBatch]:
     except (pa.ArrowException, OSError) as exc:
         raise translate_flight_error(exc, p.url) from exc
     try:
-        reader = client.do_get(fl.Ticket(p.ticket))
-        while True:
-            try:
-                chunk = reader.read_chunk()
-            except StopIteration:
-                return
-            if chunk.data is not None and chunk.data.num_rows:
-                yield chunk.data
+        yield from read_stream(client, p.ticket)
     except (pa.ArrowException, OSError) as exc:
         error = translate_flight_error(exc, p.url)
         cause = error.cause

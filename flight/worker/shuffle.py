@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from flight._proto import protocol_pb2
-from flight.clients import ClientPool
+from flight.clients import ClientPool, read_stream
 from flight.errors import FlightExecError, TaskFailedError, WorkerUnavailableError
 from flight.protocol import format_stage_key, status_message
 from flight.worker.tasks import Task, TaskRegistry
@@ -70,13 +70,8 @@ def read_partitions(
                             return
             else:
                 ticket = protocol_pb2.Ticket(stage_key=key, partition_start=start, partition_end=end)
-                reader = peers.get(url).do_get(fl.Ticket(ticket.SerializeToString()))
-                while True:
-                    try:
-                        chunk = reader.read_chunk()
-                    except StopIteration:
-                        break
-                    if chunk.data is not None and chunk.data.num_rows and not offer((chunk.data, False)):
+                for batch in read_stream(peers.get(url), ticket.SerializeToString()):
+                    if not offer((batch, False)):
                         return
             offer(_END)
         except FlightExecError as exc:
