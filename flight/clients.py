@@ -14,18 +14,49 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from flight.errors import InvalidTaskError, TaskCancelledError, TaskFailedError, WorkerError, WorkerUnavailableError
-from flight.protocol import status_message
+from flight._proto import protocol_pb2
+from flight.errors import (
+    InvalidTaskError,
+    TaskCancelledError,
+    TaskFailedError,
+    WorkerBusyError,
+    WorkerError,
+    WorkerUnavailableError,
+)
+from flight.protocol import error_info_of, format_stage_key, status_message
 
-__all__ = ["ClientPool", "read_stream", "translate_flight_error"]
+__all__ = ["ClientPool", "error_from_info", "read_stream", "translate_flight_error"]
 
 log = logging.getLogger(__name__)
 
 
+def error_from_info(info: protocol_pb2.ErrorInfo, url: str, stage_key: str) -> WorkerError:
+    """A worker's structured ErrorInfo (an error frame, or a status's extra_info) as the matching own error."""
+    key = format_stage_key(info.stage_key) if info.HasField("stage_key") else stage_key
+    where = info.worker_url or url
+    code = info.code
+    if code in (protocol_pb2.ERROR_CODE_INVALID_ARGUMENT, protocol_pb2.ERROR_CODE_VERSION_MISMATCH, protocol_pb2.ERROR_CODE_TOO_LARGE):
+        return InvalidTaskError(info.message, field=info.field, worker_url=where, stage_key=key)
+    if code == protocol_pb2.ERROR_CODE_CANCELLED:
+        return TaskCancelledError(info.message, worker_url=where, stage_key=key)
+    if code == protocol_pb2.ERROR_CODE_BUSY:
+        return WorkerBusyError(info.message, worker_url=where, stage_key=key)
+    if code == protocol_pb2.ERROR_CODE_UNAVAILABLE:
+        return WorkerUnavailableError(info.message, worker_url=where, stage_key=key)
+    return TaskFailedError(info.message, worker_url=where, stage_key=key)
+
+
 def translate_flight_error(exc: BaseException, url: str, stage_key: str = "") -> WorkerError:
-    """A pyarrow/Flight exception from talking to ``url`` as the most specific own error."""
+    """A pyarrow/Flight exception from talking to ``url`` as the most specific own error.
+
+    A worker's own errors carry an ErrorInfo in ``extra_info``: that decides. Otherwise the
+    status class does (UNAVAILABLE is also what gRPC reports when it cannot connect).
+    """
+    info = error_info_of(exc)
+    if info is not None:
+        return error_from_info(info, url, stage_key)
     message = status_message(exc)
-    if isinstance(exc, fl.FlightUnavailableError) or "failed to connect" in message.lower():
+    if isinstance(exc, fl.FlightUnavailableError):
         return WorkerUnavailableError(f"worker {url} is unavailable: {message}", worker_url=url, stage_key=stage_key, cause=message)
     if isinstance(exc, fl.FlightTimedOutError):
         return WorkerUnavailableError(f"worker {url} timed out: {message}", worker_url=url, stage_key=stage_key, cause=message)

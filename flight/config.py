@@ -30,6 +30,15 @@ class WorkerOptions:
     """Seconds a DoGet waits for the task it names to be registered."""
     unit_delay_ms: float = 0.0
     """Extra milliseconds per work unit: makes a worker artificially slow, for skew tests and benchmarks."""
+    max_tasks: int = 256
+    """Tasks running at once; one more is refused as busy (retryable)."""
+    source_threads: int = 128
+    """Threads admitted tasks may hold while their sources wait (the I/O pool is sized to this plus a margin)."""
+    memory_budget: int = 4 << 30
+    """Bytes admitted tasks may reserve (output buffers and input queues); also the allocation above which
+    a busy worker admits nothing new."""
+    peer_timeout: float = 10.0
+    """Seconds without any message from a task's coordinator (heartbeats included) before the task is freed."""
 
 
 @dataclass(frozen=True)
@@ -58,3 +67,11 @@ class ExecOptions:
     """A join's right side estimated below this many bytes is broadcast to the other side's tasks."""
     rows_per_task: int = 250_000
     """Upper stages get one task per this many estimated input rows (never more than the workers)."""
+    deadline: float | None = None
+    """Seconds the whole query may take; past it every task is cancelled and ``QueryTimeoutError`` raised."""
+    heartbeat: float = 2.0
+    """Seconds between heartbeats on each task's exchange (both ways)."""
+    peer_timeout: float = 10.0
+    """Seconds without any message from a task's worker before the query fails naming that worker."""
+    admission_wait: float = 300.0
+    """Seconds to keep retrying while busy workers refuse the query's tasks (within ``deadline``)."""

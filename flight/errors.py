@@ -9,8 +9,10 @@
     │   ├── TaskFailedError         a task failed while running (bad unit, reader error, ...)
     │   ├── InvalidTaskError        the worker rejected the task's header, plan or frames
     │   └── RetryableError          the failure may pass if tried again
-    │       ├── WorkerUnavailableError  the worker did not answer within the deadline, or is draining
+    │       ├── WorkerUnavailableError  the worker did not answer within the deadline, went silent, or is draining
+    │       ├── WorkerBusyError         the worker is at capacity (the coordinator retries with a backoff)
     │       └── TaskCancelledError      the task was cancelled (query cancelled, worker drained)
+    ├── QueryTimeoutError           the query's deadline (ExecOptions.deadline) passed; also a TimeoutError
     └── FeedError                   a WorkUnitFeed was used where it cannot be (e.g. inner() on a worker)
 
 Exceptions raised by user code (a provider's ``feed()``) are not wrapped: the
@@ -25,11 +27,13 @@ __all__ = [
     "InvalidTaskError",
     "PlanError",
     "ProtocolError",
+    "QueryTimeoutError",
     "ResolverError",
     "RetryableError",
     "TaskCancelledError",
     "TaskFailedError",
     "VersionMismatchError",
+    "WorkerBusyError",
     "WorkerError",
     "WorkerUnavailableError",
 ]
@@ -100,3 +104,11 @@ class WorkerUnavailableError(RetryableError):
 
 class TaskCancelledError(RetryableError):
     """The task was cancelled before it finished."""
+
+
+class WorkerBusyError(RetryableError):
+    """The worker is at capacity and refused the task; its message says the worker's load."""
+
+
+class QueryTimeoutError(FlightExecError, TimeoutError):
+    """The query ran past ``ExecOptions.deadline``; every task was cancelled."""

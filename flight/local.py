@@ -15,13 +15,16 @@ from collections.abc import Iterable, Iterator
 import pyarrow as pa
 
 from flight._proto import plan_pb2
-from flight.engine.pipeline import compile_task
+from flight.engine.pipeline import compile_task, source_threads
 from flight.errors import PlanError
 from flight.feed import FeedContext, WorkUnitFeed, unit_bytes
 from flight.plan.query import Query
 from flight.planner import plan_query
 
 __all__ = ["run_local"]
+
+_IO_MARGIN = 8
+"""I/O threads beyond the plan's blocking sources, for readers that use the pool themselves."""
 
 
 class _Unit:
@@ -86,4 +89,10 @@ def run_local(query: Query, batch_rows: int = 64 * 1024) -> pa.RecordBatchReader
     stage = plan.head
     feeds = {f.feed.feed_id: (f.feed, f.partitions) for f in stage.feeds}
     inputs = _LocalInputs(feeds)
-    return compile_task(plan_pb2.StagePlan(root=stage.root.to_proto()), inputs, batch_rows)
+    stage_plan = plan_pb2.StagePlan(root=stage.root.to_proto())
+    # Every blocking source of the plan may hold an I/O thread while it waits (a worker admits
+    # tasks against the same count): a pool smaller than that deadlocks, so grow it (never shrink).
+    need = source_threads(stage_plan) + _IO_MARGIN
+    if pa.io_thread_count() < need:
+        pa.set_io_thread_count(need)
+    return compile_task(stage_plan, inputs, batch_rows)

@@ -8,29 +8,54 @@ naming the field that was wrong, and both sides share the same checks.
 
 from __future__ import annotations
 
+import re
+
 import pyarrow as pa
+import pyarrow.flight as fl
 from google.protobuf.message import DecodeError, Message
 
 from flight._proto import plan_pb2, protocol_pb2
 from flight.errors import ProtocolError, VersionMismatchError
+from flight.ipc import check_schema
+from flight.limits import (
+    MAX_FEED_PARTITIONS,
+    MAX_FEEDS,
+    MAX_FRAME_BYTES,
+    MAX_HEADER_BYTES,
+    MAX_ID_CHARS,
+    MAX_MESSAGE_CHARS,
+    MAX_OUTPUT_PARTITIONS,
+    MAX_OUTPUT_READERS,
+    MAX_TASK_COUNT,
+    MAX_UNIT_BYTES,
+    MAX_UNITS_PER_FRAME,
+    check_count,
+    clip,
+)
 
 __all__ = [
     "COMPRESSION",
     "PROTOCOL_VERSION",
     "ipc_options",
     "status_message",
+    "decode_cancel_request",
     "decode_coordinator_frame",
     "decode_header",
     "decode_schema",
     "decode_ticket",
     "decode_worker_frame",
+    "check_id",
+    "error_info_of",
+    "status_error",
     "encode_schema",
     "format_stage_key",
     "make_stage_key",
 ]
 
-PROTOCOL_VERSION = 1
-"""Bumped on any change a peer of the previous version would misread."""
+PROTOCOL_VERSION = 2
+"""Bumped on any change a peer of the previous version would misread (2: heartbeats, InputEnd, flat expressions)."""
+
+_ID = re.compile(r"[A-Za-z0-9._:-]{1,%d}" % MAX_ID_CHARS)
 
 
 COMPRESSION = {
@@ -74,25 +99,38 @@ def encode_schema(schema: pa.Schema) -> bytes:
 
 
 def decode_schema(data: bytes, field: str) -> pa.Schema:
-    """An Arrow IPC schema message; ``field`` names where it came from for the error."""
+    """An Arrow IPC schema message with unique column names; ``field`` names where it came from for the error."""
     if not data:
         raise ProtocolError(f"{field} is empty; expected an Arrow IPC schema", field=field)
     try:
-        return pa.ipc.read_schema(pa.py_buffer(data))
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
-        raise ProtocolError(f"{field} is not a valid Arrow IPC schema: {exc}", field=field) from exc
+        schema = pa.ipc.read_schema(pa.py_buffer(data))
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise ProtocolError(f"{field} is not a valid Arrow IPC schema: {clip(exc)}", field=field) from None
+    return check_schema(schema, field)
 
 
-def _parse(message: Message, data: bytes | memoryview | pa.Buffer, field: str) -> None:
+def _parse(message: Message, data: bytes | memoryview | pa.Buffer, field: str, limit: int) -> None:
+    size = data.size if isinstance(data, pa.Buffer) else len(data)
+    if size > limit:
+        raise ProtocolError(f"{field} is {size} bytes; at most {limit} are accepted", field=field)
     try:
         message.ParseFromString(bytes(data) if not isinstance(data, bytes) else data)
     except DecodeError as exc:
-        raise ProtocolError(f"{field} is not a valid {message.DESCRIPTOR.full_name}: {exc}", field=field) from exc
+        # upb refuses messages nested more than 100 deep, among others: say what, not where in C.
+        raise ProtocolError(f"{field} is not a valid {message.DESCRIPTOR.full_name}: {clip(exc)}", field=field) from None
+
+
+def check_id(value: str, field: str) -> None:
+    """A query or feed id: 1 to MAX_ID_CHARS of letters, digits and ``._:-`` (it is echoed in errors and logs)."""
+    if not _ID.fullmatch(value):
+        raise ProtocolError(
+            f"{field} must be 1 to {MAX_ID_CHARS} characters of letters, digits and '._:-', not {clip(value, 40)!r}",
+            field=field,
+        )
 
 
 def _check_stage_key(key: protocol_pb2.StageKey, field: str) -> None:
-    if not key.query_id:
-        raise ProtocolError(f"{field}.query_id is empty", field=f"{field}.query_id")
+    check_id(key.query_id, f"{field}.query_id")
 
 
 def decode_header(data: bytes) -> tuple[protocol_pb2.TaskHeader, plan_pb2.StagePlan]:
@@ -100,7 +138,7 @@ def decode_header(data: bytes) -> tuple[protocol_pb2.TaskHeader, plan_pb2.StageP
     if not data:
         raise ProtocolError("the DoExchange descriptor has no command; expected a TaskHeader", field="descriptor.cmd")
     header = protocol_pb2.TaskHeader()
-    _parse(header, data, "descriptor.cmd")
+    _parse(header, data, "descriptor.cmd", MAX_HEADER_BYTES)
     if header.protocol_version != PROTOCOL_VERSION:
         raise VersionMismatchError(
             f"protocol_version {header.protocol_version} is not supported; this worker speaks {PROTOCOL_VERSION}",
@@ -116,41 +154,65 @@ def decode_header(data: bytes) -> tuple[protocol_pb2.TaskHeader, plan_pb2.StageP
             f"header.stage_key.task_number {header.stage_key.task_number} is not below task_count {header.task_count}",
             field="header.stage_key.task_number",
         )
+    check_count(header.task_count, MAX_TASK_COUNT, "header.task_count", "tasks")
+    check_count(len(header.feeds), MAX_FEEDS, "header.feeds", "feeds")
+    check_count(sum(len(f.partitions) for f in header.feeds), MAX_FEED_PARTITIONS, "header.feeds", "feed partitions")
     seen: set[str] = set()
     for i, feed in enumerate(header.feeds):
-        if not feed.feed_id:
-            raise ProtocolError(f"header.feeds[{i}].feed_id is empty", field=f"header.feeds[{i}].feed_id")
+        check_id(feed.feed_id, f"header.feeds[{i}].feed_id")
         if feed.feed_id in seen:
             raise ProtocolError(f"header.feeds[{i}] repeats feed {feed.feed_id!r}", field=f"header.feeds[{i}].feed_id")
         seen.add(feed.feed_id)
+        if len(set(feed.partitions)) != len(feed.partitions):
+            raise ProtocolError(f"header.feeds[{i}].partitions repeats a partition", field=f"header.feeds[{i}].partitions")
     plan = plan_pb2.StagePlan()
     if not header.plan:
         raise ProtocolError("header.plan is empty; expected a StagePlan", field="header.plan")
-    _parse(plan, header.plan, "header.plan")
+    _parse(plan, header.plan, "header.plan", MAX_HEADER_BYTES)
     if not plan.HasField("root"):
         raise ProtocolError("header.plan.root is missing", field="header.plan.root")
+    check_count(plan.output.partitions, MAX_OUTPUT_PARTITIONS, "header.plan.output.partitions", "output partitions")
+    check_count(plan.output.readers, MAX_OUTPUT_READERS, "header.plan.output.readers", "readers per partition")
     return header, plan
 
 
 def decode_coordinator_frame(data: pa.Buffer | bytes) -> protocol_pb2.CoordinatorFrame:
     frame = protocol_pb2.CoordinatorFrame()
-    _parse(frame, data, "app_metadata")
-    if frame.WhichOneof("frame") is None:
+    _parse(frame, data, "app_metadata", MAX_FRAME_BYTES)
+    kind = frame.WhichOneof("frame")
+    if kind is None:
         raise ProtocolError("a CoordinatorFrame has no frame set", field="app_metadata.frame")
+    if kind == "units":
+        units = frame.units.units
+        check_count(len(units), MAX_UNITS_PER_FRAME, "app_metadata.units.units", "units in one frame")
+        for i, unit in enumerate(units):
+            if len(unit.body) > MAX_UNIT_BYTES:
+                raise ProtocolError(
+                    f"work unit {i} is {len(unit.body)} bytes; a unit may be at most {MAX_UNIT_BYTES}",
+                    field=f"app_metadata.units.units[{i}].body",
+                )
     return frame
 
 
 def decode_worker_frame(data: pa.Buffer | bytes) -> protocol_pb2.WorkerFrame:
     frame = protocol_pb2.WorkerFrame()
-    _parse(frame, data, "app_metadata")
+    _parse(frame, data, "app_metadata", MAX_FRAME_BYTES)
     if frame.WhichOneof("frame") is None:
         raise ProtocolError("a WorkerFrame has no frame set", field="app_metadata.frame")
     return frame
 
 
+def decode_cancel_request(data: bytes) -> protocol_pb2.CancelRequest:
+    """The body of the ``cancel`` action."""
+    req = protocol_pb2.CancelRequest()
+    _parse(req, data, "body", MAX_HEADER_BYTES)
+    check_id(req.query_id, "body.query_id")
+    return req
+
+
 def decode_ticket(data: bytes) -> protocol_pb2.Ticket:
     ticket = protocol_pb2.Ticket()
-    _parse(ticket, data, "ticket")
+    _parse(ticket, data, "ticket", MAX_HEADER_BYTES)
     if not ticket.HasField("stage_key"):
         raise ProtocolError("ticket.stage_key is missing", field="ticket.stage_key")
     _check_stage_key(ticket.stage_key, "ticket.stage_key")
@@ -159,4 +221,39 @@ def decode_ticket(data: bytes) -> protocol_pb2.Ticket:
             f"ticket partition range [{ticket.partition_start}, {ticket.partition_end}) is empty",
             field="ticket.partition_end",
         )
+    check_count(ticket.partition_end, MAX_OUTPUT_PARTITIONS, "ticket.partition_end", "partitions")
     return ticket
+
+
+_STATUS = {
+    protocol_pb2.ERROR_CODE_CANCELLED: fl.FlightCancelledError,
+    protocol_pb2.ERROR_CODE_UNAVAILABLE: fl.FlightUnavailableError,
+    protocol_pb2.ERROR_CODE_BUSY: fl.FlightUnavailableError,
+}
+"""Flight status classes by ErrorInfo code; every other code is a FlightServerError (gRPC UNKNOWN).
+
+pyarrow adds a Python traceback to the status of any exception that is not a FlightError
+(an ``ArrowInvalid`` becomes INVALID_ARGUMENT *with* the handler's traceback and file paths),
+so a worker raises only FlightErrors; what kind of failure it was travels in the ErrorInfo."""
+
+
+def status_error(info: protocol_pb2.ErrorInfo) -> fl.FlightError:
+    """The Flight error a handler raises for ``info``: its message (clipped) as the status text,
+    the serialized ErrorInfo as ``extra_info`` so clients never parse text."""
+    info.message = clip(info.message, MAX_MESSAGE_CHARS)
+    kind = _STATUS.get(info.code, fl.FlightServerError)
+    text = info.message + (f" [field: {info.field}]" if info.field else "")
+    return kind(text, extra_info=info.SerializeToString())
+
+
+def error_info_of(exc: BaseException) -> protocol_pb2.ErrorInfo | None:
+    """The ErrorInfo a worker put in a Flight error's ``extra_info``, if there is a valid one."""
+    extra = getattr(exc, "extra_info", None)
+    if not extra:
+        return None
+    info = protocol_pb2.ErrorInfo()
+    try:
+        info.ParseFromString(extra[:MAX_FRAME_BYTES] if isinstance(extra, bytes) else bytes(extra)[:MAX_FRAME_BYTES])
+    except DecodeError:
+        return None
+    return info if info.code != protocol_pb2.ERROR_CODE_UNSPECIFIED else None

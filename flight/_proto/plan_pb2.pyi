@@ -27,7 +27,35 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
 class Expression(_message.Message):
-    """---------------------------------------------------------------- expressions"""
+    """---------------------------------------------------------------- expressions
+
+    An expression as a flat list of nodes in post-order: a call's arguments are
+    earlier nodes, named by their index; the last node is the root. Flat, so the
+    expression's depth never nests protobuf messages. A node may be an argument
+    of several later calls (a shared subexpression is sent once).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ExprNode]: ...
+    def __init__(
+        self,
+        *,
+        nodes: _abc.Iterable[Global___ExprNode] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["nodes", b"nodes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Expression: _TypeAlias = Expression  # noqa: Y015
+
+@_typing.final
+class ExprNode(_message.Message):
+    """One node of an Expression: exactly one kind is set."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -55,7 +83,7 @@ class Expression(_message.Message):
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
-Global___Expression: _TypeAlias = Expression  # noqa: Y015
+Global___ExprNode: _TypeAlias = ExprNode  # noqa: Y015
 
 @_typing.final
 class FieldRef(_message.Message):
@@ -121,7 +149,9 @@ Global___Literal: _TypeAlias = Literal  # noqa: Y015
 
 @_typing.final
 class Call(_message.Message):
-    """A call of a whitelisted pyarrow.compute function."""
+    """A call of a whitelisted pyarrow.compute function. `args` are indexes of
+    earlier nodes of the same Expression (each smaller than this node's own).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -130,14 +160,14 @@ class Call(_message.Message):
     OPTIONS_FIELD_NUMBER: _builtins.int
     function: _builtins.str
     @_builtins.property
-    def args(self) -> _containers.RepeatedCompositeFieldContainer[Global___Expression]: ...
+    def args(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def options(self) -> Global___FunctionOptions: ...
     def __init__(
         self,
         *,
         function: _builtins.str = ...,
-        args: _abc.Iterable[Global___Expression] | None = ...,
+        args: _abc.Iterable[_builtins.int] | None = ...,
         options: Global___FunctionOptions | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015

@@ -60,8 +60,14 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """the task failed while running (e.g. a unit could not be read)"""
     ERROR_CODE_CANCELLED: _ErrorCode.ValueType  # 3
     ERROR_CODE_UNAVAILABLE: _ErrorCode.ValueType  # 4
-    """the worker is draining"""
+    """the worker is draining, or a peer went silent"""
     ERROR_CODE_VERSION_MISMATCH: _ErrorCode.ValueType  # 5
+    ERROR_CODE_BUSY: _ErrorCode.ValueType  # 6
+    """the worker is at capacity: retry later (the message says its load)"""
+    ERROR_CODE_NOT_FOUND: _ErrorCode.ValueType  # 7
+    """no such task on this worker (a DoGet ticket)"""
+    ERROR_CODE_TOO_LARGE: _ErrorCode.ValueType  # 8
+    """a size the peer chose is above this worker's limit"""
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper): ...
 
@@ -72,8 +78,14 @@ ERROR_CODE_EXECUTION: ErrorCode.ValueType  # 2
 """the task failed while running (e.g. a unit could not be read)"""
 ERROR_CODE_CANCELLED: ErrorCode.ValueType  # 3
 ERROR_CODE_UNAVAILABLE: ErrorCode.ValueType  # 4
-"""the worker is draining"""
+"""the worker is draining, or a peer went silent"""
 ERROR_CODE_VERSION_MISMATCH: ErrorCode.ValueType  # 5
+ERROR_CODE_BUSY: ErrorCode.ValueType  # 6
+"""the worker is at capacity: retry later (the message says its load)"""
+ERROR_CODE_NOT_FOUND: ErrorCode.ValueType  # 7
+"""no such task on this worker (a DoGet ticket)"""
+ERROR_CODE_TOO_LARGE: ErrorCode.ValueType  # 8
+"""a size the peer chose is above this worker's limit"""
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 
 @_typing.final
@@ -110,22 +122,28 @@ class TaskOptions(_message.Message):
     IPC_COMPRESSION_FIELD_NUMBER: _builtins.int
     FEED_WINDOW_FIELD_NUMBER: _builtins.int
     OUTPUT_BUFFER_BYTES_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_MS_FIELD_NUMBER: _builtins.int
     ipc_compression: Global___Compression.ValueType
     """for the task's output streams"""
     feed_window: _builtins.int
     """most units a task keeps asked-for per partition; 0 = worker default"""
     output_buffer_bytes: _builtins.int
     """bound of the task's output buffer; 0 = worker default"""
+    heartbeat_ms: _builtins.int
+    """How often the coordinator sends a Heartbeat (ms; 0 = the default, 2000). The worker
+    answers with its own heartbeats at the same interval (clamped to [200, 10000]).
+    """
     def __init__(
         self,
         *,
         ipc_compression: Global___Compression.ValueType = ...,
         feed_window: _builtins.int = ...,
         output_buffer_bytes: _builtins.int = ...,
+        heartbeat_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["feed_window", b"feed_window", "ipc_compression", b"ipc_compression", "output_buffer_bytes", b"output_buffer_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["feed_window", b"feed_window", "heartbeat_ms", b"heartbeat_ms", "ipc_compression", b"ipc_compression", "output_buffer_bytes", b"output_buffer_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -310,30 +328,83 @@ class Cancel(_message.Message):
 Global___Cancel: _TypeAlias = Cancel  # noqa: Y015
 
 @_typing.final
+class Heartbeat(_message.Message):
+    """"I am alive": sent every TaskOptions.heartbeat_ms by both sides, so a peer that
+    stops answering (frozen, partitioned) is noticed without gRPC keepalives.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Heartbeat: _TypeAlias = Heartbeat  # noqa: Y015
+
+@_typing.final
+class InputEnd(_message.Message):
+    """The end of a map stage's input: what the client sent. The worker compares it with
+    what it received; an upload that ends without it, or with other counts, fails.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROWS_FIELD_NUMBER: _builtins.int
+    BATCHES_FIELD_NUMBER: _builtins.int
+    rows: _builtins.int
+    batches: _builtins.int
+    def __init__(
+        self,
+        *,
+        rows: _builtins.int = ...,
+        batches: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches", b"batches", "rows", b"rows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InputEnd: _TypeAlias = InputEnd  # noqa: Y015
+
+@_typing.final
 class CoordinatorFrame(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     UNITS_FIELD_NUMBER: _builtins.int
     FEED_END_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_FIELD_NUMBER: _builtins.int
+    INPUT_END_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def units(self) -> Global___WorkUnitBatch: ...
     @_builtins.property
     def feed_end(self) -> Global___FeedEnd: ...
     @_builtins.property
     def cancel(self) -> Global___Cancel: ...
+    @_builtins.property
+    def heartbeat(self) -> Global___Heartbeat: ...
+    @_builtins.property
+    def input_end(self) -> Global___InputEnd: ...
     def __init__(
         self,
         *,
         units: Global___WorkUnitBatch | None = ...,
         feed_end: Global___FeedEnd | None = ...,
         cancel: Global___Cancel | None = ...,
+        heartbeat: Global___Heartbeat | None = ...,
+        input_end: Global___InputEnd | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "feed_end", b"feed_end", "frame", b"frame", "units", b"units"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "feed_end", b"feed_end", "frame", b"frame", "heartbeat", b"heartbeat", "input_end", b"input_end", "units", b"units"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "feed_end", b"feed_end", "frame", b"frame", "units", b"units"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "feed_end", b"feed_end", "frame", b"frame", "heartbeat", b"heartbeat", "input_end", b"input_end", "units", b"units"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_frame: _TypeAlias = _typing.Literal["units", "feed_end", "cancel"]  # noqa: Y015
+    _WhichOneofReturnType_frame: _TypeAlias = _typing.Literal["units", "feed_end", "cancel", "heartbeat", "input_end"]  # noqa: Y015
     _WhichOneofArgType_frame: _TypeAlias = _typing.Literal["frame", b"frame"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_frame) -> _WhichOneofReturnType_frame | None: ...
 
@@ -403,17 +474,32 @@ class LoadInfo(_message.Message):
 
     RUNNING_TASKS_FIELD_NUMBER: _builtins.int
     BUFFERED_BYTES_FIELD_NUMBER: _builtins.int
+    SOURCE_THREADS_FIELD_NUMBER: _builtins.int
+    SOURCE_THREADS_MAX_FIELD_NUMBER: _builtins.int
+    RESERVED_BYTES_FIELD_NUMBER: _builtins.int
+    MEMORY_BUDGET_FIELD_NUMBER: _builtins.int
     running_tasks: _builtins.int
     buffered_bytes: _builtins.int
+    source_threads: _builtins.int
+    """threads admitted tasks hold (reserved)"""
+    source_threads_max: _builtins.int
+    """the worker's capacity"""
+    reserved_bytes: _builtins.int
+    """memory admitted tasks reserved"""
+    memory_budget: _builtins.int
     def __init__(
         self,
         *,
         running_tasks: _builtins.int = ...,
         buffered_bytes: _builtins.int = ...,
+        source_threads: _builtins.int = ...,
+        source_threads_max: _builtins.int = ...,
+        reserved_bytes: _builtins.int = ...,
+        memory_budget: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffered_bytes", b"buffered_bytes", "running_tasks", b"running_tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffered_bytes", b"buffered_bytes", "memory_budget", b"memory_budget", "reserved_bytes", b"reserved_bytes", "running_tasks", b"running_tasks", "source_threads", b"source_threads", "source_threads_max", b"source_threads_max"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -577,6 +663,7 @@ class WorkerFrame(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     FINISHED_FIELD_NUMBER: _builtins.int
     DRAINED_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def ready(self) -> Global___Ready: ...
     @_builtins.property
@@ -593,6 +680,8 @@ class WorkerFrame(_message.Message):
     def drained(self) -> Global___Drained:
         """after finished: every output partition has been read by all its readers"""
 
+    @_builtins.property
+    def heartbeat(self) -> Global___Heartbeat: ...
     def __init__(
         self,
         *,
@@ -602,12 +691,13 @@ class WorkerFrame(_message.Message):
         error: Global___ErrorInfo | None = ...,
         finished: Global___TaskMetrics | None = ...,
         drained: Global___Drained | None = ...,
+        heartbeat: Global___Heartbeat | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["credit", b"credit", "drained", b"drained", "error", b"error", "finished", b"finished", "frame", b"frame", "load", b"load", "ready", b"ready"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["credit", b"credit", "drained", b"drained", "error", b"error", "finished", b"finished", "frame", b"frame", "heartbeat", b"heartbeat", "load", b"load", "ready", b"ready"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["credit", b"credit", "drained", b"drained", "error", b"error", "finished", b"finished", "frame", b"frame", "load", b"load", "ready", b"ready"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credit", b"credit", "drained", b"drained", "error", b"error", "finished", b"finished", "frame", b"frame", "heartbeat", b"heartbeat", "load", b"load", "ready", b"ready"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_frame: _TypeAlias = _typing.Literal["ready", "credit", "load", "error", "finished", "drained"]  # noqa: Y015
+    _WhichOneofReturnType_frame: _TypeAlias = _typing.Literal["ready", "credit", "load", "error", "finished", "drained", "heartbeat"]  # noqa: Y015
     _WhichOneofArgType_frame: _TypeAlias = _typing.Literal["frame", b"frame"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_frame) -> _WhichOneofReturnType_frame | None: ...
 
@@ -733,12 +823,15 @@ class WorkerInfo(_message.Message):
     BUFFERED_BYTES_FIELD_NUMBER: _builtins.int
     DRAINING_FIELD_NUMBER: _builtins.int
     URL_FIELD_NUMBER: _builtins.int
+    LOAD_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     protocol_version: _builtins.int
     running_tasks: _builtins.int
     buffered_bytes: _builtins.int
     draining: _builtins.bool
     url: _builtins.str
+    @_builtins.property
+    def load(self) -> Global___LoadInfo: ...
     def __init__(
         self,
         *,
@@ -748,10 +841,11 @@ class WorkerInfo(_message.Message):
         buffered_bytes: _builtins.int = ...,
         draining: _builtins.bool = ...,
         url: _builtins.str = ...,
+        load: Global___LoadInfo | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["load", b"load"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffered_bytes", b"buffered_bytes", "draining", b"draining", "protocol_version", b"protocol_version", "running_tasks", b"running_tasks", "url", b"url", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffered_bytes", b"buffered_bytes", "draining", b"draining", "load", b"load", "protocol_version", b"protocol_version", "running_tasks", b"running_tasks", "url", b"url", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

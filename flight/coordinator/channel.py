@@ -10,42 +10,28 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
 from flight._proto import protocol_pb2
-from flight.clients import translate_flight_error
-from flight.errors import (
-    FlightExecError,
-    InvalidTaskError,
-    ProtocolError,
-    TaskCancelledError,
-    TaskFailedError,
-    WorkerError,
-    WorkerUnavailableError,
-)
+from flight.clients import error_from_info, translate_flight_error
+from flight.errors import FlightExecError, ProtocolError, TaskFailedError, WorkerError, WorkerUnavailableError
 from flight.protocol import decode_schema, decode_worker_frame, format_stage_key, status_message
 
-__all__ = ["TaskChannel", "error_from_frame"]
+__all__ = ["TaskChannel"]
 
 log = logging.getLogger(__name__)
 
+_LOCK_WAIT_S = 1.0
+"""How long abort/finish wait for a writer or reader before cancelling the call instead."""
+_READER_EXIT_S = 5.0
+"""How long a cancelled call's reader thread may take to notice."""
+
 CreditHandler = Callable[["TaskChannel", str, int, int], None]
 ErrorHandler = Callable[["TaskChannel", BaseException], None]
-
-
-def error_from_frame(info: protocol_pb2.ErrorInfo, url: str, stage_key: str) -> WorkerError:
-    key = format_stage_key(info.stage_key) if info.HasField("stage_key") else stage_key
-    where = info.worker_url or url
-    if info.code in (protocol_pb2.ERROR_CODE_INVALID_ARGUMENT, protocol_pb2.ERROR_CODE_VERSION_MISMATCH):
-        return InvalidTaskError(info.message, field=info.field, worker_url=where, stage_key=key)
-    if info.code == protocol_pb2.ERROR_CODE_CANCELLED:
-        return TaskCancelledError(info.message, worker_url=where, stage_key=key)
-    if info.code == protocol_pb2.ERROR_CODE_UNAVAILABLE:
-        return WorkerUnavailableError(info.message, worker_url=where, stage_key=key)
-    return TaskFailedError(info.message, worker_url=where, stage_key=key)
 
 
 class TaskChannel:
@@ -58,8 +44,13 @@ class TaskChannel:
         *,
         on_credit: CreditHandler | None = None,
         on_error: ErrorHandler | None = None,
+        heartbeat: float = 2.0,
+        peer_timeout: float = 10.0,
     ) -> None:
         self.url = url
+        self.heartbeat = heartbeat
+        self.peer_timeout = peer_timeout
+        self.last_heard = time.monotonic()  # any message from the worker, heartbeats included
         self.header = header
         self.key = format_stage_key(header.stage_key)
         self.ready = threading.Event()
@@ -83,7 +74,33 @@ class TaskChannel:
             self._writer, self._reader = client.do_exchange(descriptor)
         except (pa.ArrowException, OSError) as exc:
             raise translate_flight_error(exc, self.url, self.key) from exc
-        threading.Thread(target=self._read, name=f"channel-{self.key}", daemon=True).start()
+        self.last_heard = time.monotonic()
+        self._reading = threading.Thread(target=self._read, name=f"channel-{self.key}", daemon=True)
+        self._reading.start()
+        threading.Thread(target=self._keep_alive, name=f"beat-{self.key}", daemon=True).start()
+
+    def _keep_alive(self) -> None:
+        """Heartbeats to the worker, and the watch for a worker that went silent.
+
+        The silence check comes first and never waits on the writer: a write to a frozen
+        worker may block once gRPC's flow-control window is full.
+        """
+        frame = protocol_pb2.CoordinatorFrame(heartbeat=protocol_pb2.Heartbeat())
+        while not self.done.wait(self.heartbeat):
+            silent = time.monotonic() - self.last_heard
+            if silent > self.peer_timeout:
+                self._fail(
+                    WorkerUnavailableError(
+                        f"worker {self.url} sent nothing for {silent:.0f}s (heartbeats included): "
+                        "it is frozen, overloaded or unreachable",
+                        worker_url=self.url,
+                        stage_key=self.key,
+                    )
+                )
+                self._cancel_call()
+                return
+            if not self._closing:
+                self.send(frame)
 
     def wait_ready(self, deadline_s: float) -> None:
         """Block until the worker accepted the task; a clear error naming the URL otherwise."""
@@ -122,18 +139,49 @@ class TaskChannel:
                 log.debug("task %s: half-close failed: %s", self.key, exc)
 
     def abort(self, reason: str) -> None:
-        """Cancel the task: tell the worker why, then cut the exchange."""
-        self.send(protocol_pb2.CoordinatorFrame(cancel=protocol_pb2.Cancel(reason=reason)))
-        self.close()
+        """Cancel the task: tell the worker why, then cut the exchange.
+
+        The lock is only tried for a moment: a write blocked on a frozen worker holds it,
+        and cancelling the call (thread-safe in gRPC) is what unblocks that write.
+        """
+        if self._lock.acquire(timeout=_LOCK_WAIT_S):
+            try:
+                if not self._closing and self._writer is not None:
+                    self._closing = True
+                    frame = protocol_pb2.CoordinatorFrame(cancel=protocol_pb2.Cancel(reason=reason[:200]))
+                    self._writer.write_metadata(pa.py_buffer(frame.SerializeToString()))
+                    self._writer.done_writing()
+            except (pa.ArrowException, OSError) as exc:
+                log.debug("task %s: sending the cancel failed: %s", self.key, exc)
+            finally:
+                self._lock.release()
+        self._cancel_call()
+
+    def detach(self) -> None:
+        """Stop reporting errors: the caller let this task go on purpose (a refused attempt)."""
+        self._on_error = None
+        self._on_credit = None
+
+    def _cancel_call(self) -> None:
         if self._reader is not None and not self.done.is_set():
             try:
                 self._reader.cancel()
             except (pa.ArrowException, OSError) as exc:
-                log.debug("task %s: cancelling the reader failed: %s", self.key, exc)
+                log.debug("task %s: cancelling the call failed: %s", self.key, exc)
 
     def finish(self) -> None:
-        """Close the writer side for good and release the stream."""
+        """Close the writer side for good and release the stream.
+
+        Closing a Flight writer finishes the call, which must not overlap a read on
+        another thread: wait for the reader thread to end (cancelling the call if it
+        does not), and leave the writer to the garbage collector if it never does.
+        """
         self.close()
+        if self._reader is not None and not self.done.wait(_LOCK_WAIT_S):
+            self._cancel_call()
+            if not self.done.wait(_READER_EXIT_S):
+                log.warning("task %s: the exchange's reader did not stop; leaving the stream open", self.key)
+                return
         with self._lock:
             writer, self._writer = self._writer, None
         if writer is not None:
@@ -159,6 +207,7 @@ class TaskChannel:
                     chunk = self._reader.read_chunk()
                 except StopIteration:
                     break
+                self.last_heard = time.monotonic()
                 if chunk.app_metadata is not None and chunk.app_metadata.size:
                     self._handle(decode_worker_frame(chunk.app_metadata))
             if self.metrics is None and self.error is None and not self._closing:
@@ -186,7 +235,7 @@ class TaskChannel:
             if self._on_credit is not None:
                 self._on_credit(self, frame.credit.feed_id, frame.credit.partition, frame.credit.credits)
         elif kind == "error":
-            self._fail(error_from_frame(frame.error, self.url, self.key))
+            self._fail(error_from_info(frame.error, self.url, self.key))
         elif kind == "finished":
             self.metrics = frame.finished
             self.finished.set()

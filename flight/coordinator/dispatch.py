@@ -126,6 +126,13 @@ class FeedDispatcher:
         self._by_channel.setdefault(channel, []).append(slot)
         self._urls.add(channel.url)
 
+    def clear_slots(self) -> None:
+        """Forget every task (before any unit was sent): the query retries with new tasks."""
+        with self._cond:
+            self._slots.clear()
+            self._by_channel.clear()
+            self._urls.clear()
+
     @property
     def stats(self) -> list[PartitionStats]:
         return [s.stats for s in self._slots.values()]

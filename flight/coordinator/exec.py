@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import random
 import threading
 import time
 import uuid
@@ -30,7 +31,15 @@ from flight.coordinator.channel import TaskChannel
 from flight.coordinator.dispatch import FeedDispatcher, Source
 from flight.coordinator.explain import explain_plan
 from flight.coordinator.metrics import QueryMetrics, TaskStats
-from flight.errors import FlightExecError, PlanError, ResolverError, TaskCancelledError, WorkerError
+from flight.errors import (
+    FlightExecError,
+    PlanError,
+    QueryTimeoutError,
+    ResolverError,
+    TaskCancelledError,
+    WorkerBusyError,
+    WorkerError,
+)
 from flight.estimate import DefaultTaskEstimator, TaskEstimator
 from flight.plan.query import Query
 from flight.planner import PlannerOptions, QueryPlan, StageSpec, plan_query
@@ -40,6 +49,10 @@ from flight.resolver import StaticWorkerResolver, WorkerResolver
 __all__ = ["DetachedQuery", "DistributedExec", "HeadPartition"]
 
 log = logging.getLogger(__name__)
+
+_BACKOFF_S = 0.05
+_MAX_BACKOFF_S = 1.0
+"""Retrying a query that busy workers refused: jittered exponential backoff between these."""
 
 
 class DistributedExec:
@@ -172,7 +185,9 @@ class _Run:
         self.ex = ex
         self.options = ex.options
         self.plan = ex.plan
-        self.query_id = ex.query_id = uuid.uuid4().hex[:16]
+        self.base_id = self.query_id = ex.query_id = uuid.uuid4().hex[:16]
+        self.admitted = False  # every task accepted: from then on any error fails the query
+        self.retries = 0
         self.clients = ClientPool()
         self.results: queue.Queue[object] = queue.Queue(maxsize=max(1, self.options.result_queue_batches))
         self.error: BaseException | None = None
@@ -192,6 +207,14 @@ class _Run:
         self.started = time.perf_counter()
         self.first_batch_s: float | None = None
         self.ex.bound = {}
+        self._timer: threading.Timer | None = None
+        if self.options.deadline is not None:
+            self._timer = threading.Timer(self.options.deadline, self._expire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _expire(self) -> None:
+        self.fail(QueryTimeoutError(f"query {self.base_id} ran past its deadline of {self.options.deadline:g}s; every task was cancelled"))
 
     def fail(self, error: BaseException) -> None:
         """Record the first failure and stop everything; later errors are consequences."""
@@ -258,6 +281,7 @@ class _Run:
                 ipc_compression=COMPRESSION[opts.compression],
                 feed_window=opts.feed_window,
                 output_buffer_bytes=opts.output_buffer_bytes,
+                heartbeat_ms=int(opts.heartbeat * 1000),
             ),
         )
 
@@ -285,13 +309,7 @@ class _Run:
                 # Stages start at different workers, so a small stage does not always land on the first.
                 offset = stage.stage_id % len(urls)
                 self.ex.bound[stage.stage_id] = [urls[(offset + t) % len(urls)] for t in range(counts[stage.stage_id])]
-            for stage in self.plan.stages:
-                self._stage_channels(stage, counts)
-            for channel in self.channels:
-                channel.open(self.clients.get(channel.url))
-            deadline = time.monotonic() + self.options.connect_timeout
-            for channel in self.channels:
-                channel.wait_ready(max(0.0, deadline - time.monotonic()))
+            self._admit(counts)
             for channel in self.by_stage[self.plan.head.stage_id]:
                 self._check_schema(channel)
         except BaseException as exc:
@@ -301,7 +319,63 @@ class _Run:
             if self.error is not None and self.error is not exc:
                 raise self.error from None
             raise
+        self.admitted = True
         self.dispatcher.start_sending()
+
+    def _admit(self, counts: dict[int, int]) -> None:
+        """Open every task at once; while a busy worker refuses one, let all go and try again.
+
+        All or nothing, never holding some tasks while waiting for others: two queries that
+        each hold part of the workers can never wait for each other (docs/architecture.md,
+        "Capacity"). Nothing was sent to any task yet, so a retry starts from scratch, under
+        a fresh query id (task keys are never reused on a worker).
+        """
+        started = time.monotonic()
+        backoff = _BACKOFF_S
+        attempt = 0
+        while True:
+            for stage in self.plan.stages:
+                self._stage_channels(stage, counts)
+            try:
+                for channel in self.channels:
+                    channel.open(self.clients.get(channel.url))
+                deadline = time.monotonic() + self.options.connect_timeout
+                for channel in self.channels:
+                    channel.wait_ready(max(0.0, deadline - time.monotonic()))
+                return
+            except WorkerBusyError as exc:
+                busy = exc
+            self._let_go()
+            waited = time.monotonic() - started
+            if waited + backoff > self.options.admission_wait or self.failed.is_set():
+                raise WorkerBusyError(
+                    f"the workers stayed at capacity for {waited:.1f}s ({attempt + 1} attempts); last refusal: {busy.cause}",
+                    worker_url=busy.worker_url,
+                )
+            attempt += 1
+            self.retries = attempt
+            log.debug("query %s: %s; retrying in %.2fs", self.query_id, busy, backoff)
+            if self.failed.wait(backoff * random.uniform(0.5, 1.0)):
+                raise self.error or busy
+            backoff = min(backoff * 2, _MAX_BACKOFF_S)
+            self.query_id = self.ex.query_id = f"{self.base_id}.{attempt}"
+
+    def _let_go(self) -> None:
+        """Release every task of a refused attempt and forget its channels."""
+        for channel in self.channels:
+            channel.detach()
+            channel.abort("the query waits for capacity and will retry")
+        for channel in self.channels:
+            channel.finish()
+        self.channels = []
+        self.by_stage = {}
+        self.dispatcher.clear_slots()
+
+    def _channel_error(self, channel: TaskChannel, error: BaseException) -> None:
+        """A task's error fails the query, except a busy refusal while tasks are still being admitted."""
+        if isinstance(error, WorkerBusyError) and not self.admitted:
+            return  # wait_ready raises it, and _admit retries
+        self.fail(error)
 
     def _stage_channels(self, stage: StageSpec, counts: dict[int, int]) -> None:
         count = counts[stage.stage_id]
@@ -309,7 +383,12 @@ class _Run:
         for task, assigned in enumerate(stage.assignments(count)):
             header = self._header(stage, task, count, self._task_plan(stage, task, counts), assigned)
             channel = TaskChannel(
-                header.target_worker_url, header, on_credit=self.dispatcher.on_credit, on_error=lambda ch, err: self.fail(err)
+                header.target_worker_url,
+                header,
+                on_credit=self.dispatcher.on_credit,
+                on_error=self._channel_error,
+                heartbeat=self.options.heartbeat,
+                peer_timeout=self.options.peer_timeout,
             )
             channels.append(channel)
             self.channels.append(channel)
@@ -394,6 +473,8 @@ class _Run:
                 return
             self._finished = True
         self.dispatcher.stop()
+        if self._timer is not None:
+            self._timer.cancel()
         for channel in self.channels:
             channel.finish()
         self.clients.close()

@@ -14,14 +14,13 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
 from flight._proto import plan_pb2, protocol_pb2
-from flight.clients import translate_flight_error
-from flight.coordinator.channel import error_from_frame
+from flight.clients import error_from_info, translate_flight_error
 from flight.errors import PlanError, TaskFailedError, WorkerUnavailableError
 from flight.plan.nodes import ExchangeInputNode
 from flight.plan.query import Query
@@ -42,6 +41,7 @@ def map_batches(
     query_id: str | None = None,
     task_number: int = 0,
     connect_timeout: float = 10.0,
+    heartbeat: float = 2.0,
 ) -> Iterator[pa.RecordBatch]:
     """Run a map stage over ``batches`` on ``worker_url``; yield its output batches as they come.
 
@@ -49,7 +49,10 @@ def map_batches(
     early (the caller's error, a limit, a worker's error frame) tells the upload
     to stop, cancels the call (thread-safe in gRPC; it unblocks a blocked write),
     waits for the upload thread, and only then closes the writer: a Flight
-    writer used from two threads at once aborts the process.
+    writer used from two threads at once aborts the process (every write takes
+    one lock). After the last batch the upload sends ``InputEnd`` with its counts;
+    heartbeats keep the task alive until the worker's ``finished``, which the
+    reading side answers with the half-close that releases the task.
     """
     plan = _plan_bytes(stage)
     url = worker_url
@@ -62,6 +65,7 @@ def map_batches(
         plan=plan,
         target_worker_url=url,
         query_start_unix_nanos=time.time_ns(),
+        options=protocol_pb2.TaskOptions(heartbeat_ms=int(heartbeat * 1000)),
     )
     client = None
     try:
@@ -75,6 +79,30 @@ def map_batches(
     ready = threading.Event()
     stop = threading.Event()  # finished, failed or abandoned: send no more input
     upload_error: list[BaseException] = []
+    wlock = threading.Lock()  # every use of the writer
+    half_closed = [False]
+
+    def write(action: Callable[[], object]) -> None:
+        with wlock:
+            if not half_closed[0]:
+                action()
+
+    def half_close() -> None:
+        with wlock:
+            if not half_closed[0]:
+                half_closed[0] = True
+                try:
+                    writer.done_writing()
+                except (pa.ArrowException, OSError) as exc:
+                    log.debug("task %s: half-close: %s", label, exc)
+
+    def beat() -> None:
+        frame = pa.py_buffer(protocol_pb2.CoordinatorFrame(heartbeat=protocol_pb2.Heartbeat()).SerializeToString())
+        while not stop.wait(heartbeat):
+            try:
+                write(lambda: writer.write_metadata(frame))
+            except (pa.ArrowException, OSError):
+                return
 
     def fail_upload(exc: BaseException) -> None:
         upload_error.append(exc)
@@ -99,6 +127,7 @@ def map_batches(
                 return
         source = iter(batches)
         started = False
+        rows = sent = 0
         while not stop.is_set():
             try:
                 batch = next(source)
@@ -110,22 +139,28 @@ def map_batches(
                 return
             try:
                 if not started:
-                    writer.begin(batch.schema)
+                    write(lambda: writer.begin(batch.schema))
                     started = True
-                writer.write_batch(batch)
+                write(lambda: writer.write_batch(batch))
+                rows, sent = rows + batch.num_rows, sent + 1
             except (pa.ArrowException, OSError) as exc:
                 # Usually the worker ended the call (its error frame is on the way to the consumer);
                 # if nothing ends the exchange soon, the error was ours (e.g. a batch of another schema).
                 if not stop.wait(2.0):
                     fail_upload(exc)
                 return
+        if stop.is_set():
+            return  # finished early (e.g. a limit) or failed: the input's end does not matter
+        end = protocol_pb2.CoordinatorFrame(input_end=protocol_pb2.InputEnd(rows=rows, batches=sent))
         try:
-            writer.done_writing()  # the end of the input, or (after `finished`) the release
+            write(lambda: writer.write_metadata(pa.py_buffer(end.SerializeToString())))
         except (pa.ArrowException, OSError) as exc:
-            log.debug("task %s: half-close: %s", label, exc)
+            log.debug("task %s: sending InputEnd: %s", label, exc)
 
     thread = threading.Thread(target=upload, name=f"map-upload-{label}", daemon=True)
     thread.start()
+    beating = threading.Thread(target=beat, name=f"map-beat-{label}", daemon=True)
+    beating.start()
     finished = False
     try:
         while True:
@@ -143,10 +178,11 @@ def map_batches(
                 if kind == "ready":
                     ready.set()
                 elif kind == "error":
-                    raise error_from_frame(frame.error, url, label)
+                    raise error_from_info(frame.error, url, label)
                 elif kind == "finished":
                     finished = True
                     stop.set()  # e.g. a satisfied limit: the rest of the input is not needed
+                    half_close()  # the release: the worker ends the exchange once its output is sent
             if chunk.data is not None and chunk.data.num_rows:
                 yield chunk.data
         if upload_error:
@@ -154,7 +190,7 @@ def map_batches(
         if not finished:
             raise TaskFailedError("the worker ended the map stage before it finished", worker_url=url, stage_key=label)
     finally:
-        _close(writer, reader, client, thread, stop, label)
+        _close(writer, reader, client, (thread, beating), stop, label)
 
 
 def _own(exc: BaseException, url: str, label: str) -> BaseException:
@@ -166,19 +202,21 @@ def _close(
     writer: fl.FlightStreamWriter,
     reader: fl.FlightStreamReader,
     client: fl.FlightClient,
-    thread: threading.Thread,
+    threads: tuple[threading.Thread, threading.Thread],
     stop: threading.Event,
     label: str,
 ) -> None:
     """End the exchange without ever using the writer from two threads at once."""
     stop.set()
+    thread, beating = threads
     if thread.is_alive():
         try:
             reader.cancel()  # unblocks a write waiting for flow control; the call is over anyway
         except (pa.ArrowException, OSError) as exc:
             log.debug("task %s: cancel: %s", label, exc)
         thread.join(_JOIN_S)
-    if thread.is_alive():
+    beating.join(_JOIN_S)
+    if thread.is_alive() or beating.is_alive():
         # Still inside the caller's input iterator: leave the writer to it (the call is cancelled).
         log.warning("task %s: the input iterator did not return within %.0fs; leaving it behind", label, _JOIN_S)
         return

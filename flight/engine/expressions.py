@@ -1,13 +1,27 @@
 """Worker side: decode the expression IR into ``pyarrow.compute.Expression``.
 
+An ``Expression`` is a flat list of nodes in post-order: a call names its
+arguments by the indexes of earlier nodes, the last node is the root, and a
+node may be an argument of several calls. The decoder walks the list once,
+front to back, with no recursion, so no depth a peer sends can exhaust a
+stack here, and each node is decoded once however often it is used.
+
 The bytes come from the network, so nothing in them is trusted: every oneof
-must be set, every function must be on the whitelist of
-``flight.plan.functions`` (checked before any name is handed to pyarrow),
-argument counts and option kinds must fit that function, and Arrow IPC payloads
-must decode to exactly what the message promises. Each violation raises
-``ProtocolError`` whose ``field`` is a readable path into the message, such as
-``plan.root.filter.predicate.call.args[1].literal.arrow``. Nothing is
+must be set, every argument index must name an earlier node, every function
+must be on the whitelist of ``flight.plan.functions`` (checked before any name
+is handed to pyarrow), argument counts and option kinds must fit that
+function, and Arrow IPC payloads must decode to exactly what the message
+promises. The size of what pyarrow gets is bounded too: at most
+``MAX_NODES`` nodes, both in the message and in the tree pyarrow builds (a
+shared node counts once per use there), and at most ``MAX_DEPTH`` levels of
+nesting (pyarrow's own binding and evaluation recurse, in C++). Each violation
+raises ``ProtocolError`` whose ``field`` is a readable path into the message,
+such as ``plan.root.filter.predicate.nodes[2].literal.arrow``. Nothing is
 evaluated, unpickled or looked up by a user-provided name.
+
+``and_kleene`` and ``or_kleene`` are n-ary here (associative, so a long
+``a | b | c | ...`` chain is one node); each becomes a balanced tree of binary
+pyarrow calls, ``ceil(log2(k))`` levels deep for ``k`` arguments.
 """
 
 from __future__ import annotations
@@ -18,12 +32,19 @@ import pyarrow.compute as pc
 
 from flight._proto import plan_pb2
 from flight.errors import ProtocolError
-from flight.plan.functions import FunctionSpec, lookup
+from flight.plan.functions import NARY_FUNCTIONS, FunctionSpec, lookup
 
-__all__ = ["MAX_DEPTH", "bind", "referenced_fields", "to_pyarrow"]
+__all__ = ["MAX_DEPTH", "MAX_NODES", "bind", "referenced_fields", "to_pyarrow", "to_pyarrow_nodes"]
 
-MAX_DEPTH = 200
-"""Deepest expression nesting the decoder accepts (keeps the worker off Python's recursion limit)."""
+MAX_DEPTH = 1000
+"""Deepest expression nesting the decoder accepts: a leaf is 1 level, a call 1 more than its deepest
+argument, an n-ary ``and_kleene`` / ``or_kleene`` of ``k`` arguments ``ceil(log2(k))`` more (the depth of
+the balanced tree pyarrow gets). pyarrow binds and evaluates expressions recursively in C++ and crashes
+the process somewhere near 9,000 levels on an 8 MiB stack; 1,000 keeps a wide margin."""
+
+MAX_NODES = 100_000
+"""Most nodes an expression may have: in the message, and in the tree pyarrow builds from it (where a
+node shared by several calls counts once per use, so a small message cannot expand exponentially)."""
 
 # What decoding Arrow IPC bytes or building options may raise on bad input.
 _BAD_INPUT = (pa.ArrowException, OSError, ValueError, TypeError, OverflowError, LookupError)
@@ -33,29 +54,51 @@ def to_pyarrow(msg: plan_pb2.Expression, field: str = "expr") -> pc.Expression:
     """Decode ``msg`` into a pyarrow compute expression.
 
     ``field`` is the path of ``msg`` inside its enclosing message; error paths
-    extend it. Raises ``ProtocolError`` on anything malformed.
+    extend it (``field.nodes[i]...``). Raises ``ProtocolError`` on anything malformed.
     """
-    return _expression(msg, field, 0)
+    return to_pyarrow_nodes(msg, field)[-1]
 
 
-def _expression(msg: plan_pb2.Expression, path: str, depth: int) -> pc.Expression:
-    if depth > MAX_DEPTH:
-        raise ProtocolError(f"The expression is nested more than {MAX_DEPTH} levels deep.", field=path)
-    kind = msg.WhichOneof("kind")
-    if kind == "field":
-        if not msg.field.name:
-            raise ProtocolError("A field reference has an empty column name.", field=f"{path}.field.name")
-        return pc.field(msg.field.name)
-    if kind == "literal":
-        value = _literal(msg.literal, f"{path}.literal")
-        try:
-            return pc.scalar(value)
-        except _BAD_INPUT as exc:
-            message = f"Cannot use a {value.type} value as a literal: {exc}"
-            raise ProtocolError(message, field=f"{path}.literal") from exc
-    if kind == "call":
-        return _call(msg.call, f"{path}.call", depth)
-    raise ProtocolError("The expression sets none of field, literal or call.", field=path)
+def to_pyarrow_nodes(msg: plan_pb2.Expression, field: str = "expr") -> list[pc.Expression]:
+    """Decode every node of ``msg``: item ``i`` is the expression rooted at node ``i`` (the last is the root).
+
+    Validates the whole message as ``to_pyarrow`` does.
+    """
+    nodes = msg.nodes
+    count = len(nodes)
+    if count == 0:
+        raise ProtocolError("The expression has no nodes.", field=f"{field}.nodes")
+    if count > MAX_NODES:
+        raise ProtocolError(f"The expression has {count} nodes, more than the {MAX_NODES} allowed.", field=f"{field}.nodes")
+    exprs: list[pc.Expression] = []
+    depths: list[int] = []
+    sizes: list[int] = []
+    for i, node in enumerate(nodes):
+        kind = node.WhichOneof("kind")
+        if kind == "field":
+            if not node.field.name:
+                raise ProtocolError("A field reference has an empty column name.", field=f"{field}.nodes[{i}].field.name")
+            expr, depth, size = pc.field(node.field.name), 1, 1
+        elif kind == "literal":
+            path = f"{field}.nodes[{i}].literal"
+            value = _literal(node.literal, path)
+            try:
+                expr, depth, size = pc.scalar(value), 1, 1
+            except _BAD_INPUT as exc:
+                raise ProtocolError(f"Cannot use a {value.type} value as a literal: {exc}", field=path) from exc
+        elif kind == "call":
+            expr, depth, size = _call(node.call, f"{field}.nodes[{i}].call", i, exprs, depths, sizes)
+        else:
+            raise ProtocolError("The expression sets none of field, literal or call.", field=f"{field}.nodes[{i}]")
+        if depth > MAX_DEPTH:
+            raise ProtocolError(f"The expression is nested more than {MAX_DEPTH} levels deep.", field=f"{field}.nodes[{i}]")
+        if size > MAX_NODES:
+            message = f"The expression expands to more than {MAX_NODES} nodes (a shared node counts once per use)."
+            raise ProtocolError(message, field=f"{field}.nodes[{i}]")
+        exprs.append(expr)
+        depths.append(depth)
+        sizes.append(size)
+    return exprs
 
 
 def _literal(msg: plan_pb2.Literal, path: str) -> pa.Scalar:
@@ -94,23 +137,48 @@ def _ipc_column(data: bytes, path: str, what: str) -> pa.Array:
         raise ProtocolError(f"The {what} is not a valid Arrow IPC stream: {exc}", field=path) from exc
 
 
-def _call(msg: plan_pb2.Call, path: str, depth: int) -> pc.Expression:
+def _call(
+    msg: plan_pb2.Call, path: str, index: int, exprs: list[pc.Expression], depths: list[int], sizes: list[int]
+) -> tuple[pc.Expression, int, int]:
+    """Node ``index``, a call: its expression, depth and expanded size (arguments come from the lists)."""
     try:
         spec = lookup(msg.function)
     except ValueError as exc:
         raise ProtocolError(str(exc), field=f"{path}.function") from exc
-    if not spec.accepts_arity(len(msg.args)):
+    refs = list(msg.args)
+    if not spec.accepts_arity(len(refs)):
         raise ProtocolError(
-            f"Function {spec.name!r} takes {spec.arity_text()} arguments, not {len(msg.args)}.", field=f"{path}.args"
+            f"Function {spec.name!r} takes {spec.arity_text()} arguments, not {len(refs)}.", field=f"{path}.args"
         )
-    args = [_expression(arg, f"{path}.args[{i}]", depth + 1) for i, arg in enumerate(msg.args)]
+    for position, ref in enumerate(refs):
+        if ref >= index:
+            raise ProtocolError(
+                f"Argument {position} of node {index} names node {ref}; a call's arguments must be earlier nodes.",
+                field=f"{path}.args",
+            )
+    args = [exprs[ref] for ref in refs]
+    size = sum(sizes[ref] for ref in refs) + 1
+    depth = max(depths[ref] for ref in refs) + 1
     options = _options(msg, spec, f"{path}.options")
     try:
+        if spec.name in NARY_FUNCTIONS:
+            levels = (len(args) - 1).bit_length()  # ceil(log2(k)): the balanced tree's height
+            return _balanced(spec.name, args), depth - 1 + levels, size + len(args) - 2
         if spec.name == "cast":
-            return args[0].cast(options=options)
-        return pc.Expression._call(spec.name, args, options)
+            return args[0].cast(options=options), depth, size
+        return pc.Expression._call(spec.name, args, options), depth, size
     except _BAD_INPUT as exc:
         raise ProtocolError(f"Cannot build a call of {spec.name!r}: {exc}", field=path) from exc
+
+
+def _balanced(function: str, args: list[pc.Expression]) -> pc.Expression:
+    """``function`` (associative, binary in pyarrow) over all ``args`` as a balanced tree, in order."""
+    while len(args) > 1:
+        paired = [pc.Expression._call(function, args[k : k + 2]) for k in range(0, len(args) - 1, 2)]
+        if len(args) % 2:
+            paired.append(args[-1])
+        args = paired
+    return args[0]
 
 
 def _options(msg: plan_pb2.Call, spec: FunctionSpec, path: str) -> pc.FunctionOptions | None:
@@ -163,13 +231,28 @@ def _ipc_type(data: bytes, path: str) -> pa.DataType:
 
 
 def referenced_fields(msg: plan_pb2.Expression) -> set[str]:
-    """Column names an expression message reads (after ``to_pyarrow`` accepted it)."""
-    kind = msg.WhichOneof("kind")
-    if kind == "field":
-        return {msg.field.name}
-    if kind == "call":
-        return set().union(*(referenced_fields(a) for a in msg.call.args)) if msg.call.args else set()
-    return set()
+    """Column names an expression message reads (after ``to_pyarrow`` accepted it).
+
+    Only nodes the root reaches count; one backward pass over the flat nodes.
+    """
+    nodes = msg.nodes
+    if not nodes:
+        return set()
+    reached = bytearray(len(nodes))
+    reached[-1] = 1
+    names: set[str] = set()
+    for i in range(len(nodes) - 1, -1, -1):
+        if not reached[i]:
+            continue
+        node = nodes[i]
+        kind = node.WhichOneof("kind")
+        if kind == "field":
+            names.add(node.field.name)
+        elif kind == "call":
+            for ref in node.call.args:
+                if ref < i:
+                    reached[ref] = 1
+    return names
 
 
 def bind(msg: plan_pb2.Expression, expr: pc.Expression, schema: pa.Schema, field: str) -> pa.DataType:

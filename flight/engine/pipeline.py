@@ -24,9 +24,10 @@ from flight.arrow_types import UNITS_READER, normalize_schema
 from flight.engine.readers import ReaderContext, UnitReadError, conform, get_reader
 from flight.engine.relational import JOIN_TYPES, aggregate_decl, empty_source, join_decl, output_schema, sort_decl, union_batches
 from flight.errors import ProtocolError
+from flight.ipc import read_ipc_stream
 from flight.protocol import decode_schema
 
-__all__ = ["TaskInputs", "compile_task", "limit_batches", "scan_schema"]
+__all__ = ["TaskInputs", "compile_task", "limit_batches", "scan_schema", "source_threads"]
 
 UNITS_PER_BATCH = 4096
 
@@ -98,6 +99,39 @@ def _close_early(batches: Iterable[pa.RecordBatch]) -> None:
             pass
 
 
+_BLOCKING = {"feed_scan", "exchange_input", "limit", "union", "shuffle_read"}
+"""Operators that ``_compile`` turns into a ``record_batch_reader_source`` over a Python reader:
+each may hold one thread of the I/O pool while it waits (for units, input, producers, or a
+nested plan). A sort holds one only with a fetch."""
+
+
+def source_threads(plan: plan_pb2.StagePlan) -> int:
+    """Threads the task's pipeline may hold while waiting: what admission reserves for it.
+
+    Mirrors ``_compile`` (a test checks they agree): one per blocking source; a root
+    feed scan runs on the task's own thread without Acero, so it needs none.
+    """
+    if plan.root.WhichOneof("kind") == "feed_scan":
+        return 0
+    count = 0
+    stack = [plan.root]
+    while stack:
+        op = stack.pop()
+        kind = op.WhichOneof("kind")
+        if kind is None:
+            continue
+        node = getattr(op, kind)
+        if kind in _BLOCKING or (kind == "sort" and op.sort.fetch > 0):
+            count += 1
+        if kind == "union":
+            stack.extend(op.union.inputs)
+        elif kind == "hash_join":
+            stack.extend((op.hash_join.left, op.hash_join.right))
+        elif hasattr(node, "input") and node.HasField("input"):
+            stack.append(node.input)
+    return count
+
+
 def compile_task(
     plan: plan_pb2.StagePlan, inputs: TaskInputs, batch_rows: int, unit_delay_s: float = 0.0
 ) -> pa.RecordBatchReader:
@@ -142,10 +176,7 @@ def _compile(op: plan_pb2.Operator, env: _Env, field: str) -> tuple[ac.Declarati
         batches = (conform(b, schema, "an input batch") for b in env.inputs.input_batches())
         return _source(pa.RecordBatchReader.from_batches(schema, batches)), schema
     if kind == "values":
-        try:
-            table = pa.ipc.open_stream(op.values.ipc_stream).read_all()
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise ProtocolError(f"{here}.ipc_stream is not an Arrow IPC stream: {exc}", field=f"{here}.ipc_stream") from exc
+        table = read_ipc_stream(op.values.ipc_stream, f"{here}.ipc_stream")
         if env.inputs.task_number != 0:
             table = table.schema.empty_table()
         return ac.Declaration("table_source", ac.TableSourceNodeOptions(table)), table.schema

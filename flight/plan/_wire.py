@@ -1,19 +1,28 @@
-"""How expressions are encoded: Arrow IPC constants, typed function options, and readable text.
+"""How expressions are encoded: the node tree, its flat wire form, Arrow IPC constants,
+typed function options, and readable text.
 
 Private helpers of ``flight.plan.expr``, kept apart so the builder itself stays short.
+
+An ``Expr`` holds an immutable tree of ``Node`` objects (children shared, never
+copied), so composing expressions costs O(1) whatever their size. On the wire
+an expression is flat (``plan.proto``: ``Expression.nodes`` in post-order, a
+call naming its arguments by index), so its depth never nests protobuf
+messages. Every walk here is iterative: no expression depth reaches Python's
+recursion limit.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
-from typing import TypeVar
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TypeVar, Union
 
 import pyarrow as pa
 
 from flight._proto import plan_pb2
-from flight.errors import PlanError
-from flight.plan.functions import FunctionSpec
+from flight.errors import PlanError, ProtocolError
+from flight.plan.functions import NARY_FUNCTIONS, FunctionSpec
 
 _T = TypeVar("_T")
 
@@ -24,6 +33,181 @@ _INFIX = {
     "add_checked": "+", "subtract_checked": "-", "multiply_checked": "*", "divide_checked": "/",
 }
 _PREFIX = {"invert": "~", "negate_checked": "-"}
+
+
+# -- the node tree
+
+
+class FieldNode:
+    """A column reference."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class LiteralNode:
+    """A constant; ``literal`` is owned by the node and never changed."""
+
+    __slots__ = ("literal",)
+
+    def __init__(self, literal: plan_pb2.Literal) -> None:
+        self.literal = literal
+
+
+class UnsetNode:
+    """A wire node that set no kind (only ``Expr.from_proto`` makes one; the worker rejects it)."""
+
+    __slots__ = ()
+
+
+_GROW = threading.Lock()
+
+
+class CallNode:
+    """A function call; ``options`` is owned by the node and never changed.
+
+    The arguments are the first ``_count`` items of ``_buf``. Extending an n-ary
+    call whose buffer nobody has extended yet appends in place (the old node
+    keeps seeing only its own prefix), so folding ``a | b | c | ...`` one term at
+    a time costs O(1) per term instead of copying every argument each time.
+    """
+
+    __slots__ = ("function", "options", "_buf", "_count")
+
+    def __init__(self, function: str, args: list[Node], options: plan_pb2.FunctionOptions | None = None) -> None:
+        self.function = function
+        self.options = options
+        self._buf = args  # owned: callers pass a fresh list
+        self._count = len(args)
+
+    @property
+    def args(self) -> list[Node]:
+        return self._buf[: self._count]
+
+    def extended(self, more: list[Node]) -> CallNode:
+        """This call with ``more`` arguments appended (a new node; this one is unchanged)."""
+        with _GROW:
+            if len(self._buf) == self._count:
+                buf = self._buf
+                buf.extend(more)
+            else:
+                buf = self._buf[: self._count] + more
+            node = CallNode(self.function, buf, self.options)
+            node._count = self._count + len(more)
+        return node
+
+
+Node = Union[FieldNode, LiteralNode, CallNode, UnsetNode]
+
+
+def nary_call(function: str, args: list[Node]) -> CallNode:
+    """A call of associative ``function`` (``NARY_FUNCTIONS``), flattening arguments that are calls of it."""
+    spliced: list[Node] = []
+    for arg in args[1:]:
+        if isinstance(arg, CallNode) and arg.function == function and arg.options is None:
+            spliced.extend(arg.args)
+        else:
+            spliced.append(arg)
+    first = args[0]
+    if isinstance(first, CallNode) and first.function == function and first.options is None:
+        return first.extended(spliced)
+    return CallNode(function, [first, *spliced])
+
+
+def postorder(root: Node) -> Iterator[Node]:
+    """Every distinct node under ``root`` once, arguments before their call, left to right."""
+    seen: set[int] = set()
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if id(node) in seen:
+            continue
+        if expanded or not isinstance(node, CallNode):
+            seen.add(id(node))
+            yield node
+            continue
+        stack.append((node, True))
+        stack.extend((arg, False) for arg in reversed(node.args) if id(arg) not in seen)
+
+
+def flatten(root: Node) -> plan_pb2.Expression:
+    """The wire form: nodes in post-order, a node shared by several calls emitted once."""
+    msg = plan_pb2.Expression()
+    nodes = msg.nodes
+    index: dict[int, int] = {}
+    for node in postorder(root):
+        out = nodes.add()
+        if isinstance(node, FieldNode):
+            out.field.name = node.name
+        elif isinstance(node, LiteralNode):
+            out.literal.CopyFrom(node.literal)
+        elif isinstance(node, CallNode):
+            out.call.function = node.function
+            out.call.args.extend([index[id(arg)] for arg in node.args])
+            if node.options is not None:
+                out.call.options.CopyFrom(node.options)
+        index[id(node)] = len(index)
+    return msg
+
+
+def unflatten(msg: plan_pb2.Expression, field: str = "expr") -> Node:
+    """The node tree of a wire expression (copied); ``ProtocolError`` when its indexes are wrong."""
+    built: list[Node] = []
+    for i, wire in enumerate(msg.nodes):
+        kind = wire.WhichOneof("kind")
+        node: Node
+        if kind == "field":
+            node = FieldNode(wire.field.name)
+        elif kind == "literal":
+            literal = plan_pb2.Literal()
+            literal.CopyFrom(wire.literal)
+            node = LiteralNode(literal)
+        elif kind == "call":
+            refs = list(wire.call.args)
+            for position, ref in enumerate(refs):
+                if ref >= i:
+                    raise ProtocolError(
+                        f"Argument {position} of node {i} names node {ref}; a call's arguments must be earlier nodes.",
+                        field=f"{field}.nodes[{i}].call.args",
+                    )
+            options = None
+            if wire.call.HasField("options"):
+                options = plan_pb2.FunctionOptions()
+                options.CopyFrom(wire.call.options)
+            node = CallNode(wire.call.function, [built[ref] for ref in refs], options)
+        else:
+            node = UnsetNode()
+        built.append(node)
+    if not built:
+        raise ProtocolError("The expression has no nodes.", field=f"{field}.nodes")
+    return built[-1]
+
+
+def canonical_id(root: Node, table: dict[tuple[object, ...], int]) -> int:
+    """A number that two structurally equal expressions share when numbered with the same ``table``."""
+    ids: dict[int, int] = {}
+    key: tuple[object, ...]
+    for node in postorder(root):
+        if isinstance(node, FieldNode):
+            key = ("field", node.name)
+        elif isinstance(node, LiteralNode):
+            key = ("literal", node.literal.SerializeToString(deterministic=True))
+        elif isinstance(node, CallNode):
+            options = None if node.options is None else node.options.SerializeToString(deterministic=True)
+            key = ("call", node.function, tuple(ids[id(arg)] for arg in node.args), options)
+        else:
+            key = ("unset",)
+        ids[id(node)] = table.setdefault(key, len(table))
+    return ids[id(root)]
+
+
+def referenced_fields(root: Node) -> set[str]:
+    return {node.name for node in postorder(root) if isinstance(node, FieldNode)}
+
+
+# -- values
 
 
 def _is_expr(value: object) -> bool:
@@ -140,20 +324,23 @@ _FILLERS: dict[str, tuple[tuple[str, ...], Callable[[plan_pb2.FunctionOptions, _
 }
 
 
-def _fill_options(out: plan_pb2.Call, spec: FunctionSpec, given: Mapping[str, object]) -> None:
+def _options_message(spec: FunctionSpec, given: Mapping[str, object]) -> plan_pb2.FunctionOptions | None:
+    """The typed options of a call of ``spec`` with keyword options ``given`` (None: the call sets none)."""
     if spec.options is None:
         if given:
             raise PlanError(f"Function {spec.name!r} takes no options, but got {', '.join(sorted(given))}.")
-        return
+        return None
     if not given and not spec.options_required:
-        return
+        return None
     keys, fill = _FILLERS[spec.options]
     unknown = sorted(set(given) - set(keys))
     if unknown:
         raise PlanError(
             f"Function {spec.name!r} does not take the option(s) {', '.join(unknown)}; it takes {', '.join(keys)}."
         )
-    fill(out.options, _Options(spec.name, given))
+    out = plan_pb2.FunctionOptions()
+    fill(out, _Options(spec.name, given))
+    return out
 
 
 # -- repr
@@ -210,18 +397,46 @@ def _render_options(options: plan_pb2.FunctionOptions) -> list[str]:
     return parts
 
 
-def _render(msg: plan_pb2.Expression) -> str:
-    kind = msg.WhichOneof("kind")
-    if kind == "field":
-        return f"col({_quote(msg.field.name)})"
-    if kind == "literal":
-        return _render_literal(msg.literal)
-    if kind != "call":
-        return "<unset expression>"
-    function = msg.call.function
-    args = [_render(arg) for arg in msg.call.args]
-    if function in _INFIX and len(args) == 2:
-        return f"({args[0]} {_INFIX[function]} {args[1]})"
+def _render(root: Node) -> str:
+    """Readable text, built from a stack of nodes and text pieces (no recursion)."""
+    parts: list[str] = []
+    leaves: dict[int, str] = {}
+    stack: list[Node | str] = [root]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            parts.append(item)
+        elif isinstance(item, FieldNode):
+            parts.append(f"col({_quote(item.name)})")
+        elif isinstance(item, LiteralNode):
+            text = leaves.get(id(item))
+            if text is None:
+                text = leaves[id(item)] = _render_literal(item.literal)
+            parts.append(text)
+        elif isinstance(item, CallNode):
+            stack.extend(reversed(_call_pieces(item)))
+        else:
+            parts.append("<unset expression>")
+    return "".join(parts)
+
+
+def _call_pieces(node: CallNode) -> list[Node | str]:
+    function, args = node.function, node.args
+    if function in _INFIX and (len(args) == 2 or (function in NARY_FUNCTIONS and len(args) > 2)):
+        pieces: list[Node | str] = ["("]
+        for i, arg in enumerate(args):
+            if i:
+                pieces.append(f" {_INFIX[function]} ")
+            pieces.append(arg)
+        pieces.append(")")
+        return pieces
     if function in _PREFIX and len(args) == 1:
-        return f"{_PREFIX[function]}{args[0]}"
-    return f"{function}({', '.join(args + _render_options(msg.call.options))})"
+        return [_PREFIX[function], args[0]]
+    items: list[Node | str] = [*args, *(_render_options(node.options) if node.options is not None else [])]
+    pieces = [f"{function}("]
+    for i, item in enumerate(items):
+        if i:
+            pieces.append(", ")
+        pieces.append(item)
+    pieces.append(")")
+    return pieces

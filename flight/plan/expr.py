@@ -1,11 +1,19 @@
 """The user-facing expression builder, compiled to the protobuf IR of ``plan.proto``.
 
 Users write ``(col("price") * 2 > 10) & col("name").like("a%")``; the builder
-records a ``plan_pb2.Expression`` tree that names only whitelisted
+records an immutable tree of nodes that name only whitelisted
 ``pyarrow.compute`` functions (``flight.plan.functions``) with typed options,
-so a plan can cross the wire with nothing executable in it. Arrow types and
-non-trivial constants travel as Arrow IPC bytes, which keeps every Arrow type
-exact.
+and ``to_proto`` flattens it into a ``plan_pb2.Expression`` (a list of nodes in
+post-order), so a plan can cross the wire with nothing executable in it and no
+depth of nesting in its protobuf messages. Arrow types and non-trivial
+constants travel as Arrow IPC bytes, which keeps every Arrow type exact.
+
+Composing is O(1): children are shared, never copied. ``&`` and ``|``
+(``and_kleene`` / ``or_kleene``) are n-ary: ``a & b & c`` is one call of three
+arguments, so ``functools.reduce(operator.or_, terms)`` over thousands of terms
+is one shallow node. Nothing here recurses over an expression, so any depth
+the worker accepts (``flight.engine.expressions.MAX_DEPTH``) and more can be
+built, printed and compared.
 
 Mistakes are caught on the coordinator, before any worker runs:
 ``call`` rejects unknown functions, wrong arity and unknown options, and
@@ -20,23 +28,36 @@ from typing import NoReturn
 
 import pyarrow as pa
 import pyarrow.acero as acero
+import pyarrow.compute as pc
 
 from flight._proto import plan_pb2
-from flight.engine.expressions import to_pyarrow
+from flight.engine.expressions import to_pyarrow_nodes
 from flight.errors import PlanError, ProtocolError
-from flight.plan._wire import _fill_options, _render, _scalar_bytes, _value_set_bytes
-from flight.plan.functions import lookup
+from flight.plan._wire import (
+    CallNode,
+    FieldNode,
+    LiteralNode,
+    Node,
+    canonical_id,
+    flatten,
+    nary_call,
+    referenced_fields,
+    unflatten,
+    _options_message,
+    _render,
+    _scalar_bytes,
+    _value_set_bytes,
+)
+from flight.plan.functions import NARY_FUNCTIONS, lookup
 
 __all__ = ["Expr", "call", "coalesce", "col", "if_else", "lit", "output_type"]
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _BIND_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, KeyError)
 
-# Calls rendered as operators by repr(); the functions Expr's operators emit.
-
 
 class Expr:
-    """An immutable expression: a wrapper around a ``plan_pb2.Expression``.
+    """An immutable expression: a tree of nodes, flattened to a ``plan_pb2.Expression`` on demand.
 
     Build one with ``col``, ``lit``, ``call``, operators and methods. The
     comparison operators build expressions instead of comparing, so ``Expr`` is
@@ -44,22 +65,24 @@ class Expr:
     ``==`` that returns an ``Expr``. Use ``equals`` for structural equality.
     """
 
-    __slots__ = ("_msg",)
+    __slots__ = ("_node", "_flat")
     __hash__ = None  # type: ignore[assignment]
 
     def __init__(self, msg: plan_pb2.Expression) -> None:
-        """Wrap a copy of ``msg``; prefer ``Expr.from_proto`` or the builder functions."""
+        """An expression read from (a copy of) ``msg``; prefer ``Expr.from_proto`` or the builder functions.
+
+        Raises ``ProtocolError`` when ``msg`` has no nodes or a call names a node that is not an earlier one.
+        """
         if not isinstance(msg, plan_pb2.Expression):
             raise TypeError(f"Expr wraps a plan_pb2.Expression, not {msg.__class__.__name__}.")
-        copy = plan_pb2.Expression()
-        copy.CopyFrom(msg)
-        object.__setattr__(self, "_msg", copy)
+        object.__setattr__(self, "_node", unflatten(msg))
+        object.__setattr__(self, "_flat", None)
 
     @classmethod
-    def _own(cls, msg: plan_pb2.Expression) -> Expr:
-        """Wrap ``msg`` without copying it; for messages nobody else holds."""
+    def _of(cls, node: Node) -> Expr:
         self = object.__new__(cls)
-        object.__setattr__(self, "_msg", msg)
+        object.__setattr__(self, "_node", node)
+        object.__setattr__(self, "_flat", None)
         return self
 
     def __setattr__(self, name: str, value: object) -> NoReturn:
@@ -72,34 +95,48 @@ class Expr:
 
     @classmethod
     def from_proto(cls, msg: plan_pb2.Expression) -> Expr:
-        """An ``Expr`` over a copy of ``msg`` (not validated; ``output_type`` and the worker do that)."""
+        """An ``Expr`` read from a copy of ``msg``.
+
+        Only the flat structure is checked here (at least one node; each call's
+        arguments are earlier nodes: ``ProtocolError`` naming ``expr.nodes[i].call.args``
+        otherwise); ``output_type`` and the worker validate the rest.
+        """
         return cls(msg)
 
     def to_proto(self) -> plan_pb2.Expression:
-        """A copy of the underlying message."""
+        """The wire form: a new ``plan_pb2.Expression`` (nodes in post-order, the root last)."""
         copy = plan_pb2.Expression()
-        copy.CopyFrom(self._msg)
+        copy.CopyFrom(self._proto())
         return copy
+
+    def _proto(self) -> plan_pb2.Expression:
+        """The cached wire form; never hand it out or change it."""
+        flat = self._flat
+        if flat is None:
+            flat = flatten(self._node)
+            object.__setattr__(self, "_flat", flat)
+        return flat
 
     def equals(self, other: Expr) -> bool:
         """Whether ``other`` is structurally the same expression."""
-        return isinstance(other, Expr) and self._msg == other._msg
+        if not isinstance(other, Expr):
+            return False
+        if other._node is self._node:
+            return True
+        table: dict[tuple[object, ...], int] = {}
+        return canonical_id(self._node, table) == canonical_id(other._node, table)
 
     def referenced_fields(self) -> set[str]:
         """The names of every column the expression reads."""
-        names: set[str] = set()
-        stack = [self._msg]
-        while stack:
-            msg = stack.pop()
-            kind = msg.WhichOneof("kind")
-            if kind == "field":
-                names.add(msg.field.name)
-            elif kind == "call":
-                stack.extend(msg.call.args)
-        return names
+        return referenced_fields(self._node)
+
+    def column_name(self) -> str | None:
+        """The column's name if the expression is a bare column reference (``col(name)``), else None."""
+        node = self._node
+        return node.name if isinstance(node, FieldNode) else None
 
     def __repr__(self) -> str:
-        return _render(self._msg)
+        return _render(self._node)
 
     def __bool__(self) -> NoReturn:
         raise TypeError(
@@ -257,9 +294,7 @@ def col(name: str) -> Expr:
     """A reference to the input column ``name``."""
     if not isinstance(name, str) or not name:
         raise PlanError(f"A column name must be a non-empty string, not {name!r}.")
-    msg = plan_pb2.Expression()
-    msg.field.name = name
-    return Expr._own(msg)
+    return Expr._of(FieldNode(name))
 
 
 def lit(value: object, type: pa.DataType | None = None) -> Expr:
@@ -273,8 +308,7 @@ def lit(value: object, type: pa.DataType | None = None) -> Expr:
         raise PlanError("lit() takes a Python value, not an Expr; use expr.cast(type) to change a type.")
     if type is not None and not isinstance(type, pa.DataType):
         raise PlanError(f"lit() takes a pyarrow DataType as its type, not {type!r}.")
-    msg = plan_pb2.Expression()
-    literal = msg.literal
+    literal = plan_pb2.Literal()
     if type is not None:
         literal.arrow = _scalar_bytes(value, type)
     elif isinstance(value, bool):
@@ -291,7 +325,7 @@ def lit(value: object, type: pa.DataType | None = None) -> Expr:
         literal.binary_value = bytes(value)
     else:
         literal.arrow = _scalar_bytes(value, None)
-    return Expr._own(msg)
+    return Expr._of(LiteralNode(literal))
 
 
 def call(function: str, *args: object, **options: object) -> Expr:
@@ -300,6 +334,8 @@ def call(function: str, *args: object, **options: object) -> Expr:
     Non-``Expr`` arguments are wrapped with ``lit``. ``options`` are the fields
     of the function's options message, e.g. ``call("round", col("x"), ndigits=2)``,
     ``call("is_in", col("x"), value_set=[1, 2], skip_nulls=True)``.
+    ``and_kleene`` and ``or_kleene`` take two or more arguments, and an argument
+    that is itself a call of the same function is spliced in (they are associative).
     """
     try:
         spec = lookup(function)
@@ -307,12 +343,11 @@ def call(function: str, *args: object, **options: object) -> Expr:
         raise PlanError(str(exc)) from exc
     if not spec.accepts_arity(len(args)):
         raise PlanError(f"Function {function!r} takes {spec.arity_text()} arguments, not {len(args)}.")
-    msg = plan_pb2.Expression()
-    msg.call.function = function
-    for arg in args:
-        msg.call.args.add().CopyFrom(_as_expr(arg)._msg)
-    _fill_options(msg.call, spec, options)
-    return Expr._own(msg)
+    nodes = [_as_expr(arg)._node for arg in args]
+    message = _options_message(spec, options)
+    if function in NARY_FUNCTIONS and message is None:
+        return Expr._of(nary_call(function, nodes))
+    return Expr._of(CallNode(function, nodes, message))
 
 
 def if_else(cond: object, then: object, otherwise: object) -> Expr:
@@ -334,10 +369,12 @@ def output_type(expr: Expr, schema: pa.Schema) -> pa.DataType:
     if missing:
         available = ", ".join(repr(n) for n in schema.names) or "none"
         raise PlanError(f"Column {missing[0]!r} is not in the input; available columns: {available}.")
+    msg = expr._proto()
+    decoded = _decode(msg)
     try:
-        return _bind(expr._msg, schema)
+        return _types([decoded[-1]], schema)[0]
     except _BIND_ERRORS as exc:
-        failing = _failing_call(expr._msg, schema)
+        failing = _failing_call(msg, decoded, schema)
         if failing is None:
             raise PlanError(f"The expression {expr!r} does not fit the input schema: {exc}") from exc
         function, arg_types = failing
@@ -352,24 +389,44 @@ def _as_expr(value: object) -> Expr:
     return value if isinstance(value, Expr) else lit(value)
 
 
-def _bind(msg: plan_pb2.Expression, schema: pa.Schema) -> pa.DataType:
+def _decode(msg: plan_pb2.Expression) -> list[pc.Expression]:
     try:
-        expression = to_pyarrow(msg)
+        return to_pyarrow_nodes(msg)
     except ProtocolError as exc:
         raise PlanError(f"The expression is malformed at {exc.field}: {exc}") from exc
+
+
+def _types(expressions: list[pc.Expression], schema: pa.Schema) -> list[pa.DataType]:
+    """The types ``expressions`` yield over ``schema``, bound together by one Acero project."""
     source = acero.Declaration("table_source", acero.TableSourceNodeOptions(schema.empty_table()))
-    project = acero.Declaration("project", acero.ProjectNodeOptions([expression], ["out"]))
-    return acero.Declaration.from_sequence([source, project]).to_table().schema.field(0).type
+    names = [f"out{i}" for i in range(len(expressions))]
+    project = acero.Declaration("project", acero.ProjectNodeOptions(expressions, names))
+    return list(acero.Declaration.from_sequence([source, project]).to_table().schema.types)
 
 
-def _failing_call(msg: plan_pb2.Expression, schema: pa.Schema) -> tuple[str, list[pa.DataType]] | None:
-    """The innermost call that does not bind and the types of its arguments (None: not a call)."""
-    if msg.WhichOneof("kind") != "call":
-        return None
-    arg_types = []
-    for arg in msg.call.args:
+def _failing_call(
+    msg: plan_pb2.Expression, decoded: list[pc.Expression], schema: pa.Schema
+) -> tuple[str, list[pa.DataType]] | None:
+    """The innermost call that does not bind and the types of its arguments (None: not a call).
+
+    Walks down from the root (which does not bind) into its first argument that
+    does not bind, until a call whose arguments all bind.
+    """
+    index = len(msg.nodes) - 1
+    while True:
+        node = msg.nodes[index]
+        if node.WhichOneof("kind") != "call":
+            return None
+        refs = list(node.call.args)
         try:
-            arg_types.append(_bind(arg, schema))
+            return node.call.function, _types([decoded[ref] for ref in refs], schema)
         except _BIND_ERRORS:
-            return _failing_call(arg, schema)
-    return msg.call.function, arg_types
+            pass
+        for ref in refs:
+            try:
+                _types([decoded[ref]], schema)
+            except _BIND_ERRORS:
+                index = ref
+                break
+        else:  # each argument binds alone, yet not all together: nothing more precise to say
+            return None

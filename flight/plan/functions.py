@@ -10,6 +10,11 @@ function accepts, so no free-form options ever cross the wire.
 ``lookup`` raises ``ValueError`` with a full-sentence message; callers turn it
 into their side's error type (``raise PlanError(...) from exc`` /
 ``raise ProtocolError(..., field=...) from exc``).
+
+``and_kleene`` and ``or_kleene`` are n-ary in the plan (``NARY_FUNCTIONS``): they
+are associative, so the builder folds ``a & b & c`` into one call of three
+arguments and the worker evaluates it as a balanced tree of pyarrow's binary
+function. Every other function keeps pyarrow's own arity.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-__all__ = ["FUNCTIONS", "FunctionSpec", "lookup"]
+__all__ = ["FUNCTIONS", "NARY_FUNCTIONS", "FunctionSpec", "lookup"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,9 @@ _SPECS: list[FunctionSpec] = [
     # comparisons
     *_binary("equal", "not_equal", "less", "less_equal", "greater", "greater_equal"),
     # boolean logic
-    *_binary("and", "and_kleene", "or", "or_kleene", "xor", "and_not", "and_not_kleene"),
+    *_binary("and", "or", "xor", "and_not", "and_not_kleene"),
+    FunctionSpec("and_kleene", None, 2, None),  # n-ary in the plan: see NARY_FUNCTIONS
+    FunctionSpec("or_kleene", None, 2, None),
     *_unary("invert"),
     # arithmetic
     *_binary(
@@ -98,6 +105,9 @@ _SPECS: list[FunctionSpec] = [
 ]
 
 FUNCTIONS: Mapping[str, FunctionSpec] = MappingProxyType({spec.name: spec for spec in _SPECS})
+
+NARY_FUNCTIONS: frozenset[str] = frozenset({"and_kleene", "or_kleene"})
+"""Associative functions that take two or more arguments in the plan (binary in pyarrow)."""
 
 
 def lookup(name: str) -> FunctionSpec:

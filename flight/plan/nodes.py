@@ -225,5 +225,4 @@ def _typed(expr: Expr, schema: pa.Schema, operator: str) -> pa.DataType:
 
 
 def _is_col(expr: Expr, name: str) -> bool:
-    msg = expr.to_proto()
-    return msg.WhichOneof("kind") == "field" and msg.field.name == name
+    return expr.column_name() == name

@@ -57,8 +57,8 @@ class Query:
         for c in columns:
             if isinstance(c, str):
                 exprs.append((c, col(c)))
-            elif isinstance(c, Expr) and c.to_proto().WhichOneof("kind") == "field":
-                exprs.append((c.to_proto().field.name, c))
+            elif isinstance(c, Expr) and (name := c.column_name()) is not None:
+                exprs.append((name, c))
             else:
                 raise PlanError(f"select: {c!r} needs a name; pass it as a keyword, e.g. select(total={c!r})")
         exprs += [(name, _expr(e, f"select {name}")) for name, e in named.items()]

@@ -15,6 +15,7 @@ import os
 import select
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -27,6 +28,11 @@ from flight.worker.server import WorkerServer
 __all__ = ["main"]
 
 log = logging.getLogger("flight.worker")
+
+IO_MARGIN = 16
+"""I/O pool threads beyond --source-threads, for readers that use the pool themselves."""
+SHUTDOWN_WAIT_S = 3.0
+"""After draining, how long the Flight server may take to end its calls before the process exits."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,11 +56,24 @@ def _parser() -> argparse.ArgumentParser:
         metavar="MODULE",
         help="import MODULE at start (it may register readers); repeatable",
     )
+    p.add_argument("--max-tasks", type=int, default=d.max_tasks, help="tasks running at once; more are refused as busy (default: %(default)s)")
     p.add_argument(
-        "--io-threads",
+        "--source-threads",
         type=int,
-        default=64,
-        help="Arrow I/O threads: every task's sources wait on this pool, so it must exceed the tasks' sources (default: %(default)s)",
+        default=d.source_threads,
+        help="threads admitted tasks' sources may hold while waiting; the Arrow I/O pool gets this many plus a margin (default: %(default)s)",
+    )
+    p.add_argument(
+        "--memory-budget-mb",
+        type=int,
+        default=d.memory_budget >> 20,
+        help="MiB admitted tasks may reserve (output buffers, input queues); beyond it tasks are refused as busy (default: %(default)s)",
+    )
+    p.add_argument(
+        "--peer-timeout",
+        type=float,
+        default=d.peer_timeout,
+        help="seconds without a message (heartbeats included) from a task's coordinator before the task is freed (default: %(default)s)",
     )
     p.add_argument("--log-level", default="INFO", help="logging level on stderr (default: %(default)s)")
     p.add_argument("--version", action="version", version=f"flight-worker {__version__}")
@@ -70,8 +89,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         stream=sys.stderr, level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     # Acero runs each task's sources (feed scans, shuffle reads, exchange input) on the I/O pool,
-    # where they wait for units or rows; a small pool would let waiting sources starve the rest.
-    pa.set_io_thread_count(args.io_threads)
+    # where they wait for units or rows. Admission never lets admitted tasks hold more than
+    # --source-threads of them; the margin is for file reads that use the pool themselves.
+    pa.set_io_thread_count(args.source_threads + IO_MARGIN)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` dumps every thread's stack
     for module in args.extension:
         importlib.import_module(module)
@@ -81,6 +101,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         output_buffer_bytes=args.output_buffer_mb << 20,
         grace=args.grace,
         unit_delay_ms=args.unit_delay_ms,
+        max_tasks=args.max_tasks,
+        source_threads=args.source_threads,
+        memory_budget=args.memory_budget_mb << 20,
+        peer_timeout=args.peer_timeout,
     )
     # Stop signals: a do-nothing Python handler (so no thread ever dies of the default action)
     # plus the wakeup fd, which the C-level handler writes the signal number to, from any thread.
@@ -100,8 +124,12 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         signum = next((b for b in os.read(wake_r, 64) if b in stop_signals), 0)
     log.info("received signal %d; draining", signum)
     server.drain(args.grace)
-    server.shutdown()
-    log.info("stopped")
+    # shutdown() waits for every call to end; a client that never half-closes an exchange, or
+    # stops reading a DoGet, would hold it forever. The tasks are freed already: wait a little.
+    stopper = threading.Thread(target=server.shutdown, name="shutdown", daemon=True)
+    stopper.start()
+    stopper.join(SHUTDOWN_WAIT_S)
+    log.info("stopped" if not stopper.is_alive() else "stopped (calls of unresponsive clients were left open)")
     # Leave without interpreter finalization: Arrow and gRPC threads that are still winding down
     # (a stream to a dead peer, say) must not run Python code while the interpreter tears down.
     logging.shutdown()

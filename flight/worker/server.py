@@ -12,17 +12,28 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
-from typing import NoReturn
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from flight._proto import protocol_pb2
+from flight._proto import plan_pb2, protocol_pb2
 from flight._version import __version__
 from flight.config import WorkerOptions
-from flight.engine.pipeline import compile_task
+from flight.engine.pipeline import compile_task, source_threads
 from flight.engine.readers import UnitReadError
+from flight.ipc import check_batch
+from flight.limits import (
+    DEFAULT_HEARTBEAT_MS,
+    MAX_HEARTBEAT_MS,
+    MAX_MESSAGE_CHARS,
+    MAX_OUTPUT_BUFFER_BYTES,
+    MIN_HEARTBEAT_MS,
+    MIN_OUTPUT_BUFFER_BYTES,
+    clamp,
+    clip,
+)
 from flight.errors import (
     FlightExecError,
     ProtocolError,
@@ -33,15 +44,18 @@ from flight.errors import (
 )
 from flight.protocol import (
     PROTOCOL_VERSION,
+    decode_cancel_request,
     decode_coordinator_frame,
     decode_header,
     decode_ticket,
     encode_schema,
     format_stage_key,
     ipc_options,
+    status_error,
     status_message,
 )
 from flight.clients import ClientPool
+from flight.worker.admission import INPUT_RESERVE_BYTES, Admission, Capacity, Need
 from flight.worker.shuffle import read_partitions
 from flight.worker.tasks import Task, TaskRegistry
 
@@ -101,6 +115,10 @@ class WorkerServer(fl.FlightServerBase):
         self.registry = TaskRegistry()
         self.peers = ClientPool()
         self.draining = threading.Event()
+        o = self.options
+        self.admission = Admission(Capacity(o.max_tasks, o.source_threads, o.memory_budget))
+        self._stopped = threading.Event()
+        threading.Thread(target=self._watch, name="watchdog", daemon=True).start()
 
     # ------------------------------------------------------------- DoExchange
 
@@ -115,11 +133,33 @@ class WorkerServer(fl.FlightServerBase):
         try:
             header, plan = decode_header(descriptor.command or b"")
         except ProtocolError as exc:
-            self._reject(sender, exc, None)
+            raise self._reject(sender, exc, None) from None
         key = format_stage_key(header.stage_key)
         if self.draining.is_set():
-            self._send_error(sender, protocol_pb2.ERROR_CODE_UNAVAILABLE, f"worker {self.url} is draining", header.stage_key)
-            raise fl.FlightUnavailableError(f"worker {self.url} is draining and accepts no new tasks (task {key})")
+            raise self._refuse(sender, protocol_pb2.ERROR_CODE_UNAVAILABLE, f"worker {self.url} is draining and accepts no new tasks", header.stage_key)
+        opts = header.options
+        buffer_bytes = clamp(opts.output_buffer_bytes or self.options.output_buffer_bytes, MIN_OUTPUT_BUFFER_BYTES, MAX_OUTPUT_BUFFER_BYTES)
+        threads = source_threads(plan)
+        need = Need(threads=threads, memory=buffer_bytes + threads * INPUT_RESERVE_BYTES)
+        refusal = self.admission.admit(key, need, pa.total_allocated_bytes())
+        if refusal is not None:
+            code = protocol_pb2.ERROR_CODE_BUSY if refusal.fits_ever else protocol_pb2.ERROR_CODE_TOO_LARGE
+            log.debug("refused task %s: %s", key, refusal.reason)
+            raise self._refuse(sender, code, f"worker {self.url} cannot take task {key}: {refusal.reason}", header.stage_key)
+        try:
+            self._run_exchange(header, plan, buffer_bytes, sender, reader)
+        finally:
+            self.admission.release(key)
+
+    def _run_exchange(
+        self,
+        header: protocol_pb2.TaskHeader,
+        plan: plan_pb2.StagePlan,
+        buffer_bytes: int,
+        sender: _Sender,
+        reader: fl.MetadataRecordBatchReader,
+    ) -> None:
+        """An admitted task, from its start to the end of its exchange."""
         opts = header.options
         task = Task(
             header,
@@ -127,7 +167,7 @@ class WorkerServer(fl.FlightServerBase):
             pa.schema([]),
             worker_url=self.url,
             feed_window=opts.feed_window or self.options.feed_window,
-            output_buffer_bytes=opts.output_buffer_bytes or self.options.output_buffer_bytes,
+            output_buffer_bytes=buffer_bytes,
             send_credit=lambda fid, p, n: sender.frame(
                 protocol_pb2.WorkerFrame(credit=protocol_pb2.FeedCredit(feed_id=fid, partition=p, credits=n))
             ),
@@ -139,25 +179,50 @@ class WorkerServer(fl.FlightServerBase):
             self.registry.add(task)
         except ProtocolError as exc:
             task.cancel("rejected")
-            self._reject(sender, exc, header.stage_key)
-        log.debug("task %s started (%d feed partitions)", key, len(task.inboxes))
-        runner = threading.Thread(target=self._run, args=(task, output, sender), name=f"task-{key}", daemon=True)
+            raise self._reject(sender, exc, header.stage_key) from None
+        log.debug("task %s started (%d feed partitions)", task.key, len(task.inboxes))
+        runner = threading.Thread(target=self._run, args=(task, output, sender), name=f"task-{task.key}", daemon=True)
+        interval = clamp(opts.heartbeat_ms or DEFAULT_HEARTBEAT_MS, MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS) / 1000
+        ended = threading.Event()
+        beat = threading.Thread(target=_heartbeats, args=(sender, ended, interval), name=f"beat-{task.key}", daemon=True)
         try:
             self._send_ready(task, sender)
             runner.start()
+            beat.start()
             # This thread reads the coordinator's side until it half-closes or goes away;
             # the reader is only valid while this handler runs, so it is read nowhere else.
             _read_frames(task, reader)
             runner.join()
         finally:
+            ended.set()
             task.cancel("the task ended")
             if runner.is_alive():
                 runner.join(timeout=30)
             sender.close()
             self.registry.remove(task)
-            log.debug("task %s freed", key)
+            log.debug("task %s freed", task.key)
         if task.failure is not None:
             raise task.failure
+
+    def _watch(self) -> None:
+        """Free tasks whose coordinator went silent (frozen, partitioned): nothing else would.
+
+        A handler blocked reading a silent peer cannot be woken (pyarrow's server has no way
+        to cancel a call), so the task's state is released here; the handler thread ends
+        whenever the connection does.
+        """
+        timeout = self.options.peer_timeout
+        while not self._stopped.wait(min(1.0, timeout / 4)):
+            now = time.monotonic()
+            for task in self.registry.tasks():
+                if task.half_closed:
+                    continue  # the client finished sending (a map stage's input): it cannot beat any more
+                silent = now - task.last_heard
+                if silent > timeout:
+                    log.warning("task %s: the coordinator sent nothing for %.1fs; freeing the task", task.key, silent)
+                    task.cancel(f"the coordinator sent nothing for {silent:.0f}s (heartbeats included)")
+                    self.registry.remove(task)
+                    self.admission.release(task.key)
 
     def _send_ready(self, task: Task, sender: _Sender) -> None:
         ready = protocol_pb2.Ready(
@@ -204,70 +269,77 @@ class WorkerServer(fl.FlightServerBase):
         return read_partitions(task, self.registry, self.peers, self.url, producers, start, end, self.options.get_wait)
 
     # ------------------------------------------------------------------ errors
+    # Every error leaves as a FlightError whose extra_info is the ErrorInfo (protocol.status_error):
+    # a clean message, a code, the field, the stage key and this worker's URL; never a traceback.
 
-    def _send_error(
-        self,
-        sender: _Sender,
-        code: int,
-        message: str,
-        stage_key: protocol_pb2.StageKey | None,
-        field: str = "",
-    ) -> None:
-        info = protocol_pb2.ErrorInfo(code=code, message=message, worker_url=self.url, field=field)
+    def _info(self, code: int, message: str, stage_key: protocol_pb2.StageKey | None, field: str = "") -> protocol_pb2.ErrorInfo:
+        info = protocol_pb2.ErrorInfo(code=code, message=clip(message, MAX_MESSAGE_CHARS), worker_url=self.url, field=field)
         if stage_key is not None:
             info.stage_key.CopyFrom(stage_key)
+        return info
+
+    def _send_error(self, sender: _Sender, info: protocol_pb2.ErrorInfo) -> None:
         try:
             sender.frame(protocol_pb2.WorkerFrame(error=info))
         except (pa.ArrowException, OSError) as exc:
             log.debug("could not send an error frame (the coordinator is gone?): %s", exc)
 
-    def _reject(self, sender: _Sender, exc: ProtocolError, stage_key: protocol_pb2.StageKey | None) -> NoReturn:
+    def _refuse(self, sender: _Sender, code: int, message: str, stage_key: protocol_pb2.StageKey | None) -> fl.FlightError:
+        """An error frame for the coordinator, and the status the exchange ends with."""
+        info = self._info(code, message, stage_key)
+        self._send_error(sender, info)
+        return status_error(info)
+
+    def _reject(self, sender: _Sender, exc: ProtocolError, stage_key: protocol_pb2.StageKey | None) -> fl.FlightError:
         code = (
             protocol_pb2.ERROR_CODE_VERSION_MISMATCH
             if isinstance(exc, VersionMismatchError)
             else protocol_pb2.ERROR_CODE_INVALID_ARGUMENT
         )
         log.info("rejected a task: %s", exc)
-        self._send_error(sender, code, str(exc), stage_key, exc.field)
-        raise pa.ArrowInvalid(f"{exc} [field: {exc.field}]") from None
+        info = self._info(code, str(exc), stage_key, exc.field)
+        self._send_error(sender, info)
+        return status_error(info)
 
     def _fail(self, task: Task, sender: _Sender, exc: BaseException) -> Exception:
         """Report a task's failure in a frame; return the Flight error its exchange ends with."""
         error = task.error or exc
+        key = task.header.stage_key
         if isinstance(error, ProtocolError):
-            log.info("task %s: bad frame from the coordinator: %s", task.key, error)
-            self._send_error(sender, protocol_pb2.ERROR_CODE_INVALID_ARGUMENT, str(error), task.header.stage_key, error.field)
+            log.info("task %s: bad input from the coordinator: %s", task.key, error)
+            info = self._info(protocol_pb2.ERROR_CODE_INVALID_ARGUMENT, str(error), key, error.field)
             task.cancel(str(error))
-            return pa.ArrowInvalid(f"{error} [field: {error.field}]")
-        if task.cancelled.is_set() and task.error is None and not isinstance(exc, UnitReadError):
+        elif task.cancelled.is_set() and task.error is None and not isinstance(exc, UnitReadError):
             log.debug("task %s cancelled: %s", task.key, task.cancel_reason)
-            self._send_error(sender, protocol_pb2.ERROR_CODE_CANCELLED, f"cancelled: {task.cancel_reason}", task.header.stage_key)
-            return fl.FlightCancelledError(f"task {task.key} cancelled: {task.cancel_reason}")
-        message = status_message(error)
-        log.info("task %s failed: %s", task.key, message)
-        code = protocol_pb2.ERROR_CODE_UNAVAILABLE if isinstance(error, WorkerUnavailableError) else protocol_pb2.ERROR_CODE_EXECUTION
-        self._send_error(sender, code, message, task.header.stage_key)
-        task.cancel(message, failed=True)
-        return fl.FlightServerError(f"task {task.key} failed on {self.url}: {message}")
+            info = self._info(protocol_pb2.ERROR_CODE_CANCELLED, f"task {task.key} cancelled: {task.cancel_reason}", key)
+        else:
+            message = status_message(error)
+            log.info("task %s failed: %s", task.key, message)
+            code = protocol_pb2.ERROR_CODE_UNAVAILABLE if isinstance(error, WorkerUnavailableError) else protocol_pb2.ERROR_CODE_EXECUTION
+            info = self._info(code, f"task {task.key} failed on {self.url}: {message}", key)
+            task.cancel(message, failed=True)
+        self._send_error(sender, info)
+        return status_error(info)
 
     # ------------------------------------------------------------------- DoGet
 
     def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.FlightDataStream:
+        invalid = protocol_pb2.ERROR_CODE_INVALID_ARGUMENT
         try:
             t = decode_ticket(ticket.ticket)
         except ProtocolError as exc:
-            raise pa.ArrowInvalid(f"{exc} [field: {exc.field}]") from None
+            raise status_error(self._info(invalid, str(exc), None, exc.field)) from None
         key = format_stage_key(t.stage_key)
         task, why = self.registry.get(key, wait=self.options.get_wait)
         if task is None:
-            raise fl.FlightServerError(f"no task {key} on worker {self.url}: {why}")
+            code = protocol_pb2.ERROR_CODE_NOT_FOUND
+            raise status_error(self._info(code, f"no task {key} on worker {self.url}: {why}", t.stage_key, "ticket.stage_key"))
         if task.output is None:
-            raise pa.ArrowInvalid(f"task {key} is a map stage: its output streams on its DoExchange [field: ticket]")
+            message = f"task {key} is a map stage: its output streams on its DoExchange"
+            raise status_error(self._info(invalid, message, t.stage_key, "ticket"))
         if t.partition_end > task.output.partitions:
-            raise pa.ArrowInvalid(
-                f"ticket asks for partitions [{t.partition_start}, {t.partition_end}) "
-                f"but task {key} has {task.output.partitions} [field: ticket.partition_end]"
-            )
+            message = f"ticket asks for partitions [{t.partition_start}, {t.partition_end}) but task {key} has {task.output.partitions}"
+            raise status_error(self._info(invalid, message, t.stage_key, "ticket.partition_end"))
         ipc = ipc_options(task.header.options.ipc_compression)
         return fl.GeneratorStream(task.output_schema, _stream(task, t.partition_start, t.partition_end), options=ipc)
 
@@ -278,26 +350,25 @@ class WorkerServer(fl.FlightServerBase):
 
     def do_action(self, context: fl.ServerCallContext, action: fl.Action) -> Iterator[bytes]:
         kind = action.type
+        invalid = protocol_pb2.ERROR_CODE_INVALID_ARGUMENT
         if kind == "health":
             if self.draining.is_set():
-                raise fl.FlightUnavailableError(f"worker {self.url} is draining")
+                raise status_error(self._info(protocol_pb2.ERROR_CODE_UNAVAILABLE, f"worker {self.url} is draining", None))
             return iter([b"ok"])
         if kind == "info":
             return iter([self.info().SerializeToString()])
         if kind == "cancel":
-            req = protocol_pb2.CancelRequest()
             try:
-                req.ParseFromString(action.body.to_pybytes() if action.body else b"")
-            except Exception as exc:  # protobuf raises DecodeError, a plain Exception subclass
-                raise pa.ArrowInvalid(f"the cancel action's body is not a CancelRequest: {exc} [field: body]") from None
-            if not req.query_id:
-                raise pa.ArrowInvalid("the cancel action needs a query_id [field: body.query_id]")
+                req = decode_cancel_request(action.body.to_pybytes() if action.body else b"")
+            except ProtocolError as exc:
+                raise status_error(self._info(invalid, str(exc), None, exc.field)) from None
             n = self.registry.cancel_query(req.query_id, "cancelled by request")
             return iter([protocol_pb2.CancelResult(cancelled_tasks=n).SerializeToString()])
         if kind == "drain":
             threading.Thread(target=self.drain, name="drain", daemon=True).start()
             return iter([b"draining"])
-        raise pa.ArrowInvalid(f"unknown action {kind!r}; known: {', '.join(ACTIONS)} [field: action.type]")
+        message = f"unknown action {clip(kind, 40)!r}; known: {', '.join(ACTIONS)}"
+        raise status_error(self._info(invalid, message, None, "action.type"))
 
     def info(self) -> protocol_pb2.WorkerInfo:
         return protocol_pb2.WorkerInfo(
@@ -307,6 +378,7 @@ class WorkerServer(fl.FlightServerBase):
             buffered_bytes=self.registry.buffered_bytes(),
             draining=self.draining.is_set(),
             url=self.url,
+            load=self.admission.load(len(self.registry), self.registry.buffered_bytes()),
         )
 
     def drain(self, grace: float | None = None) -> None:
@@ -318,21 +390,35 @@ class WorkerServer(fl.FlightServerBase):
         if not self.registry.wait_empty(grace):
             for task in self.registry.tasks():
                 task.cancel("the worker is shutting down")
-            self.registry.wait_empty(5.0)
+                self.registry.remove(task)  # its handler may be stuck reading a silent client
+                self.admission.release(task.key)
+        self._stopped.set()
+
+
+def _heartbeats(sender: _Sender, ended: threading.Event, interval: float) -> None:
+    """The worker's half of the heartbeat: the coordinator notices a silent worker by its absence."""
+    frame = protocol_pb2.WorkerFrame(heartbeat=protocol_pb2.Heartbeat())
+    while not ended.wait(interval):
+        try:
+            sender.frame(frame)  # may block while a frozen coordinator reads nothing: only this thread waits
+        except (pa.ArrowException, OSError):
+            return
 
 
 def _read_frames(task: Task, reader: fl.MetadataRecordBatchReader) -> None:
-    """The exchange's inbound side: units, feed ends, cancels and (map stages) input batches."""
+    """The exchange's inbound side: units, feed ends, cancels, heartbeats and (map stages) input batches."""
     try:
         while True:
             try:
                 chunk = reader.read_chunk()
             except StopIteration:
+                task.half_closed = True
                 break
+            task.last_heard = time.monotonic()
             if chunk.data is not None:
                 if task.inputs is None:
                     raise ProtocolError(f"task {task.key} is not a map stage but received a record batch", field="data")
-                task.inputs.put(chunk.data)
+                task.inputs.put(check_batch(chunk.data, f"map input batch {task.inputs.batches}"))
             if chunk.app_metadata is not None and chunk.app_metadata.size:
                 _dispatch(task, decode_coordinator_frame(chunk.app_metadata))
     except ProtocolError as exc:
@@ -343,9 +429,17 @@ def _read_frames(task: Task, reader: fl.MetadataRecordBatchReader) -> None:
     except (pa.ArrowException, OSError) as exc:
         task.cancel(f"the coordinator's exchange broke: {status_message(exc)}")
         return
-    if task.inputs is not None:
-        task.inputs.end()
-    elif not task.finished:
+    if task.inputs is not None and not task.inputs.end_seen and not task.finished:
+        # pyarrow's server also ends the stream at an empty FlightData: without InputEnd, this is a cut.
+        task.fail(
+            ProtocolError(
+                f"the map input ended after {task.inputs.rows} rows in {task.inputs.batches} batches "
+                "without an InputEnd frame: the upload was cut short",
+                field="app_metadata.input_end",
+            )
+        )
+    elif task.inputs is not None and not task.finished:
+        pass  # the input is complete; the task finishes, then the client releases it
         task.cancel("the coordinator closed the task's exchange before it finished")
     else:
         # Finished, and the coordinator lets go: output nobody read any more (below a limit) is dropped.
@@ -359,7 +453,11 @@ def _dispatch(task: Task, frame: protocol_pb2.CoordinatorFrame) -> None:
     elif kind == "feed_end":
         task.inbox(frame.feed_end.feed_id, frame.feed_end.partition).end()
     elif kind == "cancel":
-        task.cancel(frame.cancel.reason or "cancelled by the coordinator")
+        task.cancel(clip(frame.cancel.reason) or "cancelled by the coordinator")
+    elif kind == "input_end":
+        if task.inputs is None:
+            raise ProtocolError(f"task {task.key} is not a map stage but received InputEnd", field="app_metadata.input_end")
+        task.inputs.end_with(frame.input_end.rows, frame.input_end.batches)
 
 
 def _stream(task: Task, start: int, end: int) -> Iterator[tuple[pa.RecordBatch, bytes]]:
@@ -370,8 +468,12 @@ def _stream(task: Task, start: int, end: int) -> Iterator[tuple[pa.RecordBatch, 
             for batch in task.output.read(partition):
                 yield batch, meta
     except TaskCancelledError as exc:
-        raise fl.FlightCancelledError(f"task {task.key} on {task.worker_url}: {exc.cause}") from None
+        code, message = protocol_pb2.ERROR_CODE_CANCELLED, f"task {task.key} on {task.worker_url}: {exc.cause}"
     except FlightExecError as exc:
         cause = exc.cause if isinstance(exc, WorkerError) else str(exc)
-        raise fl.FlightServerError(f"task {task.key} failed on {task.worker_url}: {cause}") from None
+        code, message = protocol_pb2.ERROR_CODE_EXECUTION, f"task {task.key} failed on {task.worker_url}: {cause}"
+    else:
+        return
+    info = protocol_pb2.ErrorInfo(code=code, message=message, stage_key=task.header.stage_key, worker_url=task.worker_url)
+    raise status_error(info)
 

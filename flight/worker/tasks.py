@@ -21,6 +21,8 @@ import pyarrow as pa
 from flight._proto import plan_pb2, protocol_pb2
 from flight.errors import ProtocolError, TaskCancelledError, TaskFailedError
 from flight.feed import LatencyStats, now_ns
+from flight.ipc import check_batch
+from flight.limits import MAX_FEED_WINDOW, clamp
 from flight.protocol import format_stage_key
 from flight.engine.partition import split_by_hash
 from flight.worker.buffers import OutputBuffer
@@ -56,7 +58,7 @@ class FeedInbox:
     def __init__(self, feed_id: str, partition: int, window: int, send_credit: Callable[[int], None]) -> None:
         self.feed_id = feed_id
         self.partition = partition
-        self._window = max(1, window)
+        self._window = clamp(window, 1, MAX_FEED_WINDOW)
         self._send_credit = send_credit
         self._units: deque[ReceivedUnit] = deque()
         self._granted = 0
@@ -159,6 +161,8 @@ class InputQueue:
         self._error: BaseException | None = None
         self._cond = threading.Condition()
         self.rows = 0
+        self.batches = 0
+        self.end_seen = False  # the client's InputEnd frame arrived
 
     def discard(self) -> None:
         """The pipeline needs no more input (e.g. a limit was reached): drop what still arrives.
@@ -176,10 +180,28 @@ class InputQueue:
                 self._cond.wait()
             if self._error is not None:
                 raise self._error
+            if self.end_seen:
+                raise ProtocolError("a map input batch arrived after the InputEnd frame", field="data")
+            self.rows += batch.num_rows
+            self.batches += 1
             if self._discarding:
                 return
             self._items.append(batch)
-            self.rows += batch.num_rows
+            self._cond.notify_all()
+
+    def end_with(self, rows: int, batches: int) -> None:
+        """The client's InputEnd: what it sent must be what arrived, or the input was cut short."""
+        with self._cond:
+            if self.end_seen:
+                raise ProtocolError("a second InputEnd frame arrived", field="app_metadata.input_end")
+            self.end_seen = True
+            if (rows, batches) != (self.rows, self.batches):
+                raise ProtocolError(
+                    f"the client sent {rows} rows in {batches} batches but {self.rows} rows in "
+                    f"{self.batches} batches arrived: the input was cut short or altered",
+                    field="app_metadata.input_end",
+                )
+            self._ended = True
             self._cond.notify_all()
 
     def end(self) -> None:
@@ -229,6 +251,8 @@ class Task:
         self.query_id = header.stage_key.query_id
         self.worker_url = worker_url
         self.started = time.perf_counter()
+        self.last_heard = time.monotonic()  # of the coordinator: any message on the exchange
+        self.half_closed = False  # the coordinator's side of the exchange ended cleanly
         self.cancelled = threading.Event()
         self.cancel_reason = ""
         self.error: BaseException | None = None  # what stopped the task from outside (bad frame)
@@ -277,6 +301,8 @@ class Task:
         if self._read_partitions is None:
             raise ProtocolError(f"task {self.key} cannot read other stages here", field="plan")
         for batch, local in self._read_partitions(self, producers, start, end):
+            if not local:  # another worker's bytes: checked before any kernel sees them
+                check_batch(batch, f"a batch of partitions [{start}, {end}) read from another worker")
             self.rows_in += batch.num_rows
             self.bytes_in += batch.nbytes
             self.bytes_in_local += batch.nbytes if local else 0

@@ -1,0 +1,100 @@
+"""Every size a peer may choose, and the bound a receiver holds it to: one table.
+
+A worker (or a coordinator reading a worker) never takes a peer's size as
+given: a header asking for a million output partitions, a feed window of
+2^32-1, a 10 KB zstd payload that inflates to 320 MB, an id of 16 KB echoed in
+an error. Each such value is checked here against a named limit, and the check
+either clamps (a preference, such as a window: the receiver uses its own bound)
+or refuses with a ``ProtocolError`` naming the field (a requirement, such as a
+partition count the plan depends on). docs/protocol.md, "Limits", lists them.
+"""
+
+from __future__ import annotations
+
+from flight.errors import ProtocolError
+
+__all__ = [
+    "DEFAULT_HEARTBEAT_MS",
+    "MAX_BATCH_BYTES",
+    "MAX_HEARTBEAT_MS",
+    "MIN_HEARTBEAT_MS",
+    "MAX_ECHO_CHARS",
+    "MAX_FEEDS",
+    "MAX_FEED_PARTITIONS",
+    "MAX_FEED_WINDOW",
+    "MAX_FRAME_BYTES",
+    "MAX_HEADER_BYTES",
+    "MAX_ID_CHARS",
+    "MAX_IPC_BYTES",
+    "MAX_MESSAGE_CHARS",
+    "MAX_OUTPUT_BUFFER_BYTES",
+    "MAX_OUTPUT_PARTITIONS",
+    "MAX_OUTPUT_READERS",
+    "MAX_PRODUCERS",
+    "MAX_TASK_COUNT",
+    "MAX_UNITS_PER_FRAME",
+    "MAX_UNIT_BYTES",
+    "MIN_OUTPUT_BUFFER_BYTES",
+    "check_count",
+    "clamp",
+    "clip",
+]
+
+MAX_HEADER_BYTES = 64 << 20
+"""A TaskHeader, its plan included (a plan's Values and literals travel inside it)."""
+MAX_FRAME_BYTES = 64 << 20
+"""One CoordinatorFrame (a batch of work units)."""
+MAX_UNITS_PER_FRAME = 65_536
+"""Work units in one WorkUnitBatch (the coordinator sends at most 4,096 by default)."""
+MAX_UNIT_BYTES = 16 << 20
+"""One work unit's body: a unit names work (a file, a page token), it is not the data."""
+MAX_TASK_COUNT = 65_536
+"""Tasks in one stage (header.task_count)."""
+MAX_FEEDS = 1_024
+"""Feed assignments in one header."""
+MAX_FEED_PARTITIONS = 65_536
+"""Feed partitions assigned to one task, over all its feeds."""
+MAX_FEED_WINDOW = 65_536
+"""Credit window per feed partition; a larger one asked for is clamped to this."""
+MAX_OUTPUT_PARTITIONS = 4_096
+"""Output partitions of one task (plan.output.partitions): one per consumer task."""
+MAX_OUTPUT_READERS = 4_096
+"""Readers of each output partition (plan.output.readers): a broadcast's consumers."""
+MAX_PRODUCERS = 4_096
+"""Producer tasks one shuffle read names."""
+MIN_OUTPUT_BUFFER_BYTES = 1 << 20
+MAX_OUTPUT_BUFFER_BYTES = 1 << 30
+"""A task's output buffer bound is clamped into [MIN, MAX]."""
+MAX_BATCH_BYTES = 512 << 20
+"""One record batch from a peer (map input, shuffle read), in Arrow memory."""
+MAX_IPC_BYTES = 256 << 20
+"""An Arrow IPC payload inside a plan (Values, literals, value sets) once decompressed."""
+MAX_ID_CHARS = 128
+"""A query id (the stage key's), and a feed id."""
+MAX_ECHO_CHARS = 200
+"""Most characters of peer-chosen text (ids, reasons, names) repeated in a message."""
+MAX_MESSAGE_CHARS = 2_000
+"""Most characters of any error message a client is sent."""
+DEFAULT_HEARTBEAT_MS = 2_000
+MIN_HEARTBEAT_MS = 200
+MAX_HEARTBEAT_MS = 10_000
+"""A task's heartbeat interval (TaskOptions.heartbeat_ms) is clamped into [MIN, MAX]; 0 is the default."""
+
+
+def clip(text: object, most: int = MAX_ECHO_CHARS) -> str:
+    """``text`` cut to ``most`` characters, saying how much was left out."""
+    s = str(text)
+    if len(s) <= most:
+        return s
+    return f"{s[:most]}… ({len(s) - most} more characters)"
+
+
+def clamp(value: int, low: int, high: int) -> int:
+    """A preference a peer expressed, held into [low, high]."""
+    return max(low, min(value, high))
+
+
+def check_count(value: int, most: int, field: str, what: str) -> None:
+    """Refuse a requirement above ``most`` (``field`` names where it was)."""
+    if value > most:
+        raise ProtocolError(f"{field} asks for {value} {what}; this worker allows at most {most}", field=field)
