@@ -318,22 +318,34 @@ _SELECTIVITY = {
 
 
 def selectivity(expr: plan_pb2.Expression) -> float:
-    """The fraction of rows a predicate keeps, by the textbook defaults (System R's)."""
-    if expr.WhichOneof("kind") != "call":
-        return 0.5
-    call = expr.call
-    args = [selectivity(a) for a in call.args]
-    if call.function in ("and", "and_kleene") and args:
+    """The fraction of rows a predicate keeps, by the textbook defaults (System R's).
+
+    Computed over the flat node list in order (a call's arguments come before it), so
+    no expression is too deep for it.
+    """
+    values: list[float] = []
+    for node in expr.nodes:
+        if node.WhichOneof("kind") != "call":
+            values.append(0.5)
+            continue
+        call = node.call
+        args = [values[i] for i in call.args if i < len(values)]
+        values.append(_call_selectivity(call.function, args))
+    return values[-1] if values else 0.5
+
+
+def _call_selectivity(function: str, args: list[float]) -> float:
+    if function in ("and", "and_kleene") and args:
         return math.prod(args)
-    if call.function in ("or", "or_kleene") and args:
+    if function in ("or", "or_kleene") and args:
         return 1 - math.prod(1 - a for a in args)
-    if call.function == "invert" and args:
+    if function == "invert" and args:
         return 1 - args[0]
-    if call.function == "and_not" or call.function == "and_not_kleene":
+    if function == "and_not" or function == "and_not_kleene":
         return args[0] * (1 - args[1]) if len(args) == 2 else 0.5
-    if call.function == "is_in":
+    if function == "is_in":
         return 0.25
-    return _SELECTIVITY.get(call.function, 0.5)
+    return _SELECTIVITY.get(function, 0.5)
 
 
 def _row_width(schema: pa.Schema) -> int:

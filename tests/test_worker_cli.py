@@ -78,7 +78,7 @@ def test_actions_health_info_list(worker: tuple[subprocess.Popen[str], str]) -> 
         with pytest.raises(Exception, match="unknown action"):
             list(client.do_action(fl.Action("reboot", b"")))
     info = worker_info(url)
-    assert info.version == flight.__version__ and info.protocol_version == 1
+    assert info.version == flight.__version__ and info.protocol_version == flight.protocol.PROTOCOL_VERSION
     assert info.running_tasks == 0 and info.url == url
 
 

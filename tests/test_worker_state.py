@@ -128,7 +128,7 @@ def test_header_checks_name_the_field(change: dict[str, object], field: str) -> 
 
 def test_header_version_and_duplicate_feeds() -> None:
     with pytest.raises(VersionMismatchError):
-        decode_header(header(protocol_version=2).SerializeToString())
+        decode_header(header(protocol_version=99).SerializeToString())
     h = header()
     h.feeds.add(feed_id="a", partitions=[0])
     h.feeds.add(feed_id="a", partitions=[1])

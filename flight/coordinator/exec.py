@@ -362,8 +362,9 @@ class _Run:
 
     def _let_go(self) -> None:
         """Release every task of a refused attempt and forget its channels."""
-        for channel in self.channels:
+        for channel in self.channels:  # all first: aborting a producer fails its consumers at once
             channel.detach()
+        for channel in self.channels:
             channel.abort("the query waits for capacity and will retry")
         for channel in self.channels:
             channel.finish()

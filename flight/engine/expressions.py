@@ -12,16 +12,25 @@ must be on the whitelist of ``flight.plan.functions`` (checked before any name
 is handed to pyarrow), argument counts and option kinds must fit that
 function, and Arrow IPC payloads must decode to exactly what the message
 promises. The size of what pyarrow gets is bounded too: at most
-``MAX_NODES`` nodes, both in the message and in the tree pyarrow builds (a
-shared node counts once per use there), and at most ``MAX_DEPTH`` levels of
-nesting (pyarrow's own binding and evaluation recurse, in C++). Each violation
-raises ``ProtocolError`` whose ``field`` is a readable path into the message,
-such as ``plan.root.filter.predicate.nodes[2].literal.arrow``. Nothing is
-evaluated, unpickled or looked up by a user-provided name.
+``MAX_NODES`` nodes, both in the message and counting a shared node once per
+use (pyarrow gets a tree), and at most ``MAX_DEPTH`` levels of nesting in the
+expression pyarrow actually evaluates (its binding, simplification and
+evaluation recurse, in C++, and a stack overflow there kills the worker).
+Each violation raises ``ProtocolError`` whose ``field`` is a readable path
+into the message, such as ``plan.root.filter.predicate.nodes[2].literal.arrow``.
+Nothing is evaluated, unpickled or looked up by a user-provided name.
 
-``and_kleene`` and ``or_kleene`` are n-ary here (associative, so a long
-``a | b | c | ...`` chain is one node); each becomes a balanced tree of binary
-pyarrow calls, ``ceil(log2(k))`` levels deep for ``k`` arguments.
+Depth is counted as Acero will see it. Acero's ``Canonicalize`` (run by every
+filter and project) flattens nested calls of the same associative function
+(``and``, ``or``, ``and_kleene``, ``or_kleene``, ``xor``, ``add``, ``multiply``
+and their ``_checked`` forms) and folds them back up as a left-deep chain, so
+a balanced ``add`` tree of 30,000 leaves becomes 30,000 levels deep and a
+balanced tree would not help a long ``or`` either. So a chain of ``m`` operands
+of one such function counts ``m - 1`` levels above its deepest operand, and
+``and_kleene`` / ``or_kleene``, n-ary here (the builder folds ``a | b | c`` into
+one node), are cut into chunks of ``_CHUNK`` operands, each wrapped in a
+one-argument ``coalesce`` (the identity, which Acero does not flatten through):
+a 5,000-term ``or`` evaluates about 64 levels deep.
 """
 
 from __future__ import annotations
@@ -37,14 +46,25 @@ from flight.plan.functions import NARY_FUNCTIONS, FunctionSpec, lookup
 __all__ = ["MAX_DEPTH", "MAX_NODES", "bind", "referenced_fields", "to_pyarrow", "to_pyarrow_nodes"]
 
 MAX_DEPTH = 1000
-"""Deepest expression nesting the decoder accepts: a leaf is 1 level, a call 1 more than its deepest
-argument, an n-ary ``and_kleene`` / ``or_kleene`` of ``k`` arguments ``ceil(log2(k))`` more (the depth of
-the balanced tree pyarrow gets). pyarrow binds and evaluates expressions recursively in C++ and crashes
-the process somewhere near 9,000 levels on an 8 MiB stack; 1,000 keeps a wide margin."""
+"""Deepest expression nesting the decoder accepts, as Acero evaluates it: a leaf is 1 level, a call 1
+more than its deepest argument, except that a chain of ``m`` operands of one associative function counts
+``m - 1`` levels above its deepest operand (Acero re-folds such chains left-deep) and a long n-ary
+``and_kleene`` / ``or_kleene`` is evaluated in chunks (see the module's docstring). pyarrow recurses over
+expressions in C++ and crashes the process somewhere near 9,000 levels on an 8 MiB thread stack; 1,000
+keeps a wide margin."""
 
 MAX_NODES = 100_000
-"""Most nodes an expression may have: in the message, and in the tree pyarrow builds from it (where a
-node shared by several calls counts once per use, so a small message cannot expand exponentially)."""
+"""Most nodes an expression may have, in the message and also counting a node shared by several calls
+once per use (pyarrow gets a tree, so a small message must not expand exponentially). The n-ary
+``and_kleene`` / ``or_kleene`` add at most one binary call per argument to what pyarrow gets."""
+
+# Functions whose nested calls Acero's Canonicalize flattens into one left-deep chain
+# (IsBinaryAssociativeCommutative in arrow/compute/expression.cc).
+_ASSOCIATIVE = frozenset(
+    {"and", "or", "and_kleene", "or_kleene", "xor", "add", "multiply", "add_checked", "multiply_checked"}
+)
+_CHUNK = 16
+"""Operands per chunk of an n-ary and_kleene / or_kleene: each chunk is about 16 levels deep."""
 
 # What decoding Arrow IPC bytes or building options may raise on bad input.
 _BAD_INPUT = (pa.ArrowException, OSError, ValueError, TypeError, OverflowError, LookupError)
@@ -70,35 +90,63 @@ def to_pyarrow_nodes(msg: plan_pb2.Expression, field: str = "expr") -> list[pc.E
         raise ProtocolError("The expression has no nodes.", field=f"{field}.nodes")
     if count > MAX_NODES:
         raise ProtocolError(f"The expression has {count} nodes, more than the {MAX_NODES} allowed.", field=f"{field}.nodes")
-    exprs: list[pc.Expression] = []
-    depths: list[int] = []
-    sizes: list[int] = []
+    decoded: list[_Decoded] = []
     for i, node in enumerate(nodes):
         kind = node.WhichOneof("kind")
         if kind == "field":
             if not node.field.name:
                 raise ProtocolError("A field reference has an empty column name.", field=f"{field}.nodes[{i}].field.name")
-            expr, depth, size = pc.field(node.field.name), 1, 1
+            item = _Decoded(pc.field(node.field.name))
         elif kind == "literal":
             path = f"{field}.nodes[{i}].literal"
             value = _literal(node.literal, path)
             try:
-                expr, depth, size = pc.scalar(value), 1, 1
+                item = _Decoded(pc.scalar(value))
             except _BAD_INPUT as exc:
                 raise ProtocolError(f"Cannot use a {value.type} value as a literal: {exc}", field=path) from exc
         elif kind == "call":
-            expr, depth, size = _call(node.call, f"{field}.nodes[{i}].call", i, exprs, depths, sizes)
+            item = _call(node.call, f"{field}.nodes[{i}].call", i, decoded)
         else:
             raise ProtocolError("The expression sets none of field, literal or call.", field=f"{field}.nodes[{i}]")
-        if depth > MAX_DEPTH:
+        if item.depth > MAX_DEPTH:
             raise ProtocolError(f"The expression is nested more than {MAX_DEPTH} levels deep.", field=f"{field}.nodes[{i}]")
-        if size > MAX_NODES:
+        if item.size > MAX_NODES:
             message = f"The expression expands to more than {MAX_NODES} nodes (a shared node counts once per use)."
             raise ProtocolError(message, field=f"{field}.nodes[{i}]")
-        exprs.append(expr)
-        depths.append(depth)
-        sizes.append(size)
-    return exprs
+        decoded.append(item)
+    return [item.expr for item in decoded]
+
+
+class _Decoded:
+    """One decoded node: its pyarrow expression, the depth Acero will see, and its size as a tree.
+
+    ``chain`` is set when the expression is a call of an ``_ASSOCIATIVE`` function that a
+    parent call of the same function would flatten into its own chain: the function, the
+    number of operands of the chain, and the depth of its deepest operand.
+    """
+
+    __slots__ = ("expr", "depth", "size", "chain")
+
+    def __init__(
+        self, expr: pc.Expression, depth: int = 1, size: int = 1, chain: tuple[str, int, int] | None = None
+    ) -> None:
+        self.expr = expr
+        self.depth = depth
+        self.size = size
+        self.chain = chain
+
+
+def _operands(function: str, items: list[_Decoded]) -> tuple[int, int]:
+    """How many operands a chain of ``function`` over ``items`` has once Acero flattens it, and the deepest one's depth."""
+    count = deepest = 0
+    for item in items:
+        if item.chain is not None and item.chain[0] == function:
+            count += item.chain[1]
+            deepest = max(deepest, item.chain[2])
+        else:
+            count += 1
+            deepest = max(deepest, item.depth)
+    return count, deepest
 
 
 def _literal(msg: plan_pb2.Literal, path: str) -> pa.Scalar:
@@ -137,10 +185,8 @@ def _ipc_column(data: bytes, path: str, what: str) -> pa.Array:
         raise ProtocolError(f"The {what} is not a valid Arrow IPC stream: {exc}", field=path) from exc
 
 
-def _call(
-    msg: plan_pb2.Call, path: str, index: int, exprs: list[pc.Expression], depths: list[int], sizes: list[int]
-) -> tuple[pc.Expression, int, int]:
-    """Node ``index``, a call: its expression, depth and expanded size (arguments come from the lists)."""
+def _call(msg: plan_pb2.Call, path: str, index: int, decoded: list[_Decoded]) -> _Decoded:
+    """Node ``index``, a call (its arguments are the earlier nodes in ``decoded``)."""
     try:
         spec = lookup(msg.function)
     except ValueError as exc:
@@ -156,29 +202,51 @@ def _call(
                 f"Argument {position} of node {index} names node {ref}; a call's arguments must be earlier nodes.",
                 field=f"{path}.args",
             )
-    args = [exprs[ref] for ref in refs]
-    size = sum(sizes[ref] for ref in refs) + 1
-    depth = max(depths[ref] for ref in refs) + 1
+    args = [decoded[ref] for ref in refs]
+    size = sum(arg.size for arg in args) + 1
     options = _options(msg, spec, f"{path}.options")
     try:
         if spec.name in NARY_FUNCTIONS:
-            levels = (len(args) - 1).bit_length()  # ceil(log2(k)): the balanced tree's height
-            return _balanced(spec.name, args), depth - 1 + levels, size + len(args) - 2
+            return _chunked(spec.name, args, size)
+        exprs = [arg.expr for arg in args]
         if spec.name == "cast":
-            return args[0].cast(options=options), depth, size
-        return pc.Expression._call(spec.name, args, options), depth, size
+            return _Decoded(exprs[0].cast(options=options), args[0].depth + 1, size)
+        expr = pc.Expression._call(spec.name, exprs, options)
+        if spec.name in _ASSOCIATIVE:
+            count, deepest = _operands(spec.name, args)
+            return _Decoded(expr, deepest + count - 1, size, (spec.name, count, deepest))
+        return _Decoded(expr, max(arg.depth for arg in args) + 1, size)
     except _BAD_INPUT as exc:
         raise ProtocolError(f"Cannot build a call of {spec.name!r}: {exc}", field=path) from exc
 
 
-def _balanced(function: str, args: list[pc.Expression]) -> pc.Expression:
-    """``function`` (associative, binary in pyarrow) over all ``args`` as a balanced tree, in order."""
-    while len(args) > 1:
-        paired = [pc.Expression._call(function, args[k : k + 2]) for k in range(0, len(args) - 1, 2)]
-        if len(args) % 2:
-            paired.append(args[-1])
-        args = paired
-    return args[0]
+def _chunked(function: str, items: list[_Decoded], size: int) -> _Decoded:
+    """Associative ``function`` (binary in pyarrow) over all ``items``, in order, kept shallow for Acero.
+
+    While more than ``_CHUNK`` operands remain, each run of ``_CHUNK`` becomes a left-deep
+    chain (the shape Acero would give it anyway) wrapped in ``coalesce(x)``, which is ``x``
+    but stops Acero from flattening the chunks back into one long chain.
+    """
+    while len(items) > _CHUNK:
+        wrapped = []
+        for start in range(0, len(items), _CHUNK):
+            chunk = items[start : start + _CHUNK]
+            if len(chunk) == 1:
+                wrapped.append(chunk[0])
+                continue
+            count, deepest = _operands(function, chunk)
+            expr = pc.Expression._call("coalesce", [_left_fold(function, chunk)])
+            wrapped.append(_Decoded(expr, deepest + count, sum(item.size for item in chunk)))
+        items = wrapped
+    count, deepest = _operands(function, items)
+    return _Decoded(_left_fold(function, items), deepest + count - 1, size, (function, count, deepest))
+
+
+def _left_fold(function: str, items: list[_Decoded]) -> pc.Expression:
+    expr = items[0].expr
+    for item in items[1:]:
+        expr = pc.Expression._call(function, [expr, item.expr])
+    return expr
 
 
 def _options(msg: plan_pb2.Call, spec: FunctionSpec, path: str) -> pc.FunctionOptions | None:

@@ -8,8 +8,8 @@ Arrow kernels:
 1. each hashed key gives a 64-bit value ``v`` (``key_values``): integers,
    booleans, dates, times, timestamps and durations their integer value;
    decimals their unscaled integer; floats the IEEE-754 bits of the float64
-   value with -0.0 made +0.0 and every NaN the canonical NaN; strings and
-   binaries the CRC-32 of their bytes; nulls 0;
+   value (-0.0 made +0.0, every NaN the canonical NaN) with their two 32-bit
+   halves swapped; strings and binaries the CRC-32 of their bytes; nulls 0;
 2. ``h = v0``, then ``h = (h * 31) ^ vi`` for the next hashed keys, in order;
 3. ``partition = ((h * 0x9E3779B97F4A7C15) >> 29) % n``; all in uint64 (mod 2**64).
 
@@ -33,6 +33,7 @@ _SHIFT = pa.scalar(29, _U64)
 _PRIME = pa.scalar(31, _U64)
 _NAN = pa.scalar(float("nan"), pa.float64())  # the canonical quiet NaN, bits 0x7FF8000000000000
 _ZERO = pa.scalar(0.0, pa.float64())
+_HALF = pa.scalar(32, _U64)
 
 # Decimal types of scale 0 with the same layout: a view as one of these reads the unscaled integer.
 _UNSCALED = {32: pa.decimal32(9, 0), 64: pa.decimal64(18, 0), 128: pa.decimal128(38, 0), 256: pa.decimal256(76, 0)}
@@ -41,7 +42,7 @@ _UNSCALED = {32: pa.decimal32(9, 0), 64: pa.decimal64(18, 0), 128: pa.decimal128
 def _value_type(t: pa.DataType) -> pa.DataType:
     """The logical type a key is hashed as: extension types by storage, dictionaries by value."""
     while True:
-        if isinstance(t, pa.ExtensionType):
+        if isinstance(t, pa.BaseExtensionType):
             t = t.storage_type
         elif pa.types.is_dictionary(t):
             t = t.value_type
@@ -75,7 +76,7 @@ def hash_columns(types: Sequence[pa.DataType]) -> list[int]:
 def key_values(column: pa.Array) -> pa.Array:
     """The 64-bit value of each key (a uint64 array without nulls); docs/protocol.md states it per type."""
     t = column.type
-    if isinstance(t, pa.ExtensionType):
+    if isinstance(t, pa.BaseExtensionType):
         return key_values(column.storage)
     if pa.types.is_dictionary(t):
         codes = key_values(column.dictionary)
@@ -100,7 +101,10 @@ def key_values(column: pa.Array) -> pa.Array:
         x = pc.add(x, _ZERO)  # -0.0 + 0.0 is +0.0 (IEEE-754, rounding to nearest)
         if nan.true_count:  # NaNs of any sign and payload become the canonical NaN
             x = pc.if_else(nan, _NAN, x)
-        column = x.view(pa.int64())  # the IEEE-754 bits
+        # The IEEE-754 bits with their 32-bit halves swapped: the final multiply only carries bits
+        # upwards, and "round" floats (1.0, 2.5, ...) have all-zero low bits.
+        bits = x.view(_U64)
+        return pc.bit_wise_or(pc.shift_left(bits, _HALF), pc.shift_right(bits, _HALF))
     elif pa.types.is_decimal(t):
         # The unscaled integer's low 64 bits (an unsafe decimal->int64 cast keeps the low bits).
         column = column.view(_UNSCALED[t.bit_width]).cast(pa.int64(), safe=False)
