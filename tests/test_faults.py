@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
-from support import running_tasks, wait_until, worker_info
+from support import error_of, header, healthy, raw_exchange, running_tasks, units_plan, wait_until, worker_info
 
 import flight
 from flight import col
@@ -25,72 +25,9 @@ from flight.protocol import PROTOCOL_VERSION, encode_schema, error_info_of
 from flight.testing import SLEEP_SCHEMA, sleep_unit
 
 
-def healthy(url: str) -> bool:
-    with fl.connect(url) as client:
-        return [r.body.to_pybytes() for r in client.do_action(fl.Action("health", b""))] == [b"ok"]
-
-
-def raw_exchange(url: str, command: bytes, frames: list[bytes] = ()) -> tuple[list[protocol_pb2.WorkerFrame], BaseException | None]:
-    """Drive a worker by hand; return the frames it sent and the error that ended the call."""
-    got: list[protocol_pb2.WorkerFrame] = []
-    with fl.connect(url) as client:
-        writer, reader = client.do_exchange(fl.FlightDescriptor.for_command(command))
-        for data in frames:
-            writer.write_metadata(pa.py_buffer(data))
-        try:
-            while True:
-                chunk = reader.read_chunk()
-                if chunk.app_metadata is not None:
-                    frame = protocol_pb2.WorkerFrame()
-                    frame.ParseFromString(chunk.app_metadata.to_pybytes())
-                    got.append(frame)
-                    if frame.WhichOneof("frame") == "error":
-                        writer.done_writing()
-        except StopIteration:
-            return got, None
-        except pa.ArrowException as exc:
-            return got, exc
-        finally:
-            try:
-                writer.close()
-            except pa.ArrowException:
-                pass  # closing repeats the call's final status, already returned above
-
-
-def header(plan: plan_pb2.StagePlan, feeds: dict[str, list[int]] | None = None, **kw: object) -> protocol_pb2.TaskHeader:
-    h = protocol_pb2.TaskHeader(
-        protocol_version=PROTOCOL_VERSION,
-        stage_key=protocol_pb2.StageKey(query_id=f"q-{uuid.uuid4().hex[:8]}", stage_id=0, task_number=0),
-        task_count=1,
-        plan=plan.SerializeToString(),
-        feeds=[protocol_pb2.FeedAssignment(feed_id=f, partitions=p) for f, p in (feeds or {}).items()],
-    )
-    for k, v in kw.items():
-        setattr(h, k, v)
-    return h
-
-
-def units_plan(feed_id: str = "f") -> plan_pb2.StagePlan:
-    return plan_pb2.StagePlan(
-        root=plan_pb2.Operator(
-            feed_scan=plan_pb2.FeedScan(
-                feed=plan_pb2.WorkUnitFeed(feed_id=feed_id),
-                reader="units",
-                schema=encode_schema(pa.schema([("unit", pa.binary())])),
-            )
-        )
-    )
-
-
 class _Nothing(flight.WorkUnitFeedProvider):
     def feed(self, partition: int, ctx: flight.FeedContext) -> Iterator[bytes]:
         return iter(())
-
-
-def error_of(frames: list[protocol_pb2.WorkerFrame]) -> protocol_pb2.ErrorInfo:
-    errors = [f.error for f in frames if f.WhichOneof("frame") == "error"]
-    assert errors, f"no error frame among {frames}"
-    return errors[0]
 
 
 # ------------------------------------------------------------ malformed input

@@ -14,10 +14,10 @@ EXPECTED_API = {
     "DefaultTaskEstimator", "DiscoverySample", "TaskEstimate", "TaskEstimator", "Unit",
     "DistributedExec", "ExecOptions", "Expr", "FeedContext", "FeedError", "FeedStats", "FileListProvider",
     "FileWorkerResolver", "FlightExecError", "InvalidTaskError", "LocalCluster", "PlanError",
-    "PollingWorkerResolver", "ProtocolError", "Query", "QueryMetrics", "ReaderContext", "ResolverError",
+    "PollingWorkerResolver", "ProtocolError", "QueryTimeoutError", "Query", "QueryMetrics", "ReaderContext", "ResolverError",
     "RetryableError", "StaticWorkerResolver", "TaskCancelledError", "TaskFailedError", "TaskStats",
     "VersionMismatchError", "WorkUnit", "WorkUnitFeed", "WorkUnitFeedProvider", "WorkerError", "WorkerOptions",
-    "WorkerResolver", "WorkerUnavailableError", "__version__", "agg", "call", "coalesce", "col", "file_unit",
+    "WorkerResolver", "WorkerBusyError", "WorkerUnavailableError", "__version__", "agg", "call", "coalesce", "col", "file_unit",
     "from_arrow", "from_feed", "if_else", "lit", "map_batches", "map_input", "read_ipc", "read_parquet",
     "register_reader", "run_local", "units",
 }
