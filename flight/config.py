@@ -20,7 +20,7 @@ class WorkerOptions:
 
     feed_window: int = 256
     """Units a task keeps asked-for per feed partition (its credit window)."""
-    output_buffer_bytes: int = 64 << 20
+    output_buffer_bytes: int = 32 << 20
     """A task's producer waits once this many bytes of output are unread."""
     batch_rows: int = 64 * 1024
     """Rows per batch the built-in readers aim for."""
@@ -34,7 +34,7 @@ class WorkerOptions:
     """Tasks running at once; one more is refused as busy (retryable)."""
     source_threads: int = 128
     """Threads admitted tasks may hold while their sources wait (the I/O pool is sized to this plus a margin)."""
-    memory_budget: int = 4 << 30
+    memory_budget: int = 8 << 30
     """Bytes admitted tasks may reserve (output buffers and input queues); also the allocation above which
     a busy worker admits nothing new."""
     peer_timeout: float = 10.0

@@ -7,19 +7,18 @@ oracle for results is pyarrow (or plain Python), never the code under test.
 from __future__ import annotations
 
 import functools
+import gc
 import operator
 import os
 import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.flight as fl
 import pyarrow.parquet as pq
 import pytest
@@ -171,8 +170,6 @@ def test_100_waiting_tasks_do_not_block_another_query(cluster: flight.LocalClust
         assert got.column("n").to_pylist() == [expected]
     finally:
         del readers
-        import gc
-
         gc.collect()
     wait_until(lambda: running_tasks(cluster.urls) == 0, 20.0, "the waiting tasks to be freed")
 
@@ -198,16 +195,17 @@ def test_a_query_deadline_cancels_everything_with_a_clear_timeout(cluster: fligh
 
 
 def test_run_local_runs_a_plan_of_twelve_scans(parquet_files: list[Path]) -> None:
-    scans = [flight.read_parquet(parquet_files).filter(col("id") % 12 == i) for i in range(12)]
-    got = flight.run_local(scans[0].union(*scans[1:])).read_all()
     expected = pa.concat_tables(pq.read_table(p) for p in parquet_files)
-    assert got.num_rows == expected.num_rows
-    assert sorted(got.column("id").to_pylist()) == sorted(expected.column("id").to_pylist())
+    ids = expected.column("id").to_pylist()
+    bounds = [min(ids) + (max(ids) + 1 - min(ids)) * i // 12 for i in range(13)]
+    scans = [flight.read_parquet(parquet_files).filter((col("id") >= lo) & (col("id") < hi)) for lo, hi in zip(bounds, bounds[1:])]
+    got = flight.run_local(scans[0].union(*scans[1:])).read_all()
+    assert sorted(got.column("id").to_pylist()) == sorted(ids)
 
 
 def test_source_threads_counts_exactly_the_blocking_sources(parquet_files: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
     a = flight.read_parquet(parquet_files)
-    q = a.filter(col("id") > 3).union(a.limit(5)).sort("id", fetch=3)
+    q = a.filter(col("id") > 3).union(a.limit(5)).sort("id").limit(3)
     plan = q.stage_plan()
     made: list[object] = []
     real = pipeline._source
@@ -253,6 +251,8 @@ def test_a_frozen_coordinator_has_its_tasks_freed() -> None:
             proc.kill()
             os.kill(proc.pid, signal.SIGCONT)
             proc.wait(10)
+            if proc.stdout is not None:
+                proc.stdout.close()
 
 
 @pytest.mark.slow
@@ -295,24 +295,13 @@ def test_pools_of_clients_aborting_mid_read_never_abort_the_coordinator(cluster:
     waiting = flight.from_feed(Forever(), "units", pa.schema([("unit", pa.binary())])).filter(col("unit") != b"")
     for _ in range(20):
         reader = flight.DistributedExec(waiting, cluster.resolver()).execute()
-        threading.Thread(target=lambda r=reader: _drain_quietly(r), daemon=True).start()
-        del reader
-    import gc
-
-    gc.collect()
+        del reader  # dropped: every channel is aborted while its reader thread is inside read_chunk
+        gc.collect()
     wait_until(lambda: running_tasks(cluster.urls) == 0, 20.0, "every abandoned task to be freed")
     assert healthy(cluster.urls[0])
-
-
-def _drain_quietly(reader: pa.RecordBatchReader) -> None:
-    try:
-        reader.read_all()
-    except (flight.FlightExecError, pa.ArrowException):
-        pass  # cancelled: what the test provokes
 
 
 def test_info_reports_the_load(cluster: flight.LocalCluster) -> None:
     client = fl.connect(cluster.urls[0])
     info = protocol_pb2.WorkerInfo.FromString(next(iter(client.do_action("info"))).body.to_pybytes())
     assert info.load.source_threads_max == flight.WorkerOptions().source_threads
-    assert pc is not None
