@@ -11,7 +11,7 @@ from flight._proto import plan_pb2, protocol_pb2
 from flight.errors import ProtocolError, TaskCancelledError, VersionMismatchError
 from flight.protocol import PROTOCOL_VERSION, decode_header, decode_ticket
 from flight.worker.buffers import OutputBuffer
-from flight.worker.tasks import FeedInbox
+from flight.worker.inputs import FeedInbox
 
 
 def units(n: int) -> list[protocol_pb2.WorkUnit]:

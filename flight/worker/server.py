@@ -10,10 +10,12 @@ side sees a Python traceback as the message.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -23,7 +25,6 @@ from flight._version import __version__
 from flight.config import WorkerOptions
 from flight.engine.pipeline import compile_task, source_threads
 from flight.engine.readers import UnitReadError
-from flight.ipc import check_batch
 from flight.limits import (
     DEFAULT_HEARTBEAT_MS,
     MAX_HEARTBEAT_MS,
@@ -45,7 +46,6 @@ from flight.errors import (
 from flight.protocol import (
     PROTOCOL_VERSION,
     decode_cancel_request,
-    decode_coordinator_frame,
     decode_header,
     decode_ticket,
     encode_schema,
@@ -56,6 +56,7 @@ from flight.protocol import (
 )
 from flight.clients import ClientPool
 from flight.worker.admission import INPUT_RESERVE_BYTES, Admission, Capacity, Need
+from flight.worker.exchange import Sender, heartbeats, read_frames
 from flight.worker.shuffle import read_partitions
 from flight.worker.tasks import Task, TaskRegistry
 
@@ -71,38 +72,29 @@ ACTIONS = {
 }
 
 
-class _Sender:
-    """Serialises writes on one exchange: frames come from several threads.
+_Handler = TypeVar("_Handler", bound=Callable[..., Any])
 
-    Once closed (the handler is returning), writes are dropped: the writer is
-    only valid while the handler runs.
+
+def _boundary(handler: _Handler) -> _Handler:
+    """The last line of error translation: whatever escapes a handler leaves as a FlightError.
+
+    The handlers raise FlightErrors (``status_error``) for everything they expect; anything
+    else is a bug here, logged with its traceback, and the client sees only its type — no
+    traceback, path or message that might hold file contents.
     """
 
-    def __init__(self, writer: fl.MetadataRecordBatchWriter) -> None:
-        self._writer = writer
-        self._lock = threading.Lock()
-        self._closed = False
+    @functools.wraps(handler)
+    def wrapped(self: WorkerServer, *args: Any) -> Any:
+        try:
+            return handler(self, *args)
+        except fl.FlightError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - translated, and logged with its traceback
+            log.warning("%s failed unexpectedly", handler.__name__, exc_info=True)
+            message = f"internal error in {handler.__name__} on {self.url}: {type(exc).__name__} (details in the worker's log)"
+            raise status_error(protocol_pb2.ErrorInfo(code=protocol_pb2.ERROR_CODE_EXECUTION, message=message, worker_url=self.url)) from None
 
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-
-    def frame(self, frame: protocol_pb2.WorkerFrame) -> None:
-        data = pa.py_buffer(frame.SerializeToString())
-        with self._lock:
-            if not self._closed:
-                self._writer.write_metadata(data)
-
-    def begin(self, schema: pa.Schema, options: pa.ipc.IpcWriteOptions) -> None:
-        with self._lock:
-            if not self._closed:
-                self._writer.begin(schema, options=options)
-
-    def batch(self, batch: pa.RecordBatch) -> None:
-        with self._lock:
-            if self._closed:
-                raise TaskCancelledError("the task's exchange is closed")
-            self._writer.write_batch(batch)
+    return wrapped  # type: ignore[return-value]
 
 
 class WorkerServer(fl.FlightServerBase):
@@ -122,6 +114,7 @@ class WorkerServer(fl.FlightServerBase):
 
     # ------------------------------------------------------------- DoExchange
 
+    @_boundary
     def do_exchange(
         self,
         context: fl.ServerCallContext,
@@ -129,7 +122,7 @@ class WorkerServer(fl.FlightServerBase):
         reader: fl.MetadataRecordBatchReader,
         writer: fl.MetadataRecordBatchWriter,
     ) -> None:
-        sender = _Sender(writer)
+        sender = Sender(writer)
         try:
             header, plan = decode_header(descriptor.command or b"")
         except ProtocolError as exc:
@@ -156,7 +149,7 @@ class WorkerServer(fl.FlightServerBase):
         header: protocol_pb2.TaskHeader,
         plan: plan_pb2.StagePlan,
         buffer_bytes: int,
-        sender: _Sender,
+        sender: Sender,
         reader: fl.MetadataRecordBatchReader,
     ) -> None:
         """An admitted task, from its start to the end of its exchange."""
@@ -184,14 +177,14 @@ class WorkerServer(fl.FlightServerBase):
         runner = threading.Thread(target=self._run, args=(task, output, sender), name=f"task-{task.key}", daemon=True)
         interval = clamp(opts.heartbeat_ms or DEFAULT_HEARTBEAT_MS, MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS) / 1000
         ended = threading.Event()
-        beat = threading.Thread(target=_heartbeats, args=(sender, ended, interval), name=f"beat-{task.key}", daemon=True)
+        beat = threading.Thread(target=heartbeats, args=(sender, ended, interval), name=f"beat-{task.key}", daemon=True)
         try:
             self._send_ready(task, sender)
             runner.start()
             beat.start()
             # This thread reads the coordinator's side until it half-closes or goes away;
             # the reader is only valid while this handler runs, so it is read nowhere else.
-            _read_frames(task, reader)
+            read_frames(task, reader)
             runner.join()
         finally:
             ended.set()
@@ -224,13 +217,13 @@ class WorkerServer(fl.FlightServerBase):
                     self.registry.remove(task)
                     self.admission.release(task.key)
 
-    def _send_ready(self, task: Task, sender: _Sender) -> None:
+    def _send_ready(self, task: Task, sender: Sender) -> None:
         ready = protocol_pb2.Ready(
             worker_url=self.url, worker_version=__version__, output_schema=encode_schema(task.output_schema)
         )
         sender.frame(protocol_pb2.WorkerFrame(ready=ready))
 
-    def _run(self, task: Task, output: pa.RecordBatchReader, sender: _Sender) -> None:
+    def _run(self, task: Task, output: pa.RecordBatchReader, sender: Sender) -> None:
         """The task's pipeline, on its own thread; its outcome is a frame (and ``task.failure``)."""
         ipc = ipc_options(task.header.options.ipc_compression)
         try:
@@ -278,19 +271,19 @@ class WorkerServer(fl.FlightServerBase):
             info.stage_key.CopyFrom(stage_key)
         return info
 
-    def _send_error(self, sender: _Sender, info: protocol_pb2.ErrorInfo) -> None:
+    def _send_error(self, sender: Sender, info: protocol_pb2.ErrorInfo) -> None:
         try:
             sender.frame(protocol_pb2.WorkerFrame(error=info))
         except (pa.ArrowException, OSError) as exc:
             log.debug("could not send an error frame (the coordinator is gone?): %s", exc)
 
-    def _refuse(self, sender: _Sender, code: int, message: str, stage_key: protocol_pb2.StageKey | None) -> fl.FlightError:
+    def _refuse(self, sender: Sender, code: int, message: str, stage_key: protocol_pb2.StageKey | None) -> fl.FlightError:
         """An error frame for the coordinator, and the status the exchange ends with."""
         info = self._info(code, message, stage_key)
         self._send_error(sender, info)
         return status_error(info)
 
-    def _reject(self, sender: _Sender, exc: ProtocolError, stage_key: protocol_pb2.StageKey | None) -> fl.FlightError:
+    def _reject(self, sender: Sender, exc: ProtocolError, stage_key: protocol_pb2.StageKey | None) -> fl.FlightError:
         code = (
             protocol_pb2.ERROR_CODE_VERSION_MISMATCH
             if isinstance(exc, VersionMismatchError)
@@ -301,7 +294,7 @@ class WorkerServer(fl.FlightServerBase):
         self._send_error(sender, info)
         return status_error(info)
 
-    def _fail(self, task: Task, sender: _Sender, exc: BaseException) -> Exception:
+    def _fail(self, task: Task, sender: Sender, exc: BaseException) -> Exception:
         """Report a task's failure in a frame; return the Flight error its exchange ends with."""
         error = task.error or exc
         key = task.header.stage_key
@@ -323,6 +316,7 @@ class WorkerServer(fl.FlightServerBase):
 
     # ------------------------------------------------------------------- DoGet
 
+    @_boundary
     def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.FlightDataStream:
         invalid = protocol_pb2.ERROR_CODE_INVALID_ARGUMENT
         try:
@@ -348,6 +342,7 @@ class WorkerServer(fl.FlightServerBase):
     def list_actions(self, context: fl.ServerCallContext) -> list[tuple[str, str]]:
         return list(ACTIONS.items())
 
+    @_boundary
     def do_action(self, context: fl.ServerCallContext, action: fl.Action) -> Iterator[bytes]:
         kind = action.type
         invalid = protocol_pb2.ERROR_CODE_INVALID_ARGUMENT
@@ -395,71 +390,6 @@ class WorkerServer(fl.FlightServerBase):
         self._stopped.set()
 
 
-def _heartbeats(sender: _Sender, ended: threading.Event, interval: float) -> None:
-    """The worker's half of the heartbeat: the coordinator notices a silent worker by its absence."""
-    frame = protocol_pb2.WorkerFrame(heartbeat=protocol_pb2.Heartbeat())
-    while not ended.wait(interval):
-        try:
-            sender.frame(frame)  # may block while a frozen coordinator reads nothing: only this thread waits
-        except (pa.ArrowException, OSError):
-            return
-
-
-def _read_frames(task: Task, reader: fl.MetadataRecordBatchReader) -> None:
-    """The exchange's inbound side: units, feed ends, cancels, heartbeats and (map stages) input batches."""
-    try:
-        while True:
-            try:
-                chunk = reader.read_chunk()
-            except StopIteration:
-                task.half_closed = True
-                break
-            task.last_heard = time.monotonic()
-            if chunk.data is not None:
-                if task.inputs is None:
-                    raise ProtocolError(f"task {task.key} is not a map stage but received a record batch", field="data")
-                task.inputs.put(check_batch(chunk.data, f"map input batch {task.inputs.batches}"))
-            if chunk.app_metadata is not None and chunk.app_metadata.size:
-                _dispatch(task, decode_coordinator_frame(chunk.app_metadata))
-    except ProtocolError as exc:
-        task.fail(exc)
-        return
-    except FlightExecError:
-        return  # the task already stopped (cancelled or failed); its runner reports why
-    except (pa.ArrowException, OSError) as exc:
-        task.cancel(f"the coordinator's exchange broke: {status_message(exc)}")
-        return
-    if task.inputs is not None and not task.inputs.end_seen and not task.finished:
-        # pyarrow's server also ends the stream at an empty FlightData: without InputEnd, this is a cut.
-        task.fail(
-            ProtocolError(
-                f"the map input ended after {task.inputs.rows} rows in {task.inputs.batches} batches "
-                "without an InputEnd frame: the upload was cut short",
-                field="app_metadata.input_end",
-            )
-        )
-    elif task.inputs is not None and not task.finished:
-        pass  # the input is complete; the task finishes, then the client releases it
-        task.cancel("the coordinator closed the task's exchange before it finished")
-    else:
-        # Finished, and the coordinator lets go: output nobody read any more (below a limit) is dropped.
-        task.cancel("released by the coordinator")
-
-
-def _dispatch(task: Task, frame: protocol_pb2.CoordinatorFrame) -> None:
-    kind = frame.WhichOneof("frame")
-    if kind == "units":
-        task.inbox(frame.units.feed_id, frame.units.partition).deliver(list(frame.units.units))
-    elif kind == "feed_end":
-        task.inbox(frame.feed_end.feed_id, frame.feed_end.partition).end()
-    elif kind == "cancel":
-        task.cancel(clip(frame.cancel.reason) or "cancelled by the coordinator")
-    elif kind == "input_end":
-        if task.inputs is None:
-            raise ProtocolError(f"task {task.key} is not a map stage but received InputEnd", field="app_metadata.input_end")
-        task.inputs.end_with(frame.input_end.rows, frame.input_end.batches)
-
-
 def _stream(task: Task, start: int, end: int) -> Iterator[tuple[pa.RecordBatch, bytes]]:
     assert task.output is not None
     try:
@@ -472,6 +402,9 @@ def _stream(task: Task, start: int, end: int) -> Iterator[tuple[pa.RecordBatch, 
     except FlightExecError as exc:
         cause = exc.cause if isinstance(exc, WorkerError) else str(exc)
         code, message = protocol_pb2.ERROR_CODE_EXECUTION, f"task {task.key} failed on {task.worker_url}: {cause}"
+    except Exception as exc:  # noqa: BLE001 - a stream's error must still be a clean status
+        log.warning("task %s: streaming its output failed", task.key, exc_info=True)
+        code, message = protocol_pb2.ERROR_CODE_EXECUTION, f"task {task.key} on {task.worker_url}: {type(exc).__name__} while streaming"
     else:
         return
     info = protocol_pb2.ErrorInfo(code=code, message=message, stage_key=task.header.stage_key, worker_url=task.worker_url)

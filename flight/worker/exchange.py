@@ -1,0 +1,123 @@
+"""The worker's end of a task's DoExchange: writing frames safely, reading the coordinator's side.
+
+A Flight writer must never be used from two threads at once (gRPC aborts the process),
+and it is only valid while the handler runs; ``Sender`` serialises every write and
+drops writes once the handler is returning. ``read_frames`` is the exchange's inbound
+side: it runs on the handler's thread, the only place the reader may be used.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from flight._proto import protocol_pb2
+from flight.errors import FlightExecError, ProtocolError, TaskCancelledError
+from flight.ipc import check_batch
+from flight.limits import clip
+from flight.protocol import decode_coordinator_frame, status_message
+from flight.worker.tasks import Task
+
+__all__ = ["Sender", "heartbeats", "read_frames"]
+
+
+class Sender:
+    """Serialises writes on one exchange: frames come from several threads.
+
+    Once closed (the handler is returning), writes are dropped: the writer is
+    only valid while the handler runs.
+    """
+
+    def __init__(self, writer: fl.MetadataRecordBatchWriter) -> None:
+        self._writer = writer
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+
+    def frame(self, frame: protocol_pb2.WorkerFrame) -> None:
+        data = pa.py_buffer(frame.SerializeToString())
+        with self._lock:
+            if not self._closed:
+                self._writer.write_metadata(data)
+
+    def begin(self, schema: pa.Schema, options: pa.ipc.IpcWriteOptions) -> None:
+        with self._lock:
+            if not self._closed:
+                self._writer.begin(schema, options=options)
+
+    def batch(self, batch: pa.RecordBatch) -> None:
+        with self._lock:
+            if self._closed:
+                raise TaskCancelledError("the task's exchange is closed")
+            self._writer.write_batch(batch)
+
+
+def heartbeats(sender: Sender, ended: threading.Event, interval: float) -> None:
+    """The worker's half of the heartbeat: the coordinator notices a silent worker by its absence."""
+    frame = protocol_pb2.WorkerFrame(heartbeat=protocol_pb2.Heartbeat())
+    while not ended.wait(interval):
+        try:
+            sender.frame(frame)  # may block while a frozen coordinator reads nothing: only this thread waits
+        except (pa.ArrowException, OSError):
+            return
+
+
+def read_frames(task: Task, reader: fl.MetadataRecordBatchReader) -> None:
+    """The exchange's inbound side: units, feed ends, cancels, heartbeats and (map stages) input batches."""
+    try:
+        while True:
+            try:
+                chunk = reader.read_chunk()
+            except StopIteration:
+                task.half_closed = True
+                break
+            task.last_heard = time.monotonic()
+            if chunk.data is not None:
+                if task.inputs is None:
+                    raise ProtocolError(f"task {task.key} is not a map stage but received a record batch", field="data")
+                task.inputs.put(check_batch(chunk.data, f"map input batch {task.inputs.batches}"))
+            if chunk.app_metadata is not None and chunk.app_metadata.size:
+                _dispatch(task, decode_coordinator_frame(chunk.app_metadata))
+    except ProtocolError as exc:
+        task.fail(exc)
+        return
+    except FlightExecError:
+        return  # the task already stopped (cancelled or failed); its runner reports why
+    except (pa.ArrowException, OSError) as exc:
+        task.cancel(f"the coordinator's exchange broke: {status_message(exc)}")
+        return
+    if task.inputs is not None and not task.inputs.end_seen and not task.finished:
+        # pyarrow's server also ends the stream at an empty FlightData: without InputEnd, this is a cut.
+        task.fail(
+            ProtocolError(
+                f"the map input ended after {task.inputs.rows} rows in {task.inputs.batches} batches "
+                "without an InputEnd frame: the upload was cut short",
+                field="app_metadata.input_end",
+            )
+        )
+    elif task.inputs is not None and not task.finished:
+        pass  # the input is complete; the task finishes, then the client releases it
+        task.cancel("the coordinator closed the task's exchange before it finished")
+    else:
+        # Finished, and the coordinator lets go: output nobody read any more (below a limit) is dropped.
+        task.cancel("released by the coordinator")
+
+
+def _dispatch(task: Task, frame: protocol_pb2.CoordinatorFrame) -> None:
+    kind = frame.WhichOneof("frame")
+    if kind == "units":
+        task.inbox(frame.units.feed_id, frame.units.partition).deliver(list(frame.units.units))
+    elif kind == "feed_end":
+        task.inbox(frame.feed_end.feed_id, frame.feed_end.partition).end()
+    elif kind == "cancel":
+        task.cancel(clip(frame.cancel.reason) or "cancelled by the coordinator")
+    elif kind == "input_end":
+        if task.inputs is None:
+            raise ProtocolError(f"task {task.key} is not a map stage but received InputEnd", field="app_metadata.input_end")
+        task.inputs.end_with(frame.input_end.rows, frame.input_end.batches)
