@@ -30,6 +30,7 @@ MICRO = {
     "slow_discovery": "execution overlapping a slow discovery: first_batch_ms, slow_discovery_ratio (1 = ideal)",
     "overhead": "TPC-H SF1 on 2 workers vs the same plan in one process: overhead_geomean",
     "spark_map": "PySpark mapInArrow through flight-exec workers",
+    "liveness": "frozen coordinator, silent worker, SIGTERM with a silent client: seconds each, with default settings",
     "concurrency": "soak: 200 mixed TPC-H SF 0.1 queries at once on 2 workers, each checked against DuckDB: concurrency_exact, worker_peak_rss_mb",
 }
 DEFAULT = ("transport", "feed", "skew", "slow_discovery")

@@ -25,6 +25,7 @@ from flight.engine.readers import ReaderContext, UnitReadError, conform, get_rea
 from flight.engine.relational import JOIN_TYPES, aggregate_decl, empty_source, join_decl, output_schema, sort_decl, union_batches
 from flight.errors import ProtocolError
 from flight.ipc import read_ipc_stream
+from flight.limits import MAX_OUTPUT_PARTITIONS, MAX_PRODUCERS, check_count
 from flight.protocol import decode_schema
 
 __all__ = ["TaskInputs", "compile_task", "limit_batches", "scan_schema", "source_threads"]
@@ -237,6 +238,8 @@ def _compile(op: plan_pb2.Operator, env: _Env, field: str) -> tuple[ac.Declarati
         schema = normalize_schema(decode_schema(rd.schema, f"{here}.schema"))
         if rd.partition_end <= rd.partition_start:
             raise ProtocolError(f"{here} has an empty partition range", field=f"{here}.partition_end")
+        check_count(len(rd.producers), MAX_PRODUCERS, f"{here}.producers", "producer tasks")
+        check_count(rd.partition_end, MAX_OUTPUT_PARTITIONS, f"{here}.partition_end", "partitions")
         producers = [(p.url, p.stage_key) for p in rd.producers]
         batches = (conform(b, schema, f"stage {rd.stage_id} output") for b in env.inputs.read_partitions(producers, rd.partition_start, rd.partition_end))
         return _source(pa.RecordBatchReader.from_batches(schema, batches)), schema

@@ -21,7 +21,7 @@ from flight._proto import protocol_pb2
 from flight.clients import translate_flight_error
 from flight.coordinator.channel import TaskChannel
 from flight.coordinator.dispatch import FeedDispatcher
-from flight.errors import RetryableError, TaskCancelledError, WorkerError
+from flight.errors import RetryableError, TaskCancelledError, WorkerBusyError, WorkerError
 from flight.feed import FeedContext, WorkUnitFeed, WorkUnitFeedProvider
 from flight.protocol import PROTOCOL_VERSION, make_stage_key
 from flight.spark._options import Assignment
@@ -57,7 +57,8 @@ def run_stage_task(
             # Nothing was handed to Spark yet, and the units are in the options: run it elsewhere.
             if produced:
                 raise
-            mark_down(url)
+            if not isinstance(exc, WorkerBusyError):
+                mark_down(url)  # a busy worker is healthy: the next candidate may have room
             failures.append(f"{url}: {exc.cause}")
 
 
