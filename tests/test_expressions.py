@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
+import operator
 import random
+import subprocess
+import sys
 from collections.abc import Callable
+from typing import Any
 from decimal import Decimal
 
 import pyarrow as pa
@@ -16,10 +21,10 @@ import pytest
 from google.protobuf.message import DecodeError
 
 from flight._proto import plan_pb2
-from flight.engine.expressions import MAX_DEPTH, to_pyarrow
+from flight.engine.expressions import MAX_DEPTH, MAX_NODES, referenced_fields, to_pyarrow
 from flight.errors import PlanError, ProtocolError
 from flight.plan.expr import Expr, call, coalesce, col, if_else, lit, output_type
-from flight.plan.functions import FUNCTIONS, FunctionSpec, lookup
+from flight.plan.functions import FUNCTIONS, NARY_FUNCTIONS, FunctionSpec, lookup
 
 TABLE = pa.table(
     {
@@ -224,33 +229,83 @@ def test_checked_arithmetic_overflow_fails_on_the_worker() -> None:
 # ------------------------------------------------------------------ the builder
 
 
+def root(expr: Expr) -> plan_pb2.ExprNode:
+    """The root node of ``expr``'s wire form (the last of its flat nodes)."""
+    return expr.to_proto().nodes[-1]
+
+
 def test_literal_wire_fields() -> None:
-    assert lit(True).to_proto().literal.WhichOneof("value") == "bool_value"
-    assert lit(3).to_proto().literal.WhichOneof("value") == "int_value"
-    assert lit(3.0).to_proto().literal.WhichOneof("value") == "float_value"
-    assert lit("x").to_proto().literal.WhichOneof("value") == "string_value"
-    assert lit(b"x").to_proto().literal.WhichOneof("value") == "binary_value"
+    assert root(lit(True)).literal.WhichOneof("value") == "bool_value"
+    assert root(lit(3)).literal.WhichOneof("value") == "int_value"
+    assert root(lit(3.0)).literal.WhichOneof("value") == "float_value"
+    assert root(lit("x")).literal.WhichOneof("value") == "string_value"
+    assert root(lit(b"x")).literal.WhichOneof("value") == "binary_value"
     for value in (None, dt.date(2020, 1, 1), Decimal("1.5"), 2**64 - 1):
-        assert lit(value).to_proto().literal.WhichOneof("value") == "arrow"
-    assert lit(3, pa.int64()).to_proto().literal.WhichOneof("value") == "arrow"
+        assert root(lit(value)).literal.WhichOneof("value") == "arrow"
+    assert root(lit(3, pa.int64())).literal.WhichOneof("value") == "arrow"
 
 
 def test_operands_are_wrapped_and_operators_match_pyarrow() -> None:
     msg = (col("a") + 1).to_proto()
-    assert msg.call.function == "add_checked"
-    assert msg.call.args[1].literal.int_value == 1
-    assert (col("a") & col("b")).to_proto().call.function == "and_kleene"
-    assert (col("a") | col("b")).to_proto().call.function == "or_kleene"
-    assert (~col("a")).to_proto().call.function == "invert"
-    assert (-col("a")).to_proto().call.function == "negate_checked"
-    assert (col("a") / 2).to_proto().call.function == "divide_checked"
+    assert msg.nodes[-1].call.function == "add_checked"
+    assert msg.nodes[msg.nodes[-1].call.args[1]].literal.int_value == 1
+    assert root(col("a") & col("b")).call.function == "and_kleene"
+    assert root(col("a") | col("b")).call.function == "or_kleene"
+    assert root(~col("a")).call.function == "invert"
+    assert root(-col("a")).call.function == "negate_checked"
+    assert root(col("a") / 2).call.function == "divide_checked"
+
+
+def test_wire_form_is_flat_post_order() -> None:
+    msg = ((col("a") > 5) & ~col("b")).to_proto()
+    kinds = [n.WhichOneof("kind") for n in msg.nodes]
+    assert kinds == ["field", "literal", "call", "field", "call", "call"]
+    assert [list(n.call.args) for n in msg.nodes] == [[], [], [0, 1], [], [3], [2, 4]]
+
+
+def test_shared_subexpression_is_sent_once() -> None:
+    x = col("i") + 1
+    expr = x * x
+    msg = expr.to_proto()
+    assert len(msg.nodes) == 4
+    assert list(msg.nodes[-1].call.args) == [2, 2]
+    assert repr(expr) == '((col("i") + 1) * (col("i") + 1))'
+    assert expr.equals((col("i") + 1) * (col("i") + 1))  # structure, not sharing, decides equality
+    assert evaluate(expr).to_pylist() == [None if v is None else (v + 1) ** 2 for v in TABLE["i"].to_pylist()]
+
+
+def test_and_or_are_n_ary() -> None:
+    a, b, c, d = (col(n) for n in "abcd")
+    assert list(root(a & b & c).call.args) == [0, 1, 2]
+    assert len(root((a | b) | (c | d)).call.args) == 4
+    assert ((a & b) & c).equals(a & (b & c))
+    assert not (a & (b | c)).equals((a & b) | c)
+    assert len(root(a & (b | c)).call.args) == 2  # only the same function is spliced
+    assert repr(a & b & c) == '(col("a") & col("b") & col("c"))'
+    assert repr(a & (b | c)) == '(col("a") & (col("b") | col("c")))'
+    assert len(root(call("or_kleene", a, b, c | d)).call.args) == 4
+    base = a | b
+    left, right = base | c, base | d  # extending one n-ary call never changes another
+    assert repr(left) == '(col("a") | col("b") | col("c"))'
+    assert repr(right) == '(col("a") | col("b") | col("d"))'
+    assert repr(base) == '(col("a") | col("b"))'
+    with pytest.raises(PlanError, match="at least 2"):
+        call("and_kleene", a)
+    with pytest.raises(PlanError, match="exactly 2"):
+        call("and", a, b, c)
+
+
+def test_column_name() -> None:
+    assert col("a").column_name() == "a"
+    assert (col("a") + 1).column_name() is None
+    assert lit("a").column_name() is None
 
 
 def test_cast_and_value_set_travel_as_arrow_ipc() -> None:
-    options = col("a").cast(pa.decimal128(12, 3)).to_proto().call.options.cast
+    options = root(col("a").cast(pa.decimal128(12, 3))).call.options.cast
     assert pa.ipc.read_schema(pa.py_buffer(options.target_type)) == pa.schema([pa.field("t", pa.decimal128(12, 3))])
     assert options.safe
-    value_set = col("a").isin([1, 2]).to_proto().call.options.set_lookup.value_set
+    value_set = root(col("a").isin([1, 2])).call.options.set_lookup.value_set
     assert pa.ipc.open_stream(value_set).read_all().column(0).to_pylist() == [1, 2]
 
 
@@ -275,10 +330,10 @@ def test_referenced_fields() -> None:
 def test_expr_is_immutable_and_unhashable() -> None:
     expr = col("a") > 1
     msg = expr.to_proto()
-    msg.call.function = "less"
-    assert expr.to_proto().call.function == "greater"
+    msg.nodes[-1].call.function = "less"
+    assert root(expr).call.function == "greater"
     with pytest.raises(AttributeError):
-        expr._msg = msg  # type: ignore[misc]
+        expr._node = msg  # type: ignore[misc]
     with pytest.raises(TypeError):
         hash(expr)
 
@@ -286,8 +341,10 @@ def test_expr_is_immutable_and_unhashable() -> None:
 def test_from_proto_copies() -> None:
     msg = (col("a") > 1).to_proto()
     expr = Expr.from_proto(msg)
-    msg.call.function = "less"
-    assert expr.to_proto().call.function == "greater"
+    msg.nodes[-1].call.function = "less"
+    msg.nodes[1].literal.int_value = 2
+    assert root(expr).call.function == "greater"
+    assert repr(expr) == '(col("a") > 1)'
 
 
 def test_bool_of_expr_raises() -> None:
@@ -362,11 +419,24 @@ def test_builder_mistakes(build: Callable[[], Expr], message: str) -> None:
 # ------------------------------------------------------------ ProtocolError cases
 
 
+def _node_msg(**kind: object) -> plan_pb2.Expression:
+    """A one-node expression (no kind set when ``kind`` is empty)."""
+    return plan_pb2.Expression(nodes=[plan_pb2.ExprNode(**kind)])
+
+
 def _call_msg(function: str, *args: plan_pb2.Expression) -> plan_pb2.Expression:
+    """A call of ``function`` over flat ``args``: their nodes one after the other, then the call."""
     msg = plan_pb2.Expression()
-    msg.call.function = function
+    refs = []
     for arg in args:
-        msg.call.args.add().CopyFrom(arg)
+        base = len(msg.nodes)
+        for node in arg.nodes:
+            copy = msg.nodes.add()
+            copy.CopyFrom(node)
+            if copy.WhichOneof("kind") == "call":
+                copy.call.args[:] = [base + ref for ref in copy.call.args]
+        refs.append(len(msg.nodes) - 1)
+    msg.nodes.add().call.CopyFrom(plan_pb2.Call(function=function, args=refs))
     return msg
 
 
@@ -377,35 +447,35 @@ def _protocol_error(msg: plan_pb2.Expression, field: str = "plan.root.filter.pre
 
 
 def test_unset_expression_oneof() -> None:
-    assert _protocol_error(plan_pb2.Expression(), "expr").field == "expr"
-    forged = _call_msg("add", col("a").to_proto(), plan_pb2.Expression())
-    assert _protocol_error(forged).field == "plan.root.filter.predicate.call.args[1]"
+    assert _protocol_error(_node_msg(), "expr").field == "expr.nodes[0]"
+    forged = _call_msg("add", col("a").to_proto(), _node_msg())
+    assert _protocol_error(forged).field == "plan.root.filter.predicate.nodes[1]"
 
 
 def test_unset_literal_oneof() -> None:
-    empty_literal = plan_pb2.Expression()
-    empty_literal.literal.SetInParent()
-    forged = _call_msg("add", col("a").to_proto(), empty_literal)
-    assert _protocol_error(forged).field == "plan.root.filter.predicate.call.args[1].literal"
+    forged = _call_msg("add", col("a").to_proto(), _node_msg(literal=plan_pb2.Literal()))
+    assert _protocol_error(forged).field == "plan.root.filter.predicate.nodes[1].literal"
 
 
 def test_unknown_function_forged_in_protobuf() -> None:
     err = _protocol_error(_call_msg("os_system", lit("boom").to_proto()))
-    assert err.field == "plan.root.filter.predicate.call.function"
+    assert err.field == "plan.root.filter.predicate.nodes[1].call.function"
     assert "function 'os_system' is not an allowed function" in str(err)
 
 
 def test_wrong_arity() -> None:
     err = _protocol_error(_call_msg("equal", col("a").to_proto()))
-    assert err.field == "plan.root.filter.predicate.call.args"
+    assert err.field == "plan.root.filter.predicate.nodes[1].call.args"
     assert "'equal'" in str(err)
+    err = _protocol_error(_call_msg("or_kleene", col("a").to_proto()))
+    assert err.field == "plan.root.filter.predicate.nodes[1].call.args"
+    assert "at least 2" in str(err)
 
 
 def test_bad_ipc_bytes_in_literal() -> None:
-    bad = plan_pb2.Expression()
-    bad.literal.arrow = b"not arrow at all"
+    bad = _node_msg(literal=plan_pb2.Literal(arrow=b"not arrow at all"))
     err = _protocol_error(_call_msg("equal", col("a").to_proto(), bad))
-    assert err.field == "plan.root.filter.predicate.call.args[1].literal.arrow"
+    assert err.field == "plan.root.filter.predicate.nodes[1].literal.arrow"
 
 
 def test_arrow_literal_with_two_rows() -> None:
@@ -413,51 +483,163 @@ def test_arrow_literal_with_two_rows() -> None:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema) as writer:
         writer.write_batch(batch)
-    bad = plan_pb2.Expression()
-    bad.literal.arrow = sink.getvalue().to_pybytes()
-    assert _protocol_error(bad, "expr").field == "expr.literal.arrow"
+    bad = _node_msg(literal=plan_pb2.Literal(arrow=sink.getvalue().to_pybytes()))
+    assert _protocol_error(bad, "expr").field == "expr.nodes[0].literal.arrow"
 
 
 def test_bad_ipc_bytes_in_options() -> None:
     cast = col("a").cast(pa.int32()).to_proto()
-    cast.call.options.cast.target_type = b"\x00\x01garbage"
-    assert _protocol_error(cast).field == "plan.root.filter.predicate.call.options.cast.target_type"
+    cast.nodes[-1].call.options.cast.target_type = b"\x00\x01garbage"
+    assert _protocol_error(cast).field == "plan.root.filter.predicate.nodes[1].call.options.cast.target_type"
     isin = col("a").isin([1]).to_proto()
-    isin.call.options.set_lookup.value_set = b""
-    assert _protocol_error(isin).field == "plan.root.filter.predicate.call.options.set_lookup.value_set"
+    isin.nodes[-1].call.options.set_lookup.value_set = b""
+    assert _protocol_error(isin).field == "plan.root.filter.predicate.nodes[1].call.options.set_lookup.value_set"
 
 
 def test_options_kind_not_accepted() -> None:
     forged = (col("a") + 1).to_proto()
-    forged.call.options.round.ndigits = 2
+    forged.nodes[-1].call.options.round.ndigits = 2
     err = _protocol_error(forged)
-    assert err.field == "plan.root.filter.predicate.call.options"
+    assert err.field == "plan.root.filter.predicate.nodes[2].call.options"
     assert "round" in str(err)
 
 
 def test_required_options_missing_or_empty() -> None:
     forged = col("s").like("a%").to_proto()
-    forged.call.ClearField("options")
-    assert _protocol_error(forged).field == "plan.root.filter.predicate.call.options"
-    forged.call.options.SetInParent()
-    assert _protocol_error(forged).field == "plan.root.filter.predicate.call.options"
+    forged.nodes[-1].call.ClearField("options")
+    assert _protocol_error(forged).field == "plan.root.filter.predicate.nodes[1].call.options"
+    forged.nodes[-1].call.options.SetInParent()
+    assert _protocol_error(forged).field == "plan.root.filter.predicate.nodes[1].call.options"
 
 
 def test_empty_field_name() -> None:
-    forged = plan_pb2.Expression()
-    forged.field.SetInParent()
-    assert _protocol_error(forged, "expr").field == "expr.field.name"
+    forged = _node_msg(field=plan_pb2.FieldRef())
+    assert _protocol_error(forged, "expr").field == "expr.nodes[0].field.name"
+
+
+def test_empty_node_list() -> None:
+    err = _protocol_error(plan_pb2.Expression())
+    assert err.field == "plan.root.filter.predicate.nodes"
+    assert "no nodes" in str(err)
+    with pytest.raises(ProtocolError, match="no nodes") as raised:
+        Expr.from_proto(plan_pb2.Expression())
+    assert raised.value.field == "expr.nodes"
+
+
+@pytest.mark.parametrize(("refs", "bad"), [([0, 2], 2), ([3, 0], 3), ([0, 99], 99), ([2**32 - 1, 0], 2**32 - 1)],
+                         ids=["self", "forward", "out-of-range", "uint32-max"])
+def test_argument_must_be_an_earlier_node(refs: list[int], bad: int) -> None:
+    forged = plan_pb2.Expression(
+        nodes=[
+            plan_pb2.ExprNode(field=plan_pb2.FieldRef(name="a")),
+            plan_pb2.ExprNode(literal=plan_pb2.Literal(int_value=1)),
+            plan_pb2.ExprNode(call=plan_pb2.Call(function="add", args=refs)),
+            plan_pb2.ExprNode(call=plan_pb2.Call(function="negate", args=[2])),
+        ]
+    )
+    err = _protocol_error(forged)
+    assert err.field == "plan.root.filter.predicate.nodes[2].call.args"
+    assert f"names node {bad}" in str(err)
+    with pytest.raises(ProtocolError) as raised:
+        Expr.from_proto(forged)
+    assert raised.value.field == "expr.nodes[2].call.args"
+
+
+def _negations(levels: int) -> plan_pb2.Expression:
+    """A column under ``levels - 1`` nested negations: ``levels`` levels, built flat by hand."""
+    msg = plan_pb2.Expression()
+    msg.nodes.add().field.name = "i"
+    for i in range(1, levels):
+        msg.nodes.add().call.CopyFrom(plan_pb2.Call(function="negate", args=[i - 1]))
+    return msg
 
 
 def test_nesting_depth_is_bounded() -> None:
-    msg = col("a").to_proto()
-    for _ in range(MAX_DEPTH + 1):
-        outer = plan_pb2.Expression()
-        outer.call.function = "negate"
-        outer.call.args.add().CopyFrom(msg)
-        msg = outer
-    with pytest.raises(ProtocolError, match="nested"):
-        to_pyarrow(msg)
+    to_pyarrow(_negations(MAX_DEPTH))  # the limit itself is fine
+    err = _protocol_error(_negations(MAX_DEPTH + 1))
+    assert err.field == f"plan.root.filter.predicate.nodes[{MAX_DEPTH}]"
+    assert f"nested more than {MAX_DEPTH} levels" in str(err)
+
+
+def _balanced_msg(function: str, leaves: int) -> plan_pb2.Expression:
+    """A balanced tree of binary ``function`` calls over ``leaves`` references to column i, built flat by hand."""
+    msg = _negations(1)
+    level = [0] * leaves
+    while len(level) > 1:
+        paired = []
+        for k in range(0, len(level) - 1, 2):
+            msg.nodes.add().call.CopyFrom(plan_pb2.Call(function=function, args=level[k : k + 2]))
+            paired.append(len(msg.nodes) - 1)
+        level = paired + level[len(level) - len(level) % 2 :]
+    return msg
+
+
+def test_associative_chains_count_as_acero_folds_them() -> None:
+    """Acero re-folds nested calls of an associative function left-deep: m operands are m - 1 levels."""
+    msg = _negations(MAX_DEPTH - 3)
+    leaf = len(msg.nodes) - 1
+    for count, ok in ((4, True), (5, False)):
+        forged = plan_pb2.Expression()
+        forged.CopyFrom(msg)
+        forged.nodes.add().call.CopyFrom(plan_pb2.Call(function="or_kleene", args=[leaf] * count))
+        if ok:
+            to_pyarrow(forged)
+        else:
+            assert _protocol_error(forged).field == f"plan.root.filter.predicate.nodes[{leaf + 1}]"
+    for function in ("add_checked", "or_kleene", "xor"):  # 12 levels as sent, 2047 once Acero folds them
+        err = _protocol_error(_balanced_msg(function, 2048))
+        assert f"nested more than {MAX_DEPTH} levels" in str(err), function
+    to_pyarrow(_balanced_msg("add_checked", MAX_DEPTH))
+    to_pyarrow(_balanced_msg("less", 2048))  # not associative: 12 levels
+
+
+def test_largest_or_evaluates_without_crashing_the_process() -> None:
+    """A MAX_NODES-node OR (a third of that many comparisons) binds and runs in Acero.
+
+    In a subprocess: should Acero ever fold it into one deep chain again, that crashes a process.
+    """
+    script = """
+import functools, operator, sys
+import pyarrow as pa, pyarrow.acero as ac
+from flight.engine.expressions import MAX_NODES, to_pyarrow
+from flight.plan.expr import col
+terms = (MAX_NODES - 1) // 3
+expr = functools.reduce(operator.or_, [col("a") == 3 * i for i in range(terms)])
+msg = expr.to_proto()
+assert len(msg.nodes) == 3 * terms + 1 <= MAX_NODES, len(msg.nodes)
+table = pa.table({"a": pa.array([0, 1, None, 3 * (terms - 1), 3 * terms], pa.int64())})
+source = ac.Declaration("table_source", ac.TableSourceNodeOptions(table))
+out = ac.Declaration.from_sequence([source, ac.Declaration("filter", ac.FilterNodeOptions(to_pyarrow(msg)))]).to_table()
+print(out.column("a").to_pylist())
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stdout.split() == ["[0,", f"{3 * ((MAX_NODES - 1) // 3 - 1)}]"]
+
+
+def test_node_count_is_bounded() -> None:
+    forged = plan_pb2.Expression()
+    for _ in range(MAX_NODES + 1):
+        forged.nodes.add().field.name = "a"
+    err = _protocol_error(forged)
+    assert err.field == "plan.root.filter.predicate.nodes"
+    assert f"more than the {MAX_NODES} allowed" in str(err)
+
+
+def test_shared_nodes_cannot_expand_exponentially() -> None:
+    """Each node used twice by the next: 40 nodes on the wire, 2**40 in the tree pyarrow would build."""
+    msg = _negations(1)
+    for i in range(1, 40):
+        msg.nodes.add().call.CopyFrom(plan_pb2.Call(function="subtract", args=[i - 1, i - 1]))
+    err = _protocol_error(msg)
+    assert "expands to more than" in str(err)
+    assert err.field.startswith("plan.root.filter.predicate.nodes[")
+    x = col("i")
+    for _ in range(40):  # the builder makes the same DAG cheaply; the type check refuses it
+        x = x - x
+    assert len(x.to_proto().nodes) == 41
+    with pytest.raises(PlanError, match="expands to more than"):
+        output_type(x, TABLE.schema)
 
 
 def test_mutated_bytes_only_raise_protocol_errors() -> None:
@@ -483,6 +665,117 @@ def test_mutated_bytes_only_raise_protocol_errors() -> None:
             pass
 
 
+# ------------------------------------------------------------ deep and wide expressions
+
+
+def _kleene(values: list[bool | None], is_and: bool) -> bool | None:
+    """SQL's three-valued AND / OR, the oracle for and_kleene / or_kleene."""
+    decisive = not is_and  # False decides an AND, True an OR
+    if decisive in values:
+        return decisive
+    return None if None in values else not decisive
+
+
+def _rows(table: pa.Table) -> list[dict[str, object]]:
+    return table.to_pylist()
+
+
+WIDE = pa.table(
+    {
+        "a": pa.array([None if r % 7 == 3 else (r * 37) % 20011 for r in range(64)], pa.int64()),
+        "b": pa.array([None if r % 5 == 1 else -((r * 101) % 6007) for r in range(64)], pa.int64()),
+    }
+)
+
+
+def test_200_levels_of_nesting_evaluate_like_python() -> None:
+    table = pa.table({"i": pa.array([1, None, -7, 2**40, 0], pa.int64())})
+    plus = col("i")
+    neg = col("i")
+    for _ in range(200):
+        plus = plus + 1
+        neg = -neg
+    mixed = col("i")
+    for level in range(200):
+        mixed = _mixed_step(mixed, level)
+    for expr, oracle in (
+        (plus, lambda v: v + 200),
+        (neg, lambda v: v),
+        (mixed, lambda v: _mixed_oracle(v)),
+    ):
+        assert output_type(expr, table.schema) == pa.int64()
+        want = [None if row["i"] is None else oracle(row["i"]) for row in _rows(table)]
+        assert evaluate(expr, table).to_pylist() == want
+
+
+def _mixed_step(v: Any, level: int) -> Any:
+    """One level of the mixed nesting, for an ``Expr`` or a Python int alike."""
+    return -v if level % 3 == 0 else (v + level) if level % 3 == 1 else (v * 1 - 2 * level)
+
+
+def _mixed_oracle(v: int) -> int:
+    for level in range(200):
+        v = _mixed_step(v, level)
+    return v
+
+
+def test_max_depth_levels_evaluate() -> None:
+    """MAX_DEPTH levels: the decoder accepts them and pyarrow (C++, recursive) binds and runs them."""
+    table = pa.table({"i": pa.array([5, None, -2], pa.int64())})
+    expr = col("i")
+    for _ in range(MAX_DEPTH - 1):
+        expr = expr + 1
+    assert output_type(expr, table.schema) == pa.int64()
+    assert evaluate(expr, table).to_pylist() == [5 + MAX_DEPTH - 1, None, -2 + MAX_DEPTH - 1]
+    with pytest.raises(PlanError, match=f"nested more than {MAX_DEPTH} levels"):
+        output_type(expr + 1, table.schema)
+
+
+@pytest.mark.parametrize("is_and", [False, True], ids=["or", "and"])
+def test_5000_term_and_or_evaluate_like_python(is_and: bool) -> None:
+    rng = random.Random(5000 + is_and)
+    terms, checks = [], []
+    for j in range(5000):
+        if j % 2:
+            value = rng.randrange(20011)
+            terms.append(col("a") != value if is_and else col("a") == value)
+            checks.append(("a", (lambda x, v=value: x != v) if is_and else (lambda x, v=value: x == v)))
+        else:
+            bound = -rng.randrange(6007 * (4 if is_and else 1)) - (0 if is_and else 5000)
+            terms.append(col("b") > bound if is_and else col("b") < bound)
+            checks.append(("b", (lambda x, v=bound: x > v) if is_and else (lambda x, v=bound: x < v)))
+    expr = functools.reduce(operator.and_ if is_and else operator.or_, terms)
+    msg = expr.to_proto()
+    assert msg.nodes[-1].call.function == ("and_kleene" if is_and else "or_kleene")
+    assert len(msg.nodes[-1].call.args) == 5000
+    assert output_type(expr, WIDE.schema) == pa.bool_()
+    want = [
+        _kleene([None if row[c] is None else check(row[c]) for c, check in checks], is_and) for row in _rows(WIDE)
+    ]
+    assert len(set(want)) == 3, want  # the table exercises true, false and null results
+    assert evaluate(expr, WIDE).to_pylist() == want
+
+
+def test_2000_levels_round_trip_without_recursion() -> None:
+    assert sys.getrecursionlimit() < 2000 * 2  # a recursive walk would fail here
+    deep = col("i")
+    for level in range(2000):
+        deep = (deep + level) if level % 3 else ~(deep > 0) if level % 2 else -deep
+    data = deep.to_proto().SerializeToString()
+    back = Expr.from_proto(plan_pb2.Expression.FromString(data))
+    assert back.equals(deep)
+    assert not back.equals(deep + 1)
+    text = repr(back)
+    assert text == repr(deep)
+    assert text.count('col("i")') == 1 and text.count("(") > 1000
+    assert back.referenced_fields() == {"i"}
+    assert referenced_fields(back.to_proto()) == {"i"}
+    with pytest.raises(PlanError, match="nested more than"):
+        output_type(back, pa.schema([("i", pa.int64())]))
+    with pytest.raises(ProtocolError, match="nested more than"):
+        to_pyarrow(back.to_proto())
+
+
 # ------------------------------------------------------------------- whitelist
 
 
@@ -497,6 +790,8 @@ def test_whitelisted_names_are_pyarrow_functions_with_matching_arity() -> None:
         arity = pc.get_function(name).arity
         if arity is Ellipsis:
             assert spec.max_args is None, name
+        elif name in NARY_FUNCTIONS:  # associative binary functions, n-ary in the plan
+            assert spec.min_args == arity == 2 and spec.max_args is None, name
         else:
             assert spec.min_args == spec.max_args == arity, name
 

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from google.protobuf.message import DecodeError
 
 from flight._proto import plan_pb2
-from flight.arrow_types import UNITS_READER, normalize_schema, normalize_type
+from flight.arrow_types import UNITS_READER
 
 __all__ = [
     "Reader",

@@ -46,7 +46,6 @@ from flight.plan._wire import (
     _options_message,
     _render,
     _scalar_bytes,
-    _value_set_bytes,
 )
 from flight.plan.functions import NARY_FUNCTIONS, lookup
 
