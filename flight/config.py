@@ -30,9 +30,11 @@ class WorkerOptions:
     """Seconds a DoGet waits for the task it names to be registered."""
     unit_delay_ms: float = 0.0
     """Extra milliseconds per work unit: makes a worker artificially slow, for skew tests and benchmarks."""
-    max_tasks: int = 256
-    """Tasks running at once; one more is refused as busy (retryable)."""
-    source_threads: int = 128
+    max_tasks: int = 64
+    """Tasks running at once; one more is refused as busy (retryable). Every admitted task has
+    threads of its own (exchange reader, runner, heartbeat): past a few dozen per core, Python's
+    scheduling delays them all, heartbeats included, so the default stays modest."""
+    source_threads: int = 64
     """Threads admitted tasks may hold while their sources wait (the I/O pool is sized to this plus a margin)."""
     memory_budget: int = 8 << 30
     """Bytes admitted tasks may reserve (output buffers and input queues); also the allocation above which

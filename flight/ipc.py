@@ -32,9 +32,13 @@ _BAD = (pa.ArrowException, OSError, ValueError, TypeError, IndexError, OverflowE
 
 
 def check_schema(schema: pa.Schema, field: str) -> pa.Schema:
-    """A schema from a peer: no two top-level fields may share a name (every operator looks columns up by name)."""
+    """A schema from a peer: UTF-8 names, no two top-level fields sharing one (operators look columns up by name)."""
+    try:
+        names = schema.names
+    except UnicodeDecodeError:
+        raise ProtocolError(f"{field} has a column name that is not valid UTF-8", field=field) from None
     seen: set[str] = set()
-    for name in schema.names:
+    for name in names:
         if name in seen:
             raise ProtocolError(f"{field} names column {clip(name)!r} twice; column names must be unique", field=field)
         seen.add(name)

@@ -157,21 +157,25 @@ def test_deep_and_wide_expressions_run_on_workers(cluster: flight.LocalCluster, 
 # ------------------------------------------------------------------ load
 
 
-def test_100_waiting_tasks_do_not_block_another_query(cluster: flight.LocalCluster, parquet_files: list[Path]) -> None:
-    """Waiting tasks hold admitted threads of their own; a new query still runs beside them."""
+def test_100_waiting_tasks_do_not_block_another_query(parquet_files: list[Path]) -> None:
+    """Waiting tasks hold admitted threads of their own; a new query still runs beside them.
+
+    Before admission control, ~65 waiting sources froze every other query on a worker.
+    """
     waiting = flight.from_feed(Forever(), "units", pa.schema([("unit", pa.binary())])).filter(col("unit") != b"")
-    runs = [flight.DistributedExec(waiting, [cluster.urls[0]]) for _ in range(100)]
-    readers = [r.execute() for r in runs]  # all started, none can finish
-    try:
-        wait_until(lambda: running_tasks([cluster.urls[0]]) >= 100, 20.0, "100 waiting tasks")
-        q = flight.read_parquet(parquet_files).aggregate([], n=flight.agg.count_all())
-        got = flight.DistributedExec(q, cluster.resolver()).to_table()
-        expected = sum(pq.ParquetFile(p).metadata.num_rows for p in parquet_files)
-        assert got.column("n").to_pylist() == [expected]
-    finally:
-        del readers
-        gc.collect()
-    wait_until(lambda: running_tasks(cluster.urls) == 0, 20.0, "the waiting tasks to be freed")
+    with flight.LocalCluster(2, worker_args=["--max-tasks", "128", "--source-threads", "128"]) as cluster:
+        runs = [flight.DistributedExec(waiting, [cluster.urls[0]]) for _ in range(100)]
+        readers = [r.execute() for r in runs]  # all started, none can finish
+        try:
+            wait_until(lambda: running_tasks([cluster.urls[0]]) >= 100, 20.0, "100 waiting tasks")
+            q = flight.read_parquet(parquet_files).aggregate([], n=flight.agg.count_all())
+            got = flight.DistributedExec(q, cluster.resolver()).to_table()
+            expected = sum(pq.ParquetFile(p).metadata.num_rows for p in parquet_files)
+            assert got.column("n").to_pylist() == [expected]
+        finally:
+            del readers
+            gc.collect()
+        wait_until(lambda: running_tasks(cluster.urls) == 0, 20.0, "the waiting tasks to be freed")
 
 
 def test_beyond_capacity_a_query_waits_then_names_the_busy_worker() -> None:

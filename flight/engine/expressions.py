@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 
 from flight._proto import plan_pb2
 from flight.errors import ProtocolError
+from flight.ipc import read_ipc_stream
 from flight.plan.functions import NARY_FUNCTIONS, FunctionSpec, lookup
 
 __all__ = ["MAX_DEPTH", "MAX_NODES", "bind", "referenced_fields", "to_pyarrow", "to_pyarrow_nodes"]
@@ -171,18 +172,16 @@ def _literal(msg: plan_pb2.Literal, path: str) -> pa.Scalar:
 
 
 def _ipc_column(data: bytes, path: str, what: str) -> pa.Array:
-    """The single column of an Arrow IPC stream holding one record batch, fully validated."""
+    """The single column of an Arrow IPC stream holding one record batch: sized before it is
+    decompressed and fully validated (``flight.ipc``), so corrupt buffers fail here, not in a kernel."""
     try:
-        with pa.ipc.open_stream(pa.py_buffer(data)) as reader:
-            batches = list(reader)
-        if len(batches) != 1 or batches[0].num_columns != 1:
-            raise ProtocolError(
-                f"The {what} must be an Arrow IPC stream of one record batch with one column.", field=path
-            )
-        batches[0].validate(full=True)  # corrupt buffers must fail here, not crash a kernel later
-        return batches[0].column(0)
-    except _BAD_INPUT as exc:
-        raise ProtocolError(f"The {what} is not a valid Arrow IPC stream: {exc}", field=path) from exc
+        table = read_ipc_stream(data, path)
+    except ProtocolError as exc:
+        raise ProtocolError(f"The {what} is not a valid Arrow IPC stream: {exc}", field=path) from None
+    batches = table.to_batches()
+    if len(batches) != 1 or table.num_columns != 1:
+        raise ProtocolError(f"The {what} must be an Arrow IPC stream of one record batch with one column.", field=path)
+    return batches[0].column(0)
 
 
 def _call(msg: plan_pb2.Call, path: str, index: int, decoded: list[_Decoded]) -> _Decoded:
