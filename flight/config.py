@@ -41,6 +41,10 @@ class WorkerOptions:
     a busy worker admits nothing new."""
     peer_timeout: float = 10.0
     """Seconds without any message from a task's coordinator (heartbeats included) before the task is freed."""
+    queue_length: int = 256
+    """Tasks that may wait for capacity at once; one more is refused as busy."""
+    queue_wait: float = 60.0
+    """Seconds a task may wait for capacity before it is refused as busy."""
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,13 @@ import threading
 
 import pyarrow as pa
 import pytest
+from support import wait_until
 
 from flight._proto import plan_pb2, protocol_pb2
 from flight.errors import ProtocolError, TaskCancelledError, VersionMismatchError
 from flight.protocol import PROTOCOL_VERSION, decode_header, decode_ticket
 from flight.worker.buffers import OutputBuffer
+from flight.worker.admission import Admission, Capacity, Need, Refusal
 from flight.worker.inputs import FeedInbox
 
 
@@ -145,3 +147,62 @@ def test_ticket_checks() -> None:
         decode_ticket(protocol_pb2.Ticket(stage_key=key, partition_start=2, partition_end=2).SerializeToString())
     with pytest.raises(ProtocolError, match="stage_key"):
         decode_ticket(protocol_pb2.Ticket(partition_end=1).SerializeToString())
+
+
+# -------------------------------------------------------------- admission
+
+
+def _capacity(tasks: int = 2, threads: int = 4, queue: int = 2, wait: float = 5.0) -> Capacity:
+    return Capacity(tasks=tasks, threads=threads, memory=1 << 30, queue=queue, wait=wait)
+
+
+def test_admission_reserves_until_released_and_refuses_what_never_fits() -> None:
+    adm = Admission(_capacity(queue=0))
+    assert adm.admit("a", Need(3, 10)) is None
+    busy = adm.admit("b", Need(2, 10))
+    assert busy is not None and busy.fits_ever and "1/2 tasks, 3/4 source threads" in busy.reason
+    adm.release("a")
+    adm.release("a")  # idempotent
+    assert adm.admit("b", Need(2, 10)) is None
+    never = adm.admit("c", Need(5, 10))
+    assert never is not None and not never.fits_ever and "needs 5 source threads" in never.reason
+
+
+def test_admission_queue_is_first_come_first_served() -> None:
+    adm = Admission(_capacity(tasks=1, queue=4))
+    assert adm.admit("holder", Need(1, 1)) is None
+    order: list[str] = []
+
+    def wait_for(key: str) -> None:
+        assert adm.admit(key, Need(1, 1)) is None
+        order.append(key)
+        adm.release(key)
+
+    first = threading.Thread(target=wait_for, args=("first",))
+    first.start()
+    wait_until(lambda: adm.waiting == 1, 5.0, "the first task to queue")
+    second = threading.Thread(target=wait_for, args=("second",))
+    second.start()
+    wait_until(lambda: adm.waiting == 2, 5.0, "the second task to queue")
+    adm.release("holder")
+    first.join(5)
+    second.join(5)
+    assert order == ["first", "second"]
+
+
+def test_admission_refuses_when_the_queue_is_full_or_the_wait_ends() -> None:
+    adm = Admission(_capacity(tasks=1, queue=1, wait=0.3))
+    assert adm.admit("holder", Need(1, 1)) is None
+    ticks: list[int] = []
+    results: list[object] = []
+    waiter = threading.Thread(target=lambda: results.append(adm.admit("w", Need(1, 1), tick=lambda: ticks.append(1), tick_every=0.05)))
+    waiter.start()
+    wait_until(lambda: adm.waiting == 1, 5.0, "a queued task")
+    full = adm.admit("x", Need(1, 1))
+    assert full is not None and full.fits_ever and "1 tasks wait already" in full.reason
+    waiter.join(5)
+    refusal = results[0]
+    assert isinstance(refusal, Refusal) and refusal.fits_ever and "at capacity for 0.3s" in refusal.reason
+    assert len(ticks) >= 2  # the queued task told its coordinator it waits, repeatedly
+    gave_up = adm.admit("y", Need(1, 1), give_up=lambda: True)
+    assert gave_up is not None and adm.waiting == 0

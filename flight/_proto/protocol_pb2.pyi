@@ -478,6 +478,7 @@ class LoadInfo(_message.Message):
     SOURCE_THREADS_MAX_FIELD_NUMBER: _builtins.int
     RESERVED_BYTES_FIELD_NUMBER: _builtins.int
     MEMORY_BUDGET_FIELD_NUMBER: _builtins.int
+    QUEUED_TASKS_FIELD_NUMBER: _builtins.int
     running_tasks: _builtins.int
     buffered_bytes: _builtins.int
     source_threads: _builtins.int
@@ -487,6 +488,8 @@ class LoadInfo(_message.Message):
     reserved_bytes: _builtins.int
     """memory admitted tasks reserved"""
     memory_budget: _builtins.int
+    queued_tasks: _builtins.int
+    """tasks waiting for capacity"""
     def __init__(
         self,
         *,
@@ -496,10 +499,11 @@ class LoadInfo(_message.Message):
         source_threads_max: _builtins.int = ...,
         reserved_bytes: _builtins.int = ...,
         memory_budget: _builtins.int = ...,
+        queued_tasks: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffered_bytes", b"buffered_bytes", "memory_budget", b"memory_budget", "reserved_bytes", b"reserved_bytes", "running_tasks", b"running_tasks", "source_threads", b"source_threads", "source_threads_max", b"source_threads_max"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffered_bytes", b"buffered_bytes", "memory_budget", b"memory_budget", "queued_tasks", b"queued_tasks", "reserved_bytes", b"reserved_bytes", "running_tasks", b"running_tasks", "source_threads", b"source_threads", "source_threads_max", b"source_threads_max"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -669,7 +673,9 @@ class WorkerFrame(_message.Message):
     @_builtins.property
     def credit(self) -> Global___FeedCredit: ...
     @_builtins.property
-    def load(self) -> Global___LoadInfo: ...
+    def load(self) -> Global___LoadInfo:
+        """the task waits for capacity (sent when it is queued, then as its heartbeat)"""
+
     @_builtins.property
     def error(self) -> Global___ErrorInfo: ...
     @_builtins.property

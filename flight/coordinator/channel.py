@@ -18,7 +18,7 @@ import pyarrow.flight as fl
 
 from flight._proto import protocol_pb2
 from flight.clients import error_from_info, translate_flight_error
-from flight.errors import FlightExecError, ProtocolError, TaskFailedError, WorkerError, WorkerUnavailableError
+from flight.errors import FlightExecError, ProtocolError, TaskFailedError, WorkerBusyError, WorkerError, WorkerUnavailableError
 from flight.protocol import decode_schema, decode_worker_frame, format_stage_key, status_message
 
 __all__ = ["TaskChannel"]
@@ -58,6 +58,7 @@ class TaskChannel:
         self._settled = threading.Event()  # ready, failed or done: wait_ready can stop waiting
         self.finished = threading.Event()  # the final metrics arrived, or the exchange ended
         self.drained = threading.Event()  # every output partition was read (by whoever reads it)
+        self.queued = threading.Event()  # the worker said the task waits for capacity
         self.output_schema: pa.Schema | None = None
         self.metrics: protocol_pb2.TaskMetrics | None = None
         self.error: WorkerError | None = None
@@ -102,10 +103,24 @@ class TaskChannel:
             if not self._closing:
                 self.send(frame)
 
-    def wait_ready(self, deadline_s: float) -> None:
-        """Block until the worker accepted the task; a clear error naming the URL otherwise."""
-        if not self._settled.wait(deadline_s):
+    def wait_ready(self, deadline_s: float, queued_until: float | None = None) -> None:
+        """Block until the worker accepted the task; a clear error naming the URL otherwise.
+
+        A worker at capacity queues the task and says so (a ``load`` frame, repeated as its
+        heartbeat): then the wait goes on until ``queued_until`` (a ``time.monotonic()``).
+        """
+        end = time.monotonic() + deadline_s
+        while not self._settled.wait(max(0.0, end - time.monotonic())):
+            if self.queued.is_set() and queued_until is not None and time.monotonic() < queued_until:
+                end = queued_until
+                continue
             self.abort("the worker did not answer")
+            if self.queued.is_set():
+                raise WorkerBusyError(
+                    f"worker {self.url} kept task {self.key} waiting for capacity past the admission wait",
+                    worker_url=self.url,
+                    stage_key=self.key,
+                )
             raise WorkerUnavailableError(
                 f"worker {self.url} did not accept task {self.key} within {deadline_s:g}s",
                 worker_url=self.url,
@@ -241,3 +256,5 @@ class TaskChannel:
             self.finished.set()
         elif kind == "drained":
             self.drained.set()
+        elif kind == "load":
+            self.queued.set()

@@ -323,12 +323,15 @@ class _Run:
         self.dispatcher.start_sending()
 
     def _admit(self, counts: dict[int, int]) -> None:
-        """Open every task at once; while a busy worker refuses one, let all go and try again.
+        """Open every task, worker by worker in one global order (sorted URLs).
 
-        All or nothing, never holding some tasks while waiting for others: two queries that
-        each hold part of the workers can never wait for each other (docs/architecture.md,
-        "Capacity"). Nothing was sent to any task yet, so a retry starts from scratch, under
-        a fresh query id (task keys are never reused on a worker).
+        A worker at capacity queues a task (first come, first served) and says so. Because
+        every coordinator takes workers in the same order, a query holding tasks on some
+        workers only ever waits for later ones, so no two queries wait for each other in a
+        cycle (docs/architecture.md, "Capacity"). When a worker refuses (its queue is full,
+        or the task waited too long), every task of the attempt is let go and the query is
+        retried after a backoff: nothing was sent to any task yet, so a retry starts from
+        scratch, under a fresh query id (task keys are never reused on a worker).
         """
         started = time.monotonic()
         backoff = _BACKOFF_S
@@ -336,12 +339,15 @@ class _Run:
         while True:
             for stage in self.plan.stages:
                 self._stage_channels(stage, counts)
+            queued_until = started + self.options.admission_wait
             try:
-                for channel in self.channels:
-                    channel.open(self.clients.get(channel.url))
-                deadline = time.monotonic() + self.options.connect_timeout
-                for channel in self.channels:
-                    channel.wait_ready(max(0.0, deadline - time.monotonic()))
+                for url in sorted({c.url for c in self.channels}):
+                    here = [c for c in self.channels if c.url == url]
+                    for channel in here:
+                        channel.open(self.clients.get(url))
+                    deadline = time.monotonic() + self.options.connect_timeout
+                    for channel in here:
+                        channel.wait_ready(max(0.0, deadline - time.monotonic()), queued_until)
                 return
             except WorkerBusyError as exc:
                 busy = exc

@@ -77,6 +77,7 @@ def map_batches(
         raise translate_flight_error(exc, url, label) from exc
 
     ready = threading.Event()
+    queued = threading.Event()  # the worker is at capacity and queued the task: its own wait bounds ours
     stop = threading.Event()  # finished, failed or abandoned: send no more input
     upload_error: list[BaseException] = []
     wlock = threading.Lock()  # every use of the writer
@@ -116,7 +117,7 @@ def map_batches(
         while not ready.wait(0.05):
             if stop.is_set():
                 return  # the consumer sees the worker's error
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline and not queued.is_set():
                 fail_upload(
                     WorkerUnavailableError(
                         f"worker {url} did not accept map task {label} within {connect_timeout:g}s",
@@ -177,6 +178,8 @@ def map_batches(
                 kind = frame.WhichOneof("frame")
                 if kind == "ready":
                     ready.set()
+                elif kind == "load":
+                    queued.set()
                 elif kind == "error":
                     raise error_from_info(frame.error, url, label)
                 elif kind == "finished":

@@ -69,6 +69,8 @@ def _parser() -> argparse.ArgumentParser:
         default=d.memory_budget >> 20,
         help="MiB admitted tasks may reserve (output buffers, input queues); beyond it tasks are refused as busy (default: %(default)s)",
     )
+    p.add_argument("--queue-length", type=int, default=d.queue_length, help="tasks that may wait for capacity at once (default: %(default)s)")
+    p.add_argument("--queue-wait", type=float, default=d.queue_wait, help="seconds a task may wait for capacity before it is refused as busy (default: %(default)s)")
     p.add_argument(
         "--peer-timeout",
         type=float,
@@ -105,6 +107,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         source_threads=args.source_threads,
         memory_budget=args.memory_budget_mb << 20,
         peer_timeout=args.peer_timeout,
+        queue_length=args.queue_length,
+        queue_wait=args.queue_wait,
     )
     # Stop signals: a do-nothing Python handler (so no thread ever dies of the default action)
     # plus the wakeup fd, which the C-level handler writes the signal number to, from any thread.

@@ -108,7 +108,7 @@ class WorkerServer(fl.FlightServerBase):
         self.peers = ClientPool()
         self.draining = threading.Event()
         o = self.options
-        self.admission = Admission(Capacity(o.max_tasks, o.source_threads, o.memory_budget))
+        self.admission = Admission(Capacity(o.max_tasks, o.source_threads, o.memory_budget, o.queue_length, o.queue_wait))
         self._stopped = threading.Event()
         threading.Thread(target=self._watch, name="watchdog", daemon=True).start()
 
@@ -134,7 +134,17 @@ class WorkerServer(fl.FlightServerBase):
         buffer_bytes = clamp(opts.output_buffer_bytes or self.options.output_buffer_bytes, MIN_OUTPUT_BUFFER_BYTES, MAX_OUTPUT_BUFFER_BYTES)
         threads = source_threads(plan)
         need = Need(threads=threads, memory=buffer_bytes + threads * INPUT_RESERVE_BYTES)
-        refusal = self.admission.admit(key, need, pa.total_allocated_bytes())
+        interval = clamp(opts.heartbeat_ms or DEFAULT_HEARTBEAT_MS, MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS) / 1000
+
+        def queued() -> None:  # "I wait for capacity": tells the coordinator to wait longer, and is its heartbeat
+            try:
+                sender.frame(protocol_pb2.WorkerFrame(load=self.admission.load(len(self.registry), 0)))
+            except (pa.ArrowException, OSError) as exc:
+                log.debug("task %s: could not say it is queued: %s", key, exc)
+
+        refusal = self.admission.admit(
+            key, need, pa.total_allocated_bytes, give_up=context.is_cancelled, tick=queued, tick_every=interval
+        )
         if refusal is not None:
             code = protocol_pb2.ERROR_CODE_BUSY if refusal.fits_ever else protocol_pb2.ERROR_CODE_TOO_LARGE
             log.debug("refused task %s: %s", key, refusal.reason)
