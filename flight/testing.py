@@ -6,19 +6,44 @@ They make a unit's cost and outcome explicit in its body (JSON, not code):
   ``rows`` rows of ``(id, row)``; schema ``SLEEP_SCHEMA``.
 * ``testing.fail``: always fails, naming the unit; for error-path tests.
 * ``testing.raise``: raises a plain ``ValueError`` (a reader's own exception type).
+
+And a query that never ends by itself (``waiting_query``: its feed discovers nothing
+until the query is cancelled), for tests of capacity and silent peers;
+``python -m flight.testing URL`` runs it against a worker, printing ``started`` once
+its tasks were admitted (a coordinator process to freeze with SIGSTOP).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Iterator
 
 import pyarrow as pa
 
 from flight.engine.readers import ReaderContext, UnitReadError, register_reader
+from flight.feed import FeedContext, WorkUnitFeedProvider
+from flight.plan.expr import col
+from flight.plan.query import Query, from_feed
 
-__all__ = ["SLEEP_SCHEMA", "sleep_unit"]
+__all__ = ["SLEEP_SCHEMA", "WaitForever", "sleep_unit", "waiting_query"]
+
+
+class WaitForever(WorkUnitFeedProvider):
+    """Discovery that finds nothing and never ends, until the query does (or ``seconds`` pass)."""
+
+    def __init__(self, seconds: float = 600.0) -> None:
+        self.seconds = seconds
+
+    def feed(self, partition: int, ctx: FeedContext) -> Iterator[bytes]:
+        ctx.cancelled.wait(self.seconds)
+        return iter(())
+
+
+def waiting_query() -> Query:
+    """A one-stage query whose task waits for units, holding one source thread (a filter keeps Acero in)."""
+    return from_feed(WaitForever(), "units", pa.schema([("unit", pa.binary())])).filter(col("unit") != b"")
 
 SLEEP_SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("row", pa.int64())])
 
@@ -52,3 +77,15 @@ def _raise(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
 register_reader("testing.sleep", _sleep)
 register_reader("testing.fail", _fail)
 register_reader("testing.raise", _raise)
+
+
+def _main(url: str) -> None:
+    from flight.coordinator.exec import DistributedExec
+
+    reader = DistributedExec(waiting_query(), [url]).execute()
+    print("started", flush=True)
+    reader.read_all()
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1])

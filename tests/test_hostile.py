@@ -13,9 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -30,14 +28,7 @@ from flight._proto import plan_pb2, protocol_pb2
 from flight.engine import pipeline
 from flight.errors import InvalidTaskError, QueryTimeoutError, WorkerBusyError, WorkerUnavailableError
 from flight.protocol import encode_schema, error_info_of
-
-
-class Forever(flight.WorkUnitFeedProvider):
-    """Discovery that finds nothing and never ends (until the query does)."""
-
-    def feed(self, partition: int, ctx: flight.FeedContext) -> Iterator[bytes]:
-        ctx.cancelled.wait(120)
-        return iter(())
+from flight.testing import waiting_query
 
 
 def _ipc(table: pa.Table, compression: str | None = None) -> bytes:
@@ -162,7 +153,7 @@ def test_100_waiting_tasks_do_not_block_another_query(parquet_files: list[Path])
 
     Before admission control, ~65 waiting sources froze every other query on a worker.
     """
-    waiting = flight.from_feed(Forever(), "units", pa.schema([("unit", pa.binary())])).filter(col("unit") != b"")
+    waiting = waiting_query()
     with flight.LocalCluster(2, worker_args=["--max-tasks", "128", "--source-threads", "128"]) as cluster:
         runs = [flight.DistributedExec(waiting, [cluster.urls[0]]) for _ in range(100)]
         readers = [r.execute() for r in runs]  # all started, none can finish
@@ -179,7 +170,7 @@ def test_100_waiting_tasks_do_not_block_another_query(parquet_files: list[Path])
 
 
 def test_beyond_capacity_a_query_waits_then_names_the_busy_worker() -> None:
-    waiting = flight.from_feed(Forever(), "units", pa.schema([("unit", pa.binary())])).filter(col("unit") != b"")
+    waiting = waiting_query()
     with flight.LocalCluster(1, worker_args=["--source-threads", "4"]) as small:
         holders = [flight.DistributedExec(waiting, small.urls) for _ in range(4)]
         readers = [h.execute() for h in holders]
@@ -192,7 +183,7 @@ def test_beyond_capacity_a_query_waits_then_names_the_busy_worker() -> None:
 
 
 def test_a_query_deadline_cancels_everything_with_a_clear_timeout(cluster: flight.LocalCluster) -> None:
-    waiting = flight.from_feed(Forever(), "units", pa.schema([("unit", pa.binary())])).filter(col("unit") != b"")
+    waiting = waiting_query()
     with pytest.raises(QueryTimeoutError, match="deadline of 1s"):
         flight.DistributedExec(waiting, cluster.resolver(), deadline=1.0).to_table()
     wait_until(lambda: running_tasks(cluster.urls) == 0, 10.0, "the tasks to be freed")
@@ -223,26 +214,10 @@ def test_source_threads_counts_exactly_the_blocking_sources(parquet_files: list[
 # ------------------------------------------------------------- silence
 
 
-_COORDINATOR = textwrap.dedent(
-    """
-    import sys, pyarrow as pa, flight
-    from flight import col
-    class Forever(flight.WorkUnitFeedProvider):
-        def feed(self, partition, ctx):
-            ctx.cancelled.wait(600)
-            return iter(())
-    q = flight.from_feed(Forever(), "units", pa.schema([("unit", pa.binary())])).filter(col("unit") != b"")
-    reader = flight.DistributedExec(q, [sys.argv[1]]).execute()
-    print("started", flush=True)
-    reader.read_all()
-    """
-)
-
-
 @pytest.mark.slow
 def test_a_frozen_coordinator_has_its_tasks_freed() -> None:
     with flight.LocalCluster(1, worker_args=["--peer-timeout", "3"]) as one:
-        proc = subprocess.Popen([sys.executable, "-c", _COORDINATOR, one.urls[0]], stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([sys.executable, "-m", "flight.testing", one.urls[0]], stdout=subprocess.PIPE, text=True)
         try:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
             wait_until(lambda: running_tasks(one.urls) == 1, 10.0, "the task to start")
@@ -261,7 +236,7 @@ def test_a_frozen_coordinator_has_its_tasks_freed() -> None:
 
 @pytest.mark.slow
 def test_a_silent_worker_fails_the_query_naming_it() -> None:
-    waiting = flight.from_feed(Forever(), "units", pa.schema([("unit", pa.binary())])).filter(col("unit") != b"")
+    waiting = waiting_query()
     with flight.LocalCluster(1) as one:
         pid = one.processes[0].pid
         reader = flight.DistributedExec(waiting, one.urls, peer_timeout=3.0, heartbeat=0.5).execute()
@@ -296,7 +271,7 @@ def test_sigterm_ends_a_worker_whose_client_stays_silent() -> None:
 
 def test_pools_of_clients_aborting_mid_read_never_abort_the_coordinator(cluster: flight.LocalCluster) -> None:
     """Abandoning results while their reader threads are inside read_chunk (TaskChannel.abort) is safe."""
-    waiting = flight.from_feed(Forever(), "units", pa.schema([("unit", pa.binary())])).filter(col("unit") != b"")
+    waiting = waiting_query()
     for _ in range(20):
         reader = flight.DistributedExec(waiting, cluster.resolver()).execute()
         del reader  # dropped: every channel is aborted while its reader thread is inside read_chunk

@@ -37,7 +37,6 @@ and last ``concurrency_wall_s``, ``concurrency_exact: N/Q`` and
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
 import re
 import statistics
@@ -47,7 +46,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
 from pathlib import Path
 
 if __name__ == "__main__" and not __package__:
@@ -65,17 +63,19 @@ from benchmarks.tpch_queries import (  # noqa: E402
     SQL,
     TABLES,
     Files,
+    _date,
+    _dec,
     _decimals_as_numbers,
+    _f,
+    _scan,
     compare,
     duckdb_connection,
     query,
     tpch_files,
 )
-from flight import agg, col, lit  # noqa: E402
+from flight import agg, col  # noqa: E402
 
 __all__ = ["CASES", "Case", "Outcome", "Report", "check", "references", "run", "soak"]
-
-_DEC = pa.decimal128(15, 2)  # tpchgen-cli's money / quantity columns
 
 
 def log(msg: str) -> None:
@@ -99,22 +99,6 @@ class Case:
     query's columns must be ints, strings or dates (rows are matched exactly)."""
     options: dict[str, object] = field(default_factory=dict)
     """``ExecOptions`` overrides for its ``DistributedExec`` (e.g. ``broadcast_bytes=0`` forces a shuffle join)."""
-
-
-def _scan(files: Files, table: str) -> flight.Query:
-    return flight.read_parquet(list(files[table]))
-
-
-def _f(name: str) -> flight.Expr:
-    return col(name).cast(pa.float64())
-
-
-def _dec(text: str) -> flight.Expr:
-    return lit(Decimal(text), _DEC)
-
-
-def _date(y: int, m: int, d: int) -> flight.Expr:
-    return lit(dt.date(y, m, d))
 
 
 class SharedFiles(flight.WorkUnitFeedProvider):

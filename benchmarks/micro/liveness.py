@@ -21,9 +21,8 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -33,31 +32,9 @@ if __name__ == "__main__" and not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import flight  # noqa: E402
-from flight import col  # noqa: E402
 from flight._proto import protocol_pb2  # noqa: E402
+from flight.testing import waiting_query  # noqa: E402
 from flight.protocol import PROTOCOL_VERSION, make_stage_key  # noqa: E402
-
-_COORDINATOR = textwrap.dedent(
-    """
-    import sys, pyarrow as pa, flight
-    from flight import col
-    class Forever(flight.WorkUnitFeedProvider):
-        def feed(self, partition, ctx):
-            ctx.cancelled.wait(600)
-            return iter(())
-    q = flight.from_feed(Forever(), "units", pa.schema([("unit", pa.binary())])).filter(col("unit") != b"")
-    reader = flight.DistributedExec(q, [sys.argv[1]]).execute()
-    print("started", flush=True)
-    reader.read_all()
-    """
-)
-
-
-class _Forever(flight.WorkUnitFeedProvider):
-    def feed(self, partition: int, ctx: flight.FeedContext) -> Iterator[bytes]:
-        ctx.cancelled.wait(600)
-        return iter(())
-
 
 def _running(url: str) -> int:
     with fl.connect(url) as client:
@@ -76,7 +53,7 @@ def _wait(predicate: Callable[[], bool], timeout: float) -> float:
 
 def frozen_coordinator() -> float:
     with flight.LocalCluster(1) as one:
-        proc = subprocess.Popen([sys.executable, "-c", _COORDINATOR, one.urls[0]], stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([sys.executable, "-m", "flight.testing", one.urls[0]], stdout=subprocess.PIPE, text=True)
         try:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
             _wait(lambda: _running(one.urls[0]) == 1, 10)
@@ -91,7 +68,7 @@ def frozen_coordinator() -> float:
 
 
 def silent_worker() -> float:
-    waiting = flight.from_feed(_Forever(), "units", pa.schema([("unit", pa.binary())])).filter(col("unit") != b"")
+    waiting = waiting_query()
     with flight.LocalCluster(1) as one:
         pid = one.processes[0].pid
         reader = flight.DistributedExec(waiting, one.urls).execute()
