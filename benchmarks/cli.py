@@ -155,7 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with Progress(live=False if args.plain else None) as progress, ExitStack() as stack:
         if not explicit and "pyspark" not in names:
             progress.warn("PySpark (or Java) not found: running without the pyspark engine")
-        files = tpch_files(generate(args.sf, tables, args.cache_dir, progress), tables)
+        data_dir = generate(args.sf, tables, args.cache_dir, progress)
+        files = tpch_files(data_dir, tables)
 
         engines: list[Engine] = []
         if "duckdb" in names:
@@ -166,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 engines.append(FlightEngine(files, urls, None))
             else:
                 bar = progress.add(f"starting LocalCluster({max(worker_counts)})", total=1)
-                cluster = stack.enter_context(flight.LocalCluster(max(worker_counts)))
+                cluster = stack.enter_context(flight.LocalCluster(max(worker_counts), data_roots=[data_dir]))
                 progress.finish(bar, description=f"LocalCluster: {', '.join(cluster.urls)}")
                 for k in worker_counts:
                     engines.append(FlightEngine(files, cluster.urls[:k], [p.pid for p in cluster.processes[:k]]))

@@ -17,11 +17,13 @@ from flight.errors import (
     InvalidTaskError,
     PlanError,
     ProtocolError,
+    PermissionDeniedError,
     QueryTimeoutError,
     ResolverError,
     RetryableError,
     TaskCancelledError,
     TaskFailedError,
+    UnauthenticatedError,
     VersionMismatchError,
     WorkerError,
     WorkerBusyError,
@@ -34,6 +36,7 @@ from flight.plan.expr import Expr, call, coalesce, col, if_else, lit
 from flight.plan.query import Query, from_arrow, from_feed, map_input, read_ipc, read_parquet, units
 from flight.providers import FileListProvider
 from flight.resolver import FileWorkerResolver, PollingWorkerResolver, StaticWorkerResolver, WorkerResolver
+from flight.security import Security
 
 __all__ = [
     "DefaultTaskEstimator",
@@ -52,17 +55,20 @@ __all__ = [
     "PlanError",
     "PollingWorkerResolver",
     "ProtocolError",
+    "PermissionDeniedError",
     "QueryTimeoutError",
     "Query",
     "QueryMetrics",
     "ReaderContext",
     "ResolverError",
     "RetryableError",
+    "Security",
     "StaticWorkerResolver",
     "TaskCancelledError",
     "TaskEstimate",
     "TaskEstimator",
     "TaskFailedError",
+    "UnauthenticatedError",
     "TaskStats",
     "Unit",
     "VersionMismatchError",

@@ -17,6 +17,8 @@ import pyarrow.flight as fl
 from flight._proto import protocol_pb2
 from flight.errors import (
     InvalidTaskError,
+    PermissionDeniedError,
+    UnauthenticatedError,
     TaskCancelledError,
     TaskFailedError,
     WorkerBusyError,
@@ -24,6 +26,7 @@ from flight.errors import (
     WorkerUnavailableError,
 )
 from flight.protocol import error_info_of, format_stage_key, status_message
+from flight.security import Security, connect
 
 __all__ = ["ClientPool", "error_from_info", "read_stream", "translate_flight_error"]
 
@@ -39,6 +42,10 @@ def error_from_info(info: protocol_pb2.ErrorInfo, url: str, stage_key: str) -> W
         return InvalidTaskError(info.message, field=info.field, worker_url=where, stage_key=key)
     if code == protocol_pb2.ERROR_CODE_CANCELLED:
         return TaskCancelledError(info.message, worker_url=where, stage_key=key)
+    if code == protocol_pb2.ERROR_CODE_UNAUTHENTICATED:
+        return UnauthenticatedError(info.message, worker_url=where, stage_key=key)
+    if code == protocol_pb2.ERROR_CODE_PERMISSION_DENIED:
+        return PermissionDeniedError(info.message, worker_url=where, stage_key=key)
     if code == protocol_pb2.ERROR_CODE_BUSY:
         return WorkerBusyError(info.message, worker_url=where, stage_key=key)
     if code == protocol_pb2.ERROR_CODE_UNAVAILABLE:
@@ -56,6 +63,10 @@ def translate_flight_error(exc: BaseException, url: str, stage_key: str = "") ->
     if info is not None:
         return error_from_info(info, url, stage_key)
     message = status_message(exc)
+    if isinstance(exc, fl.FlightUnauthenticatedError):
+        return UnauthenticatedError(f"worker {url} refused the call: {message}", worker_url=url, stage_key=stage_key, cause=message)
+    if isinstance(exc, fl.FlightUnauthorizedError):
+        return PermissionDeniedError(f"worker {url} refused the call: {message}", worker_url=url, stage_key=stage_key, cause=message)
     if isinstance(exc, fl.FlightUnavailableError):
         return WorkerUnavailableError(f"worker {url} is unavailable: {message}", worker_url=url, stage_key=stage_key, cause=message)
     if isinstance(exc, fl.FlightTimedOutError):
@@ -68,9 +79,13 @@ def translate_flight_error(exc: BaseException, url: str, stage_key: str = "") ->
 
 
 class ClientPool:
-    """One FlightClient per worker URL (clients are thread-safe), for a query or a worker's life."""
+    """One FlightClient per worker URL (clients are thread-safe), for a query or a worker's life.
 
-    def __init__(self) -> None:
+    Every client presents ``security``'s credentials (``flight.security.connect``).
+    """
+
+    def __init__(self, security: Security | None = None) -> None:
+        self._security = security
         self._clients: dict[str, fl.FlightClient] = {}
         self._lock = threading.Lock()
 
@@ -79,7 +94,7 @@ class ClientPool:
             client = self._clients.get(url)
             if client is None:
                 try:
-                    client = fl.connect(url)
+                    client = connect(url, self._security)
                 except (pa.ArrowException, OSError) as exc:
                     raise translate_flight_error(exc, url) from exc
                 self._clients[url] = client

@@ -3,6 +3,15 @@
 The embedded default for the main job, the tests and the benchmarks: each
 worker is the same daemon users run, started as a subprocess with ``--port 0``;
 its URL is read from the first line it prints, with a deadline.
+
+Workers read files only under ``data_roots`` (each becomes a ``--data-root``);
+without any, their file readers refuse every path.
+
+``secure=True`` makes a throw-away CA (``trustme``, the ``dev`` extra), a
+certificate for 127.0.0.1 and a random token in a private temporary directory:
+the workers serve ``grpc+tls://``, require the token, and read each other with
+both; ``mtls=True`` also requires client certificates. ``cluster.security`` is
+what clients pass (``ExecOptions.security``, ``map_batches(security=...)``).
 """
 
 from __future__ import annotations
@@ -11,14 +20,18 @@ import logging
 import os
 import selectors
 import signal
+import secrets
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from collections.abc import Sequence
 from types import TracebackType
 
 from flight.errors import WorkerUnavailableError
 from flight.resolver import StaticWorkerResolver
+from flight.security import ENV_CA, ENV_CERT, ENV_KEY, ENV_TOKEN_FILE, Security
 
 __all__ = ["LocalCluster"]
 
@@ -28,23 +41,42 @@ _PREFIX = "flight-worker listening on "
 
 
 class LocalCluster:
-    """Start ``n_workers`` worker processes; stop them on exit, even after an exception."""
+    """Start ``n_workers`` worker processes; stop them on exit, even after an exception.
+
+    ``data_roots``: the directories the workers may read files under (``--data-root``, each
+    resolved by the worker); a missing one makes the workers fail to start.
+    """
 
     def __init__(
         self,
         n_workers: int = 2,
         *,
         extensions: Sequence[str] = (),
+        data_roots: Sequence[str | os.PathLike[str]] = (),
         worker_args: Sequence[str] = (),
         per_worker_args: Sequence[Sequence[str]] | None = None,
         start_timeout: float = 30.0,
         log_level: str = "WARNING",
         grace: float = 5.0,
+        secure: bool = False,
+        mtls: bool = False,
     ) -> None:
         if n_workers < 1:
             raise ValueError("a LocalCluster needs at least one worker")
+        self.security = Security()
+        self._secrets: tempfile.TemporaryDirectory[str] | None = None
+        secure_args: list[str] = []
+        if secure or mtls:
+            self._secrets = tempfile.TemporaryDirectory(prefix="flight-exec-secrets-")
+            secure_args, self.security = _throwaway_credentials(Path(self._secrets.name), mtls)
         self.n_workers = n_workers
-        self._args = [a for m in extensions for a in ("--extension", m)] + list(worker_args)
+        self.data_roots = [os.path.abspath(d) for d in data_roots]
+        self._args = (
+            [a for m in extensions for a in ("--extension", m)]
+            + [a for d in self.data_roots for a in ("--data-root", d)]
+            + secure_args
+            + list(worker_args)
+        )
         self._per_worker = per_worker_args
         self._timeout = start_timeout
         self._log_level = log_level
@@ -85,6 +117,16 @@ class LocalCluster:
             f"(exit code {proc.poll()}); its log is on stderr"
         )
 
+    def security_env(self) -> dict[str, str]:
+        """Environment variables that make ``Security.from_env()`` (e.g. on Spark executors) find these credentials."""
+        if self._secrets is None:
+            return {}
+        d = Path(self._secrets.name)
+        env = {ENV_TOKEN_FILE: str(d / "token"), ENV_CA: str(d / "ca.pem")}
+        if self.security.cert_chain:
+            env |= {ENV_CERT: str(d / "client.pem"), ENV_KEY: str(d / "client.key")}
+        return env
+
     def resolver(self) -> StaticWorkerResolver:
         return StaticWorkerResolver(self.urls)
 
@@ -104,9 +146,47 @@ class LocalCluster:
             if proc.stdout is not None:
                 proc.stdout.close()
         self.processes = []
+        if self._secrets is not None:
+            self._secrets.cleanup()
+            self._secrets = None
 
     def __enter__(self) -> LocalCluster:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
+
+
+def _throwaway_credentials(d: Path, mtls: bool) -> tuple[list[str], Security]:
+    """A CA, a certificate for 127.0.0.1 and a token, written under ``d`` (mode 0600); worker flags and client side."""
+    try:
+        import trustme
+    except ImportError as exc:
+        raise ImportError("LocalCluster(secure=True) makes its test certificates with trustme: pip install trustme") from exc
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    client = ca.issue_cert("flight-exec-client")
+    token = secrets.token_urlsafe(32)
+    files = {
+        "ca.pem": ca.cert_pem.bytes(),
+        "cert.pem": b"".join(blob.bytes() for blob in server.cert_chain_pems),
+        "key.pem": server.private_key_pem.bytes(),
+        "client.pem": b"".join(blob.bytes() for blob in client.cert_chain_pems),
+        "client.key": client.private_key_pem.bytes(),
+        "token": token.encode() + b"\n",
+    }
+    for name, data in files.items():
+        path = d / name
+        path.write_bytes(data)
+        path.chmod(0o600)
+    args = ["--tls-cert", str(d / "cert.pem"), "--tls-key", str(d / "key.pem"), "--tls-ca", str(d / "ca.pem"),
+            "--auth-token-file", str(d / "token")]
+    if mtls:
+        args += ["--tls-client-ca", str(d / "ca.pem")]
+    security = Security(
+        token=token,
+        tls_root_certs=files["ca.pem"],
+        cert_chain=files["client.pem"] if mtls else None,
+        private_key=files["client.key"] if mtls else None,
+    )
+    return args, security

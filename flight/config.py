@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from flight.security import Security
+
 __all__ = ["Compression", "ExecOptions", "WorkerOptions"]
 
 Compression = Literal["none", "lz4", "zstd"]
@@ -45,6 +47,9 @@ class WorkerOptions:
     """Tasks that may wait for capacity at once; one more is refused as busy."""
     queue_wait: float = 60.0
     """Seconds a task may wait for capacity before it is refused as busy."""
+    data_roots: tuple[str, ...] = ()
+    """Directories (resolved real paths) under which the file readers may read (``--data-root``);
+    none: every path a work unit names is refused (``flight.engine.confine``)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,8 @@ class ExecOptions:
     """A join's right side estimated below this many bytes is broadcast to the other side's tasks."""
     rows_per_task: int = 250_000
     """Upper stages get one task per this many estimated input rows (never more than the workers)."""
+    security: Security | None = None
+    """Token and TLS material for talking to the workers (``LocalCluster.security``, ``Security.from_files``)."""
     deadline: float | None = None
     """Seconds the whole query may take; past it every task is cancelled and ``QueryTimeoutError`` raised."""
     heartbeat: float = 2.0

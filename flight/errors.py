@@ -8,6 +8,8 @@
     ├── WorkerError                 a worker reported or caused a failure; carries url and stage key
     │   ├── TaskFailedError         a task failed while running (bad unit, reader error, ...)
     │   ├── InvalidTaskError        the worker rejected the task's header, plan or frames
+    │   ├── UnauthenticatedError    the worker wants credentials this client did not present (token, certificate)
+    │   ├── PermissionDeniedError   authenticated, but not allowed: a path outside the data roots, another query's secret
     │   └── RetryableError          the failure may pass if tried again
     │       ├── WorkerUnavailableError  the worker did not answer within the deadline, went silent, or is draining
     │       ├── WorkerBusyError         the worker is at capacity (the coordinator retries with a backoff)
@@ -28,10 +30,12 @@ __all__ = [
     "PlanError",
     "ProtocolError",
     "QueryTimeoutError",
+    "PermissionDeniedError",
     "ResolverError",
     "RetryableError",
     "TaskCancelledError",
     "TaskFailedError",
+    "UnauthenticatedError",
     "VersionMismatchError",
     "WorkerBusyError",
     "WorkerError",
@@ -112,3 +116,11 @@ class WorkerBusyError(RetryableError):
 
 class QueryTimeoutError(FlightExecError, TimeoutError):
     """The query ran past ``ExecOptions.deadline``; every task was cancelled."""
+
+
+class UnauthenticatedError(WorkerError):
+    """The worker requires credentials (a bearer token or a client certificate) this client lacks."""
+
+
+class PermissionDeniedError(WorkerError):
+    """The worker refused something the credentials do not allow (a path, another query's output)."""

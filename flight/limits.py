@@ -25,6 +25,8 @@ __all__ = [
     "MAX_FRAME_BYTES",
     "MAX_HEADER_BYTES",
     "MAX_ID_CHARS",
+    "MAX_SECRET_BYTES",
+    "MIN_SECRET_BYTES",
     "MAX_IPC_BYTES",
     "MAX_MESSAGE_CHARS",
     "MAX_OUTPUT_BUFFER_BYTES",
@@ -69,6 +71,9 @@ MAX_BATCH_BYTES = 512 << 20
 """One record batch from a peer (map input, shuffle read), in Arrow memory."""
 MAX_IPC_BYTES = 256 << 20
 """An Arrow IPC payload inside a plan (Values, literals, value sets) once decompressed."""
+MIN_SECRET_BYTES = 16
+MAX_SECRET_BYTES = 64
+"""A query secret (TaskHeader.query_secret): at least 128 random bits."""
 MAX_ID_CHARS = 128
 """A query id (the stage key's), and a feed id."""
 MAX_ECHO_CHARS = 200

@@ -3,18 +3,25 @@
 The baseline "what one process does with pyarrow Acero" that benchmarks
 compare distributed execution with, and a quick way to try a plan. Feeds run
 in place: each partition's provider is drained as the scan asks for units.
+
+Data confinement: by default the readers open any path (``confine.ANY_PATH``): this
+runs in the caller's own process, with the caller's permissions, on units the caller's
+own providers discovered, so a check would protect nothing. Pass ``data_roots`` to
+check paths as a worker started with those ``--data-root`` directories would.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
 from flight._proto import plan_pb2
+from flight.engine.confine import ANY_PATH, DataRoots
 from flight.engine.pipeline import compile_task, source_threads
 from flight.errors import PlanError
 from flight.feed import FeedContext, WorkUnitFeed, unit_bytes
@@ -81,8 +88,15 @@ class _LocalInputs:
         raise PlanError("run_local plans one stage; it never reads another stage")
 
 
-def run_local(query: Query, batch_rows: int = 64 * 1024) -> pa.RecordBatchReader:
-    """The query's rows, computed in this process as one streaming Acero plan."""
+def run_local(
+    query: Query, batch_rows: int = 64 * 1024, *, data_roots: Sequence[str | os.PathLike[str]] | None = None
+) -> pa.RecordBatchReader:
+    """The query's rows, computed in this process as one streaming Acero plan.
+
+    ``data_roots``: ``None`` (the default) reads any path this process can; directories confine
+    the file readers to them, exactly as on a worker (``ValueError`` if one is not a directory).
+    """
+    roots = ANY_PATH if data_roots is None else DataRoots.of(data_roots)
     plan = plan_query(query.node, max_tasks=1)
     if len(plan.stages) != 1:  # pragma: no cover - one task never needs a network boundary
         raise PlanError("a one-task plan should be a single stage")
@@ -95,4 +109,4 @@ def run_local(query: Query, batch_rows: int = 64 * 1024) -> pa.RecordBatchReader
     need = source_threads(stage_plan) + _IO_MARGIN
     if pa.io_thread_count() < need:
         pa.set_io_thread_count(need)
-    return compile_task(stage_plan, inputs, batch_rows)
+    return compile_task(stage_plan, inputs, batch_rows, roots=roots)

@@ -9,6 +9,7 @@ naming the field that was wrong, and both sides share the same checks.
 from __future__ import annotations
 
 import re
+import secrets
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -24,6 +25,8 @@ from flight.limits import (
     MAX_HEADER_BYTES,
     MAX_ID_CHARS,
     MAX_MESSAGE_CHARS,
+    MAX_SECRET_BYTES,
+    MIN_SECRET_BYTES,
     MAX_OUTPUT_PARTITIONS,
     MAX_OUTPUT_READERS,
     MAX_TASK_COUNT,
@@ -45,6 +48,8 @@ __all__ = [
     "decode_ticket",
     "decode_worker_frame",
     "check_id",
+    "check_secret",
+    "new_secret",
     "error_info_of",
     "status_error",
     "encode_schema",
@@ -129,6 +134,16 @@ def check_id(value: str, field: str) -> None:
         )
 
 
+def check_secret(secret: bytes, field: str) -> None:
+    """A query secret: 16 to 64 bytes (the coordinator draws 16 random ones)."""
+    if not MIN_SECRET_BYTES <= len(secret) <= MAX_SECRET_BYTES:
+        raise ProtocolError(
+            f"{field} must be {MIN_SECRET_BYTES} to {MAX_SECRET_BYTES} bytes, not {len(secret)}: "
+            "every query carries a random secret that its tickets and cancels repeat",
+            field=field,
+        )
+
+
 def _check_stage_key(key: protocol_pb2.StageKey, field: str) -> None:
     check_id(key.query_id, f"{field}.query_id")
 
@@ -147,6 +162,7 @@ def decode_header(data: bytes) -> tuple[protocol_pb2.TaskHeader, plan_pb2.StageP
     if not header.HasField("stage_key"):
         raise ProtocolError("header.stage_key is missing", field="header.stage_key")
     _check_stage_key(header.stage_key, "header.stage_key")
+    check_secret(header.query_secret, "header.query_secret")
     if header.task_count == 0:
         raise ProtocolError("header.task_count is 0; a stage has at least one task", field="header.task_count")
     if header.stage_key.task_number >= header.task_count:
@@ -207,6 +223,7 @@ def decode_cancel_request(data: bytes) -> protocol_pb2.CancelRequest:
     req = protocol_pb2.CancelRequest()
     _parse(req, data, "body", MAX_HEADER_BYTES)
     check_id(req.query_id, "body.query_id")
+    check_secret(req.query_secret, "body.query_secret")
     return req
 
 
@@ -222,6 +239,7 @@ def decode_ticket(data: bytes) -> protocol_pb2.Ticket:
             field="ticket.partition_end",
         )
     check_count(ticket.partition_end, MAX_OUTPUT_PARTITIONS, "ticket.partition_end", "partitions")
+    check_secret(ticket.query_secret, "ticket.query_secret")
     return ticket
 
 
@@ -229,6 +247,8 @@ _STATUS = {
     protocol_pb2.ERROR_CODE_CANCELLED: fl.FlightCancelledError,
     protocol_pb2.ERROR_CODE_UNAVAILABLE: fl.FlightUnavailableError,
     protocol_pb2.ERROR_CODE_BUSY: fl.FlightUnavailableError,
+    protocol_pb2.ERROR_CODE_UNAUTHENTICATED: fl.FlightUnauthenticatedError,
+    protocol_pb2.ERROR_CODE_PERMISSION_DENIED: fl.FlightUnauthorizedError,
 }
 """Flight status classes by ErrorInfo code; every other code is a FlightServerError (gRPC UNKNOWN).
 
@@ -257,3 +277,8 @@ def error_info_of(exc: BaseException) -> protocol_pb2.ErrorInfo | None:
     except DecodeError:
         return None
     return info if info.code != protocol_pb2.ERROR_CODE_UNSPECIFIED else None
+
+
+def new_secret() -> bytes:
+    """A fresh query secret: 128 random bits from the OS."""
+    return secrets.token_bytes(MIN_SECRET_BYTES)

@@ -10,12 +10,21 @@ import pytest
 from support import make_table
 
 import flight
+from benchmarks.tpch import REPO_ROOT
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[flight.LocalCluster]:
-    """Two real flight-worker processes, with the testing readers loaded."""
-    with flight.LocalCluster(2, extensions=["flight.testing"]) as c:
+def data_roots(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """What test workers may read (``--data-root``): pytest's temporary directories and the TPC-H cache."""
+    tpch = REPO_ROOT / ".bench-cache" / "tpch"
+    tpch.mkdir(parents=True, exist_ok=True)  # a root must exist when the workers start
+    return [tmp_path_factory.getbasetemp(), tpch]
+
+
+@pytest.fixture(scope="session")
+def cluster(data_roots: list[Path]) -> Iterator[flight.LocalCluster]:
+    """Two real flight-worker processes, with the testing readers loaded, reading under ``data_roots``."""
+    with flight.LocalCluster(2, extensions=["flight.testing"], data_roots=data_roots) as c:
         yield c
 
 

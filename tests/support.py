@@ -109,6 +109,7 @@ def header(plan: plan_pb2.StagePlan, feeds: dict[str, list[int]] | None = None, 
         stage_key=protocol_pb2.StageKey(query_id=f"q-{uuid.uuid4().hex[:8]}", stage_id=0, task_number=0),
         task_count=1,
         plan=plan.SerializeToString(),
+        query_secret=b"s" * 16,
         feeds=[protocol_pb2.FeedAssignment(feed_id=f, partitions=p) for f, p in (feeds or {}).items()],
     )
     for k, v in kw.items():

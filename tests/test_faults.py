@@ -215,7 +215,7 @@ def test_cancel_action_cancels_a_running_query(cluster: flight.LocalCluster) -> 
     reader = ex.execute()
     reader.read_next_batch()
     assert ex.query_id is not None
-    body = protocol_pb2.CancelRequest(query_id=ex.query_id).SerializeToString()
+    body = protocol_pb2.CancelRequest(query_id=ex.query_id, query_secret=ex.query_secret).SerializeToString()
     cancelled = 0
     for url in cluster.urls:
         with fl.connect(url) as client:

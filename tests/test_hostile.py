@@ -154,7 +154,8 @@ def test_100_waiting_tasks_do_not_block_another_query(parquet_files: list[Path])
     Before admission control, ~65 waiting sources froze every other query on a worker.
     """
     waiting = waiting_query()
-    with flight.LocalCluster(2, worker_args=["--max-tasks", "128", "--source-threads", "128"]) as cluster:
+    roots = [parquet_files[0].parent]
+    with flight.LocalCluster(2, data_roots=roots, worker_args=["--max-tasks", "128", "--source-threads", "128"]) as cluster:
         runs = [flight.DistributedExec(waiting, [cluster.urls[0]]) for _ in range(100)]
         readers = [r.execute() for r in runs]  # all started, none can finish
         try:

@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROTO_DIR = ROOT / "proto"
 PROTO_FILES = ["flight/_proto/protocol.proto", "flight/_proto/plan.proto"]
 PROTOCOL_VERSION = 2  # docs/protocol.md, section 1
+SECRET = b"raw-client-query-secret"  # 16 to 64 bytes: every header, ticket and cancel of a query repeats it
 LISTENING = re.compile(rb"^flight-worker listening on (grpc://\S+)$")
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 40.0  # above the worker's default drain grace (30 s)
@@ -152,11 +153,12 @@ def _first_line(proc: subprocess.Popen[bytes], timeout: float) -> bytes:
     return buf.split(b"\n", 1)[0].rstrip(b"\r")
 
 
-def start_worker(workdir: Path) -> Worker:
+def start_worker(workdir: Path, data_root: Path | None = None) -> Worker:
     log = workdir / "worker.log"
+    roots = ["--data-root", str(data_root)] if data_root is not None else []
     with open(log, "wb") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "flight.worker", "--host", "127.0.0.1", "--port", "0"],
+            [sys.executable, "-m", "flight.worker", "--host", "127.0.0.1", "--port", "0", *roots],
             stdout=subprocess.PIPE,
             stderr=stderr,
             cwd=workdir,
@@ -189,7 +191,7 @@ def stop_worker(proc: subprocess.Popen[bytes]) -> int:
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
-    w = start_worker(tmp_path_factory.mktemp("worker"))
+    w = start_worker(tmp_path_factory.mktemp("worker"), data_root=tmp_path_factory.getbasetemp())  # tests' files: tmp_path
     try:
         yield w
     finally:
@@ -246,6 +248,7 @@ def header(P: Protos, key: Any, plan: Any, feeds: dict[str, list[int]] | None = 
         feeds=[P.FeedAssignment(feed_id=f, partitions=p) for f, p in (feeds or {}).items()],
         query_start_unix_nanos=time.time_ns(),
         options=P.TaskOptions(**options),
+        query_secret=SECRET,
     )
 
 
@@ -516,7 +519,7 @@ def test_leaf_task_fed_under_credit_and_read_with_doget(P: Protos, client: fl.Fl
         assert credit_frames >= 2, "the initial window was smaller than the work: more credit had to come"
 
         # The output, read with DoGet (small here; a real client reads it while feeding).
-        ticket = P.Ticket(stage_key=key, partition_start=0, partition_end=1)
+        ticket = P.Ticket(stage_key=key, partition_start=0, partition_end=1, query_secret=SECRET)
         schema, batches, partitions = read_doget(P, client, ticket)
         assert schema.equals(output_schema)
         assert set(partitions) <= {0}
@@ -722,7 +725,7 @@ def test_execution_error_is_reported_then_released_by_the_half_close(P: Protos, 
         assert frame.error.stage_key == key
 
         # The task's output cannot be read (its ErrorInfo above has the real cause).
-        ticket = P.Ticket(stage_key=key, partition_start=0, partition_end=1)
+        ticket = P.Ticket(stage_key=key, partition_start=0, partition_end=1, query_secret=SECRET)
         with pytest.raises((fl.FlightCancelledError, fl.FlightServerError)):
             read_doget(P, client, ticket)
 
@@ -837,7 +840,7 @@ def test_map_stage_limit_ends_the_call_although_more_input_was_sent(P: Protos, t
             finally:
                 # Free a stuck task (should the test fail) so the worker stops without its grace period.
                 with contextlib.suppress(pa.ArrowException):
-                    list(c.do_action(fl.Action("cancel", P.CancelRequest(query_id=key.query_id).SerializeToString()), options=CALL))
+                    list(c.do_action(fl.Action("cancel", P.CancelRequest(query_id=key.query_id, query_secret=SECRET).SerializeToString()), options=CALL))
     finally:
         rc = stop_worker(own.proc)
     assert rc == 0, f"the worker exited with {rc}; its log:\n{own.log_tail()}"
@@ -915,7 +918,7 @@ def test_hash_partitions_follow_the_documented_function(
         assert read_schema(ready.ready.output_schema).equals(table.schema)
         # Partition 0 on its own ticket, the others on one ticket spanning [1, n).
         for start, end in [(0, 1), (1, partitions)]:
-            schema, batches, labels = read_doget(P, client, P.Ticket(stage_key=key, partition_start=start, partition_end=end))
+            schema, batches, labels = read_doget(P, client, P.Ticket(stage_key=key, partition_start=start, partition_end=end, query_secret=SECRET))
             assert schema.equals(table.schema)
             assert labels == sorted(labels) and set(labels) <= set(range(start, end)), labels
             for batch, partition in zip(batches, labels):

@@ -131,8 +131,8 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Data]:
 
 
 @pytest.fixture(scope="module")
-def cluster3() -> Iterator[flight.LocalCluster]:
-    with flight.LocalCluster(3) as c:
+def cluster3(data_roots: list[Path]) -> Iterator[flight.LocalCluster]:
+    with flight.LocalCluster(3, data_roots=data_roots) as c:
         yield c
 
 

@@ -19,9 +19,10 @@ from flight.testing import SLEEP_SCHEMA, sleep_unit
 
 
 @pytest.fixture(scope="module")
-def skewed() -> Iterator[flight.LocalCluster]:
+def skewed(data_roots: list[Path]) -> Iterator[flight.LocalCluster]:
     """Three workers; the first adds 40 ms to every unit (an overloaded node)."""
-    with flight.LocalCluster(3, extensions=["flight.testing"], per_worker_args=[["--unit-delay-ms", "40"], [], []]) as c:
+    extra = [["--unit-delay-ms", "40"], [], []]
+    with flight.LocalCluster(3, extensions=["flight.testing"], data_roots=data_roots, per_worker_args=extra) as c:
         yield c
 
 

@@ -56,8 +56,8 @@ def expected(files: dict[str, list[Path]]) -> Iterator[dict[int, pa.Table]]:
 
 
 @pytest.fixture(scope="module")
-def tpch_cluster() -> Iterator[flight.LocalCluster]:
-    with flight.LocalCluster(3) as c:
+def tpch_cluster(data_roots: list[Path]) -> Iterator[flight.LocalCluster]:
+    with flight.LocalCluster(3, data_roots=data_roots) as c:
         yield c
 
 

@@ -103,6 +103,7 @@ def header(**kw: object) -> protocol_pb2.TaskHeader:
         stage_key=protocol_pb2.StageKey(query_id="q", stage_id=1, task_number=0),
         task_count=1,
         plan=plan.SerializeToString(),
+        query_secret=b"0123456789abcdef",
     )
     for k, v in kw.items():
         if k == "stage_key":
@@ -144,7 +145,7 @@ def test_header_version_and_duplicate_feeds() -> None:
 def test_ticket_checks() -> None:
     key = protocol_pb2.StageKey(query_id="q")
     with pytest.raises(ProtocolError, match="empty"):
-        decode_ticket(protocol_pb2.Ticket(stage_key=key, partition_start=2, partition_end=2).SerializeToString())
+        decode_ticket(protocol_pb2.Ticket(stage_key=key, partition_start=2, partition_end=2, query_secret=b"0123456789abcdef").SerializeToString())
     with pytest.raises(ProtocolError, match="stage_key"):
         decode_ticket(protocol_pb2.Ticket(partition_end=1).SerializeToString())
 

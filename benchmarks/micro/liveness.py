@@ -93,6 +93,7 @@ def sigterm_silent_client() -> tuple[float, int]:
             stage_key=make_stage_key("liveness", 0, 0),
             task_count=1,
             plan=stage.SerializeToString(),
+            query_secret=b"liveness-secret!",
         )
         client = fl.connect(one.urls[0])
         _writer, _reader = client.do_exchange(fl.FlightDescriptor.for_command(header.SerializeToString()))

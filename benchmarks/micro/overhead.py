@@ -52,11 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     numbers = [int(q) for q in args.queries.split(",")]
     log(f"TPC-H SF {args.sf}: generating or reusing data")
-    files = tpch_files(ensure_tpch(args.sf, TABLES), TABLES)
+    data_dir = ensure_tpch(args.sf, TABLES)
+    files = tpch_files(data_dir, TABLES)
     ratios: list[float] = []
     print(f"TPC-H SF {args.sf}, {args.workers} workers vs one process, median of {args.runs}")
     print(f"{'query':>5} {'distributed':>12} {'one process':>12} {'ratio':>7}")
-    with flight.LocalCluster(args.workers) as cluster:
+    with flight.LocalCluster(args.workers, data_roots=[data_dir]) as cluster:
         for n in numbers:
             dist_t, local_t = [], []
             for i in range(args.runs + 1):  # the first round warms caches and is not counted

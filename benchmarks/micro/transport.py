@@ -174,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     fe_times: list[float] = []
     raw_times: list[float] = []
     log(f"starting LocalCluster({args.workers}) and the raw server")
-    with flight.LocalCluster(args.workers) as cluster, raw_server(files) as raw_url:
+    data_roots = sorted({str(f.parent) for f in files})
+    with flight.LocalCluster(args.workers, data_roots=data_roots) as cluster, raw_server(files) as raw_url:
         fe = lambda: run_flight_exec(cluster.urls, files, args.compression)  # noqa: E731
         raw = lambda: run_raw(raw_url, args.workers, args.compression)  # noqa: E731
         timed(fe, rows, "flight-exec")  # warm-up: page cache, connections, imports

@@ -68,6 +68,10 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """no such task on this worker (a DoGet ticket)"""
     ERROR_CODE_TOO_LARGE: _ErrorCode.ValueType  # 8
     """a size the peer chose is above this worker's limit"""
+    ERROR_CODE_UNAUTHENTICATED: _ErrorCode.ValueType  # 9
+    """no valid credentials"""
+    ERROR_CODE_PERMISSION_DENIED: _ErrorCode.ValueType  # 10
+    """a path outside the data roots, a wrong query secret"""
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper): ...
 
@@ -86,6 +90,10 @@ ERROR_CODE_NOT_FOUND: ErrorCode.ValueType  # 7
 """no such task on this worker (a DoGet ticket)"""
 ERROR_CODE_TOO_LARGE: ErrorCode.ValueType  # 8
 """a size the peer chose is above this worker's limit"""
+ERROR_CODE_UNAUTHENTICATED: ErrorCode.ValueType  # 9
+"""no valid credentials"""
+ERROR_CODE_PERMISSION_DENIED: ErrorCode.ValueType  # 10
+"""a path outside the data roots, a wrong query secret"""
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 
 @_typing.final
@@ -195,6 +203,7 @@ class TaskHeader(_message.Message):
     TARGET_WORKER_URL_FIELD_NUMBER: _builtins.int
     QUERY_START_UNIX_NANOS_FIELD_NUMBER: _builtins.int
     OPTIONS_FIELD_NUMBER: _builtins.int
+    QUERY_SECRET_FIELD_NUMBER: _builtins.int
     protocol_version: _builtins.int
     task_count: _builtins.int
     """tasks in this stage"""
@@ -203,6 +212,10 @@ class TaskHeader(_message.Message):
     target_worker_url: _builtins.str
     """the URL the coordinator dialled"""
     query_start_unix_nanos: _builtins.int
+    query_secret: _builtins.bytes
+    """16 to 64 random bytes the coordinator draws for each query. Every ticket for the
+    query's tasks and every cancel of it must carry the same bytes: a query id alone opens nothing.
+    """
     @_builtins.property
     def stage_key(self) -> Global___StageKey: ...
     @_builtins.property
@@ -220,10 +233,11 @@ class TaskHeader(_message.Message):
         target_worker_url: _builtins.str = ...,
         query_start_unix_nanos: _builtins.int = ...,
         options: Global___TaskOptions | None = ...,
+        query_secret: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options", "stage_key", b"stage_key"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["feeds", b"feeds", "options", b"options", "plan", b"plan", "protocol_version", b"protocol_version", "query_start_unix_nanos", b"query_start_unix_nanos", "stage_key", b"stage_key", "target_worker_url", b"target_worker_url", "task_count", b"task_count"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["feeds", b"feeds", "options", b"options", "plan", b"plan", "protocol_version", b"protocol_version", "query_secret", b"query_secret", "query_start_unix_nanos", b"query_start_unix_nanos", "stage_key", b"stage_key", "target_worker_url", b"target_worker_url", "task_count", b"task_count"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -737,9 +751,12 @@ class Ticket(_message.Message):
     STAGE_KEY_FIELD_NUMBER: _builtins.int
     PARTITION_START_FIELD_NUMBER: _builtins.int
     PARTITION_END_FIELD_NUMBER: _builtins.int
+    QUERY_SECRET_FIELD_NUMBER: _builtins.int
     partition_start: _builtins.int
     partition_end: _builtins.int
     """exclusive"""
+    query_secret: _builtins.bytes
+    """the task's TaskHeader.query_secret"""
     @_builtins.property
     def stage_key(self) -> Global___StageKey: ...
     def __init__(
@@ -748,10 +765,11 @@ class Ticket(_message.Message):
         stage_key: Global___StageKey | None = ...,
         partition_start: _builtins.int = ...,
         partition_end: _builtins.int = ...,
+        query_secret: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["stage_key", b"stage_key"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition_end", b"partition_end", "partition_start", b"partition_start", "stage_key", b"stage_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition_end", b"partition_end", "partition_start", b"partition_start", "query_secret", b"query_secret", "stage_key", b"stage_key"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -786,15 +804,19 @@ class CancelRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     QUERY_ID_FIELD_NUMBER: _builtins.int
+    QUERY_SECRET_FIELD_NUMBER: _builtins.int
     query_id: _builtins.str
+    query_secret: _builtins.bytes
+    """the query's TaskHeader.query_secret: only its tasks are cancelled"""
     def __init__(
         self,
         *,
         query_id: _builtins.str = ...,
+        query_secret: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["query_id", b"query_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["query_id", b"query_id", "query_secret", b"query_secret"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -43,7 +43,7 @@ from flight.errors import (
 from flight.estimate import DefaultTaskEstimator, TaskEstimator
 from flight.plan.query import Query
 from flight.planner import PlannerOptions, QueryPlan, StageSpec, plan_query
-from flight.protocol import COMPRESSION, PROTOCOL_VERSION, encode_schema, make_stage_key
+from flight.protocol import COMPRESSION, PROTOCOL_VERSION, encode_schema, make_stage_key, new_secret
 from flight.resolver import StaticWorkerResolver, WorkerResolver
 
 __all__ = ["DetachedQuery", "DistributedExec", "HeadPartition"]
@@ -85,6 +85,7 @@ class DistributedExec:
         self.plan: QueryPlan = plan_query(query.node, len(self.resolver.get_urls()), planner_options)
         self.metrics: QueryMetrics | None = None
         self.query_id: str | None = None  # of the latest execute(), known from its start
+        self.query_secret: bytes | None = None  # of the latest execute(): what its tickets and a cancel must carry
         self.bound: dict[int, list[str]] = {}  # stage id -> the URL of each task, once executed
 
     @property
@@ -140,7 +141,12 @@ class DetachedQuery:
         self.schema = run.plan.head.output_schema
         head = run.by_stage[run.plan.head.stage_id]
         self.partitions = [
-            HeadPartition(c.url, protocol_pb2.Ticket(stage_key=c.header.stage_key, partition_start=0, partition_end=1).SerializeToString())
+            HeadPartition(
+                c.url,
+                protocol_pb2.Ticket(
+                    stage_key=c.header.stage_key, partition_start=0, partition_end=1, query_secret=run.secret
+                ).SerializeToString(),
+            )
             for c in head
         ]
         self._done = threading.Event()
@@ -187,8 +193,9 @@ class _Run:
         self.plan = ex.plan
         self.base_id = self.query_id = ex.query_id = uuid.uuid4().hex[:16]
         self.admitted = False  # every task accepted: from then on any error fails the query
+        self.secret = ex.query_secret = new_secret()  # in every header and ticket: the query id alone opens nothing
         self.retries = 0
-        self.clients = ClientPool()
+        self.clients = ClientPool(self.options.security)
         self.results: queue.Queue[object] = queue.Queue(maxsize=max(1, self.options.result_queue_batches))
         self.error: BaseException | None = None
         self.failed = threading.Event()
@@ -277,6 +284,7 @@ class _Run:
             ],
             target_worker_url=url,
             query_start_unix_nanos=time.time_ns(),
+            query_secret=self.secret,
             options=protocol_pb2.TaskOptions(
                 ipc_compression=COMPRESSION[opts.compression],
                 feed_window=opts.feed_window,
@@ -417,7 +425,9 @@ class _Run:
     # ------------------------------------------------------------ results
 
     def _read_output(self, channel: TaskChannel) -> None:
-        ticket = protocol_pb2.Ticket(stage_key=channel.header.stage_key, partition_start=0, partition_end=1)
+        ticket = protocol_pb2.Ticket(
+            stage_key=channel.header.stage_key, partition_start=0, partition_end=1, query_secret=self.secret
+        )
         try:
             for batch in read_stream(self.clients.get(channel.url), ticket.SerializeToString()):
                 if not _offer(self.results, batch, self.failed):

@@ -24,7 +24,8 @@ from flight.clients import error_from_info, translate_flight_error
 from flight.errors import PlanError, TaskFailedError, WorkerUnavailableError
 from flight.plan.nodes import ExchangeInputNode
 from flight.plan.query import Query
-from flight.protocol import PROTOCOL_VERSION, decode_worker_frame, make_stage_key
+from flight.security import Security, connect
+from flight.protocol import PROTOCOL_VERSION, decode_worker_frame, make_stage_key, new_secret
 
 __all__ = ["map_batches"]
 
@@ -42,6 +43,7 @@ def map_batches(
     task_number: int = 0,
     connect_timeout: float = 10.0,
     heartbeat: float = 2.0,
+    security: Security | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Run a map stage over ``batches`` on ``worker_url``; yield its output batches as they come.
 
@@ -66,10 +68,11 @@ def map_batches(
         target_worker_url=url,
         query_start_unix_nanos=time.time_ns(),
         options=protocol_pb2.TaskOptions(heartbeat_ms=int(heartbeat * 1000)),
+        query_secret=new_secret(),
     )
     client = None
     try:
-        client = fl.connect(url)
+        client = connect(url, security)
         writer, reader = client.do_exchange(fl.FlightDescriptor.for_command(header.SerializeToString()))
     except (pa.ArrowException, OSError) as exc:
         if client is not None:

@@ -21,7 +21,8 @@ import pyarrow.acero as ac
 from flight._proto import plan_pb2
 from flight.engine.expressions import bind, to_pyarrow
 from flight.arrow_types import UNITS_READER, normalize_schema
-from flight.engine.readers import ReaderContext, UnitReadError, conform, get_reader
+from flight.engine.confine import DataRoots, worker_roots
+from flight.engine.readers import PathRefused, ReaderContext, UnitReadError, conform, get_reader
 from flight.engine.relational import JOIN_TYPES, aggregate_decl, empty_source, join_decl, output_schema, sort_decl, union_batches
 from flight.errors import ProtocolError
 from flight.ipc import read_ipc_stream
@@ -134,13 +135,19 @@ def source_threads(plan: plan_pb2.StagePlan) -> int:
 
 
 def compile_task(
-    plan: plan_pb2.StagePlan, inputs: TaskInputs, batch_rows: int, unit_delay_s: float = 0.0
+    plan: plan_pb2.StagePlan,
+    inputs: TaskInputs,
+    batch_rows: int,
+    unit_delay_s: float = 0.0,
+    roots: DataRoots | None = None,
 ) -> pa.RecordBatchReader:
     """The task's output stream. Raises ProtocolError for a plan this worker cannot run.
 
     ``unit_delay_s`` slows every work unit down on purpose (the worker's ``--unit-delay-ms``).
+    ``roots`` are where the task's readers may open files; ``None`` means this process's
+    (``confine.worker_roots()``: what ``flight-worker --data-root`` set, else none at all).
     """
-    env = _Env(inputs, batch_rows, unit_delay_s)
+    env = _Env(inputs, batch_rows, unit_delay_s, worker_roots() if roots is None else roots)
     if plan.root.WhichOneof("kind") == "feed_scan":
         # Nothing to compute: Acero would only copy batches between threads.
         return _feed_scan(plan.root.feed_scan, env, "plan.root.feed_scan")
@@ -157,6 +164,7 @@ class _Env:
     inputs: TaskInputs
     batch_rows: int
     unit_delay_s: float
+    roots: DataRoots
 
     def delay(self, units: int) -> None:
         if self.unit_delay_s > 0:
@@ -305,7 +313,9 @@ def _feed_scan(scan: plan_pb2.FeedScan, env: _Env, field: str) -> pa.RecordBatch
     reader = get_reader(scan.reader)
     if reader is None:
         raise ProtocolError(f"{field}.reader: no reader named {scan.reader!r} on this worker", field=f"{field}.reader")
-    ctx = ReaderContext(schema=schema, columns=list(scan.columns) or None, options=dict(scan.reader_options), batch_rows=env.batch_rows)
+    ctx = ReaderContext(
+        schema=schema, columns=list(scan.columns) or None, options=dict(scan.reader_options), batch_rows=env.batch_rows, roots=env.roots
+    )
 
     def batches() -> Iterator[pa.RecordBatch]:
         for partition in partitions:
@@ -319,6 +329,8 @@ def _feed_scan(scan: plan_pb2.FeedScan, env: _Env, field: str) -> pa.RecordBatch
                 try:
                     for batch in reader(unit.body, ctx):
                         yield conform(batch, schema, where)
+                except PathRefused as exc:  # keeps its type: the worker reports it as a permission error
+                    raise PathRefused(f"{where}: {exc}") from None
                 except UnitReadError as exc:
                     raise UnitReadError(f"{where}: {exc}") from exc
                 env.delay(1)

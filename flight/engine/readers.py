@@ -7,11 +7,24 @@ an extension module loaded at its start registered (``flight-worker --extension`
 Batches are conformed to the scan's declared schema here, which is where types
 Acero cannot process (``string_view``, as ``tpchgen-cli`` writes) become the
 plain types it can.
+
+**Data confinement.** A worker reads files only under its ``--data-root``
+directories (``flight.engine.confine``). Every reader that opens a file a unit
+names must first ask ``ctx.open_path(path)``, which returns the path to open (the
+resolved real path) or raises ``PathRefused``, whose message names the rule and
+never says whether the file exists. The built-in ``parquet``, ``ipc`` and ``csv``
+readers do; an extension reader that opens files must do the same.
+
+**Errors never quote a file.** pyarrow's messages may (a CSV row, an IPC header's
+first bytes read as a length, a value that does not cast), so the built-in
+readers report a fixed description of the failure instead; the unit is named by
+the caller (``work unit N of feed 'F' partition P``).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -24,8 +37,11 @@ from google.protobuf.message import DecodeError
 
 from flight._proto import plan_pb2
 from flight.arrow_types import UNITS_READER
+from flight.engine.confine import NO_ROOTS, DataRoots
 
 __all__ = [
+    "DataRoots",
+    "PathRefused",
     "Reader",
     "ReaderContext",
     "UnitReadError",
@@ -37,19 +53,33 @@ __all__ = [
 
 
 
+class UnitReadError(Exception):
+    """A unit could not be read; the message names what (e.g. the file) and why."""
+
+
+class PathRefused(UnitReadError):
+    """A unit named a path outside the worker's data roots (or a relative one).
+
+    The message names the rule only (``confine.REFUSED``): never whether the file exists, nor
+    where the path resolves to. The worker reports it as a permission error.
+    """
+
+
 @dataclass(frozen=True)
 class ReaderContext:
     schema: pa.Schema
     columns: list[str] | None = None
     options: Mapping[str, str] = field(default_factory=dict)
     batch_rows: int = 64 * 1024
+    roots: DataRoots = NO_ROOTS
+    """Where this worker may read files; the default, no roots, refuses every path."""
+
+    def open_path(self, path: str | os.PathLike[str]) -> str:
+        """The path to open for the file a unit names, or ``PathRefused`` (the one check every file reader makes)."""
+        return self.roots.check(path)
 
 
 Reader = Callable[[bytes, ReaderContext], Iterable[pa.RecordBatch]]
-
-
-class UnitReadError(Exception):
-    """A unit could not be read; the message names what (e.g. the file) and why."""
 
 
 _READERS: dict[str, Reader] = {}
@@ -86,8 +116,10 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema, where: str) -> pa.RecordBa
         if column.type != f.type:
             try:
                 column = column.cast(f.type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise UnitReadError(f"{where}: column {f.name!r} of type {column.type} cannot become {f.type}: {exc}") from exc
+            except pa.ArrowNotImplementedError as exc:  # about the types only: "Unsupported cast from ..."
+                raise UnitReadError(f"{where}: column {f.name!r} of type {column.type} cannot become {f.type}: {exc}") from None
+            except pa.ArrowInvalid:  # pyarrow's message quotes the value, which may come from a file
+                raise UnitReadError(f"{where}: column {f.name!r} of type {column.type} cannot become {f.type}: a value does not convert") from None
         columns.append(column)
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
@@ -106,17 +138,38 @@ def _file_unit(body: bytes) -> plan_pb2.FileUnit:
     return unit
 
 
+def _why(exc: BaseException, real: str, kind: str) -> str:
+    """What went wrong reading a file, in fixed words: never pyarrow's text, which may quote the file
+    (a CSV row, an IPC header's first bytes read as a length) or name the resolved path."""
+    if isinstance(exc, FileNotFoundError):
+        return "no such file"
+    if isinstance(exc, PermissionError):
+        return "permission denied"
+    if isinstance(exc, OSError):
+        if os.path.isdir(real):
+            return "it is a directory"
+        return os.strerror(exc.errno) if exc.errno else "an I/O error"
+    if isinstance(exc, pa.ArrowNotImplementedError):
+        return f"it uses a {kind} feature this worker cannot read"
+    return f"not a valid {kind} file, or a damaged one"
+
+
+def _cannot_read(kind: str, path: str, real: str, exc: BaseException) -> UnitReadError:
+    return UnitReadError(f"cannot read {kind} file {path!r}: {_why(exc, real, kind)}")
+
+
 def read_parquet(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
     unit = _file_unit(body)
+    real = ctx.open_path(unit.path)
     try:
-        pf = pq.ParquetFile(unit.path)
+        pf = pq.ParquetFile(real)
         groups = list(unit.row_groups) or None
         if groups and max(groups) >= pf.num_row_groups:
             raise UnitReadError(f"file {unit.path!r} has {pf.num_row_groups} row groups, not {max(groups) + 1}")
         # use_threads=False: this runs on a pool thread already; decoding must not wait on the pool itself.
         yield from pf.iter_batches(batch_size=ctx.batch_rows, row_groups=groups, columns=ctx.columns, use_threads=False)
     except (OSError, pa.ArrowException) as exc:
-        raise UnitReadError(f"cannot read parquet file {unit.path!r}: {exc}") from exc
+        raise _cannot_read("Parquet", unit.path, real, exc) from None
 
 
 _MAPS: OrderedDict[tuple[str, int, int], pa.MemoryMappedFile] = OrderedDict()
@@ -144,31 +197,53 @@ def _mapped(path: str) -> pa.MemoryMappedFile:
 
 def read_ipc(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
     unit = _file_unit(body)
+    real = ctx.open_path(unit.path)
     try:
-        source = _mapped(unit.path)
+        source = _mapped(real)
         try:
             reader = pa.ipc.open_file(source)
             batches: Iterable[pa.RecordBatch] = (reader.get_batch(i) for i in range(reader.num_record_batches))
         except pa.ArrowInvalid:
             # Not the file format: an IPC stream, read from a map of its own (streams read sequentially).
-            batches = pa.ipc.open_stream(pa.memory_map(unit.path))
+            batches = pa.ipc.open_stream(pa.memory_map(real))
         for batch in batches:
             yield batch.select(ctx.columns) if ctx.columns else batch
     except (OSError, pa.ArrowException) as exc:
-        raise UnitReadError(f"cannot read Arrow IPC file {unit.path!r}: {exc}") from exc
+        # pyarrow's "Expected to read N metadata bytes" gives away the file's first bytes as N.
+        raise _cannot_read("Arrow IPC", unit.path, real, exc) from None
+
+
+_CSV_CONVERSION = re.compile(r"^In CSV column #(\d+): CSV conversion error")
+_CSV_MISSING = re.compile(r"^Column '(.*)' in include_columns does not exist in CSV file$", re.S)
+
+
+def _csv_why(exc: BaseException, real: str, ctx: ReaderContext) -> str:
+    """Like ``_why``, with the CSV failures worth telling apart: never the row or value pyarrow quotes."""
+    text = str(exc) if isinstance(exc, (pa.ArrowInvalid, pa.ArrowKeyError)) else ""
+    if text.startswith("CSV parse error"):
+        return "a row does not parse (another number of fields than the header, or bad quoting)"
+    if m := _CSV_CONVERSION.match(text):
+        return f"a value in column #{m.group(1)} does not convert to the scan's type"
+    if (m := _CSV_MISSING.match(text)) and m.group(1) in ctx.schema.names:  # the scan's column, not the file's text
+        return f"its header has no column {m.group(1)!r}"
+    if text == "Empty CSV file":
+        return "the file is empty"
+    return _why(exc, real, "CSV")
 
 
 def read_csv(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
     unit = _file_unit(body)
+    real = ctx.open_path(unit.path)
     convert = pacsv.ConvertOptions(
         column_types={f.name: f.type for f in ctx.schema},
         include_columns=ctx.columns or ctx.schema.names,
     )
     delimiter = ctx.options.get("delimiter", ",")
     try:
-        yield from pacsv.open_csv(unit.path, parse_options=pacsv.ParseOptions(delimiter=delimiter), convert_options=convert)
+        yield from pacsv.open_csv(real, parse_options=pacsv.ParseOptions(delimiter=delimiter), convert_options=convert)
     except (OSError, pa.ArrowException) as exc:
-        raise UnitReadError(f"cannot read CSV file {unit.path!r}: {exc}") from exc
+        # pyarrow's parse and conversion errors quote the offending row or value.
+        raise UnitReadError(f"cannot read CSV file {unit.path!r}: {_csv_why(exc, real, ctx)}") from None
 
 
 register_reader("parquet", read_parquet)

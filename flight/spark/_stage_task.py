@@ -23,7 +23,7 @@ from flight.coordinator.channel import TaskChannel
 from flight.coordinator.dispatch import FeedDispatcher
 from flight.errors import RetryableError, TaskCancelledError, WorkerBusyError, WorkerError
 from flight.feed import FeedContext, WorkUnitFeed, WorkUnitFeedProvider
-from flight.protocol import PROTOCOL_VERSION, make_stage_key
+from flight.protocol import PROTOCOL_VERSION, make_stage_key, new_secret
 from flight.spark._options import Assignment
 from flight.spark._workers import Workers, mark_down
 
@@ -73,6 +73,7 @@ def _run_on(url: str, plan: bytes, assign: Assignment, task: int, tasks: int, ti
         feeds=[protocol_pb2.FeedAssignment(feed_id=f, partitions=sorted(parts)) for f, parts in assign.items()],
         target_worker_url=url,
         query_start_unix_nanos=time.time_ns(),
+        query_secret=new_secret(),
     )
     errors: list[BaseException] = []
     dispatcher = FeedDispatcher(query_id, discovery_buffer=256, max_units_per_frame=64, on_error=errors.append)
@@ -93,7 +94,7 @@ def _run_on(url: str, plan: bytes, assign: Assignment, task: int, tasks: int, ti
         channel.open(client)
         channel.wait_ready(timeout)
         dispatcher.start_sending()
-        ticket = protocol_pb2.Ticket(stage_key=key, partition_start=0, partition_end=1)
+        ticket = protocol_pb2.Ticket(stage_key=key, partition_start=0, partition_end=1, query_secret=header.query_secret)
         try:
             reader = client.do_get(fl.Ticket(ticket.SerializeToString()))
             while True:

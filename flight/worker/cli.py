@@ -17,12 +17,16 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 import pyarrow as pa
 
 from flight._version import __version__
 from flight.config import WorkerOptions
+from flight.engine.confine import DataRoots, set_worker_roots
+from flight.security import Security
+from flight.worker.auth import ServerSecurity, read_tokens
 from flight.worker.server import WorkerServer
 
 __all__ = ["main"]
@@ -56,6 +60,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="MODULE",
         help="import MODULE at start (it may register readers); repeatable",
     )
+    p.add_argument(
+        "--data-root",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="the file readers read only under DIR (symlinks and '..' resolved first); repeatable; "
+        "without any, every path a work unit names is refused",
+    )
     p.add_argument("--max-tasks", type=int, default=d.max_tasks, help="tasks running at once; more are refused as busy (default: %(default)s)")
     p.add_argument(
         "--source-threads",
@@ -77,13 +89,51 @@ def _parser() -> argparse.ArgumentParser:
         default=d.peer_timeout,
         help="seconds without a message (heartbeats included) from a task's coordinator before the task is freed (default: %(default)s)",
     )
+    sec = p.add_argument_group("security (docs/security.md)")
+    sec.add_argument("--auth-token-file", metavar="FILE", help="require a bearer token from FILE on every call (one token per line: list two to rotate)")
+    sec.add_argument("--public-health", action="store_true", help="with --auth-token-file: let the health action through without a token")
+    sec.add_argument("--tls-cert", metavar="FILE", help="serve grpc+tls:// with this PEM certificate chain (needs --tls-key)")
+    sec.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert")
+    sec.add_argument("--tls-client-ca", metavar="FILE", help="require client certificates signed by this PEM CA (mutual TLS)")
+    sec.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        help="PEM CA to verify other workers' certificates when reading their outputs (default: --tls-client-ca, else the system's)",
+    )
     p.add_argument("--log-level", default="INFO", help="logging level on stderr (default: %(default)s)")
     p.add_argument("--version", action="version", version=f"flight-worker {__version__}")
     return p
 
 
+def _security(args: argparse.Namespace) -> ServerSecurity:
+    """The worker's security settings from its flags; files are read once, here."""
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
+    if args.public_health and not args.auth_token_file:
+        raise ValueError("--public-health only makes sense with --auth-token-file")
+    if args.tls_client_ca and not args.tls_cert:
+        raise ValueError("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key")
+    cert = Path(args.tls_cert).read_bytes() if args.tls_cert else None
+    key = Path(args.tls_key).read_bytes() if args.tls_key else None
+    client_ca = Path(args.tls_client_ca).read_bytes() if args.tls_client_ca else None
+    peer_ca = Path(args.tls_ca).read_bytes() if args.tls_ca else client_ca
+    tokens = read_tokens(args.auth_token_file) if args.auth_token_file else []
+    peer = Security(
+        token=tokens[0].decode() if tokens else None,
+        tls_root_certs=peer_ca,
+        cert_chain=cert if client_ca else None,  # peers that require client certificates get this worker's own
+        private_key=key if client_ca else None,
+    )
+    return ServerSecurity(cert, key, client_ca, tokens, args.public_health, peer)
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        roots = DataRoots.of(args.data_root)
+    except ValueError as exc:
+        parser.error(f"--data-root: {exc}")
     # Batches that arrive over Flight may sit at any offset; Acero warns on each unless told
     # how to handle them. Copying into aligned memory is the safe choice on every CPU.
     os.environ.setdefault("ACERO_ALIGNMENT_HANDLING", "reallocate")
@@ -109,7 +159,13 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         peer_timeout=args.peer_timeout,
         queue_length=args.queue_length,
         queue_wait=args.queue_wait,
+        data_roots=roots.paths,
     )
+    set_worker_roots(roots)  # what this process's tasks may read (compile_task's default)
+    if roots:
+        log.info("file readers confined to %s", ", ".join(roots.paths))
+    else:
+        log.info("no --data-root: the file readers refuse every path")
     # Stop signals: a do-nothing Python handler (so no thread ever dies of the default action)
     # plus the wakeup fd, which the C-level handler writes the signal number to, from any thread.
     # The main thread waits on that pipe; no Python code runs inside a signal handler.
@@ -119,7 +175,12 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     stop_signals = {int(signal.SIGTERM), int(signal.SIGINT)}
     for signum in stop_signals:
         signal.signal(signum, lambda *_: None)
-    server = WorkerServer(args.host, args.port, options)
+    try:
+        security = _security(args)
+    except (OSError, ValueError) as exc:
+        print(f"flight-worker: {exc}", file=sys.stderr)
+        sys.exit(2)
+    server = WorkerServer(args.host, args.port, options, security=security)
     print(f"flight-worker listening on {server.url}", flush=True)
     log.info("flight-worker %s serving on %s", __version__, server.url)
     signum = 0

@@ -56,6 +56,7 @@ from flight.protocol import (
 )
 from flight.clients import ClientPool
 from flight.worker.admission import INPUT_RESERVE_BYTES, Admission, Capacity, Need
+from flight.worker.auth import MIDDLEWARE_KEY, ServerSecurity, TokenAuth, is_anonymous, same_secret
 from flight.worker.exchange import Sender, heartbeats, read_frames
 from flight.worker.shuffle import read_partitions
 from flight.worker.tasks import Task, TaskRegistry
@@ -69,6 +70,7 @@ ACTIONS = {
     "info": "A WorkerInfo: version, protocol version, running tasks, buffered bytes, draining.",
     "cancel": "Body: a CancelRequest. Cancels every task of that query; answers a CancelResult.",
     "drain": "Stop accepting tasks; running ones finish or are cancelled after the grace period.",
+    "resume": "Undo a drain: accept tasks again (tasks already cancelled stay cancelled).",
 }
 
 
@@ -100,12 +102,28 @@ def _boundary(handler: _Handler) -> _Handler:
 class WorkerServer(fl.FlightServerBase):
     """A flight-exec worker. ``url`` is what coordinators dial."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, options: WorkerOptions | None = None) -> None:
-        super().__init__(f"grpc://{host}:{port}")
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        options: WorkerOptions | None = None,
+        *,
+        security: ServerSecurity | None = None,
+    ) -> None:
+        sec = security or ServerSecurity()
+        scheme = "grpc+tls" if sec.tls_cert else "grpc"
+        super().__init__(
+            f"{scheme}://{host}:{port}",
+            tls_certificates=[(sec.tls_cert, sec.tls_key)] if sec.tls_cert else None,
+            verify_client=sec.client_ca is not None,
+            root_certificates=sec.client_ca,
+            middleware={MIDDLEWARE_KEY: TokenAuth(sec.tokens, sec.public_health)} if sec.tokens else None,
+        )
+        self.security = sec
         self.options = options or WorkerOptions()
-        self.url = f"grpc://{host}:{self.port}"
+        self.url = f"{scheme}://{host}:{self.port}"
         self.registry = TaskRegistry()
-        self.peers = ClientPool()
+        self.peers = ClientPool(sec.peer)
         self.draining = threading.Event()
         o = self.options
         self.admission = Admission(Capacity(o.max_tasks, o.source_threads, o.memory_budget, o.queue_length, o.queue_wait))
@@ -335,6 +353,9 @@ class WorkerServer(fl.FlightServerBase):
             raise status_error(self._info(invalid, str(exc), None, exc.field)) from None
         key = format_stage_key(t.stage_key)
         task, why = self.registry.get(key, wait=self.options.get_wait)
+        if task is not None and not same_secret(t.query_secret, task.header.query_secret):
+            message = f"the ticket for task {key} does not carry its query's secret"
+            raise status_error(self._info(protocol_pb2.ERROR_CODE_PERMISSION_DENIED, message, t.stage_key, "ticket.query_secret"))
         if task is None:
             code = protocol_pb2.ERROR_CODE_NOT_FOUND
             raise status_error(self._info(code, f"no task {key} on worker {self.url}: {why}", t.stage_key, "ticket.stage_key"))
@@ -356,6 +377,9 @@ class WorkerServer(fl.FlightServerBase):
     def do_action(self, context: fl.ServerCallContext, action: fl.Action) -> Iterator[bytes]:
         kind = action.type
         invalid = protocol_pb2.ERROR_CODE_INVALID_ARGUMENT
+        if kind != "health" and is_anonymous(context):
+            message = f"action {clip(kind, 40)!r} needs a bearer token (only health is public on this worker)"
+            raise status_error(self._info(protocol_pb2.ERROR_CODE_UNAUTHENTICATED, message, None))
         if kind == "health":
             if self.draining.is_set():
                 raise status_error(self._info(protocol_pb2.ERROR_CODE_UNAVAILABLE, f"worker {self.url} is draining", None))
@@ -367,11 +391,14 @@ class WorkerServer(fl.FlightServerBase):
                 req = decode_cancel_request(action.body.to_pybytes() if action.body else b"")
             except ProtocolError as exc:
                 raise status_error(self._info(invalid, str(exc), None, exc.field)) from None
-            n = self.registry.cancel_query(req.query_id, "cancelled by request")
+            n = self.registry.cancel_query(req.query_id, req.query_secret, "cancelled by request")
             return iter([protocol_pb2.CancelResult(cancelled_tasks=n).SerializeToString()])
         if kind == "drain":
             threading.Thread(target=self.drain, name="drain", daemon=True).start()
             return iter([b"draining"])
+        if kind == "resume":
+            self.resume()
+            return iter([b"resumed"])
         message = f"unknown action {clip(kind, 40)!r}; known: {', '.join(ACTIONS)}"
         raise status_error(self._info(invalid, message, None, "action.type"))
 
@@ -386,13 +413,19 @@ class WorkerServer(fl.FlightServerBase):
             load=self.admission.load(len(self.registry), self.registry.buffered_bytes()),
         )
 
+    def resume(self) -> None:
+        """Accept tasks again after a drain (one that is still in its grace period stops cancelling)."""
+        self.draining.clear()
+        self.registry.reopen()
+        log.info("resumed: accepting tasks again")
+
     def drain(self, grace: float | None = None) -> None:
         """Accept no new tasks; wait up to ``grace`` seconds for running ones, then cancel them."""
         grace = self.options.grace if grace is None else grace
         self.draining.set()
         self.registry.close()
         log.info("draining: %d running tasks, grace %.1fs", len(self.registry), grace)
-        if not self.registry.wait_empty(grace):
+        if not self.registry.wait_empty(grace) and self.draining.is_set():
             for task in self.registry.tasks():
                 task.cancel("the worker is shutting down")
                 self.registry.remove(task)  # its handler may be stuck reading a silent client

@@ -20,6 +20,7 @@ from flight._proto import protocol_pb2
 from flight.clients import ClientPool, read_stream
 from flight.errors import FlightExecError, TaskFailedError, WorkerUnavailableError
 from flight.protocol import format_stage_key, status_message
+from flight.worker.auth import same_secret
 from flight.worker.tasks import Task, TaskRegistry
 
 __all__ = ["read_partitions"]
@@ -62,6 +63,8 @@ def read_partitions(
             name = format_stage_key(key)
             if url == own_url:
                 producer, why = registry.get(name, wait=wait)
+                if producer is not None and not same_secret(task.header.query_secret, producer.header.query_secret):
+                    raise TaskFailedError(f"producer task {name} belongs to another query (its secret differs)")
                 if producer is None or producer.output is None:
                     raise TaskFailedError(f"producer task {name} is not readable here: {why or 'it has no output buffer'}")
                 for p in range(start, end):
@@ -69,7 +72,9 @@ def read_partitions(
                         if not offer((batch, True)):
                             return
             else:
-                ticket = protocol_pb2.Ticket(stage_key=key, partition_start=start, partition_end=end)
+                ticket = protocol_pb2.Ticket(
+                    stage_key=key, partition_start=start, partition_end=end, query_secret=task.header.query_secret
+                )
                 for batch in read_stream(peers.get(url), ticket.SerializeToString()):
                     if not offer((batch, False)):
                         return

@@ -22,6 +22,7 @@ from flight.errors import ProtocolError, TaskCancelledError, TaskFailedError
 from flight.ipc import check_batch
 from flight.protocol import format_stage_key
 from flight.engine.partition import split_by_hash
+from flight.worker.auth import same_secret
 from flight.worker.buffers import OutputBuffer
 from flight.worker.inputs import FeedInbox, InputQueue
 
@@ -244,6 +245,10 @@ class TaskRegistry:
             self._closed = True
             self._cond.notify_all()
 
+    def reopen(self) -> None:
+        with self._cond:
+            self._closed = False
+
     def tasks(self) -> list[Task]:
         with self._cond:
             return list(self._tasks.values())
@@ -256,8 +261,9 @@ class TaskRegistry:
         with self._cond:
             return self._cond.wait_for(lambda: not self._tasks, timeout=timeout)
 
-    def cancel_query(self, query_id: str, reason: str) -> int:
-        victims = [t for t in self.tasks() if t.query_id == query_id]
+    def cancel_query(self, query_id: str, secret: bytes, reason: str) -> int:
+        """Cancel the tasks of ``query_id`` whose query secret is ``secret``; how many."""
+        victims = [t for t in self.tasks() if t.query_id == query_id and same_secret(secret, t.header.query_secret)]
         for task in victims:
             task.cancel(reason)
         return len(victims)
