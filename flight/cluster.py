@@ -31,7 +31,7 @@ from types import TracebackType
 
 from flight.errors import WorkerUnavailableError
 from flight.resolver import StaticWorkerResolver
-from flight.security import ENV_CA, ENV_CERT, ENV_KEY, ENV_TOKEN_FILE, Security
+from flight.security import Security, SecurityFiles
 
 __all__ = ["LocalCluster"]
 
@@ -117,15 +117,19 @@ class LocalCluster:
             f"(exit code {proc.poll()}); its log is on stderr"
         )
 
-    def security_env(self) -> dict[str, str]:
-        """Environment variables that make ``Security.from_env()`` (e.g. on Spark executors) find these credentials."""
+    @property
+    def security_files(self) -> SecurityFiles:
+        """Where this cluster's client credentials are (paths only: for Spark closures and options)."""
         if self._secrets is None:
-            return {}
+            return SecurityFiles()
         d = Path(self._secrets.name)
-        env = {ENV_TOKEN_FILE: str(d / "token"), ENV_CA: str(d / "ca.pem")}
-        if self.security.cert_chain:
-            env |= {ENV_CERT: str(d / "client.pem"), ENV_KEY: str(d / "client.key")}
-        return env
+        mtls = self.security.cert_chain is not None
+        return SecurityFiles(
+            token_file=str(d / "token"),
+            ca_file=str(d / "ca.pem"),
+            cert_file=str(d / "client.pem") if mtls else None,
+            key_file=str(d / "client.key") if mtls else None,
+        )
 
     def resolver(self) -> StaticWorkerResolver:
         return StaticWorkerResolver(self.urls)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pyarrow.flight as fl
 
-__all__ = ["ENV_CA", "ENV_CERT", "ENV_KEY", "ENV_TOKEN_FILE", "Security", "connect"]
+__all__ = ["ENV_CA", "ENV_CERT", "ENV_KEY", "ENV_TOKEN_FILE", "Security", "SecurityFiles", "connect"]
 
 ENV_TOKEN_FILE = "FLIGHT_EXEC_TOKEN_FILE"
 ENV_CA = "FLIGHT_EXEC_TLS_CA"
@@ -79,6 +79,33 @@ class Security:
     @property
     def enabled(self) -> bool:
         return bool(self.token or self.tls_root_certs or self.cert_chain)
+
+
+@dataclass(frozen=True)
+class SecurityFiles:
+    """Where credentials are, not what they are: safe to pickle into a Spark closure or put in options.
+
+    Each process that needs the credentials reads the files itself (``load``); with no
+    paths set, it falls back to the ``FLIGHT_EXEC_*`` environment variables.
+    """
+
+    token_file: str | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def load(self) -> Security:
+        if not any((self.token_file, self.ca_file, self.cert_file, self.key_file)):
+            return Security.from_env()
+        return Security.from_files(self.token_file, self.ca_file, self.cert_file, self.key_file)
+
+    def to_dict(self) -> dict[str, str]:
+        return {k: v for k, v in vars(self).items() if v}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, object]) -> SecurityFiles:
+        known = {"token_file", "ca_file", "cert_file", "key_file"}
+        return cls(**{k: str(v) for k, v in values.items() if k in known and v})
 
 
 def _first_token(path: Path) -> str:

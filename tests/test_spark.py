@@ -395,3 +395,24 @@ def test_unavailable_workers_are_described(cluster: flight.LocalCluster) -> None
     workers = Workers(describe_workers([dead_url()]), health_timeout=1.0)
     with pytest.raises(WorkerUnavailableError, match="no worker could run"):
         next(workers.candidates(0, []))
+
+
+def test_flight_map_and_read_on_a_secured_cluster(spark) -> None:  # type: ignore[no-untyped-def]
+    """TLS and a token end to end; the closure and the options carry only the credentials' paths."""
+    with flight.LocalCluster(2, secure=True) as secure:
+        files = secure.security_files
+        df = spark.range(0, 1_000, numPartitions=2).selectExpr("id", "id % 7 AS k")
+        schema = pa.schema([("id", pa.int64()), ("k", pa.int64())])
+        stage = flight.map_input(schema).filter(col("k") == 3)
+        f = fs.flight_map(stage, secure.urls, security_files=files)
+        closure = pickle.dumps(f)
+        assert secure.security.token is not None and secure.security.token.encode() not in closure
+        got = df.mapInArrow(f, f.schema).toArrow()
+        assert sorted(got.column("id").to_pylist()) == [i for i in range(1_000) if i % 7 == 3]
+
+        q = flight.from_arrow(pa.table({"a": list(range(50))})).filter(col("a") >= 40)
+        read = fs.read(spark, q, secure.urls, security=secure.security, security_files=files)
+        assert sorted(r["a"] for r in read.collect()) == list(range(40, 50))
+        without = fs.flight_map(stage, secure.urls, health_timeout=1.0)  # no credentials: refused, clearly
+        with pytest.raises(Exception, match="UNAUTHENTICATED|bearer token|no worker could run"):
+            df.mapInArrow(without, without.schema).toArrow()

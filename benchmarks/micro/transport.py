@@ -16,12 +16,18 @@ Arrow bytes received per second, from the first call to the last batch, so
 flight-exec's task set-up is part of what it pays. The last line is
 ``transport_ratio: X`` = flight-exec throughput / raw throughput.
 
-    python benchmarks/micro/transport.py [--sf 0.5] [--runs 5] [--compression none|lz4|zstd]
+With ``--secure`` a second cluster runs beside the first, with TLS and a bearer
+token (``LocalCluster(secure=True)``), in the same alternation; it adds the line
+``transport_ratio_secure: X`` (secured flight-exec / the same plaintext raw
+server): the cost of TLS + auth on transport.
+
+    python benchmarks/micro/transport.py [--sf 0.5] [--runs 5] [--compression none|lz4|zstd] [--secure]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import selectors
 import statistics
@@ -109,9 +115,9 @@ def raw_server(files: list[Path], timeout: float = 30.0) -> Iterator[str]:
             proc.wait()
 
 
-def run_flight_exec(urls: list[str], files: list[Path], compression: str) -> tuple[int, int]:
+def run_flight_exec(urls: list[str], files: list[Path], compression: str, security: flight.Security | None = None) -> tuple[int, int]:
     """(rows, Arrow bytes) of one full scan through DistributedExec."""
-    ex = flight.DistributedExec(flight.read_ipc(files), urls, compression=compression)
+    ex = flight.DistributedExec(flight.read_ipc(files), urls, compression=compression, security=security)
     rows = nbytes = 0
     for batch in ex.execute():
         rows += batch.num_rows
@@ -162,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=7, help="timed runs of each side (median reported)")
     p.add_argument("--workers", type=int, default=2, help="flight-exec workers = raw concurrent streams")
     p.add_argument("--compression", choices=["none", "lz4", "zstd"], default="none")
+    p.add_argument("--secure", action="store_true", help="also measure a cluster with TLS and a bearer token")
     args = p.parse_args(argv)
 
     files = ipc_files(args.sf)
@@ -172,26 +179,43 @@ def main(argv: list[str] | None = None) -> int:
           f"{size / 1e6:.0f} MB in Arrow memory, {len(files)} IPC files; compression {args.compression}")
 
     fe_times: list[float] = []
+    sec_times: list[float] = []
     raw_times: list[float] = []
-    log(f"starting LocalCluster({args.workers}) and the raw server")
+    log(f"starting LocalCluster({args.workers}){' twice (plain and secure)' if args.secure else ''} and the raw server")
     data_roots = sorted({str(f.parent) for f in files})
-    with flight.LocalCluster(args.workers, data_roots=data_roots) as cluster, raw_server(files) as raw_url:
+    with contextlib.ExitStack() as stack:
+        cluster = stack.enter_context(flight.LocalCluster(args.workers, data_roots=data_roots))
+        secure = stack.enter_context(flight.LocalCluster(args.workers, data_roots=data_roots, secure=True)) if args.secure else None
+        raw_url = stack.enter_context(raw_server(files))
         fe = lambda: run_flight_exec(cluster.urls, files, args.compression)  # noqa: E731
         raw = lambda: run_raw(raw_url, args.workers, args.compression)  # noqa: E731
+        sec = (lambda: run_flight_exec(secure.urls, files, args.compression, secure.security)) if secure else None  # noqa: E731
         timed(fe, rows, "flight-exec")  # warm-up: page cache, connections, imports
         timed(raw, rows, "raw")
+        if sec is not None:
+            timed(sec, rows, "flight-exec secure")
         for i in range(args.runs):
             t_fe, _ = timed(fe, rows, "flight-exec")
             t_raw, _ = timed(raw, rows, "raw")
             fe_times.append(t_fe)
             raw_times.append(t_raw)
-            log(f"run {i + 1}/{args.runs}: flight-exec {t_fe:.3f}s, raw {t_raw:.3f}s")
+            extra = ""
+            if sec is not None:
+                t_sec, _ = timed(sec, rows, "flight-exec secure")
+                sec_times.append(t_sec)
+                extra = f", secure {t_sec:.3f}s"
+            log(f"run {i + 1}/{args.runs}: flight-exec {t_fe:.3f}s, raw {t_raw:.3f}s{extra}")
 
     fe_mbs = size / 1e6 / statistics.median(fe_times)
     raw_mbs = size / 1e6 / statistics.median(raw_times)
     print(f"flight-exec: {fe_mbs:8.0f} MB/s  (median {statistics.median(fe_times):.3f}s of {args.runs})")
+    if sec_times:
+        sec_mbs = size / 1e6 / statistics.median(sec_times)
+        print(f"secure:      {sec_mbs:8.0f} MB/s  (median {statistics.median(sec_times):.3f}s of {args.runs}; TLS + token)")
     print(f"raw flight:  {raw_mbs:8.0f} MB/s  (median {statistics.median(raw_times):.3f}s of {args.runs})")
     print(f"transport_ratio: {fe_mbs / raw_mbs:.2f}")
+    if sec_times:
+        print(f"transport_ratio_secure: {sec_mbs / raw_mbs:.2f}")
     return 0
 
 

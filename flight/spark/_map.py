@@ -23,6 +23,7 @@ from flight.plan.query import Query
 from flight.protocol import decode_schema, encode_schema
 from flight.resolver import WorkerResolver
 from flight.coordinator.map import map_batches
+from flight.security import SecurityFiles
 from flight.spark._schema import Conformer, arrow_schema, check_conformable, ddl, to_struct
 from flight.spark._workers import Workers, describe_workers, mark_down
 
@@ -101,7 +102,11 @@ class FlightMap:
         source = _Pulled(iter(batches))
         failures: list[str] = []
         for url in self.workers.candidates(partition, failures):
-            output = map_batches(self.plan, source, url, task_number=partition, connect_timeout=self.connect_timeout)
+            # The executor reads its credentials from files (paths in the closure, or FLIGHT_EXEC_*):
+            # the closure Spark pickles carries no secret (docs/security.md).
+            output = map_batches(
+                self.plan, source, url, task_number=partition, connect_timeout=self.connect_timeout, security=self.workers.security()
+            )
             try:
                 try:
                     for batch in output:
@@ -139,6 +144,7 @@ def flight_map(
     schema: StructType | pa.Schema | str | None = None,
     health_timeout: float = 2.0,
     connect_timeout: float = 10.0,
+    security_files: SecurityFiles | None = None,
 ) -> FlightMap:
     """The function for ``df.mapInArrow(f, schema=f.schema)`` that runs ``stage`` on the workers.
 
@@ -147,7 +153,9 @@ def flight_map(
     ``schema`` is the output you will declare to ``mapInArrow`` (DDL, StructType
     or Arrow schema); by default the stage's own output. Every output batch is
     cast and ordered to it; a declared column the stage does not produce, or
-    cannot be cast to, is a ``PlanError`` here.
+    cannot be cast to, is a ``PlanError`` here. ``security_files`` says where executors find
+    the token and TLS material (``LocalCluster.security_files``); without it they use the
+    ``FLIGHT_EXEC_*`` environment variables. Only paths travel in the closure.
     """
     if not isinstance(stage, Query):
         raise TypeError(f"flight_map needs a flight.Query built from flight.map_input(schema), not {type(stage).__name__}")
@@ -160,7 +168,7 @@ def flight_map(
         encode_schema(input_schema),
         encode_schema(target),
         struct.json(),
-        Workers(describe_workers(workers), health_timeout),
+        Workers(describe_workers(workers), health_timeout, security_files or SecurityFiles()),
         connect_timeout,
     )
 

@@ -28,6 +28,7 @@ from flight._proto import plan_pb2
 from flight.errors import PlanError
 from flight.protocol import decode_schema
 from flight.resolver import resolver_from_description
+from flight.security import SecurityFiles
 from flight.spark._workers import Workers, describe_workers
 
 __all__ = ["HeadOptions", "PlanOptions", "b64", "decode_options", "encode_head", "encode_units"]
@@ -53,13 +54,29 @@ def _json(text: str, option: str) -> object:
         raise PlanError(f"flight data source: option {option!r} is not valid JSON: {exc}") from exc
 
 
-def encode_head(partitions: list[tuple[str, bytes]], schema: pa.Schema, query_id: str) -> dict[str, str]:
+def encode_head(
+    partitions: list[tuple[str, bytes]], schema: pa.Schema, query_id: str, security_files: SecurityFiles | None = None
+) -> dict[str, str]:
     items = [{"url": url, "ticket": b64(ticket)} for url, ticket in partitions]
-    return {
+    opts = {
         "partitions": b64(json.dumps(items).encode()),
         "schema": b64(schema.serialize().to_pybytes()),
         "query_id": query_id,
     }
+    if security_files is not None and security_files.to_dict():
+        opts["security_files"] = json.dumps(security_files.to_dict())
+    return opts
+
+
+def _security_files(options: Mapping[str, str]) -> SecurityFiles:
+    """Option ``security_files``: JSON of credential file paths (never the credentials themselves)."""
+    raw = options.get("security_files")
+    if raw is None:
+        return SecurityFiles()
+    values = _json(raw, "security_files")
+    if not isinstance(values, dict):
+        raise PlanError("flight data source: option 'security_files' must be a JSON object of file paths")
+    return SecurityFiles.from_dict(values)
 
 
 def encode_units(assign: list[Assignment]) -> str:
@@ -89,6 +106,7 @@ class HeadOptions:
     partitions: list[tuple[str, bytes]]
     schema: pa.Schema
     query_id: str
+    security_files: SecurityFiles = SecurityFiles()
 
 
 @dataclass(frozen=True)
@@ -122,7 +140,7 @@ def decode_options(options: Mapping[str, str]) -> HeadOptions | PlanOptions:
             raise PlanError("flight data source: option 'partitions' needs option 'schema' (base64 Arrow IPC schema)")
         schema = decode_schema(_unb64(options["schema"], "schema"), "schema")
         parts = [(str(i["url"]), _unb64(i["ticket"], "partitions")) for i in items]
-        return HeadOptions(parts, schema, str(options.get("query_id") or "?"))
+        return HeadOptions(parts, schema, str(options.get("query_id") or "?"), _security_files(options))
     if options.get("plan") is not None:
         plan = plan_pb2.StagePlan()
         try:
@@ -135,9 +153,9 @@ def decode_options(options: Mapping[str, str]) -> HeadOptions | PlanOptions:
         if options.get("resolver") is not None:
             described = _json(options["resolver"], "resolver")
             resolver_from_description(described).close()  # type: ignore[arg-type] - validates it here
-            workers = Workers(described, _float(options, "health_timeout", 2.0))  # type: ignore[arg-type]
+            workers = Workers(described, _float(options, "health_timeout", 2.0), _security_files(options))  # type: ignore[arg-type]
         elif options.get("workers") is not None:
-            workers = Workers(describe_workers(options["workers"]), _float(options, "health_timeout", 2.0))
+            workers = Workers(describe_workers(options["workers"]), _float(options, "health_timeout", 2.0), _security_files(options))
         else:
             raise PlanError("flight data source: option 'plan' needs option 'workers' (comma-separated grpc:// URLs)")
         assign = _decode_units(options["units"]) if options.get("units") is not None else []

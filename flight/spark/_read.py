@@ -28,6 +28,7 @@ from flight.plan.query import Query
 from flight.planner import plan_query
 from flight.protocol import encode_schema
 from flight.resolver import WorkerResolver
+from flight.security import SecurityFiles
 from flight.spark._options import Assignment, b64, encode_head, encode_units
 
 if TYPE_CHECKING:
@@ -85,13 +86,19 @@ def start_read(
     query: Query,
     resolver: WorkerResolver | Sequence[str],
     options: ExecOptions | None = None,
+    *,
+    security_files: SecurityFiles | None = None,
     **overrides: object,
 ) -> FlightRead:
-    """Start ``query`` on the workers; return the handle whose ``df`` reads its head partitions."""
+    """Start ``query`` on the workers; return the handle whose ``df`` reads its head partitions.
+
+    The driver uses ``ExecOptions.security``; the Spark tasks read the credentials from
+    ``security_files`` (paths only travel in the data source's options), else from ``FLIGHT_EXEC_*``.
+    """
     register(spark)
     detached = DistributedExec(query, resolver, options, **overrides).start_detached()
     try:
-        opts = encode_head([(p.url, p.ticket) for p in detached.partitions], detached.schema, detached.query_id)
+        opts = encode_head([(p.url, p.ticket) for p in detached.partitions], detached.schema, detached.query_id, security_files)
         df = spark.read.format(FORMAT).options(**opts).load()
     except BaseException:
         detached.close()
@@ -104,6 +111,8 @@ def read(
     query: Query,
     resolver: WorkerResolver | Sequence[str],
     options: ExecOptions | None = None,
+    *,
+    security_files: SecurityFiles | None = None,
     **overrides: object,
 ) -> DataFrame:
     """``query``'s result as a Spark DataFrame: one partition per head task, each read with DoGet.
@@ -111,7 +120,7 @@ def read(
     The DataFrame can be read once (cache it or write it out); ``start_read``
     gives the handle to wait for or cancel the query.
     """
-    return start_read(spark, query, resolver, options, **overrides).df
+    return start_read(spark, query, resolver, options, security_files=security_files, **overrides).df
 
 
 def _drain(stream: Iterator[WorkUnit] | AsyncIterator[WorkUnit]) -> list[bytes]:

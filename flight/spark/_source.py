@@ -11,10 +11,9 @@ each batch to the Arrow schema Spark checks the first batch against.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.flight as fl
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
@@ -23,6 +22,7 @@ from flight.spark._options import Assignment, HeadOptions, PlanOptions, decode_o
 from flight.spark._schema import Conformer, arrow_schema, spark_schema
 from flight.spark._stage_task import run_stage_task
 from flight.spark._workers import Workers
+from flight.security import SecurityFiles, connect
 
 __all__ = ["READ_ONCE_HINT", "FlightDataSource", "HeadPartition", "StageTaskPartition"]
 
@@ -42,6 +42,7 @@ class HeadPartition(InputPartition):
     url: str
     ticket: bytes
     query_id: str
+    security_files: SecurityFiles = field(default_factory=SecurityFiles)
 
     def __post_init__(self) -> None:
         self.value = self.index
@@ -84,7 +85,7 @@ class FlightReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         spec = self.spec
         if isinstance(spec, HeadOptions):
-            return [HeadPartition(i, url, ticket, spec.query_id) for i, (url, ticket) in enumerate(spec.partitions)]
+            return [HeadPartition(i, url, ticket, spec.query_id, spec.security_files) for i, (url, ticket) in enumerate(spec.partitions)]
         tasks = len(spec.assign)
         return [
             StageTaskPartition(i, tasks, spec.plan, spec.assign[i], spec.workers, spec.connect_timeout) for i in range(tasks)
@@ -107,7 +108,7 @@ class FlightReader(DataSourceReader):
 def _read_head(p: HeadPartition) -> Iterator[pa.RecordBatch]:
     where = f"head partition {p.index} of flight query {p.query_id}"
     try:
-        client = fl.connect(p.url)
+        client = connect(p.url, p.security_files.load())
     except (pa.ArrowException, OSError) as exc:
         raise translate_flight_error(exc, p.url) from exc
     try:

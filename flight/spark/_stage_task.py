@@ -26,6 +26,7 @@ from flight.feed import FeedContext, WorkUnitFeed, WorkUnitFeedProvider
 from flight.protocol import PROTOCOL_VERSION, make_stage_key, new_secret
 from flight.spark._options import Assignment
 from flight.spark._workers import Workers, mark_down
+from flight.security import Security, connect
 
 __all__ = ["run_stage_task"]
 
@@ -49,7 +50,7 @@ def run_stage_task(
     for url in workers.candidates(task, failures):
         produced = False
         try:
-            for batch in _run_on(url, plan, assign, task, tasks, connect_timeout):
+            for batch in _run_on(url, plan, assign, task, tasks, connect_timeout, workers.security()):
                 produced = True
                 yield batch
             return
@@ -62,7 +63,9 @@ def run_stage_task(
             failures.append(f"{url}: {exc.cause}")
 
 
-def _run_on(url: str, plan: bytes, assign: Assignment, task: int, tasks: int, timeout: float) -> Iterator[pa.RecordBatch]:
+def _run_on(
+    url: str, plan: bytes, assign: Assignment, task: int, tasks: int, timeout: float, security: Security
+) -> Iterator[pa.RecordBatch]:
     query_id = uuid.uuid4().hex[:16]
     key = make_stage_key(query_id, 0, task)
     header = protocol_pb2.TaskHeader(
@@ -86,7 +89,7 @@ def _run_on(url: str, plan: bytes, assign: Assignment, task: int, tasks: int, ti
     dispatcher.start_discovery()
     done = False
     try:
-        client = fl.connect(url)
+        client = connect(url, security)
     except (pa.ArrowException, OSError) as exc:
         dispatcher.stop()
         raise translate_flight_error(exc, url, channel.key) from exc

@@ -22,6 +22,7 @@ import pyarrow.flight as fl
 from flight.clients import translate_flight_error
 from flight.errors import ResolverError, WorkerUnavailableError
 from flight.resolver import StaticWorkerResolver, WorkerResolver, resolver_from_description
+from flight.security import Security, SecurityFiles, connect
 
 __all__ = ["Workers", "describe_workers"]
 
@@ -69,10 +70,10 @@ def _is_down(url: str) -> bool:
         return until is not None
 
 
-def health_check(url: str, timeout: float) -> BaseException | None:
+def health_check(url: str, timeout: float, security: Security | None = None) -> BaseException | None:
     """None if the worker answers ``health`` within ``timeout`` seconds; otherwise why not."""
     try:
-        with fl.connect(url) as client:
+        with connect(url, security) as client:
             results = list(client.do_action(fl.Action("health", b""), fl.FlightCallOptions(timeout=timeout)))
     except (pa.ArrowException, OSError) as exc:
         return translate_flight_error(exc, url)
@@ -87,6 +88,11 @@ class Workers:
 
     description: dict[str, object]
     health_timeout: float = 2.0
+    security_files: SecurityFiles = SecurityFiles()
+    """Where the executor finds its credentials (paths only; the closure carries no secret)."""
+
+    def security(self) -> Security:
+        return self.security_files.load()
 
     def urls(self) -> list[str]:
         return _resolve(self.description)
@@ -103,7 +109,7 @@ class Workers:
         ring = [urls[(partition + i) % n] for i in range(n)]
         ordered = [u for u in ring if not _is_down(u)] + [u for u in ring if _is_down(u)]
         for url in ordered:
-            problem = health_check(url, self.health_timeout)
+            problem = health_check(url, self.health_timeout, self.security())
             if problem is None:
                 yield url
                 continue
