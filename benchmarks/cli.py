@@ -1,7 +1,7 @@
 """flight-bench: TPC-H on flight-exec vs PySpark, single-process Acero and DuckDB.
 
     flight-bench [--sf 0.1] [--queries 1,6,...] [--engines flight,pyspark,acero,duckdb]
-                 [--workers 1,2 | --workers-file F | --urls U,...] [--runs 3] [--out bench-results]
+                 [--workers 1,2 | --workers-file F | --urls U,...] [--runs 3] [--out bench-results] [--secure]
     flight-bench micro [NAME ...] [-- ARGS]      (also: python -m benchmarks ...)
 
 Generates TPC-H Parquet data with ``tpchgen-cli`` into a cache (once per scale
@@ -91,6 +91,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-chart", action="store_true", help="skip the PNG chart")
     p.add_argument("--micro", action="store_true", help="also run the default micro benchmarks afterwards")
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    p.add_argument(
+        "--secure",
+        action="store_true",
+        help="TLS and a bearer token: a secured LocalCluster, or with --urls/--workers-file the credentials "
+        "named by FLIGHT_EXEC_TOKEN_FILE / FLIGHT_EXEC_TLS_CA / _CERT / _KEY (docs/security.md)",
+    )
     return p
 
 
@@ -164,13 +170,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         worker_counts = [len(urls)] if urls is not None else sorted(set(args.workers))
         if "flight" in names:
             if urls is not None:
-                engines.append(FlightEngine(files, urls, None))
+                engines.append(FlightEngine(files, urls, None, flight.Security.from_env() if args.secure else None))
             else:
                 bar = progress.add(f"starting LocalCluster({max(worker_counts)})", total=1)
-                cluster = stack.enter_context(flight.LocalCluster(max(worker_counts), data_roots=[data_dir]))
+                cluster = stack.enter_context(flight.LocalCluster(max(worker_counts), data_roots=[data_dir], secure=args.secure))
                 progress.finish(bar, description=f"LocalCluster: {', '.join(cluster.urls)}")
                 for k in worker_counts:
-                    engines.append(FlightEngine(files, cluster.urls[:k], [p.pid for p in cluster.processes[:k]]))
+                    pids = [p.pid for p in cluster.processes[:k]]
+                    engines.append(FlightEngine(files, cluster.urls[:k], pids, cluster.security if args.secure else None))
         if "acero" in names:
             engines.append(AceroEngine(files))
         if "pyspark" in names:

@@ -71,7 +71,10 @@ class FailedEngine(Engine):
 class FlightEngine(Engine):
     """flight-exec: the coordinator in this process, tasks on the workers behind ``urls``."""
 
-    def __init__(self, files: Files, urls: Sequence[str], worker_pids: Sequence[int] | None) -> None:
+    def __init__(
+        self, files: Files, urls: Sequence[str], worker_pids: Sequence[int] | None, security: flight.Security | None = None
+    ) -> None:
+        self.security = security
         self.files = files
         self.urls = list(urls)
         self.worker_pids = list(worker_pids) if worker_pids is not None else None
@@ -80,7 +83,7 @@ class FlightEngine(Engine):
         self.short = self.label
 
     def run(self, n: int) -> pa.Table:
-        return flight.DistributedExec(query(n, self.files), self.urls).to_table()
+        return flight.DistributedExec(query(n, self.files), self.urls, security=self.security).to_table()
 
     def pids(self) -> list[int]:
         return [os.getpid(), *(self.worker_pids or [])]
