@@ -73,7 +73,7 @@ def test_actions_health_info_list(worker: tuple[subprocess.Popen[str], str]) -> 
     url = worker[1].split(" on ")[1]
     with fl.connect(url) as client:
         names = {a.type for a in client.list_actions()}
-        assert names == {"health", "info", "cancel", "drain"}
+        assert names == {"health", "info", "cancel", "drain", "resume"}
         assert [r.body.to_pybytes() for r in client.do_action(fl.Action("health", b""))] == [b"ok"]
         with pytest.raises(Exception, match="unknown action"):
             list(client.do_action(fl.Action("reboot", b"")))
