@@ -19,13 +19,19 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
-import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
+from pyarrow import feather
 from support import make_table, running_tasks, sorted_table, wait_until
 
 import flight
-from flight.engine.confine import ANY_PATH, NO_ROOTS, REFUSED, REFUSED_RELATIVE, DataRoots
+from flight.engine.confine import (
+    ANY_PATH,
+    NO_ROOTS,
+    REFUSED,
+    REFUSED_RELATIVE,
+    DataRoots,
+)
 from flight.engine.readers import PathRefused, ReaderContext, UnitReadError
 from flight.errors import WorkerError
 
@@ -242,7 +248,7 @@ def test_a_data_root_that_is_not_a_directory_stops_the_worker_at_start(tmp_path:
             bad.write_text("x")
         proc = subprocess.run(
             [sys.executable, "-m", "flight.worker", "--port", "0", "--data-root", str(tmp_path), "--data-root", str(bad)],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True, text=True, timeout=60, check=False,
         )
         assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout)
         assert f"--data-root: data root {str(bad)!r} is not an existing directory" in proc.stderr, proc.stderr

@@ -26,6 +26,7 @@ import flight
 from flight import col
 from flight._proto import plan_pb2, protocol_pb2
 from flight.engine import pipeline
+from flight.engine.confine import DataRoots
 from flight.errors import InvalidTaskError, QueryTimeoutError, WorkerBusyError, WorkerUnavailableError
 from flight.protocol import encode_schema, error_info_of
 from flight.testing import waiting_query
@@ -207,7 +208,7 @@ def test_source_threads_counts_exactly_the_blocking_sources(parquet_files: list[
     real = pipeline._source
     monkeypatch.setattr(pipeline, "_source", lambda reader: made.append(reader) or real(reader))
     inputs = flight.local._LocalInputs({f.feed.feed_id: (f.feed, f.partitions) for f in flight.planner.plan_query(q.node, max_tasks=1).head.feeds})
-    reader = pipeline.compile_task(plan, inputs, 1024)
+    reader = pipeline.compile_task(plan, inputs, 1024, roots=DataRoots.of([parquet_files[0].parent]))
     reader.read_all()
     assert pipeline.source_threads(plan) == len(made) > 0
 

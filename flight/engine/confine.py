@@ -98,7 +98,8 @@ class DataRoots:
 
 
 def _refuse(message: str) -> NoReturn:
-    from flight.engine.readers import PathRefused  # readers imports this module: import when needed
+    # readers imports this module at its top: import its exception when needed
+    from flight.engine.readers import PathRefused
 
     raise PathRefused(message)
 

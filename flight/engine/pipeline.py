@@ -332,7 +332,7 @@ def _feed_scan(scan: plan_pb2.FeedScan, env: _Env, field: str) -> pa.RecordBatch
                 except PathRefused as exc:  # keeps its type: the worker reports it as a permission error
                     raise PathRefused(f"{where}: {exc}") from None
                 except UnitReadError as exc:
-                    raise UnitReadError(f"{where}: {exc}") from exc
+                    raise type(exc)(f"{where}: {exc}") from exc  # keeps PathRefused a PathRefused
                 env.delay(1)
                 unit.done()
 

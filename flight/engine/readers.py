@@ -214,7 +214,7 @@ def read_ipc(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
 
 
 _CSV_CONVERSION = re.compile(r"^In CSV column #(\d+): CSV conversion error")
-_CSV_MISSING = re.compile(r"^Column '(.*)' in include_columns does not exist in CSV file$", re.S)
+_CSV_MISSING = re.compile(r"^Column '(.*)' in include_columns does not exist in CSV file$", re.DOTALL)
 
 
 def _csv_why(exc: BaseException, real: str, ctx: ReaderContext) -> str:

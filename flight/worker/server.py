@@ -24,7 +24,7 @@ from flight._proto import plan_pb2, protocol_pb2
 from flight._version import __version__
 from flight.config import WorkerOptions
 from flight.engine.pipeline import compile_task, source_threads
-from flight.engine.readers import UnitReadError
+from flight.engine.readers import PathRefused, UnitReadError
 from flight.limits import (
     DEFAULT_HEARTBEAT_MS,
     MAX_HEARTBEAT_MS,
@@ -337,6 +337,8 @@ class WorkerServer(fl.FlightServerBase):
             message = status_message(error)
             log.info("task %s failed: %s", task.key, message)
             code = protocol_pb2.ERROR_CODE_UNAVAILABLE if isinstance(error, WorkerUnavailableError) else protocol_pb2.ERROR_CODE_EXECUTION
+            if isinstance(error, PathRefused):
+                code = protocol_pb2.ERROR_CODE_PERMISSION_DENIED
             info = self._info(code, f"task {task.key} failed on {self.url}: {message}", key)
             task.cancel(message, failed=True)
         self._send_error(sender, info)
