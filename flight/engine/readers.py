@@ -178,36 +178,51 @@ MAPPED_FILES = 64
 """IPC files a worker keeps mapped: a long-lived worker re-reading hot files skips re-faulting their pages."""
 
 
-def _mapped(path: str) -> pa.MemoryMappedFile:
-    """A read-only memory map of ``path``, reused while the file is unchanged (same mtime and size)."""
+def _mapped(path: str) -> tuple[pa.MemoryMappedFile, tuple[str, int, int]]:
+    """A read-only memory map of ``path``, reused while the file is unchanged (same mtime and size), and its key."""
     st = os.stat(path)
     key = (path, st.st_mtime_ns, st.st_size)
     with _MAPS_LOCK:
         source = _MAPS.get(key)
         if source is not None:
             _MAPS.move_to_end(key)
-            return source
+            return source, key
     source = pa.memory_map(path)
     with _MAPS_LOCK:
         _MAPS[key] = source
         while len(_MAPS) > MAPPED_FILES:
-            _MAPS.popitem(last=False)  # closed when its last reader lets go
-    return source
+            old, _ = _MAPS.popitem(last=False)  # closed when its last reader lets go
+            _VALIDATED.discard(old)
+    return source, key
+
+
+_VALIDATED: set[tuple[str, int, int]] = set()
+"""Mapped IPC files whose every batch passed full validation: unchanged, they need no second check."""
 
 
 def read_ipc(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
     unit = _file_unit(body)
     real = ctx.open_path(unit.path)
     try:
-        source = _mapped(real)
+        source, key = _mapped(real)
+        checked = key in _VALIDATED
         try:
             reader = pa.ipc.open_file(source)
             batches: Iterable[pa.RecordBatch] = (reader.get_batch(i) for i in range(reader.num_record_batches))
         except pa.ArrowInvalid:
             # Not the file format: an IPC stream, read from a map of its own (streams read sequentially).
             batches = pa.ipc.open_stream(pa.memory_map(real))
+            checked = False
         for batch in batches:
+            if not checked:
+                # IPC readers trust the file: a damaged one (bad offsets, dictionary indices) must fail
+                # here, not crash the kernel that first dereferences it. Parquet's decoder checks itself.
+                batch.validate(full=True)
             yield batch.select(ctx.columns) if ctx.columns else batch
+        if not checked and isinstance(batches, Iterator) and not isinstance(batches, pa.ipc.RecordBatchStreamReader):
+            with _MAPS_LOCK:
+                if key in _MAPS:
+                    _VALIDATED.add(key)
     except (OSError, pa.ArrowException) as exc:
         # pyarrow's "Expected to read N metadata bytes" gives away the file's first bytes as N.
         raise _cannot_read("Arrow IPC", unit.path, real, exc) from None
