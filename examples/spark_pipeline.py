@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        with flight.LocalCluster(args.workers) as cluster:
+        roots = sorted({str(Path(p).resolve().parent) for p in lineitem})  # the workers read only under these
+        with flight.LocalCluster(args.workers, data_roots=roots) as cluster:
             summary = run_pipeline(spark, cluster.urls, lineitem, args.out)
             summary.show(50, truncate=False)
             print(f"wrote {summary.count()} rows to {args.out}")
