@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,8 +19,8 @@ from support import error_of, header, healthy, raw_exchange, running_tasks, unit
 
 import flight
 from flight import col
-from flight._proto import plan_pb2, protocol_pb2
-from flight.protocol import PROTOCOL_VERSION, encode_schema, error_info_of
+from flight._proto import protocol_pb2
+from flight.protocol import error_info_of
 from flight.testing import SLEEP_SCHEMA, sleep_unit
 
 
