@@ -72,3 +72,20 @@ def test_bad_arguments_are_usage_errors(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "not in the suite" in proc.stderr
     proc = bench("micro", "nosuch", "--out", str(tmp_path), timeout=60)
     assert proc.returncode == 2 and "unknown micro benchmark" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_secured_run_checks_every_result(tmp_path: Path) -> None:
+    """flight-bench --secure: TLS and a token on every worker, TPC-H results still checked against DuckDB."""
+    try:
+        tpchgen_cli()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    out = tmp_path / "results"
+    proc = bench("--sf", "0.01", "--engines", "flight,duckdb", "--queries", "1,3,6", "--runs", "1",
+                 "--out", str(out), "--plain", "--no-chart", "--secure")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((out / "tpch-sf0.01.json").read_text())
+    assert all(r["status"] == "ok" for r in data["results"]), data["results"]
+    assert any(u.startswith("grpc+tls://") for e in data["engines"].values() for u in e.get("workers", []))

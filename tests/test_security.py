@@ -7,12 +7,14 @@ cancelled, no worker drained. Results are compared with pyarrow computing the sa
 from __future__ import annotations
 
 import gc
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.flight as fl
+import pyarrow.parquet as pq
 import pytest
 from support import header, running_tasks, wait_until
 
@@ -200,3 +202,30 @@ def test_another_querys_ticket_and_cancel_are_refused_without_its_secret(cluster
         del reader
         gc.collect()
     wait_until(lambda: running_tasks(cluster.urls) == 0, 10.0, "the victim's tasks to be freed")
+
+
+def test_an_unauthenticated_cancel_leaves_the_query_running(secure: flight.LocalCluster) -> None:
+    ex = flight.DistributedExec(waiting_query(), secure.urls[:1], security=secure.security)
+    reader = ex.execute()
+    try:
+        with connect(secure.urls[0], secure.security) as good:
+            def running() -> int:
+                body = list(good.do_action(fl.Action("info", b"")))[0].body.to_pybytes()
+                return protocol_pb2.WorkerInfo.FromString(body).running_tasks
+
+            wait_until(lambda: running() == 1, 10.0, "the query's task")
+            body = protocol_pb2.CancelRequest(query_id=ex.query_id, query_secret=ex.query_secret).SerializeToString()
+            with connect(secure.urls[0], _no_token(secure)) as anonymous:
+                _unauthenticated(_attempt(lambda: list(anonymous.do_action(fl.Action("cancel", body)))))
+            assert running() == 1  # not cancelled
+    finally:
+        del reader
+        gc.collect()
+
+
+def test_a_path_outside_the_data_roots_is_permission_denied(cluster: flight.LocalCluster) -> None:
+    with tempfile.TemporaryDirectory() as elsewhere:  # not under pytest's base temp, the test workers' root
+        outside = Path(elsewhere) / "elsewhere.parquet"
+        pq.write_table(pa.table({"a": [1, 2]}), outside)
+        with pytest.raises(flight.PermissionDeniedError, match="path refused"):
+            flight.DistributedExec(flight.read_parquet([str(outside)]), cluster.resolver()).to_table()
