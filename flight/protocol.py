@@ -23,6 +23,7 @@ from flight.limits import (
     MAX_FEEDS,
     MAX_FRAME_BYTES,
     MAX_HEADER_BYTES,
+    MAX_ECHO_CHARS,
     MAX_ID_CHARS,
     MAX_MESSAGE_CHARS,
     MAX_SECRET_BYTES,
@@ -260,7 +261,8 @@ so a worker raises only FlightErrors; what kind of failure it was travels in the
 def status_error(info: protocol_pb2.ErrorInfo) -> fl.FlightError:
     """The Flight error a handler raises for ``info``: its message (clipped) as the status text,
     the serialized ErrorInfo as ``extra_info`` so clients never parse text."""
-    info.message = clip(info.message, MAX_MESSAGE_CHARS)
+    info.message = clip(" ".join(info.message.split()), MAX_MESSAGE_CHARS - 2 * MAX_ECHO_CHARS)
+    info.field = clip(info.field)
     kind = _STATUS.get(info.code, fl.FlightServerError)
     text = info.message + (f" [field: {info.field}]" if info.field else "")
     return kind(text, extra_info=info.SerializeToString())

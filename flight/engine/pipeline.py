@@ -155,6 +155,17 @@ def compile_task(
     return decl.to_reader(use_threads=True)
 
 
+def _deferred(decl: ac.Declaration) -> Iterator[pa.RecordBatch]:
+    """``decl``'s batches, its plan started only when first pulled.
+
+    Starting a nested plan while the rest is still being compiled would let a later
+    compile error unwind past a running plan whose sources wait for units: destroying
+    its reader waits for those sources, which nothing would ever stop.
+    """
+    with decl.to_reader(use_threads=True) as reader:
+        yield from reader
+
+
 def _source(reader: pa.RecordBatchReader) -> ac.Declaration:
     return ac.Declaration("record_batch_reader_source", ac.RecordBatchReaderSourceNodeOptions(reader))
 
@@ -213,7 +224,7 @@ def _compile(op: plan_pb2.Operator, env: _Env, field: str) -> tuple[ac.Declarati
         if lim.count < 0 or lim.offset < 0:
             raise ProtocolError(f"{here} has a negative count or offset", field=here)
         child, schema = _compile(lim.input, env, f"{here}.input")
-        limited = limit_batches(child.to_reader(use_threads=True), lim.count, lim.offset)
+        limited = limit_batches(_deferred(child), lim.count, lim.offset)
         return _source(pa.RecordBatchReader.from_batches(schema, limited)), schema
     if kind == "aggregate":
         return _aggregate(op.aggregate, env, here)
@@ -229,7 +240,7 @@ def _compile(op: plan_pb2.Operator, env: _Env, field: str) -> tuple[ac.Declarati
         decl = sort_decl(child, keys, srt.nulls_first)
         if not srt.fetch:
             return decl, schema
-        top = limit_batches(decl.to_reader(use_threads=True), srt.fetch, 0)
+        top = limit_batches(_deferred(decl), srt.fetch, 0)
         return _source(pa.RecordBatchReader.from_batches(schema, top)), schema
     if kind == "union":
         if not op.union.inputs:

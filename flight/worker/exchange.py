@@ -101,8 +101,9 @@ def read_frames(task: Task, reader: fl.MetadataRecordBatchReader) -> None:
                 field="app_metadata.input_end",
             )
         )
-    elif task.inputs is not None and not task.finished:
-        pass  # the input is complete; the task finishes, then the client releases it
+    elif task.inputs is not None:
+        pass  # the input was complete (InputEnd): the task finishes, then the client releases it
+    elif not task.finished:
         task.cancel("the coordinator closed the task's exchange before it finished")
     else:
         # Finished, and the coordinator lets go: output nobody read any more (below a limit) is dropped.

@@ -28,6 +28,7 @@ from flight.engine.readers import PathRefused, UnitReadError
 from flight.limits import (
     DEFAULT_HEARTBEAT_MS,
     MAX_HEARTBEAT_MS,
+    MAX_ECHO_CHARS,
     MAX_MESSAGE_CHARS,
     MAX_OUTPUT_BUFFER_BYTES,
     MIN_HEARTBEAT_MS,
@@ -73,6 +74,9 @@ ACTIONS = {
     "resume": "Undo a drain: accept tasks again (tasks already cancelled stay cancelled).",
 }
 
+
+_RUNNER_STOP_S = 5.0
+"""How long a stopped task's runner may take to notice before its handler returns without it."""
 
 _Handler = TypeVar("_Handler", bound=Callable[..., Any])
 
@@ -195,7 +199,10 @@ class WorkerServer(fl.FlightServerBase):
             read_partitions=self._read_partitions,
         )
         try:
-            output = compile_task(plan, task, self.options.batch_rows, self.options.unit_delay_ms / 1000)
+            try:
+                output = compile_task(plan, task, self.options.batch_rows, self.options.unit_delay_ms / 1000)
+            except (pa.ArrowException, ValueError, TypeError) as exc:  # Acero refused what our checks let through
+                raise ProtocolError(f"the plan cannot run on this worker: {type(exc).__name__}: {clip(exc)}", field="header.plan") from None
             task.output_schema = output.schema  # before the task is visible to DoGet
             self.registry.add(task)
         except ProtocolError as exc:
@@ -213,12 +220,16 @@ class WorkerServer(fl.FlightServerBase):
             # This thread reads the coordinator's side until it half-closes or goes away;
             # the reader is only valid while this handler runs, so it is read nowhere else.
             read_frames(task, reader)
-            runner.join()
+            # The runner finishes the task; once the task was stopped (a bad frame, a cancel),
+            # a runner stuck in a reader must not hold this call: it is left to end on its own.
+            while runner.is_alive() and not task.cancelled.is_set():
+                runner.join(0.5)
+            runner.join(_RUNNER_STOP_S)
         finally:
             ended.set()
             task.cancel("the task ended")
             if runner.is_alive():
-                runner.join(timeout=30)
+                runner.join(timeout=_RUNNER_STOP_S)
             sender.close()
             self.registry.remove(task)
             log.debug("task %s freed", task.key)
@@ -294,7 +305,9 @@ class WorkerServer(fl.FlightServerBase):
     # a clean message, a code, the field, the stage key and this worker's URL; never a traceback.
 
     def _info(self, code: int, message: str, stage_key: protocol_pb2.StageKey | None, field: str = "") -> protocol_pb2.ErrorInfo:
-        info = protocol_pb2.ErrorInfo(code=code, message=clip(message, MAX_MESSAGE_CHARS), worker_url=self.url, field=field)
+        # One line (a schema printed by pyarrow spans several), within the cap with the field appended.
+        text = clip(" ".join(message.split()), MAX_MESSAGE_CHARS - 2 * MAX_ECHO_CHARS)
+        info = protocol_pb2.ErrorInfo(code=code, message=text, worker_url=self.url, field=clip(field))
         if stage_key is not None:
             info.stage_key.CopyFrom(stage_key)
         return info
