@@ -20,7 +20,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pyarrow as pa
 
@@ -28,6 +28,7 @@ from flight._proto import plan_pb2, protocol_pb2
 from flight.config import ExecOptions
 from flight.clients import ClientPool, read_stream, translate_flight_error
 from flight.coordinator.channel import TaskChannel
+from flight.coordinator.detached import DetachedQuery, HeadPartition
 from flight.coordinator.dispatch import FeedDispatcher, Source
 from flight.coordinator.explain import explain_plan
 from flight.coordinator.metrics import QueryMetrics, TaskStats
@@ -46,7 +47,7 @@ from flight.planner import PlannerOptions, QueryPlan, StageSpec, plan_query
 from flight.protocol import COMPRESSION, PROTOCOL_VERSION, encode_schema, make_stage_key, new_secret
 from flight.resolver import StaticWorkerResolver, WorkerResolver
 
-__all__ = ["DetachedQuery", "DistributedExec", "HeadPartition"]
+__all__ = ["DetachedQuery", "DistributedExec", "HeadPartition"]  # the first and last from detached.py
 
 log = logging.getLogger(__name__)
 
@@ -122,66 +123,6 @@ class DistributedExec:
         run = _Run(self)
         run.launch()
         return DetachedQuery(run)
-
-
-@dataclass(frozen=True)
-class HeadPartition:
-    """One head task's output: read it with ``DoGet(Ticket(ticket))`` at ``url``."""
-
-    url: str
-    ticket: bytes
-
-
-class DetachedQuery:
-    """A running query whose head outputs other processes read."""
-
-    def __init__(self, run: _Run) -> None:
-        self._run = run
-        self.query_id = run.query_id
-        self.schema = run.plan.head.output_schema
-        head = run.by_stage[run.plan.head.stage_id]
-        self.partitions = [
-            HeadPartition(
-                c.url,
-                protocol_pb2.Ticket(
-                    stage_key=c.header.stage_key, partition_start=0, partition_end=1, query_secret=run.secret
-                ).SerializeToString(),
-            )
-            for c in head
-        ]
-        self._done = threading.Event()
-        threading.Thread(target=self._watch, args=(head,), name=f"detached-{self.query_id}", daemon=True).start()
-
-    def _watch(self, head: list[TaskChannel]) -> None:
-        try:
-            for channel in head:
-                while not channel.drained.wait(0.1):
-                    if self._run.failed.is_set():
-                        return
-            if self._run.error is None:
-                self._run._await_metrics()
-        finally:
-            self._run._finish()
-            self._done.set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait until every head partition was read; raise the query's error if it failed."""
-        finished = self._done.wait(timeout)
-        if self._run.error is not None:
-            raise self._run.error
-        return finished
-
-    def close(self) -> None:
-        """Cancel the query if it still runs, and free its tasks."""
-        if not self._done.is_set():
-            self._run.fail(TaskCancelledError("the detached query was closed"))
-        self._done.wait(self._run.options.connect_timeout)
-
-    def __enter__(self) -> DetachedQuery:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class _Run:

@@ -1,0 +1,81 @@
+"""Detached queries: started by one process, their head outputs read by others (Spark tasks).
+
+``DistributedExec.start_detached`` runs the query and hands out, per head task, a
+worker URL and a ticket (with the query's secret inside); the query's tasks live
+until every head partition was read, or ``close()``.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from flight._proto import protocol_pb2
+from flight.coordinator.channel import TaskChannel
+from flight.errors import TaskCancelledError
+
+if TYPE_CHECKING:
+    from flight.coordinator.exec import _Run
+
+__all__ = ["DetachedQuery", "HeadPartition"]
+
+
+@dataclass(frozen=True)
+class HeadPartition:
+    """One head task's output: read it with ``DoGet(Ticket(ticket))`` at ``url``."""
+
+    url: str
+    ticket: bytes
+
+
+class DetachedQuery:
+    """A running query whose head outputs other processes read."""
+
+    def __init__(self, run: _Run) -> None:
+        self._run = run
+        self.query_id = run.query_id
+        self.schema = run.plan.head.output_schema
+        head = run.by_stage[run.plan.head.stage_id]
+        self.partitions = [
+            HeadPartition(
+                c.url,
+                protocol_pb2.Ticket(
+                    stage_key=c.header.stage_key, partition_start=0, partition_end=1, query_secret=run.secret
+                ).SerializeToString(),
+            )
+            for c in head
+        ]
+        self._done = threading.Event()
+        threading.Thread(target=self._watch, args=(head,), name=f"detached-{self.query_id}", daemon=True).start()
+
+    def _watch(self, head: list[TaskChannel]) -> None:
+        try:
+            for channel in head:
+                while not channel.drained.wait(0.1):
+                    if self._run.failed.is_set():
+                        return
+            if self._run.error is None:
+                self._run._await_metrics()
+        finally:
+            self._run._finish()
+            self._done.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until every head partition was read; raise the query's error if it failed."""
+        finished = self._done.wait(timeout)
+        if self._run.error is not None:
+            raise self._run.error
+        return finished
+
+    def close(self) -> None:
+        """Cancel the query if it still runs, and free its tasks."""
+        if not self._done.is_set():
+            self._run.fail(TaskCancelledError("the detached query was closed"))
+        self._done.wait(self._run.options.connect_timeout)
+
+    def __enter__(self) -> DetachedQuery:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
