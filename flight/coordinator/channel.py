@@ -134,7 +134,9 @@ class TaskChannel:
     def send(self, frame: protocol_pb2.CoordinatorFrame) -> None:
         data = pa.py_buffer(frame.SerializeToString())
         with self._lock:
-            if self._closing or self._writer is None:
+            # No write once the call ended or failed: a failed write makes pyarrow finish the call
+            # from this thread, which must not overlap the reader thread's read (docs/protocol.md §14).
+            if self._closing or self._writer is None or self.done.is_set() or self.error is not None:
                 return
             try:
                 self._writer.write_metadata(data)
@@ -161,7 +163,7 @@ class TaskChannel:
         """
         if self._lock.acquire(timeout=_LOCK_WAIT_S):
             try:
-                if not self._closing and self._writer is not None:
+                if not self._closing and self._writer is not None and not self.done.is_set():
                     self._closing = True
                     frame = protocol_pb2.CoordinatorFrame(cancel=protocol_pb2.Cancel(reason=reason[:200]))
                     self._writer.write_metadata(pa.py_buffer(frame.SerializeToString()))
