@@ -30,6 +30,8 @@ from flight.clients import ClientPool, read_stream, translate_flight_error
 from flight.coordinator.channel import TaskChannel
 from flight.coordinator.detached import DetachedQuery, HeadPartition
 from flight.coordinator.dispatch import FeedDispatcher, Source
+from flight.coordinator.results import DONE as _DONE
+from flight.coordinator.results import offer as _offer
 from flight.coordinator.explain import explain_plan
 from flight.coordinator.metrics import QueryMetrics, TaskStats
 from flight.errors import (
@@ -445,22 +447,3 @@ class _Run:
         )
         if self.error is not None and not isinstance(self.error, FlightExecError):
             log.debug("query %s failed in user code: %r", self.query_id, self.error)
-
-
-_DONE = object()
-
-
-def _offer(q: queue.Queue[object], item: object, stop: threading.Event | None = None) -> bool:
-    """Put with back-pressure that gives up once ``stop`` is set; False if it gave up."""
-    while True:
-        try:
-            q.put(item, timeout=0.1)
-            return True
-        except queue.Full:
-            if stop is None:
-                try:
-                    q.get_nowait()  # make room for the wake-up sentinel: the query is over anyway
-                except queue.Empty:
-                    pass
-            elif stop.is_set():
-                return False

@@ -10,12 +10,10 @@ side sees a Python traceback as the message.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -58,6 +56,7 @@ from flight.protocol import (
 from flight.clients import ClientPool
 from flight.worker.admission import INPUT_RESERVE_BYTES, Admission, Capacity, Need
 from flight.worker.auth import MIDDLEWARE_KEY, ServerSecurity, TokenAuth, is_anonymous, same_secret
+from flight.worker.boundary import error_boundary
 from flight.worker.exchange import Sender, heartbeats, read_frames
 from flight.worker.shuffle import read_partitions
 from flight.worker.tasks import Task, TaskRegistry
@@ -77,31 +76,6 @@ ACTIONS = {
 
 _RUNNER_STOP_S = 5.0
 """How long a stopped task's runner may take to notice before its handler returns without it."""
-
-_Handler = TypeVar("_Handler", bound=Callable[..., Any])
-
-
-def _boundary(handler: _Handler) -> _Handler:
-    """The last line of error translation: whatever escapes a handler leaves as a FlightError.
-
-    The handlers raise FlightErrors (``status_error``) for everything they expect; anything
-    else is a bug here, logged with its traceback, and the client sees only its type — no
-    traceback, path or message that might hold file contents.
-    """
-
-    @functools.wraps(handler)
-    def wrapped(self: WorkerServer, *args: Any) -> Any:
-        try:
-            return handler(self, *args)
-        except fl.FlightError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - translated, and logged with its traceback
-            log.warning("%s failed unexpectedly", handler.__name__, exc_info=True)
-            message = f"internal error in {handler.__name__} on {self.url}: {type(exc).__name__} (details in the worker's log)"
-            raise status_error(protocol_pb2.ErrorInfo(code=protocol_pb2.ERROR_CODE_EXECUTION, message=message, worker_url=self.url)) from None
-
-    return wrapped  # type: ignore[return-value]
-
 
 class WorkerServer(fl.FlightServerBase):
     """A flight-exec worker. ``url`` is what coordinators dial."""
@@ -136,7 +110,7 @@ class WorkerServer(fl.FlightServerBase):
 
     # ------------------------------------------------------------- DoExchange
 
-    @_boundary
+    @error_boundary
     def do_exchange(
         self,
         context: fl.ServerCallContext,
@@ -359,7 +333,7 @@ class WorkerServer(fl.FlightServerBase):
 
     # ------------------------------------------------------------------- DoGet
 
-    @_boundary
+    @error_boundary
     def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.FlightDataStream:
         invalid = protocol_pb2.ERROR_CODE_INVALID_ARGUMENT
         try:
@@ -388,7 +362,7 @@ class WorkerServer(fl.FlightServerBase):
     def list_actions(self, context: fl.ServerCallContext) -> list[tuple[str, str]]:
         return list(ACTIONS.items())
 
-    @_boundary
+    @error_boundary
     def do_action(self, context: fl.ServerCallContext, action: fl.Action) -> Iterator[bytes]:
         kind = action.type
         invalid = protocol_pb2.ERROR_CODE_INVALID_ARGUMENT

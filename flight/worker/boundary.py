@@ -1,0 +1,45 @@
+"""The last line of error translation around the worker's Flight handlers.
+
+Kept apart from the handlers: whatever escapes one leaves as a FlightError with an
+``ErrorInfo``, never as pyarrow's status with a Python traceback in it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pyarrow.flight as fl
+
+from flight._proto import protocol_pb2
+from flight.protocol import status_error
+
+__all__ = ["error_boundary"]
+
+log = logging.getLogger("flight.worker.server")
+
+_Handler = TypeVar("_Handler", bound=Callable[..., Any])
+
+
+def error_boundary(handler: _Handler) -> _Handler:
+    """The last line of error translation: whatever escapes a handler leaves as a FlightError.
+
+    The handlers raise FlightErrors (``status_error``) for everything they expect; anything
+    else is a bug here, logged with its traceback, and the client sees only its type — no
+    traceback, path or message that might hold file contents.
+    """
+
+    @functools.wraps(handler)
+    def wrapped(self: Any, *args: Any) -> Any:
+        try:
+            return handler(self, *args)
+        except fl.FlightError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - translated, and logged with its traceback
+            log.warning("%s failed unexpectedly", handler.__name__, exc_info=True)
+            message = f"internal error in {handler.__name__} on {self.url}: {type(exc).__name__} (details in the worker's log)"
+            raise status_error(protocol_pb2.ErrorInfo(code=protocol_pb2.ERROR_CODE_EXECUTION, message=message, worker_url=self.url)) from None
+
+    return wrapped  # type: ignore[return-value]
