@@ -249,7 +249,7 @@ class _Planner:
             else:
                 outputs.append((c.name, col(part(c.function, c.expr))))
         label = node.label_text or "Aggregate"
-        pre = self.wrap(f, AggregateNode(f.node, node.keys, partial, f"Partial{label}"), f.rows)
+        pre = self.wrap(f, AggregateNode(f.node, node.keys, partial, f"Partial{label}", partial=True), f.rows)
         read = self.cut(pre, mode, node.keys)
         merged = AggregateNode(read, node.keys, final, f"Final{label}")
         return self.consumer(ProjectNode(merged, outputs), tasks, rows, [read])  # type: ignore[arg-type]

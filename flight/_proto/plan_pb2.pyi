@@ -683,6 +683,12 @@ class Aggregate(_message.Message):
     INPUT_FIELD_NUMBER: _builtins.int
     KEYS_FIELD_NUMBER: _builtins.int
     AGGREGATES_FIELD_NUMBER: _builtins.int
+    PARTIAL_FIELD_NUMBER: _builtins.int
+    partial: _builtins.bool
+    """A partial aggregate: a later aggregate of the query merges its output (sums of
+    sums, minimums of minimums), so a worker may compute it per piece of its input
+    (per work unit) and pass on every piece's rows. Never set on a final aggregate.
+    """
     @_builtins.property
     def input(self) -> Global___Operator: ...
     @_builtins.property
@@ -695,10 +701,11 @@ class Aggregate(_message.Message):
         input: Global___Operator | None = ...,
         keys: _abc.Iterable[_builtins.str] | None = ...,
         aggregates: _abc.Iterable[Global___AggregateCall] | None = ...,
+        partial: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aggregates", b"aggregates", "input", b"input", "keys", b"keys"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aggregates", b"aggregates", "input", b"input", "keys", b"keys", "partial", b"partial"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

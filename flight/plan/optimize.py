@@ -31,7 +31,7 @@ def prune_columns(node: Node, needed: set[str] | None = None) -> Node:
         return SortNode(child, node.keys, node.nulls_first, node.fetch)
     if isinstance(node, AggregateNode):
         used = set(node.keys).union(*(c.expr.referenced_fields() for c in node.calls if c.expr is not None))
-        return AggregateNode(prune_columns(node.input, used), node.keys, node.calls, node.label_text)
+        return AggregateNode(prune_columns(node.input, used), node.keys, node.calls, node.label_text, node.partial)
     if isinstance(node, JoinNode):
         return _prune_join(node, needed)
     if isinstance(node, UnionNode):

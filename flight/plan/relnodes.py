@@ -43,6 +43,8 @@ class AggregateNode(Node):
     keys: list[str]
     calls: list[AggCall]
     label_text: str = ""
+    partial: bool = False
+    """Set by the planner on the pre-aggregate a final aggregate merges: workers may compute it per work unit."""
     _schema: pa.Schema = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -107,6 +109,7 @@ class AggregateNode(Node):
                 aggregate=plan_pb2.Aggregate(
                     input=self.input.to_proto(),
                     aggregates=[plan_pb2.AggregateCall(function=f, column=c, name=n) for f, c, n in self._calls()],
+                    partial=self.partial,
                 )
             )
         project = plan_pb2.Operator(
@@ -120,6 +123,7 @@ class AggregateNode(Node):
                 input=project,
                 keys=self.keys,
                 aggregates=[plan_pb2.AggregateCall(function=f, column=c, name=n) for f, c, n in self._calls()],
+                partial=self.partial,
             )
         )
 
