@@ -8,7 +8,10 @@ must cross workers:
   task for a global aggregate), final aggregate; ``mean`` travels as sum and
   count, ``count_distinct`` shuffles the rows and aggregates once;
 * join → broadcast of the right (build) side when it is estimated small, else a
-  hash shuffle of both sides on the keys;
+  hash shuffle of both sides on the keys; an inner or outer join whose left side
+  is estimated smaller swaps its sides (the smaller side builds the hash table),
+  and a semi or anti join's build side is reduced to its distinct keys in the
+  tasks that produce it, before it crosses the network;
 * sort → sort (with fetch for a top-k) in every task, then one task merges;
   limit → a local limit in every task, then the final limit in one task;
 * union → every input shuffled round-robin into the union's tasks.
@@ -17,6 +20,9 @@ A fragment that already runs in one task needs none of that: with one worker
 the whole query is one stage. Leaf stages are sized from their feeds (a
 shared-queue feed by a ``TaskEstimator`` at execution), upper stages from the
 rows estimated to reach them; never more tasks than workers.
+
+Before that, ``flight.plan.optimize`` pushes filters down to the scans and
+prunes the columns nobody reads; ``QueryPlan.rewrites`` lists what moved.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from flight.estimate import TaskEstimate
 from flight.feed import WorkUnitFeed
 from flight.plan.expr import Expr, col, if_else, lit
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, LimitNode, Node, ProjectNode, ValuesNode
-from flight.plan.optimize import prune_columns
+from flight.plan.optimize import conjuncts, prune_columns, push_filters
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, ShuffleReadNode, SortNode, UnionNode
 
 __all__ = ["FeedPlan", "PlannerOptions", "QueryPlan", "StageSpec", "plan_query"]
@@ -108,6 +114,8 @@ class StageSpec:
 @dataclass
 class QueryPlan:
     stages: list[StageSpec]  # children before their consumers; the head is last
+    rewrites: list[str] = field(default_factory=list)
+    """What the optimizer and the planner changed, one line each, for explain()."""
 
     @property
     def head(self) -> StageSpec:
@@ -135,6 +143,7 @@ class _Planner:
         self.options = options
         self.stages: list[StageSpec] = []
         self.feed_ids: set[str] = set()
+        self.rewrites: list[str] = []
 
     def upper_tasks(self, rows: float | None) -> int:
         if rows is None:
@@ -164,7 +173,7 @@ class _Planner:
         if isinstance(node, FilterNode):
             f = self.build(node.input)
             rows = None if f.rows is None else f.rows * selectivity(node.predicate.to_proto())
-            return self.wrap(f, FilterNode(f.node, node.predicate), rows)
+            return self.wrap(f, FilterNode(f.node, node.predicate, node.origins), rows)
         if isinstance(node, ProjectNode):
             f = self.build(node.input)
             return self.wrap(f, ProjectNode(f.node, node.exprs), f.rows)
@@ -257,32 +266,74 @@ class _Planner:
     def join(self, node: JoinNode) -> _Frag:
         left, right = self.build(node.left), self.build(node.right)
         rows = max(left.rows or 0.0, right.rows or 0.0) or None
+        semi = node.join_type in ("left semi", "left anti")
+        out_rows = left.rows if semi else rows  # a semi or anti join keeps at most its left rows
+        swappable = node.join_type in _SWAPPED and not set(left.node.schema.names) & set(right.node.schema.names)
         if left.tasks == 1 and right.tasks == 1:
+            if swappable and _smaller(left, right):
+                ordered = self.swapped(node, left.node, right.node, "local", left, right)
+                return _Frag(ordered, 1, out_rows, right.feeds + left.feeds, right.reads + left.reads, left.leaf or right.leaf)
             merged = JoinNode(left.node, right.node, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "local")
-            return _Frag(merged, 1, rows, left.feeds + right.feeds, left.reads + right.reads, left.leaf or right.leaf)
+            return _Frag(merged, 1, out_rows, left.feeds + right.feeds, left.reads + right.reads, left.leaf or right.leaf)
+        if semi:
+            right = self.distinct_keys(right, node)
         # Broadcasting copies the build side into every probe task: worth it when that side is small,
         # and not larger than the side that would otherwise be shuffled.
-        right_bytes = None if right.rows is None else right.rows * _row_width(right.node.schema)
-        left_bytes = float("inf") if left.rows is None else left.rows * _row_width(left.node.schema)
+        right_bytes = _bytes(right)
+        known = _bytes(left)
+        left_bytes = float("inf") if known is None else known
         small = right_bytes is not None and right_bytes <= min(self.options.broadcast_bytes, left_bytes)
         if small and node.join_type in ("inner", "left outer", "left semi", "left anti"):
             read = self.cut(right, "broadcast")
             merged = JoinNode(left.node, read, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "broadcast")
-            return _Frag(merged, left.tasks, rows, left.feeds, left.reads + [read], left.leaf)
+            return _Frag(merged, left.tasks, out_rows, left.feeds, left.reads + [read], left.leaf)
         left_small = left.rows is not None and left_bytes <= min(self.options.broadcast_bytes, right_bytes or float("inf"))
-        clash = set(left.node.schema.names) & set(right.node.schema.names)
-        if left_small and node.join_type == "inner" and not clash:
+        if left_small and node.join_type == "inner" and swappable:
             # An inner join is symmetric: broadcast the small left side into the right side's tasks,
             # then put the columns back in the order the query asked for.
             read = self.cut(left, "broadcast")
-            swapped = JoinNode(right.node, read, node.right_keys, node.left_keys, "inner", node.right_suffix, "broadcast, sides swapped")
-            ordered = ProjectNode(swapped, [(n, col(n)) for n in node.schema.names])
-            return _Frag(ordered, right.tasks, rows, right.feeds, right.reads + [read], right.leaf)
+            ordered = self.swapped(node, left.node, right.node, "broadcast", left, right, left_read=read)
+            return _Frag(ordered, right.tasks, out_rows, right.feeds, right.reads + [read], right.leaf)
         tasks = self.upper_tasks(rows)
         lread = self.cut(left, "hash", node.left_keys)
         rread = self.cut(right, "hash", node.right_keys)
+        if swappable and _smaller(left, right):
+            ordered = self.swapped(node, lread, rread, "shuffle", left, right)
+            return self.consumer(ordered, tasks, out_rows, [lread, rread])
         merged = JoinNode(lread, rread, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "shuffle")
-        return self.consumer(merged, tasks, rows, [lread, rread])
+        return self.consumer(merged, tasks, out_rows, [lread, rread])
+
+    def swapped(
+        self, node: JoinNode, left: Node, right: Node, strategy: str, lf: _Frag, rf: _Frag, left_read: Node | None = None
+    ) -> Node:
+        """``node`` over ``left`` and ``right`` with its sides swapped (the left one builds), columns in the query's order.
+
+        ``left_read``: what the swapped join reads instead of ``left`` (its broadcast).
+        """
+        build = left_read if left_read is not None else left
+        joined = JoinNode(
+            right, build, node.right_keys, node.left_keys, _SWAPPED[node.join_type], node.right_suffix, f"{strategy}, sides swapped"
+        )
+        self.rewrites.append(
+            f"{_join_text(node)}: sides swapped, the left side (~{_rows_text(lf.rows)} rows) is estimated smaller "
+            f"than the right (~{_rows_text(rf.rows)}), so it builds the hash table"
+        )
+        return ProjectNode(joined, [(n, col(n)) for n in node.schema.names])
+
+    def distinct_keys(self, f: _Frag, node: JoinNode) -> _Frag:
+        """A semi or anti join's build side as its distinct keys, computed in the tasks that produce it.
+
+        Only whether a key occurs matters to such a join, so every duplicate that
+        would cross the network is waste. The consumer does not repeat the
+        distinct: the join takes the few duplicates left (a key in several tasks).
+        """
+        keys = list(node.right_keys)
+        if isinstance(f.node, AggregateNode) and not f.node.calls and set(f.node.keys) <= set(keys):
+            return f  # already distinct on (a subset of) the keys
+        reduced = AggregateNode(f.node, keys, [], "PartialDistinct", partial=True)
+        self.rewrites.append(f"{_join_text(node)}: the build side is reduced to its distinct keys {keys} before it is sent")
+        rows = None if f.rows is None else max(1.0, f.rows * _DISTINCT_FRACTION)
+        return self.wrap(f, reduced, rows)
 
     def union(self, node: UnionNode) -> _Frag:
         frags = [self.build(n) for n in node.inputs]
@@ -348,6 +399,32 @@ def _call_selectivity(function: str, args: list[float]) -> float:
     return _SELECTIVITY.get(function, 0.5)
 
 
+_SWAPPED = {"inner": "inner", "left outer": "right outer", "right outer": "left outer", "full outer": "full outer"}
+"""Join types whose sides may swap (Acero builds the right side), and the type after the swap."""
+
+_DISTINCT_FRACTION = 0.5
+"""The fraction of a semi join's build-side rows estimated to be distinct keys."""
+
+
+def _bytes(f: _Frag) -> float | None:
+    return None if f.rows is None else f.rows * _row_width(f.node.schema)
+
+
+def _smaller(left: _Frag, right: _Frag) -> bool:
+    """Whether the left side is estimated smaller than the right, in bytes (unknown: no)."""
+    lb, rb = _bytes(left), _bytes(right)
+    return lb is not None and rb is not None and lb < rb
+
+
+def _join_text(node: JoinNode) -> str:
+    keys = ", ".join(f"{a}={b}" for a, b in zip(node.left_keys, node.right_keys))
+    return f"HashJoin[{node.join_type}, {keys}]"
+
+
+def _rows_text(rows: float | None) -> str:
+    return "?" if rows is None else f"{rows:,.0f}"
+
+
 def _row_width(schema: pa.Schema) -> int:
     width = 0
     for f in schema:
@@ -363,7 +440,7 @@ def plan_query(root: Node, max_tasks: int, options: PlannerOptions | None = None
     if max_tasks < 1:
         raise PlanError("the resolver returned no worker URLs; start workers or check the resolver's source")
     planner = _Planner(max_tasks, options or PlannerOptions())
-    frag = planner.build(prune_columns(root))
+    frag = planner.build(prune_columns(push_filters(root)))
     planner.cut(frag, "head")
     stages = planner.stages
     for stage in stages:
@@ -371,7 +448,27 @@ def plan_query(root: Node, max_tasks: int, options: PlannerOptions | None = None
             stages[read.stage_id].consumer = stage.stage_id
     for stage in stages:
         _describe(stage)
-    return QueryPlan(stages)
+    return QueryPlan(stages, _moved_filters(stages) + planner.rewrites)
+
+
+def _moved_filters(stages: list[StageSpec]) -> list[str]:
+    """One line per filter the optimizer moved or derived: what it reads, why it is there, where that is."""
+    lines = []
+    for stage in stages:
+        for node in stage.root.walk():
+            if isinstance(node, FilterNode) and any(node.origins):
+                below = node.input
+                where = f"the scan of {below.feed.feed_id}" if isinstance(below, FeedScanNode) else below.label().split("[")[0]
+                terms = conjuncts(node.predicate)
+                if len(terms) != len(node.origins):
+                    continue
+                read: dict[str, set[str]] = {}
+                for term, origin in zip(terms, node.origins):
+                    if origin:
+                        read.setdefault(origin, set()).update(term.referenced_fields())
+                for origin, columns in read.items():
+                    lines.append(f"stage {stage.stage_id}: filter on {sorted(columns)} {origin}; now directly above {where}")
+    return lines
 
 
 def _describe(stage: StageSpec) -> None:

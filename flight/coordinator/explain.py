@@ -14,6 +14,9 @@ __all__ = ["explain_plan"]
 def explain_plan(ex: DistributedExec, analyze: bool) -> str:
     urls = ex.resolver.get_urls()
     lines: list[str] = []
+    if ex.plan.rewrites:
+        lines.append("Plan rewrites:")
+        lines += [f"  - {r}" for r in ex.plan.rewrites]
     metrics = {t.stage_key: t for t in ex.metrics.tasks} if (analyze and ex.metrics) else {}
     for stage in reversed(ex.plan.stages):  # the head first, as the result flows up to it
         lines += _stage(ex, stage, urls, metrics)

@@ -139,6 +139,9 @@ class ValuesNode(Node):
 class FilterNode(Node):
     input: Node
     predicate: Expr
+    origins: tuple[str, ...] = ()
+    """Set by the optimizer on a filter it moved or derived: one entry per conjunct of the predicate,
+    why that conjunct is here ("" where the query wrote it); explain() shows them."""
 
     def __post_init__(self) -> None:
         t = _typed(self.predicate, self.input.schema, "filter")
@@ -156,7 +159,20 @@ class FilterNode(Node):
         return plan_pb2.Operator(filter=plan_pb2.Filter(input=self.input.to_proto(), predicate=self.predicate.to_proto()))
 
     def label(self) -> str:
-        return f"Filter[{self.predicate!r}]"
+        return f"Filter[{self.predicate!r}]" + self.origin_note()
+
+    def origin_note(self) -> str:
+        """``  <- conjunct 2 pushed below ...`` for the conjuncts the optimizer moved here ("" when none)."""
+        if not any(self.origins):
+            return ""
+        if len(self.origins) == 1:
+            return f"  <- {self.origins[0]}"
+        by_origin: dict[str, list[str]] = {}
+        for i, origin in enumerate(self.origins, 1):
+            if origin:
+                by_origin.setdefault(origin, []).append(str(i))
+        parts = [f"conjunct{'s' if len(ix) > 1 else ''} {', '.join(ix)} {origin}" for origin, ix in by_origin.items()]
+        return "  <- " + "; ".join(parts)
 
 
 @dataclass(eq=False)

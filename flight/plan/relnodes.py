@@ -130,7 +130,7 @@ class AggregateNode(Node):
     def label(self) -> str:
         what = self.label_text or "Aggregate"
         calls = ", ".join(f"{c.name}={c.function}({'' if c.expr is None else repr(c.expr)})" for c in self.calls)
-        return f"{what}[keys={self.keys}; {calls}]"
+        return f"{what}[keys={self.keys}; {calls}]" if calls else f"{what}[keys={self.keys}]"
 
 
 @dataclass(eq=False)
