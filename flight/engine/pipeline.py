@@ -10,8 +10,10 @@ runs, so a bad plan fails with a ``ProtocolError`` naming the field.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Iterable, Iterator
+import dataclasses
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,8 +23,10 @@ import pyarrow.acero as ac
 from flight._proto import plan_pb2
 from flight.engine.expressions import bind, to_pyarrow
 from flight.arrow_types import UNITS_READER, normalize_schema
+from flight.engine import duck
 from flight.engine.confine import DataRoots, worker_roots
 from flight.engine.readers import PathRefused, ReaderContext, UnitReadError, conform, get_reader
+from flight.engine.sql import Untranslatable
 from flight.engine.relational import JOIN_TYPES, aggregate_decl, empty_source, join_decl, output_schema, sort_decl, union_batches
 from flight.errors import ProtocolError
 from flight.ipc import read_ipc_stream
@@ -30,6 +34,8 @@ from flight.limits import MAX_OUTPUT_PARTITIONS, MAX_PRODUCERS, check_count
 from flight.protocol import decode_schema
 
 __all__ = ["TaskInputs", "compile_task", "limit_batches", "scan_schema", "source_threads"]
+
+log = logging.getLogger(__name__)
 
 UNITS_PER_BATCH = 4096
 
@@ -140,18 +146,31 @@ def compile_task(
     batch_rows: int,
     unit_delay_s: float = 0.0,
     roots: DataRoots | None = None,
+    engine: str | None = None,
 ) -> pa.RecordBatchReader:
     """The task's output stream. Raises ProtocolError for a plan this worker cannot run.
+
+    ``engine``: ``duckdb`` or ``acero``; None means the process's setting (``duck.settings()``).
+    A plan DuckDB cannot run with the IR's meaning runs on Acero (``duck.Untranslatable``).
 
     ``unit_delay_s`` slows every work unit down on purpose (the worker's ``--unit-delay-ms``).
     ``roots`` are where the task's readers may open files; ``None`` means this process's
     (``confine.worker_roots()``: what ``flight-worker --data-root`` set, else none at all).
     """
     env = _Env(inputs, batch_rows, unit_delay_s, worker_roots() if roots is None else roots)
+    # Checks and types every operator (nothing runs yet); the declaration is Acero's plan.
+    decl, _ = _compile(plan.root, env, "plan.root")
+    if (engine or duck.settings().engine) == "duckdb":
+        try:
+            return duck.run_duckdb(
+                plan, inputs, env.schemas, env.roots, batch_rows, env.delay,
+                lambda scan, field: _feed_scan(scan, env, field), getattr(inputs, "on_cancel", None),
+            )
+        except Untranslatable as exc:
+            log.debug("stage plan runs on Acero: %s", exc)
     if plan.root.WhichOneof("kind") == "feed_scan":
         # Nothing to compute: Acero would only copy batches between threads.
         return _feed_scan(plan.root.feed_scan, env, "plan.root.feed_scan")
-    decl, _ = _compile(plan.root, env, "plan.root")
     return decl.to_reader(use_threads=True)
 
 
@@ -176,6 +195,8 @@ class _Env:
     batch_rows: int
     unit_delay_s: float
     roots: DataRoots
+    schemas: dict[str, pa.Schema] = dataclasses.field(default_factory=dict)
+    """Every operator's output schema by its field path, filled in by ``_compile``."""
 
     def delay(self, units: int) -> None:
         if self.unit_delay_s > 0:
@@ -184,6 +205,12 @@ class _Env:
 
 def _compile(op: plan_pb2.Operator, env: _Env, field: str) -> tuple[ac.Declaration, pa.Schema]:
     """An operator as a declaration, with the schema it produces (checked before anything runs)."""
+    decl, schema = _compile_op(op, env, field)
+    env.schemas[field] = schema
+    return decl, schema
+
+
+def _compile_op(op: plan_pb2.Operator, env: _Env, field: str) -> tuple[ac.Declaration, pa.Schema]:
     kind = op.WhichOneof("kind")
     if kind is None:
         raise ProtocolError(f"{field} has no operator set", field=field)

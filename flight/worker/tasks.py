@@ -57,6 +57,7 @@ class Task:
         self.half_closed = False  # the coordinator's side of the exchange ended cleanly
         self.cancelled = threading.Event()
         self.cancel_reason = ""
+        self._on_cancel: list[Callable[[], None]] = []
         self.error: BaseException | None = None  # what stopped the task from outside (bad frame)
         self.failure: Exception | None = None  # the Flight error the exchange ends with
         self.finished = False
@@ -137,6 +138,12 @@ class Task:
         for inbox in self.inboxes.values():
             inbox.start()
 
+    def on_cancel(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when the task is stopped (the engine interrupts its running query)."""
+        self._on_cancel.append(callback)
+        if self.cancelled.is_set():
+            callback()
+
     def cancel(self, reason: str, *, failed: bool = False) -> None:
         """Stop the task wherever it waits: feeds, input, output.
 
@@ -155,6 +162,8 @@ class Task:
             self.inputs.fail(error)
         if self.output is not None:
             self.output.fail(error)
+        for callback in self._on_cancel:
+            callback()
 
     def fail(self, error: BaseException) -> None:
         """Stop the task because of ``error`` (e.g. a malformed frame), which the handler reports."""

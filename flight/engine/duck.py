@@ -1,0 +1,485 @@
+"""DuckDB as the per-task engine: a checked stage plan becomes one SQL query per task.
+
+Why DuckDB, with the measurements, is in docs/engine.md. How a task runs:
+
+* ``pipeline.compile_task`` checks and types the plan exactly as before (Acero binds
+  every expression over empty inputs), so what reaches this module is a plan the
+  worker accepted; the schema of every operator comes from that pass, and the
+  task's output is conformed to it, so both engines produce the same types.
+* **Work units are read by DuckDB itself.** Above each Parquet feed scan, the longest
+  chain of filters and projects (and a ``partial`` aggregate on top of it, which a
+  later aggregate merges) is a *unit fragment*: it runs as one DuckDB query per
+  work unit, ``... FROM read_parquet('<file>')``, so decoding, filtering and partial
+  aggregation happen in DuckDB's threads with filter pushdown into the reader, and
+  Python sees one batch per ~100k result rows, never a batch per input batch.
+  Units with row groups, or whose file name DuckDB would read as a glob, go through
+  the pyarrow reader and the same query.
+* Everything else of the stage (joins, final aggregates, sorts, limits, unions) is one
+  query over *sources*: the unit fragments' output, shuffle reads from other workers,
+  map input and values, each a ``RecordBatchReader`` registered on the task's cursor.
+* Text: ``flight.engine.sql`` quotes every identifier and renders every literal; a
+  plan it cannot express with the IR's meaning raises ``Untranslatable`` and the
+  task runs on Acero instead (so does a query DuckDB refuses to bind).
+* One database per worker process (``configure``): its ``memory_limit`` is the worker's
+  ``--memory-limit``; joins, aggregates and sorts past it spill to ``--spill-dir``.
+  File access is limited to the worker's data roots inside DuckDB too (defence in
+  depth: every path was already checked by ``ReaderContext.open_path``), extensions
+  never load, and the configuration is locked.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+import duckdb
+import pyarrow as pa
+
+from flight._proto import plan_pb2
+from flight.engine.confine import DataRoots
+from flight.engine.readers import (
+    PathRefused,
+    ReaderContext,
+    UnitReadError,
+    conform,
+    read_parquet,
+)
+from flight.engine.sql import (
+    Untranslatable,
+    column_list,
+    expression_sql,
+    ident,
+    sql_type,
+)
+from flight.errors import TaskCancelledError, TaskFailedError
+from flight.ipc import read_ipc_stream
+
+__all__ = ["EngineSettings", "Untranslatable", "configure", "run_duckdb", "settings"]
+
+log = logging.getLogger(__name__)
+
+_UNITS = "\x00units\x00"
+"""Where a unit fragment's FROM goes; a NUL never appears in translated text, so it cannot collide."""
+_GLOB = frozenset("*?[{")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The process's engine settings; ``flight-worker`` sets them from its flags."""
+
+    engine: str = "duckdb"
+    """``duckdb``, or ``acero`` to run every task on the Acero pipeline."""
+    memory_limit: int | None = None
+    """Bytes DuckDB may hold before it spills (None: DuckDB's default, 80% of RAM)."""
+    spill_dir: str | None = None
+    threads: int | None = None
+
+
+_settings = EngineSettings()
+_dbs: dict[tuple[bool, tuple[str, ...]], duckdb.DuckDBPyConnection] = {}
+_lock = threading.Lock()
+
+
+def configure(new: EngineSettings) -> None:
+    """Set this process's engine settings (before the first task; later databases use them)."""
+    global _settings
+    with _lock:
+        _settings = new
+        for con in _dbs.values():
+            con.close()
+        _dbs.clear()
+
+
+def settings() -> EngineSettings:
+    return _settings
+
+
+def _database(roots: DataRoots) -> duckdb.DuckDBPyConnection:
+    """The process's DuckDB database for tasks confined to ``roots`` (one per distinct roots)."""
+    key = (roots.unrestricted, roots.paths)
+    with _lock:
+        con = _dbs.get(key)
+        if con is not None:
+            return con
+        config: dict[str, str | int | bool] = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+        if _settings.memory_limit:
+            config["memory_limit"] = f"{_settings.memory_limit // (1 << 20)}MiB"
+        if _settings.threads:
+            config["threads"] = _settings.threads
+        if _settings.spill_dir:
+            config["temp_directory"] = _settings.spill_dir
+        con = duckdb.connect(":memory:", config=config)
+        if not roots.unrestricted:
+            dirs = [p.rstrip("/") + "/" for p in roots.paths]
+            if dirs:
+                con.execute("SET allowed_directories = $1", [dirs])
+            con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+        _dbs[key] = con
+        return con
+
+
+# ---------------------------------------------------------------- the task
+
+
+class _Inputs:
+    """What a task offers (``pipeline.TaskInputs``), typed loosely to avoid an import cycle."""
+
+    task_number: int
+
+    def feed_partitions(self, feed_id: str) -> list[int]: ...  # pragma: no cover
+    def inbox(self, feed_id: str, partition: int) -> object: ...  # pragma: no cover
+    def input_batches(self) -> object: ...  # pragma: no cover
+    def read_partitions(self, producers: list[tuple[str, bytes]], start: int, end: int) -> Iterator[pa.RecordBatch]: ...  # pragma: no cover
+
+
+@dataclass
+class _Task:
+    inputs: _Inputs
+    schemas: Mapping[str, pa.Schema]
+    """Every operator's output schema, by its field path (``plan.root.filter.input`` ...)."""
+    roots: DataRoots
+    batch_rows: int
+    delay: Callable[[int], None]
+    scan_reader: Callable[[plan_pb2.FeedScan, str], pa.RecordBatchReader]
+    """The pyarrow reader of a feed scan this module does not fuse (CSV, IPC, extensions, ``units``)."""
+    db: duckdb.DuckDBPyConnection = field(init=False)
+    cursors: list[duckdb.DuckDBPyConnection] = field(default_factory=list)
+    sources: dict[str, pa.RecordBatchReader] = field(default_factory=dict)
+    error: BaseException | None = None
+    """The first error a source raised: DuckDB reports it as its own, the task reports this one."""
+    names: Iterator[int] = field(default_factory=itertools.count)
+
+    def __post_init__(self) -> None:
+        self.db = _database(self.roots)
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        cur = self.db.cursor()
+        self.cursors.append(cur)
+        return cur
+
+    def interrupt(self) -> None:
+        for cur in list(self.cursors):
+            try:
+                cur.interrupt()
+            except duckdb.Error:
+                pass
+
+    def close(self) -> None:
+        for cur in self.cursors:
+            try:
+                cur.close()
+            except duckdb.Error:
+                pass
+        self.cursors.clear()
+
+    def guarded(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        try:
+            yield from batches
+        except BaseException as exc:
+            if self.error is None:
+                self.error = exc
+            raise
+
+    def source(self, schema: pa.Schema, batches: Iterator[pa.RecordBatch]) -> str:
+        """Register a stream as a relation of the task's query; its name."""
+        name = f"__flight_source_{next(self.names)}"
+        self.sources[name] = pa.RecordBatchReader.from_batches(schema, self.guarded(batches))
+        return name
+
+    def failure(self, exc: duckdb.Error) -> BaseException:
+        if self.error is not None:
+            return self.error
+        if isinstance(exc, duckdb.InterruptException):
+            return TaskCancelledError("task cancelled while the engine ran")
+        first = str(exc).split("\n", 1)[0]
+        return TaskFailedError(f"the engine failed: {first}")
+
+
+def run_duckdb(
+    plan: plan_pb2.StagePlan,
+    inputs: object,
+    schemas: Mapping[str, pa.Schema],
+    roots: DataRoots,
+    batch_rows: int,
+    delay: Callable[[int], None],
+    scan_reader: Callable[[plan_pb2.FeedScan, str], pa.RecordBatchReader],
+    on_cancel: Callable[[Callable[[], None]], None] | None = None,
+) -> pa.RecordBatchReader:
+    """The task's output stream, computed by DuckDB; ``Untranslatable`` if it cannot be (use Acero)."""
+    task = _Task(inputs, schemas, roots, batch_rows, delay, scan_reader)  # type: ignore[arg-type]
+    try:
+        text = _Translator(task).relation(plan.root, "plan.root")
+        out_schema = schemas["plan.root"]
+        if _UNITS in text:  # the whole stage is one unit fragment: its per-unit output is the task's output
+            batches = _fragment(task, plan.root, "plan.root", text)
+            reader = pa.RecordBatchReader.from_batches(out_schema, _closing(task, batches))
+        else:
+            cur = task.cursor()
+            for name, source in task.sources.items():
+                cur.register(name, source)
+            try:
+                relation = cur.sql(text)  # parses and binds: a refusal here is a translation gap, not a task failure
+            except duckdb.Error as exc:
+                raise Untranslatable(f"DuckDB does not bind the translated plan: {str(exc).splitlines()[0]}") from None
+            reader = pa.RecordBatchReader.from_batches(out_schema, _closing(task, _results(task, relation, out_schema)))
+    except BaseException:
+        task.close()
+        raise
+    if on_cancel is not None:
+        on_cancel(task.interrupt)
+    return reader
+
+
+def _results(task: _Task, relation: duckdb.DuckDBPyRelation, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    try:
+        for batch in relation.to_arrow_reader(task.batch_rows):
+            if batch.num_rows:
+                yield conform(batch, schema, "the engine's output")
+    except duckdb.Error as exc:
+        raise task.failure(exc) from None
+
+
+def _closing(task: _Task, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    try:
+        yield from batches
+    finally:
+        task.close()
+
+
+# ------------------------------------------------------------ unit fragments
+
+
+def _chain(op: plan_pb2.Operator) -> plan_pb2.FeedScan | None:
+    """The Parquet feed scan under a chain of filters and projects, if ``op`` is such a chain."""
+    while True:
+        kind = op.WhichOneof("kind")
+        if kind == "feed_scan":
+            return op.feed_scan if op.feed_scan.reader == "parquet" else None
+        if kind not in ("filter", "project"):
+            return None
+        op = getattr(op, kind).input
+
+
+def _fragment_scan(op: plan_pb2.Operator) -> plan_pb2.FeedScan | None:
+    """The scan of the unit fragment rooted at ``op``, or None when ``op`` roots none."""
+    if op.WhichOneof("kind") == "aggregate" and op.aggregate.partial:
+        return _chain(op.aggregate.input)
+    return _chain(op)
+
+
+def _fragment(task: _Task, op: plan_pb2.Operator, path: str, text: str) -> Iterator[pa.RecordBatch]:
+    """The fragment at ``path`` run once per work unit, every unit's rows in turn."""
+    scan = _fragment_scan(op)
+    assert scan is not None
+    schema = task.schemas[path]
+    scan_path = _scan_path(op, path)
+    ctx = ReaderContext(schema=task.schemas[scan_path], columns=list(scan.columns) or None, roots=task.roots,
+                        batch_rows=task.batch_rows, options=dict(scan.reader_options))
+    feed_id = scan.feed.feed_id
+    cur = task.cursor()
+    for partition in task.inputs.feed_partitions(feed_id):
+        inbox = task.inputs.inbox(feed_id, partition)
+        for n in itertools.count():
+            got = inbox.take(1)  # type: ignore[attr-defined]
+            if not got:
+                break
+            unit = got[0]
+            where = f"work unit {n} of feed {feed_id!r} partition {partition}"
+            try:
+                yield from _one_unit(task, cur, unit.body, ctx, text, schema, where)
+            except PathRefused as exc:
+                raise PathRefused(f"{where}: {exc}") from None
+            except UnitReadError as exc:
+                raise type(exc)(f"{where}: {exc}") from None
+            task.delay(1)
+            unit.done()
+
+
+def _scan_path(op: plan_pb2.Operator, path: str) -> str:
+    while True:
+        kind = op.WhichOneof("kind")
+        path = f"{path}.{kind}"
+        if kind == "feed_scan":
+            return path[: -len(".feed_scan")]
+        op = getattr(op, kind).input
+        path = f"{path}.input"
+
+
+def _one_unit(
+    task: _Task, cur: duckdb.DuckDBPyConnection, body: bytes, ctx: ReaderContext, text: str, schema: pa.Schema, where: str
+) -> Iterator[pa.RecordBatch]:
+    unit = plan_pb2.FileUnit()
+    try:
+        unit.ParseFromString(body)
+    except Exception:  # noqa: BLE001 - DecodeError; read_parquet below says it in its words
+        unit = plan_pb2.FileUnit()
+    real = ctx.open_path(unit.path) if unit.path else ""
+    if real and not unit.row_groups and not (_GLOB & set(real)) and "\x00" not in real:
+        source = "read_parquet(" + "'" + real.replace("'", "''") + "')"
+        try:
+            for batch in cur.sql(text.replace(_UNITS, source)).to_arrow_reader(task.batch_rows):
+                if batch.num_rows:
+                    yield conform(batch, schema, where)
+        except duckdb.Error as exc:
+            raise UnitReadError(f"cannot read Parquet file {unit.path!r}: {_why(exc, real)}") from None
+        return
+    # Row groups (or an odd file name): pyarrow reads the unit, DuckDB runs the fragment over its batches.
+    name = "__flight_unit"
+    cur.register(name, pa.RecordBatchReader.from_batches(ctx.schema, task.guarded(
+        conform(b, ctx.schema, where) for b in read_parquet(body, ctx))))
+    try:
+        for batch in cur.sql(text.replace(_UNITS, name)).to_arrow_reader(task.batch_rows):
+            if batch.num_rows:
+                yield conform(batch, schema, where)
+    except duckdb.Error as exc:
+        raise task.failure(exc) from None
+    finally:
+        cur.unregister(name)
+
+
+def _why(exc: duckdb.Error, real: str) -> str:
+    """DuckDB's failure in fixed words: its messages quote resolved paths and file contents."""
+    if isinstance(exc, duckdb.InterruptException):
+        return "the task was cancelled"
+    if isinstance(exc, duckdb.OutOfMemoryException):
+        return "the worker's memory limit was reached"
+    if isinstance(exc, duckdb.BinderException):
+        return "its columns are not the scan's (a column is missing or of another type)"
+    if isinstance(exc, duckdb.ConversionException):
+        return "a value does not convert to the scan's type"
+    if isinstance(exc, duckdb.PermissionException):
+        return "outside the worker's data roots"
+    if not os.path.exists(real):
+        return "no such file"
+    if os.path.isdir(real):
+        return "it is a directory"
+    if isinstance(exc, duckdb.IOException) and not os.access(real, os.R_OK):
+        return "permission denied"
+    return "not a valid Parquet file, or a damaged one"
+
+
+# --------------------------------------------------------------- translation
+
+
+class _Translator:
+    """Operators → SQL text over the task's sources (see the module docstring)."""
+
+    def __init__(self, task: _Task) -> None:
+        self.task = task
+        self.aliases = itertools.count()
+
+    def sub(self, op: plan_pb2.Operator, path: str) -> str:
+        """``op`` as a FROM item: a parenthesised query with an alias."""
+        return f"({self.relation(op, path)}) AS t{next(self.aliases)}"
+
+    def relation(self, op: plan_pb2.Operator, path: str) -> str:
+        if _fragment_scan(op) is None:
+            return self.operator(op, path)
+        text = _FragmentTranslator(self.task).relation(op, path)
+        if path == "plan.root":
+            return text  # the whole stage is one fragment: run_duckdb runs it per unit
+        # A unit fragment below other operators: its per-unit output is a source of this query.
+        return f"SELECT * FROM {self.task.source(self.task.schemas[path], _fragment(self.task, op, path, text))}"
+
+    def operator(self, op: plan_pb2.Operator, path: str) -> str:
+        kind = op.WhichOneof("kind")
+        here = f"{path}.{kind}"
+        task = self.task
+        schema = task.schemas[path]
+        if kind == "feed_scan":  # not Parquet: the scan's own reader is a source
+            return f"SELECT * FROM {task.source(schema, iter(task.scan_reader(op.feed_scan, here)))}"
+        if kind == "values":
+            table = read_ipc_stream(op.values.ipc_stream, f"{here}.ipc_stream")
+            rows = table.to_batches() if task.inputs.task_number == 0 else []
+            return f"SELECT * FROM {task.source(schema, iter(rows))}"
+        if kind == "exchange_input":
+            batches = (conform(b, schema, "an input batch") for b in task.inputs.input_batches())  # type: ignore[attr-defined]
+            return f"SELECT * FROM {task.source(schema, batches)}"
+        if kind == "shuffle_read":
+            rd = op.shuffle_read
+            producers = [(p.url, p.stage_key) for p in rd.producers]
+            where = f"stage {rd.stage_id} output"
+            read = task.inputs.read_partitions(producers, rd.partition_start, rd.partition_end)
+            return f"SELECT * FROM {task.source(schema, (conform(b, schema, where) for b in read))}"
+        if kind == "filter":
+            child_schema = task.schemas[f"{here}.input"]
+            predicate = expression_sql(op.filter.predicate, child_schema, f"{here}.predicate")
+            return f"SELECT * FROM {self.sub(op.filter.input, f'{here}.input')} WHERE {predicate}"
+        if kind == "project":
+            child_schema = task.schemas[f"{here}.input"]
+            items = []
+            for i, ne in enumerate(op.project.exprs):
+                text = expression_sql(ne.expr, child_schema, f"{here}.exprs[{i}].expr")
+                items.append(f"CAST({text} AS {sql_type(schema.field(i).type)}) AS {ident(ne.name)}")
+            return f"SELECT {', '.join(items)} FROM {self.sub(op.project.input, f'{here}.input')}"
+        if kind == "limit":
+            lim = op.limit
+            return f"SELECT * FROM {self.sub(lim.input, f'{here}.input')} LIMIT {int(lim.count)} OFFSET {int(lim.offset)}"
+        if kind == "sort":
+            srt = op.sort
+            nulls = "NULLS FIRST" if srt.nulls_first else "NULLS LAST"
+            keys = ", ".join(f"{ident(k.column)} {'DESC' if k.descending else 'ASC'} {nulls}" for k in srt.keys)
+            fetch = f" LIMIT {int(srt.fetch)}" if srt.fetch else ""
+            return f"SELECT * FROM {self.sub(srt.input, f'{here}.input')} ORDER BY {keys}{fetch}"
+        if kind == "union":
+            parts = [f"SELECT * FROM {self.sub(child, f'{here}.inputs[{i}]')}" for i, child in enumerate(op.union.inputs)]
+            return " UNION ALL ".join(parts)
+        if kind == "aggregate":
+            return self.aggregate(op.aggregate, here, schema)
+        if kind == "hash_join":
+            return self.join(op.hash_join, here, schema)
+        raise Untranslatable(f"operator {kind}")
+
+    def aggregate(self, agg: plan_pb2.Aggregate, here: str, schema: pa.Schema) -> str:
+        calls = {}
+        for a in agg.aggregates:
+            arg = ident(a.column) if a.column else ""
+            calls[a.name] = {
+                "count_all": "count(*)",
+                "count": f"count({arg})",
+                "count_distinct": f"count(DISTINCT {arg})",
+                "sum": f"sum({arg})",
+                "min": f"min({arg})",
+                "max": f"max({arg})",
+                "mean": f"avg({arg})",
+            }[a.function]
+        items = []
+        for f in schema:
+            text = calls.get(f.name, ident(f.name))
+            items.append(f"CAST({text} AS {sql_type(f.type)}) AS {ident(f.name)}")
+        group = f" GROUP BY {column_list(agg.keys)}" if agg.keys else ""
+        return f"SELECT {', '.join(items)} FROM {self.sub(agg.input, f'{here}.input')}{group}"
+
+    def join(self, join: plan_pb2.HashJoin, here: str, schema: pa.Schema) -> str:
+        left = self.task.schemas[f"{here}.left"]
+        right = self.task.schemas[f"{here}.right"]
+        kind = {
+            "inner": "JOIN", "left outer": "LEFT JOIN", "right outer": "RIGHT JOIN", "full outer": "FULL JOIN",
+            "left semi": "SEMI JOIN", "left anti": "ANTI JOIN",
+        }[join.join_type]
+        on = " AND ".join(f"l.{ident(a)} = r.{ident(b)}" for a, b in zip(join.left_keys, join.right_keys))
+        sides = [("l", n) for n in left.names]
+        if join.join_type not in ("left semi", "left anti"):
+            sides += [("r", n) for n in right.names]
+        if len(sides) != len(schema):
+            raise Untranslatable("a join whose output is not its inputs' columns")
+        items = [f"{q}.{ident(n)} AS {ident(out)}" for (q, n), out in zip(sides, schema.names)]
+        lsub = f"({self.relation(join.left, f'{here}.left')}) AS l"
+        rsub = f"({self.relation(join.right, f'{here}.right')}) AS r"
+        return f"SELECT {', '.join(items)} FROM {lsub} {kind} {rsub} ON {on}"
+
+
+class _FragmentTranslator(_Translator):
+    """A unit fragment's query: the scan reads ``_UNITS`` (one unit's file, filled in per unit)."""
+
+    def relation(self, op: plan_pb2.Operator, path: str) -> str:
+        if op.WhichOneof("kind") == "feed_scan":
+            schema = self.task.schemas[path]
+            items = ", ".join(f"CAST({ident(f.name)} AS {sql_type(f.type)}) AS {ident(f.name)}" for f in schema)
+            return f"SELECT {items} FROM {_UNITS}"
+        return self.operator(op, path)
