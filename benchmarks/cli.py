@@ -1,6 +1,6 @@
-"""flight-bench: TPC-H on flight-exec vs PySpark, single-process Acero and DuckDB.
+"""flight-bench: TPC-H on flight-exec vs PySpark, Sail, single-process Acero, DataFusion, Polars and DuckDB.
 
-    flight-bench [--sf 0.1] [--queries 1,6,...] [--engines flight,pyspark,acero,duckdb]
+    flight-bench [--sf 0.1] [--queries 1,6,...] [--engines flight,pyspark,sail,sail-cluster,acero,datafusion,polars,duckdb]
                  [--workers 1,2 | --workers-file F | --urls U,...] [--runs 3] [--out bench-results] [--secure]
     flight-bench micro [NAME ...] [-- ARGS]      (also: python -m benchmarks ...)
 
@@ -25,17 +25,27 @@ from pathlib import Path
 
 import flight
 from benchmarks import report
-from benchmarks.engines import (AceroEngine, DuckDBEngine, Engine, FailedEngine, FlightEngine, SparkEngine,
-                                java_available, spark_available)
+from benchmarks.engines import (SAIL_VENV, AceroEngine, DataFusionEngine, DuckDBEngine, Engine, FailedEngine, FlightEngine,
+                                PolarsEngine, SailEngine, SparkEngine, datafusion_available, ensure_sail_venv,
+                                java_available, polars_available, sail_available, sail_requirements, sail_venv_info,
+                                spark_available)
 from benchmarks.micro import runner as micro
 from benchmarks.progress import Progress
 from benchmarks.suite import run_suite
 from benchmarks.tpch import ROWS_PER_SF, ensure_tpch, sf_dir, table_ready
-from benchmarks.tpch_queries import QUERY_NUMBERS, SQL, TABLES, duckdb_answer, duckdb_connection, tpch_files
+from benchmarks.tpch_queries import QUERY_NUMBERS, SQL, TABLES, Files, duckdb_answer, duckdb_connection, tpch_files
 
 __all__ = ["main"]
 
-ENGINES = ("flight", "pyspark", "acero", "duckdb")
+ENGINES = ("flight", "pyspark", "sail-cluster", "sail", "acero", "datafusion", "polars", "duckdb")
+"""Every engine, in the order of the tables' columns."""
+NEEDS = {
+    "datafusion": (datafusion_available, "the datafusion package"),
+    "polars": (polars_available, "the polars package"),
+    "sail": (sail_available, "the pysail package"),
+    "sail-cluster": (sail_available, "the pysail package"),
+}
+"""The optional engines' packages (all in the ``bench`` extra): a check and what to say when it fails."""
 OUT_DEFAULT = "bench-results"
 
 
@@ -58,8 +68,10 @@ def _names(text: str) -> list[str]:
 
 
 def default_engines() -> list[str]:
-    """flight, acero, duckdb, and pyspark when it is installed and Java is there to run it."""
-    return ["flight", "acero", "duckdb", *(["pyspark"] if spark_available() and java_available() else [])]
+    """flight, acero, duckdb; pyspark when it is installed and Java is there to run it; datafusion, polars,
+    sail and sail-cluster when their packages are installed (the ``bench`` extra installs them all)."""
+    found = ["flight", "acero", "duckdb", *(["pyspark"] if spark_available() and java_available() else [])]
+    return found + [name for name, (available, _) in NEEDS.items() if available()]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -68,14 +80,19 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Engines: flight = DistributedExec on the workers; acero = flight.run_local, the same plan as one "
                "Acero pipeline in this process; duckdb = the SQL text in DuckDB (the reference answer); pyspark = "
-               "the same SQL text in a local[N] SparkSession. 'flight-bench micro --help' lists the micro benchmarks.",
+               "the same SQL text in a local[N] SparkSession; datafusion = the SQL text in a DataFusion "
+               "SessionContext in this process; polars = the SQL text in a polars SQLContext in this process; "
+               "sail = the SQL text on a Sail Spark Connect server in local mode, sail-cluster = in local-cluster "
+               "mode with N workers (N = the largest flight-exec worker count; the Sail server and client run "
+               "from a venv of their own, .bench-cache/venvs/sail, made on first use). "
+               "'flight-bench micro --help' lists the micro benchmarks.",
     )
     p.add_argument("--sf", type=float, default=0.1, help="TPC-H scale factor (default: %(default)s)")
     p.add_argument("--queries", type=_ints, default=list(QUERY_NUMBERS),
                    help=f"comma-separated query numbers (default: all of {','.join(map(str, QUERY_NUMBERS))})")
     p.add_argument("--engines", type=_names, default=None,
-                   help="comma-separated subset of flight,pyspark,acero,duckdb (default: all; pyspark only "
-                        "when it is installed and java is found)")
+                   help=f"comma-separated subset of {','.join(ENGINES)} (default: all; pyspark only "
+                        "when it is installed and java is found, the others when their packages are installed)")
     p.add_argument("--workers", type=_ints, default=[2],
                    help="LocalCluster worker counts to run flight-exec with, e.g. 1,2 (default: 2)")
     where = p.add_mutually_exclusive_group()
@@ -149,6 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("the pyspark engine needs PySpark: pip install -e '.[spark]'")
     if "pyspark" in names and not java_available():
         p.error("the pyspark engine needs Java (java on PATH or JAVA_HOME)")
+    for name in names:
+        if name in NEEDS and not NEEDS[name][0]():
+            p.error(f"the {name} engine needs {NEEDS[name][1]}: pip install -e '.[bench]'")
     urls = _external_urls(args)
     if urls is not None and not urls:
         p.error("no worker URLs given")
@@ -191,6 +211,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 progress.finish(bar, description=f"Spark {spark.version} local[{cores}] ready in {spark.startup_seconds:.1f}s")
                 engines.append(spark)
+        if "datafusion" in names:
+            engines.append(stack.enter_context(closing(DataFusionEngine(files))))
+        if "polars" in names:
+            engines.append(PolarsEngine(files))
+        sails = [name for name in ("sail", "sail-cluster") if name in names]
+        if sails:
+            engines += _start_sail(sails, files, max(worker_counts), stack, progress)
 
         reference_con = stack.enter_context(closing(duckdb_connection(files))) if "duckdb" not in names else None
         cells = run_suite(engines, numbers, args.runs, lambda n: duckdb_answer(n, files, reference_con), progress)
@@ -241,10 +268,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if ok else 1
 
 
+def _start_sail(names: Sequence[str], files: Files, workers: int, stack: ExitStack, progress: Progress) -> list[Engine]:
+    """The Sail engines: the Sail venv made when missing, then a server and a client per engine; one
+    that fails to start is a FailedEngine (every cell of its column shows why) and the others still run."""
+    venv_error: Exception | None = None
+    if sail_venv_info().get("requirements") != sail_requirements():
+        bar = progress.add(f"making the Sail venv {SAIL_VENV}: pip install {' '.join(sail_requirements())}", total=1)
+        started = time.perf_counter()
+        try:
+            ensure_sail_venv()
+        except Exception as exc:  # noqa: BLE001 - the other engines still run
+            progress.error(f"the Sail venv could not be made: {type(exc).__name__}: {exc}")
+            venv_error = exc
+        else:
+            progress.finish(bar, description=f"Sail venv made in {time.perf_counter() - started:.0f}s: {SAIL_VENV}")
+    engines: list[Engine] = []
+    for name in names:
+        k = workers if name == "sail-cluster" else None
+        key, label, short = SailEngine.names(k)
+        if venv_error is not None:
+            engines.append(FailedEngine(key, label, short, venv_error))
+            continue
+        bar = progress.add(f"starting {label}", total=1)
+        try:
+            sail = stack.enter_context(closing(SailEngine(files, k)))
+        except Exception as exc:  # noqa: BLE001 - the other engines still run; every cell of this one shows this
+            progress.error(f"{label} did not start: {type(exc).__name__}: {exc}")
+            engines.append(FailedEngine(key, label, short, exc))
+        else:
+            progress.finish(bar, description=f"{label}: Sail {sail.versions.get('pysail')} on 127.0.0.1:{sail.port}, "
+                                             f"ready in {sail.startup_seconds:.1f}s")
+            engines.append(sail)
+    return engines
+
+
 def _column_order(e: Engine) -> tuple[int, int]:
-    kind = ["flight", "pyspark", "acero", "duckdb"]
     head = e.key.split("[")[0]
-    return (kind.index(head) if head in kind else len(kind), len(getattr(e, "urls", [])))
+    return (ENGINES.index(head) if head in ENGINES else len(ENGINES), len(getattr(e, "urls", [])))
 
 
 def _title(sf: float, info: dict[str, object], runs: int) -> str:

@@ -67,7 +67,7 @@ def _java_version() -> str | None:
 
 def versions(with_java: bool) -> dict[str, str | None]:
     found: dict[str, str | None] = {"python": platform.python_version()}
-    for dist in ("flight-exec", "pyarrow", "duckdb", "pyspark", "tpchgen-cli"):
+    for dist in ("flight-exec", "pyarrow", "duckdb", "pyspark", "datafusion", "polars", "pysail", "tpchgen-cli"):
         found[dist] = _dist_version(dist)
     if with_java:
         found["java"] = _java_version()
