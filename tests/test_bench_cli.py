@@ -4,7 +4,9 @@ Runs every TPC-H query of the suite on flight-exec (1 and 2 workers of a
 LocalCluster), single-process Acero and DuckDB, one timed run each, and checks
 the exit code, the results JSON (every cell present and matching DuckDB, times
 and peak memory recorded) and the Markdown table. The chart is drawn only when
-matplotlib (the ``bench`` extra) is installed.
+matplotlib (the ``bench`` extra) is installed. The peers (DataFusion, Polars, Sail
+local and local-cluster) answer two queries at SF 0.01 like DuckDB, each when its
+package is installed (the ``bench`` extra; CI's ``dev,spark`` has none of them).
 """
 
 from __future__ import annotations
@@ -13,12 +15,21 @@ import importlib.util
 import json
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import pytest
+from support import tpch_test_files
 
+from benchmarks.engines import (
+    DataFusionEngine,
+    Engine,
+    PolarsEngine,
+    SailEngine,
+    SailError,
+)
 from benchmarks.tpch import tpchgen_cli
-from benchmarks.tpch_queries import QUERY_NUMBERS
+from benchmarks.tpch_queries import ORDERED, QUERY_NUMBERS, compare, duckdb_answer
 
 REPO = Path(__file__).resolve().parent.parent
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
@@ -89,3 +100,106 @@ def test_a_secured_run_checks_every_result(tmp_path: Path) -> None:
     data = json.loads((out / "tpch-sf0.01.json").read_text())
     assert all(r["status"] == "ok" for r in data["results"]), data["results"]
     assert any(u.startswith("grpc+tls://") for e in data["engines"].values() for u in e.get("workers", []))
+
+
+# ------------------------------------------------------------- the peers
+
+PEERS = {"datafusion": "datafusion", "polars": "polars", "sail": "pysail", "sail-cluster": "pysail"}
+"""The peer engines and the package each needs (all in the ``bench`` extra)."""
+PEER_QUERIES = (4, 13)
+"""The queries whose SQL text leans most on the dialect: ``exists`` and ``interval '3' month`` (Q4), a left join
+with a condition and a derived table's column aliases, ``as c_orders (c_custkey, c_count)`` (Q13)."""
+
+
+def _peer(name: str, files: dict[str, list[Path]]) -> Engine:
+    if name == "datafusion":
+        return DataFusionEngine(files)
+    if name == "polars":
+        return PolarsEngine(files)
+    return SailEngine(files, 2 if name == "sail-cluster" else None)
+
+
+@pytest.mark.timeout(600)  # the first Sail run makes the Sail venv (pip install, about a minute)
+@pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.slow] if name.startswith("sail") else [])
+                                  for name in PEERS])
+def test_a_peer_answers_like_duckdb(name: str) -> None:
+    """Each peer runs the suite's SQL text over the same Parquet files and gets DuckDB's answer."""
+    pytest.importorskip(PEERS[name])
+    files = tpch_test_files(0.01)
+    with closing(_peer(name, files)) as engine:
+        assert engine.key == name
+        for n in PEER_QUERIES:
+            got = engine.run(n)
+            assert compare(got, duckdb_answer(n, files), ORDERED.get(n)) is None, (name, n)
+        if isinstance(engine, SailEngine):
+            pids = engine.pids()
+            assert len(pids) == 3 and all(Path(f"/proc/{p}").exists() for p in pids)  # harness, client, server
+            server = engine.server
+    if name.startswith("sail"):
+        assert server is not None and server.poll() is not None  # close() stopped the server
+
+
+def test_datafusion_reads_exactly_the_listed_files(tmp_path: Path) -> None:
+    """DataFusion registers a directory, not a list: a table given as some of a directory's files reads only those."""
+    pytest.importorskip("datafusion")
+    import pyarrow.parquet as pq
+
+    from benchmarks.tpch_queries import TABLES
+
+    files = tpch_test_files(0.01)
+    some = files["lineitem"][:2]
+    assert len(files["lineitem"]) > 2
+    with closing(DataFusionEngine({"lineitem": some})) as engine:
+        rows = engine.ctx.sql("select count(*) as n from lineitem").to_arrow_table().column(0)[0].as_py()
+        assert engine.tables["lineitem"] != str(some[0].parent)  # the links directory, not the table's own
+    assert rows == sum(pq.ParquetFile(p).metadata.num_rows for p in some)
+    with closing(DataFusionEngine({t: files[t] for t in TABLES})) as engine:
+        assert engine.tables["lineitem"] == str(files["lineitem"][0].parent.resolve())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_cli_runs_the_peers_and_checks_them(tmp_path: Path) -> None:
+    """flight-bench --engines with every installed peer: each cell matches DuckDB, in the JSON and the table."""
+    peers = [name for name, package in PEERS.items() if importlib.util.find_spec(package) is not None]
+    if not peers:
+        pytest.skip("none of datafusion, polars, pysail is installed (the bench extra)")
+    tpch_test_files(0.01)
+    out = tmp_path / "results"
+    proc = bench("--sf", "0.01", "--engines", ",".join(["duckdb", *peers]), "--queries", "1,13", "--runs", "1",
+                 "--workers", "2", "--out", str(out), "--plain", "--no-chart", timeout=540)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((out / "tpch-sf0.01.json").read_text())
+    assert set(data["engines"]) == {"duckdb", *peers}
+    assert {(r["query"], r["engine"]) for r in data["results"]} == {(n, e) for n in (1, 13) for e in ["duckdb", *peers]}
+    assert all(r["status"] == "ok" for r in data["results"]), data["results"]
+    if "sail-cluster" in peers:
+        described = data["engines"]["sail-cluster"]
+        assert described["mode"] == "local-cluster" and described["env"]["SAIL_CLUSTER__WORKER_INITIAL_COUNT"] == "2"
+        run = next(r for r in data["results"] if r["engine"] == "sail-cluster")["runs"][0]
+        if run["peak_rss_bytes"] is not None:  # Linux: harness, client, server
+            assert len(run["peak_rss_by_process"]) == 3
+    assert "| Q13 |" in proc.stdout and "matches DuckDB's" in proc.stdout
+
+
+def test_a_sail_that_cannot_start_fails_its_cells_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the Sail venv cannot be made, both Sail columns report why and the other engines still run."""
+    from benchmarks import cli
+
+    def no_venv(*args: object, **kwargs: object) -> Path:
+        raise SailError("pip install ... exited with code 1: no network")
+
+    tpch_test_files(0.01)
+    monkeypatch.setattr(cli, "NEEDS", {name: (lambda: True, what) for name, (_, what) in cli.NEEDS.items()})
+    monkeypatch.setattr(cli, "sail_venv_info", lambda *a, **k: {})
+    monkeypatch.setattr(cli, "ensure_sail_venv", no_venv)
+    out = tmp_path / "results"
+    code = cli.main(["--sf", "0.01", "--engines", "duckdb,sail,sail-cluster", "--queries", "6", "--runs", "1",
+                     "--out", str(out), "--plain", "--no-chart"])
+    assert code == 1
+    data = json.loads((out / "tpch-sf0.01.json").read_text())
+    status = {r["engine"]: r for r in data["results"]}
+    assert status["duckdb"]["status"] == "ok"
+    for name in ("sail", "sail-cluster"):
+        assert status[name]["status"] == "error" and "no network" in status[name]["problem"], status[name]
+    assert "no network" in data["engines"]["sail"]["error"]
