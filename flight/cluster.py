@@ -29,6 +29,7 @@ from pathlib import Path
 from collections.abc import Sequence
 from types import TracebackType
 
+from flight.limits import DEFAULT_MEMORY_FRACTION, physical_memory
 from flight.errors import WorkerUnavailableError
 from flight.resolver import StaticWorkerResolver
 from flight.security import Security, SecurityFiles
@@ -71,8 +72,12 @@ class LocalCluster:
             secure_args, self.security = _throwaway_credentials(Path(self._secrets.name), mtls)
         self.n_workers = n_workers
         self.data_roots = [os.path.abspath(d) for d in data_roots]
+        # The workers share this machine: together their engines may use the share one worker would.
+        share = int(physical_memory() * DEFAULT_MEMORY_FRACTION / n_workers) >> 20
+        memory = [] if any(a.startswith("--memory-limit") for a in worker_args) else ["--memory-limit", f"{share}MB"]
         self._args = (
-            [a for m in extensions for a in ("--extension", m)]
+            memory
+            + [a for m in extensions for a in ("--extension", m)]
             + [a for d in self.data_roots for a in ("--data-root", d)]
             + secure_args
             + list(worker_args)

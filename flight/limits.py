@@ -11,10 +11,13 @@ partition count the plan depends on). docs/protocol.md, "Limits", lists them.
 
 from __future__ import annotations
 
+import os
+
 from flight.errors import ProtocolError
 
 __all__ = [
     "DEFAULT_HEARTBEAT_MS",
+    "DEFAULT_MEMORY_FRACTION",
     "MAX_BATCH_BYTES",
     "MAX_HEARTBEAT_MS",
     "MIN_HEARTBEAT_MS",
@@ -36,6 +39,8 @@ __all__ = [
     "MAX_TASK_COUNT",
     "MAX_UNITS_PER_FRAME",
     "MAX_UNIT_BYTES",
+    "parse_size",
+    "physical_memory",
     "MIN_OUTPUT_BUFFER_BYTES",
     "check_count",
     "clamp",
@@ -103,3 +108,37 @@ def check_count(value: int, most: int, field: str, what: str) -> None:
     """Refuse a requirement above ``most`` (``field`` names where it was)."""
     if value > most:
         raise ProtocolError(f"{field} asks for {value} {what}; this worker allows at most {most}", field=field)
+
+
+DEFAULT_MEMORY_FRACTION = 0.5
+"""A worker's engine may use this share of the machine's memory unless ``--memory-limit`` says otherwise."""
+
+_UNITS = {"": 1 << 20, "B": 1, "KB": 1 << 10, "KIB": 1 << 10, "MB": 1 << 20, "MIB": 1 << 20, "GB": 1 << 30, "GIB": 1 << 30, "TB": 1 << 40, "TIB": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``4GB``, ``512MB``, ``1.5GiB`` or a plain number of MiB; ``ValueError`` otherwise.
+
+    Units are binary (GB = GiB), as DuckDB and most tools read a memory setting.
+    """
+    cleaned = text.strip().upper().replace(" ", "")
+    number = cleaned.rstrip("KMGTIB")
+    unit = cleaned[len(number):]
+    if unit not in _UNITS:
+        raise ValueError(f"{text!r} is not a size such as 4GB or 512MB")
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size such as 4GB or 512MB") from None
+    size = int(value * _UNITS[unit])
+    if size < 16 << 20:
+        raise ValueError(f"{text!r} is less than 16MB, too little to run a query")
+    return size
+
+
+def physical_memory() -> int:
+    """This machine's memory in bytes (8 GiB when the system does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30

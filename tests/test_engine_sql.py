@@ -21,7 +21,6 @@ from flight.plan.expr import Expr, col, lit
 from tests.test_expressions import FAMILIES, TABLE, roundtrip
 
 DECLINED = {
-    "arithmetic-unchecked",  # integer add that wraps in pyarrow; DuckDB raises on overflow
     "set_string-substr_step",
     "set_string-trim",
     "cast_date_conditional-cast_unsafe",

@@ -213,11 +213,11 @@ def run_duckdb(
     """The task's output stream, computed by DuckDB; ``Untranslatable`` if it cannot be (use Acero)."""
     task = _Task(inputs, schemas, roots, batch_rows, delay, scan_reader)  # type: ignore[arg-type]
     try:
-        text = _Translator(task).relation(plan.root, "plan.root")
+        translator = _Translator(task)
+        text = translator.relation(plan.root, "plan.root")
         out_schema = schemas["plan.root"]
-        if _UNITS in text:  # the whole stage is one unit fragment: its per-unit output is the task's output
-            batches = _fragment(task, plan.root, "plan.root", text)
-            reader = pa.RecordBatchReader.from_batches(out_schema, _closing(task, batches))
+        if translator.root_fragment is not None:  # the whole stage is one unit fragment: its output is the task's
+            reader = pa.RecordBatchReader.from_batches(out_schema, _closing(task, translator.root_fragment))
         else:
             cur = task.cursor()
             for name, source in task.sources.items():
@@ -254,34 +254,75 @@ def _closing(task: _Task, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Reco
 # ------------------------------------------------------------ unit fragments
 
 
-def _chain(op: plan_pb2.Operator) -> plan_pb2.FeedScan | None:
-    """The Parquet feed scan under a chain of filters and projects, if ``op`` is such a chain."""
+_PER_UNIT_JOINS = ("inner", "left outer", "left semi", "left anti")
+"""Joins that distribute over a union of left pieces: (L1 ∪ L2) ⋈ R = (L1 ⋈ R) ∪ (L2 ⋈ R)."""
+
+
+def _chain(op: plan_pb2.Operator, path: str) -> tuple[plan_pb2.FeedScan, str] | None:
+    """The Parquet feed scan (and its path) under a chain of filters, projects and joins that may run
+    per work unit (the scan on the left, a side built once on the right), if ``op`` is such a chain."""
     while True:
         kind = op.WhichOneof("kind")
         if kind == "feed_scan":
-            return op.feed_scan if op.feed_scan.reader == "parquet" else None
-        if kind not in ("filter", "project"):
+            return (op.feed_scan, path) if op.feed_scan.reader == "parquet" else None
+        if kind == "hash_join" and op.hash_join.join_type in _PER_UNIT_JOINS and not _scans(op.hash_join.right):
+            op, path = op.hash_join.left, f"{path}.hash_join.left"
+        elif kind in ("filter", "project"):
+            op, path = getattr(op, kind).input, f"{path}.{kind}.input"
+        else:
             return None
-        op = getattr(op, kind).input
 
 
-def _fragment_scan(op: plan_pb2.Operator) -> plan_pb2.FeedScan | None:
-    """The scan of the unit fragment rooted at ``op``, or None when ``op`` roots none."""
+def _scans(op: plan_pb2.Operator) -> bool:
+    """Whether ``op`` reads a feed. A join's right side that does not is another stage's output (in a
+    leaf stage: a broadcast, small by the planner's estimate), worth building once per work unit;
+    one that does is read once, as a source, and joined with the fragment's stream."""
+    stack = [op]
+    while stack:
+        node = stack.pop()
+        kind = node.WhichOneof("kind")
+        if kind == "feed_scan":
+            return True
+        if kind == "union":
+            stack.extend(node.union.inputs)
+        elif kind == "hash_join":
+            stack.extend((node.hash_join.left, node.hash_join.right))
+        elif kind is not None and hasattr(getattr(node, kind), "input"):
+            stack.append(getattr(node, kind).input)
+    return False
+
+
+def _fragment_scan(op: plan_pb2.Operator, path: str) -> tuple[plan_pb2.FeedScan, str] | None:
+    """The scan of the unit fragment rooted at ``op`` (and its path), or None when ``op`` roots none."""
     if op.WhichOneof("kind") == "aggregate" and op.aggregate.partial:
-        return _chain(op.aggregate.input)
-    return _chain(op)
+        return _chain(op.aggregate.input, f"{path}.aggregate.input")
+    return _chain(op, path)
 
 
-def _fragment(task: _Task, op: plan_pb2.Operator, path: str, text: str) -> Iterator[pa.RecordBatch]:
-    """The fragment at ``path`` run once per work unit, every unit's rows in turn."""
-    scan = _fragment_scan(op)
-    assert scan is not None
+def _fragment(
+    task: _Task, op: plan_pb2.Operator, path: str, text: str, builds: list[tuple[str, str]]
+) -> Iterator[pa.RecordBatch]:
+    """The fragment at ``path`` run once per work unit, every unit's rows in turn.
+
+    ``builds`` are the (table, query) pairs of its joins' right sides: each is computed
+    once, into a temporary table of the fragment's cursor, before the first unit.
+    """
+    found = _fragment_scan(op, path)
+    assert found is not None
+    scan, scan_path = found
     schema = task.schemas[path]
-    scan_path = _scan_path(op, path)
     ctx = ReaderContext(schema=task.schemas[scan_path], columns=list(scan.columns) or None, roots=task.roots,
                         batch_rows=task.batch_rows, options=dict(scan.reader_options))
     feed_id = scan.feed.feed_id
     cur = task.cursor()
+    if builds:
+        for name, source in task.sources.items():
+            cur.register(name, source)
+        for table, query in builds:
+            try:
+                cur.execute(f"CREATE TEMP TABLE {table} AS {query}")
+            except duckdb.Error as exc:
+                raise task.failure(exc) from None
     for partition in task.inputs.feed_partitions(feed_id):
         inbox = task.inputs.inbox(feed_id, partition)
         for n in itertools.count():
@@ -298,16 +339,6 @@ def _fragment(task: _Task, op: plan_pb2.Operator, path: str, text: str) -> Itera
                 raise type(exc)(f"{where}: {exc}") from None
             task.delay(1)
             unit.done()
-
-
-def _scan_path(op: plan_pb2.Operator, path: str) -> str:
-    while True:
-        kind = op.WhichOneof("kind")
-        path = f"{path}.{kind}"
-        if kind == "feed_scan":
-            return path[: -len(".feed_scan")]
-        op = getattr(op, kind).input
-        path = f"{path}.input"
 
 
 def _one_unit(
@@ -372,19 +403,23 @@ class _Translator:
     def __init__(self, task: _Task) -> None:
         self.task = task
         self.aliases = itertools.count()
+        self.root_fragment: Iterator[pa.RecordBatch] | None = None
 
     def sub(self, op: plan_pb2.Operator, path: str) -> str:
         """``op`` as a FROM item: a parenthesised query with an alias."""
         return f"({self.relation(op, path)}) AS t{next(self.aliases)}"
 
     def relation(self, op: plan_pb2.Operator, path: str) -> str:
-        if _fragment_scan(op) is None:
+        if _fragment_scan(op, path) is None:
             return self.operator(op, path)
-        text = _FragmentTranslator(self.task).relation(op, path)
+        fragment = _FragmentTranslator(self.task)
+        text = fragment.relation(op, path)
+        batches = _fragment(self.task, op, path, text, fragment.builds)
         if path == "plan.root":
-            return text  # the whole stage is one fragment: run_duckdb runs it per unit
+            self.root_fragment = batches  # the whole stage is one fragment: its output is the task's
+            return text
         # A unit fragment below other operators: its per-unit output is a source of this query.
-        return f"SELECT * FROM {self.task.source(self.task.schemas[path], _fragment(self.task, op, path, text))}"
+        return f"SELECT * FROM {self.task.source(self.task.schemas[path], batches)}"
 
     def operator(self, op: plan_pb2.Operator, path: str) -> str:
         kind = op.WhichOneof("kind")
@@ -455,6 +490,9 @@ class _Translator:
         group = f" GROUP BY {column_list(agg.keys)}" if agg.keys else ""
         return f"SELECT {', '.join(items)} FROM {self.sub(agg.input, f'{here}.input')}{group}"
 
+    def right_side(self, join: plan_pb2.HashJoin, here: str) -> str:
+        return f"({self.relation(join.right, f'{here}.right')})"
+
     def join(self, join: plan_pb2.HashJoin, here: str, schema: pa.Schema) -> str:
         left = self.task.schemas[f"{here}.left"]
         right = self.task.schemas[f"{here}.right"]
@@ -470,12 +508,22 @@ class _Translator:
             raise Untranslatable("a join whose output is not its inputs' columns")
         items = [f"{q}.{ident(n)} AS {ident(out)}" for (q, n), out in zip(sides, schema.names)]
         lsub = f"({self.relation(join.left, f'{here}.left')}) AS l"
-        rsub = f"({self.relation(join.right, f'{here}.right')}) AS r"
+        rsub = f"{self.right_side(join, here)} AS r"
         return f"SELECT {', '.join(items)} FROM {lsub} {kind} {rsub} ON {on}"
 
 
 class _FragmentTranslator(_Translator):
-    """A unit fragment's query: the scan reads ``_UNITS`` (one unit's file, filled in per unit)."""
+    """A unit fragment's query: the scan reads ``_UNITS`` (one unit's file, filled in per unit), and
+    a join's right side is a table built once (``builds``) by a query over the task's sources."""
+
+    def __init__(self, task: _Task) -> None:
+        super().__init__(task)
+        self.builds: list[tuple[str, str]] = []
+
+    def right_side(self, join: plan_pb2.HashJoin, here: str) -> str:
+        table = f"__flight_build_{next(self.task.names)}"
+        self.builds.append((table, _Translator(self.task).relation(join.right, f"{here}.right")))
+        return table
 
     def relation(self, op: plan_pb2.Operator, path: str) -> str:
         if op.WhichOneof("kind") == "feed_scan":

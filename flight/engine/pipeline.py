@@ -23,7 +23,6 @@ import pyarrow.acero as ac
 from flight._proto import plan_pb2
 from flight.engine.expressions import bind, to_pyarrow
 from flight.arrow_types import UNITS_READER, normalize_schema
-from flight.engine import duck
 from flight.engine.confine import DataRoots, worker_roots
 from flight.engine.readers import PathRefused, ReaderContext, UnitReadError, conform, get_reader
 from flight.engine.sql import Untranslatable
@@ -160,6 +159,8 @@ def compile_task(
     env = _Env(inputs, batch_rows, unit_delay_s, worker_roots() if roots is None else roots)
     # Checks and types every operator (nothing runs yet); the declaration is Acero's plan.
     decl, _ = _compile(plan.root, env, "plan.root")
+    from flight.engine import duck  # imported on first use: ``import flight`` stays light
+
     if (engine or duck.settings().engine) == "duckdb":
         try:
             return duck.run_duckdb(

@@ -13,8 +13,10 @@ import importlib
 import logging
 import os
 import select
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +27,8 @@ import pyarrow as pa
 from flight._version import __version__
 from flight.config import WorkerOptions
 from flight.engine.confine import DataRoots, set_worker_roots
+from flight.engine.duck import EngineSettings, configure
+from flight.limits import DEFAULT_MEMORY_FRACTION, parse_size, physical_memory
 from flight.security import Security
 from flight.worker.auth import ServerSecurity, read_tokens
 from flight.worker.server import WorkerServer
@@ -89,6 +93,15 @@ def _parser() -> argparse.ArgumentParser:
         default=d.peer_timeout,
         help="seconds without a message (heartbeats included) from a task's coordinator before the task is freed (default: %(default)s)",
     )
+    eng = p.add_argument_group("engine (docs/engine.md)")
+    eng.add_argument("--engine", choices=("duckdb", "acero"), default="duckdb",
+                     help="the per-task engine; plans DuckDB cannot run with the plan's meaning run on Acero either way (default: %(default)s)")
+    eng.add_argument("--memory-limit", type=parse_size, default=None, metavar="SIZE",
+                     help="memory the engine may use before it spills, e.g. 4GB or 512MB "
+                          f"(default: {int(DEFAULT_MEMORY_FRACTION * 100)}%% of this machine's memory)")
+    eng.add_argument("--spill-dir", type=Path, default=None, metavar="DIR",
+                     help="where the engine spills joins, aggregates and sorts past --memory-limit (default: a fresh temporary directory, removed at exit)")
+    eng.add_argument("--engine-threads", type=int, default=None, metavar="N", help="engine threads (default: one per core)")
     sec = p.add_argument_group("security (docs/security.md)")
     sec.add_argument("--auth-token-file", metavar="FILE", help="require a bearer token from FILE on every call (one token per line: list two to rotate)")
     sec.add_argument("--public-health", action="store_true", help="with --auth-token-file: let the health action through without a token")
@@ -162,6 +175,15 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         data_roots=roots.paths,
     )
     set_worker_roots(roots)  # what this process's tasks may read (compile_task's default)
+    spill_dir = args.spill_dir
+    own_spill = spill_dir is None
+    if own_spill:
+        spill_dir = Path(tempfile.mkdtemp(prefix="flight-spill-"))
+    else:
+        spill_dir.mkdir(parents=True, exist_ok=True)
+    memory_limit = args.memory_limit or int(physical_memory() * DEFAULT_MEMORY_FRACTION)
+    configure(EngineSettings(engine=args.engine, memory_limit=memory_limit, spill_dir=str(spill_dir), threads=args.engine_threads))
+    log.info("engine %s, memory limit %d MiB, spilling to %s", args.engine, memory_limit >> 20, spill_dir)
     if roots:
         log.info("file readers confined to %s", ", ".join(roots.paths))
     else:
@@ -197,6 +219,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     log.info("stopped" if not stopper.is_alive() else "stopped (calls of unresponsive clients were left open)")
     # Leave without interpreter finalization: Arrow and gRPC threads that are still winding down
     # (a stream to a dead peer, say) must not run Python code while the interpreter tears down.
+    if own_spill:
+        shutil.rmtree(spill_dir, ignore_errors=True)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
