@@ -1,0 +1,106 @@
+"""The per-task engine on real workers: memory limits and spilling, engine choice, errors.
+
+Answers are checked against pyarrow computing the same thing in the test process
+(an oracle independent of DuckDB, the workers' engine).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+import flight
+from flight import col
+
+MEMORY_LIMIT_MB = 64
+BUILD_ROWS = 3_000_000
+"""About 270 MB of keys and 80-character strings: four times the workers' memory limit."""
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Path], list[Path], pa.Table, pa.Table]:
+    root = tmp_path_factory.mktemp("spill")
+    keys = pa.array(range(BUILD_ROWS), pa.int64())
+    payload = pc.binary_join_element_wise(pc.cast(keys, pa.string()), "-" + "x" * 72, "")
+    build = pa.table({"k": keys, "p": payload})
+    probe_keys = pc.multiply(pa.array(range(BUILD_ROWS // 3), pa.int64()), 3)
+    probe = pa.table({"pk": probe_keys, "v": pc.add(probe_keys, 1)})
+    build_files, probe_files = [], []
+    for i in range(4):
+        part = build.slice(i * BUILD_ROWS // 4, BUILD_ROWS // 4)
+        path = root / f"build.{i}.parquet"
+        pq.write_table(part, path, row_group_size=256_000)
+        build_files.append(path)
+    path = root / "probe.parquet"
+    pq.write_table(probe, path)
+    probe_files.append(path)
+    return build_files, probe_files, build, probe
+
+
+@pytest.fixture(scope="module")
+def small_memory(data_roots: list[Path]) -> Iterator[flight.LocalCluster]:
+    with flight.LocalCluster(1, data_roots=data_roots, worker_args=["--memory-limit", f"{MEMORY_LIMIT_MB}MB"]) as c:
+        yield c
+
+
+@pytest.mark.slow
+def test_join_with_a_build_side_four_times_the_memory_limit(small_memory: flight.LocalCluster, big: tuple) -> None:
+    build_files, probe_files, build, probe = big
+    query = (
+        flight.read_parquet(probe_files)
+        .join(flight.read_parquet(build_files), left_on="pk", right_on="k")
+        .aggregate([], rows=flight.agg.count_all(), v=flight.agg.sum(col("v")), longest=flight.agg.max(col("p")))
+    )
+    got = flight.DistributedExec(query, small_memory.urls).to_table().to_pylist()
+    joined = probe.join(build, keys="pk", right_keys="k")
+    want = [{"rows": joined.num_rows, "v": pc.sum(joined["v"]).as_py(), "longest": pc.max(joined["p"]).as_py()}]
+    assert got == want
+
+
+@pytest.mark.slow
+def test_aggregate_with_groups_four_times_the_memory_limit(small_memory: flight.LocalCluster, big: tuple) -> None:
+    build_files, _, build, _ = big
+    query = (
+        flight.read_parquet(build_files)
+        .aggregate(["p"], n=flight.agg.count_all(), k=flight.agg.max(col("k")))
+        .aggregate([], groups=flight.agg.count_all(), n=flight.agg.sum(col("n")), k=flight.agg.sum(col("k")))
+    )
+    got = flight.DistributedExec(query, small_memory.urls).to_table().to_pylist()
+    grouped = build.group_by("p").aggregate([("k", "max"), ("k", "count")])
+    want = [{"groups": grouped.num_rows, "n": pc.sum(grouped["k_count"]).as_py(), "k": pc.sum(grouped["k_max"]).as_py()}]
+    assert got == want
+
+
+@pytest.fixture(scope="module")
+def acero_cluster(data_roots: list[Path]) -> Iterator[flight.LocalCluster]:
+    with flight.LocalCluster(2, data_roots=data_roots, worker_args=["--engine", "acero"]) as c:
+        yield c
+
+
+def test_both_engines_answer_alike(cluster: flight.LocalCluster, acero_cluster: flight.LocalCluster, tmp_path: Path) -> None:
+    table = pa.table({
+        "g": pa.array(["a", "b", None, "a", "c", "b"] * 50),
+        "x": pa.array([1.5, None, 3.0, -2.0, 0.0, 7.25] * 50),
+        "n": pa.array([1, 2, 3, None, 5, 6] * 50, pa.int32()),
+    })
+    files = []
+    for i in range(3):
+        path = tmp_path / f"t{i}.parquet"
+        pq.write_table(table, path)
+        files.append(path)
+    query = (
+        flight.read_parquet(files)
+        .filter((col("n") > 1) | col("g").is_null())
+        .select("g", y=col("x") * 2.0, m=col("n") + 1)
+        .aggregate(["g"], c=flight.agg.count_all(), s=flight.agg.sum(col("y")), lo=flight.agg.min(col("m")))
+        .sort(["g"])
+    )
+    duck = flight.DistributedExec(query, cluster.urls).to_table()
+    acero = flight.DistributedExec(query, acero_cluster.urls).to_table()
+    assert duck.schema == acero.schema
+    assert duck.to_pylist() == acero.to_pylist()
