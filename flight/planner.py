@@ -275,8 +275,9 @@ class _Planner:
                 return _Frag(ordered, 1, out_rows, right.feeds + left.feeds, right.reads + left.reads, left.leaf or right.leaf)
             merged = JoinNode(left.node, right.node, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "local")
             return _Frag(merged, 1, out_rows, left.feeds + right.feeds, left.reads + right.reads, left.leaf or right.leaf)
-        if semi:
-            right = self.distinct_keys(right, node)
+        distinct = self.distinct_keys(right, node) if semi else None
+        if distinct is not None:
+            right = distinct
         # Broadcasting copies the build side into every probe task: worth it when that side is small,
         # and not larger than the side that would otherwise be shuffled.
         right_bytes = _bytes(right)
@@ -284,6 +285,8 @@ class _Planner:
         left_bytes = float("inf") if known is None else known
         small = right_bytes is not None and right_bytes <= min(self.options.broadcast_bytes, left_bytes)
         if small and node.join_type in ("inner", "left outer", "left semi", "left anti"):
+            if distinct is not None:
+                self.rewrites.append(f"{_join_text(node)}: the build side is reduced to its distinct keys {node.right_keys} before it is broadcast")
             read = self.cut(right, "broadcast")
             merged = JoinNode(left.node, read, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "broadcast")
             return _Frag(merged, left.tasks, out_rows, left.feeds, left.reads + [read], left.leaf)
@@ -294,6 +297,8 @@ class _Planner:
             read = self.cut(left, "broadcast")
             ordered = self.swapped(node, left.node, right.node, "broadcast", left, right, left_read=read)
             return _Frag(ordered, right.tasks, out_rows, right.feeds, right.reads + [read], right.leaf)
+        if distinct is not None:
+            self.rewrites.append(f"{_join_text(node)}: the build side is reduced to its distinct keys {node.right_keys} before it is shuffled")
         tasks = self.upper_tasks(rows)
         lread = self.cut(left, "hash", node.left_keys)
         rread = self.cut(right, "hash", node.right_keys)
@@ -315,12 +320,12 @@ class _Planner:
             right, build, node.right_keys, node.left_keys, _SWAPPED[node.join_type], node.right_suffix, f"{strategy}, sides swapped"
         )
         self.rewrites.append(
-            f"{_join_text(node)}: sides swapped, the left side (~{_rows_text(lf.rows)} rows) is estimated smaller "
-            f"than the right (~{_rows_text(rf.rows)}), so it builds the hash table"
+            f"{_join_text(node)}: sides swapped, the left side ({_size_text(lf)}) is estimated smaller "
+            f"than the right ({_size_text(rf)}), so it builds the hash table"
         )
         return ProjectNode(joined, [(n, col(n)) for n in node.schema.names])
 
-    def distinct_keys(self, f: _Frag, node: JoinNode) -> _Frag:
+    def distinct_keys(self, f: _Frag, node: JoinNode) -> _Frag | None:
         """A semi or anti join's build side as its distinct keys, computed in the tasks that produce it.
 
         Only whether a key occurs matters to such a join, so every duplicate that
@@ -329,9 +334,8 @@ class _Planner:
         """
         keys = list(node.right_keys)
         if isinstance(f.node, AggregateNode) and not f.node.calls and set(f.node.keys) <= set(keys):
-            return f  # already distinct on (a subset of) the keys
+            return None  # already distinct on (a subset of) the keys
         reduced = AggregateNode(f.node, keys, [], "PartialDistinct", partial=True)
-        self.rewrites.append(f"{_join_text(node)}: the build side is reduced to its distinct keys {keys} before it is sent")
         rows = None if f.rows is None else max(1.0, f.rows * _DISTINCT_FRACTION)
         return self.wrap(f, reduced, rows)
 
@@ -402,8 +406,8 @@ def _call_selectivity(function: str, args: list[float]) -> float:
 _SWAPPED = {"inner": "inner", "left outer": "right outer", "right outer": "left outer", "full outer": "full outer"}
 """Join types whose sides may swap (Acero builds the right side), and the type after the swap."""
 
-_DISTINCT_FRACTION = 0.5
-"""The fraction of a semi join's build-side rows estimated to be distinct keys."""
+_DISTINCT_FRACTION = 0.1
+"""The fraction of a semi join's build-side rows estimated to be distinct keys (as for a grouped aggregate)."""
 
 
 def _bytes(f: _Frag) -> float | None:
@@ -421,8 +425,9 @@ def _join_text(node: JoinNode) -> str:
     return f"HashJoin[{node.join_type}, {keys}]"
 
 
-def _rows_text(rows: float | None) -> str:
-    return "?" if rows is None else f"{rows:,.0f}"
+def _size_text(f: _Frag) -> str:
+    size = _bytes(f)
+    return "?" if f.rows is None or size is None else f"~{f.rows:,.0f} rows, {size / (1 << 20):,.1f} MiB"
 
 
 def _row_width(schema: pa.Schema) -> int:

@@ -406,8 +406,10 @@ CASES = {
         ((col("s") == "s1") & (col("v") < 40) & (col("n") > 10))
         | ((col("s") == "s3") & (col("x_right").isin(["r1", "r2", "r3", "r4"])))
         | ((col("v") > 80) & col("n").is_null()),
-        "(l.s = 's1' AND l.v < 40 AND r.n > 10) OR (l.s = 's3' AND coalesce(r.x IN ('r1', 'r2', 'r3', 'r4'), false)) "
-        "OR (l.v > 80 AND r.n IS NULL)",
+        (
+            "(l.s = 's1' AND l.v < 40 AND r.n > 10) OR (l.s = 's3' AND coalesce(r.x IN ('r1', 'r2', 'r3', 'r4'), false)) "
+            "OR (l.v > 80 AND r.n IS NULL)"
+        ),
     ),
     "inner-or-missing-side": (
         "inner",
