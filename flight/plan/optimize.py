@@ -197,10 +197,10 @@ def _children_pushed(node: Node) -> Node:
 
 def _filtered(node: Node, preds: list[_Pred]) -> Node:
     """``node`` under one filter of ``preds`` (the same conjunct once), or ``node`` itself when there are none."""
-    unique: list[_Pred] = []
+    seen: dict[bytes, _Pred] = {}
     for p in preds:
-        if not any(p.expr.equals(u.expr) for u in unique):
-            unique.append(p)
+        seen.setdefault(p.expr.to_proto().SerializeToString(deterministic=True), p)
+    unique = list(seen.values())
     if not unique:
         return node
     origins = tuple(p.origin for p in unique)
