@@ -105,9 +105,8 @@ def _database(roots: DataRoots) -> duckdb.DuckDBPyConnection:
         con = _dbs.get(key)
         if con is not None:
             return con
-        config: dict[str, str | int | bool] = {
-            "autoinstall_known_extensions": False, "autoload_known_extensions": False, "enable_progress_bar": False,
-        }
+        # Tasks run on cursors, which never print DuckDB's progress bar.
+        config: dict[str, str | int | bool] = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
         if _settings.memory_limit:
             config["memory_limit"] = f"{_settings.memory_limit // (1 << 20)}MiB"
         if _settings.threads:

@@ -204,6 +204,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         sys.exit(2)
     server = WorkerServer(args.host, args.port, options, security=security)
     print(f"flight-worker listening on {server.url}", flush=True)
+    # Nobody reads stdout after that line (LocalCluster stops at it): anything a library prints
+    # there later would fill the pipe and block the worker, so stdout goes to stderr from here.
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     log.info("flight-worker %s serving on %s", __version__, server.url)
     signum = 0
     while signum not in stop_signals:

@@ -207,6 +207,9 @@ class WorkerServer(fl.FlightServerBase):
             sender.close()
             self.registry.remove(task)
             log.debug("task %s freed", task.key)
+            if not len(self.registry):
+                # Idle: hand freed memory back to the system (Arrow's allocator keeps it otherwise).
+                pa.default_memory_pool().release_unused()
         if task.failure is not None:
             raise task.failure
 
