@@ -224,6 +224,14 @@ def test_suffixed_right_columns_go_to_the_right_side_by_their_own_name(data: Dat
     assert right.predicate.equals(col("s") == "s1") and left.predicate.equals(col("s") == "s2")
 
 
+def test_custom_suffix_maps_back_to_the_right_sides_names(data: Data) -> None:
+    right = data.read("R").select("rid", "rk", "s", x_r="x")  # "s" gets the suffix "_r"; "x_r" is the right's own name
+    q = data.read("L").join(right, left_on="k", right_on="rk", suffix="_r").filter((col("s_r") == "s1") & (col("x_r") == "r2"))
+    p = plan(q, tasks=1)
+    assert scan_filter(p, "rid").predicate.equals((col("s") == "s1") & (col("x") == "r2"))
+    assert not [f for f in nodes(p, FilterNode) if isinstance(f.input, FeedScanNode) and "id" in f.input.schema.names]
+
+
 def test_or_of_ands_gives_each_side_its_implied_filter(data: Data) -> None:
     """The Q19 pattern: each side gets OR_i (its own terms of disjunct i); the original stays above."""
     pred = (
