@@ -212,6 +212,8 @@ def run_duckdb(
     on_cancel: Callable[[Callable[[], None]], None] | None = None,
 ) -> pa.RecordBatchReader:
     """The task's output stream, computed by DuckDB; ``Untranslatable`` if it cannot be (use Acero)."""
+    if not _worth_it(plan.root):
+        raise Untranslatable("nothing to compute that DuckDB does better: Acero streams it batch by batch")
     task = _Task(inputs, schemas, roots, batch_rows, delay, scan_reader)  # type: ignore[arg-type]
     try:
         translator = _Translator(task)
@@ -234,6 +236,25 @@ def run_duckdb(
     if on_cancel is not None:
         on_cancel(task.interrupt)
     return reader
+
+
+def _worth_it(root: plan_pb2.Operator) -> bool:
+    """Whether the stage reads Parquet units or joins, aggregates or sorts: what DuckDB speeds up.
+
+    Filters and projects over streamed input (map stages, custom readers, shuffle reads) stay
+    on Acero, which passes each batch on as it comes (DuckDB gathers ``batch_rows`` rows first).
+    """
+    stack = [root]
+    while stack:
+        op = stack.pop()
+        kind = op.WhichOneof("kind")
+        if kind in ("aggregate", "hash_join", "sort") or (kind == "feed_scan" and op.feed_scan.reader == "parquet"):
+            return True
+        if kind == "union":
+            stack.extend(op.union.inputs)
+        elif kind is not None and hasattr(getattr(op, kind), "input"):
+            stack.append(getattr(op, kind).input)
+    return False
 
 
 def _results(task: _Task, relation: duckdb.DuckDBPyRelation, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
@@ -301,9 +322,10 @@ def _fragment_scan(op: plan_pb2.Operator, path: str) -> tuple[plan_pb2.FeedScan,
 
 
 def _fragment(
-    task: _Task, op: plan_pb2.Operator, path: str, text: str, builds: list[tuple[str, str]]
+    task: _Task, op: plan_pb2.Operator, path: str, text: str, builds: list[tuple[str, str]], schema: pa.Schema | None = None
 ) -> Iterator[pa.RecordBatch]:
-    """The fragment at ``path`` run once per work unit, every unit's rows in turn.
+    """The fragment at ``path`` run once per work unit, every unit's rows (of ``schema``, by default
+    the operator's) in turn.
 
     ``builds`` are the (table, query) pairs of its joins' right sides: each is computed
     once, into a temporary table of the fragment's cursor, before the first unit.
@@ -311,7 +333,7 @@ def _fragment(
     found = _fragment_scan(op, path)
     assert found is not None
     scan, scan_path = found
-    schema = task.schemas[path]
+    schema = schema if schema is not None else task.schemas[path]
     ctx = ReaderContext(schema=task.schemas[scan_path], columns=list(scan.columns) or None, roots=task.roots,
                         batch_rows=task.batch_rows, options=dict(scan.reader_options))
     feed_id = scan.feed.feed_id
@@ -412,6 +434,10 @@ class _Translator:
 
     def relation(self, op: plan_pb2.Operator, path: str) -> str:
         if _fragment_scan(op, path) is None:
+            if op.WhichOneof("kind") == "aggregate":
+                merged = self.local_partial(op, path)
+                if merged is not None:
+                    return merged
             return self.operator(op, path)
         fragment = _FragmentTranslator(self.task)
         text = fragment.relation(op, path)
@@ -470,6 +496,47 @@ class _Translator:
         if kind == "hash_join":
             return self.join(op.hash_join, here, schema)
         raise Untranslatable(f"operator {kind}")
+
+    def local_partial(self, op: plan_pb2.Operator, path: str) -> str | None:
+        """An aggregate over a unit fragment, split here as the planner splits one across stages:
+        a partial aggregate per work unit (inside the fragment's query), merged by this query.
+
+        The units' rows then never cross into Python; only each unit's groups do. None when the
+        aggregate does not split (``count_distinct``, or a mean that is not a float).
+        """
+        agg = op.aggregate
+        in_path = f"{path}.aggregate.input"
+        if agg.partial or _fragment_scan(agg.input, in_path) is None:
+            return None
+        task = self.task
+        out, source = task.schemas[path], task.schemas[in_path]
+        parts: list[str] = [ident(k) for k in agg.keys]
+        fields: list[pa.Field] = [source.field(k) for k in agg.keys]
+        merged: dict[str, str] = {}
+        for i, a in enumerate(agg.aggregates):
+            t = out.field(a.name).type
+            p, arg = f"__part{i}", ident(a.column) if a.column else ""
+            if a.function in ("count", "count_all"):
+                parts.append(f"count({arg or '*'}) AS {p}")
+                fields.append(pa.field(p, pa.int64()))
+                merged[a.name] = f"coalesce(sum({p}), 0)"
+            elif a.function in ("sum", "min", "max"):
+                parts.append(f"CAST({a.function}({arg}) AS {sql_type(t)}) AS {p}")
+                fields.append(pa.field(p, t))
+                merged[a.name] = f"{a.function}({p})"
+            elif a.function == "mean" and pa.types.is_floating(t):
+                parts.append(f"CAST(sum({arg}) AS DOUBLE) AS {p}s, count({arg}) AS {p}c")
+                fields += [pa.field(f"{p}s", pa.float64()), pa.field(f"{p}c", pa.int64())]
+                merged[a.name] = f"(CASE WHEN sum({p}c) = 0 THEN NULL ELSE sum({p}s) / sum({p}c) END)"
+            else:
+                return None
+        fragment = _FragmentTranslator(task)
+        group = f" GROUP BY {column_list(agg.keys)}" if agg.keys else ""
+        text = f"SELECT {', '.join(parts)} FROM ({fragment.relation(agg.input, in_path)}) AS t{group}"
+        schema = pa.schema(fields)
+        name = task.source(schema, _fragment(task, agg.input, in_path, text, fragment.builds, schema))
+        items = [f"CAST({merged.get(f.name, ident(f.name))} AS {sql_type(f.type)}) AS {ident(f.name)}" for f in out]
+        return f"SELECT {', '.join(items)} FROM {name}{group}"
 
     def aggregate(self, agg: plan_pb2.Aggregate, here: str, schema: pa.Schema) -> str:
         calls = {}
