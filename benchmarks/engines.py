@@ -1,7 +1,7 @@
 """The engines the harness times, each answering ``run(n) -> pyarrow.Table`` for TPC-H query ``n``.
 
 * ``flight[N]``: this project, ``DistributedExec(query(n, files), resolver)`` on N workers;
-* ``acero``: ``flight.run_local(query(n, files))``, the same plan as one streaming Acero
+* ``acero``: ``flight.run_local(query(n, files), engine="acero")``, the same plan as one streaming Acero
   pipeline in the harness's process (no workers, no network);
 * ``duckdb``: ``SQL[n]`` in DuckDB over views of the same Parquet files (the reference answer);
 * ``pyspark``: a ``local[N]`` SparkSession started once, ``SQL[n]`` over temporary views of
@@ -124,10 +124,10 @@ class AceroEngine(Engine):
         self.files = files
 
     def run(self, n: int) -> pa.Table:
-        return flight.run_local(query(n, self.files)).read_all()
+        return flight.run_local(query(n, self.files), engine="acero").read_all()
 
     def describe(self) -> dict[str, object]:
-        return {**super().describe(), "how": "flight.run_local(query(n, files)): the same plan, one in-process Acero pipeline"}
+        return {**super().describe(), "how": "flight.run_local(query(n, files), engine='acero'): the same plan, one in-process Acero pipeline"}
 
 
 class DuckDBEngine(Engine):

@@ -89,9 +89,16 @@ class _LocalInputs:
 
 
 def run_local(
-    query: Query, batch_rows: int = 64 * 1024, *, data_roots: Sequence[str | os.PathLike[str]] | None = None
+    query: Query,
+    batch_rows: int = 64 * 1024,
+    *,
+    data_roots: Sequence[str | os.PathLike[str]] | None = None,
+    engine: str | None = None,
 ) -> pa.RecordBatchReader:
-    """The query's rows, computed in this process as one streaming Acero plan.
+    """The query's rows, computed in this process as one task: the plan a one-worker cluster runs.
+
+    ``engine``: ``"duckdb"`` (the default, as on workers) or ``"acero"`` (every operator on one
+    streaming Acero plan, as workers started with ``--engine acero`` run it).
 
     ``data_roots``: ``None`` (the default) reads any path this process can; directories confine
     the file readers to them, exactly as on a worker (``ValueError`` if one is not a directory).
@@ -109,4 +116,6 @@ def run_local(
     need = source_threads(stage_plan) + _IO_MARGIN
     if pa.io_thread_count() < need:
         pa.set_io_thread_count(need)
-    return compile_task(stage_plan, inputs, batch_rows, roots=roots)
+    if engine not in (None, "duckdb", "acero"):
+        raise ValueError(f"engine must be 'duckdb' or 'acero', not {engine!r}")
+    return compile_task(stage_plan, inputs, batch_rows, roots=roots, engine=engine)

@@ -106,7 +106,13 @@ def _database(roots: DataRoots) -> duckdb.DuckDBPyConnection:
         if con is not None:
             return con
         # Tasks run on cursors, which never print DuckDB's progress bar.
-        config: dict[str, str | int | bool] = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+        config: dict[str, str | int | bool] = {
+            "autoinstall_known_extensions": False,
+            "autoload_known_extensions": False,
+            # Give memory back once queries end, so an idle worker does not sit on its peak.
+            "allocator_flush_threshold": "16MiB",
+            "allocator_background_threads": True,
+        }
         if _settings.memory_limit:
             config["memory_limit"] = f"{_settings.memory_limit // (1 << 20)}MiB"
         if _settings.threads:
