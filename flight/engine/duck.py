@@ -204,6 +204,8 @@ class _Task:
         if isinstance(exc, duckdb.InterruptException):
             return TaskCancelledError("task cancelled while the engine ran")
         first = str(exc).split("\n", 1)[0]
+        if isinstance(exc, duckdb.OutOfMemoryException):
+            return TaskFailedError(f"the query needs more memory than the worker's --memory-limit allows, even spilling to --spill-dir: {first}")
         return TaskFailedError(f"the engine failed: {first}")
 
 
