@@ -75,8 +75,12 @@ class LocalCluster:
         # The workers share this machine: together their engines may use the share one worker would.
         share = int(physical_memory() * DEFAULT_MEMORY_FRACTION / n_workers) >> 20
         memory = [] if any(a.startswith("--memory-limit") for a in worker_args) else ["--memory-limit", f"{share}MB"]
+        # And its cores: engines that together start more threads than cores only take turns.
+        threads = max(1, (os.cpu_count() or 1) // n_workers)
+        cores = [] if any(a.startswith("--engine-threads") for a in worker_args) else ["--engine-threads", str(threads)]
         self._args = (
             memory
+            + cores
             + [a for m in extensions for a in ("--extension", m)]
             + [a for d in self.data_roots for a in ("--data-root", d)]
             + secure_args

@@ -29,6 +29,7 @@ Why DuckDB, with the measurements, is in docs/engine.md. How a task runs:
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import os
@@ -89,6 +90,13 @@ def configure(new: EngineSettings) -> None:
     global _settings
     with _lock:
         _settings = new
+    close_databases()
+
+
+@atexit.register
+def close_databases() -> None:
+    """Close the process's databases (at exit too: DuckDB objects alive then make its bindings complain)."""
+    with _lock:
         for con in _dbs.values():
             con.close()
         _dbs.clear()
