@@ -44,7 +44,10 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Path], list[Path
 
 @pytest.fixture(scope="module")
 def small_memory(data_roots: list[Path]) -> Iterator[flight.LocalCluster]:
-    with flight.LocalCluster(1, data_roots=data_roots, worker_args=["--memory-limit", f"{MEMORY_LIMIT_MB}MB"]) as c:
+    # One engine thread: DuckDB's spilling operators need some memory of their own per thread,
+    # and a tiny limit must still leave room for them.
+    args = ["--memory-limit", f"{MEMORY_LIMIT_MB}MB", "--engine-threads", "1"]
+    with flight.LocalCluster(1, data_roots=data_roots, worker_args=args) as c:
         yield c
 
 
@@ -74,6 +77,19 @@ def test_aggregate_with_groups_four_times_the_memory_limit(small_memory: flight.
     grouped = build.group_by("p").aggregate([("k", "max"), ("k", "count")])
     want = [{"groups": grouped.num_rows, "n": pc.sum(grouped["k_count"]).as_py(), "k": pc.sum(grouped["k_max"]).as_py()}]
     assert got == want
+
+
+@pytest.mark.slow
+def test_a_query_that_cannot_fit_fails_clearly(data_roots: list[Path], big: tuple) -> None:
+    build_files, _, _, _ = big
+    args = ["--memory-limit", "16MB", "--engine-threads", "2"]  # two threads cannot aggregate in 16 MB
+    query = flight.read_parquet(build_files).aggregate(["p"], n=flight.agg.count_all())
+    with flight.LocalCluster(1, data_roots=data_roots, worker_args=args) as c:
+        with pytest.raises(flight.TaskFailedError) as info:
+            flight.DistributedExec(query, c.urls).to_table()
+    text = str(info.value)
+    assert "needs more memory than the worker's --memory-limit allows" in text
+    assert c.urls[0] in text
 
 
 @pytest.fixture(scope="module")

@@ -120,6 +120,9 @@ def _database(roots: DataRoots) -> duckdb.DuckDBPyConnection:
             # Give memory back once queries end, so an idle worker does not sit on its peak.
             "allocator_flush_threshold": "16MiB",
             "allocator_background_threads": True,
+            # Rows are unordered unless a Sort says otherwise: not keeping input order lets DuckDB
+            # stream and spill with less memory (a sort's order is kept either way).
+            "preserve_insertion_order": False,
         }
         if _settings.memory_limit:
             config["memory_limit"] = f"{_settings.memory_limit // (1 << 20)}MiB"
@@ -206,13 +209,14 @@ class _Task:
         self.sources[name] = pa.RecordBatchReader.from_batches(schema, self.guarded(batches))
         return name
 
-    def failure(self, exc: duckdb.Error) -> BaseException:
+    def failure(self, exc: Exception) -> BaseException:
         if self.error is not None:
             return self.error
-        if isinstance(exc, duckdb.InterruptException):
+        kind = _kind(exc)
+        if kind == "interrupt":
             return TaskCancelledError("task cancelled while the engine ran")
         first = str(exc).split("\n", 1)[0]
-        if isinstance(exc, duckdb.OutOfMemoryException):
+        if kind == "memory":
             return TaskFailedError(f"the query needs more memory than the worker's --memory-limit allows, even spilling to --spill-dir: {first}")
         return TaskFailedError(f"the engine failed: {first}")
 
@@ -278,7 +282,7 @@ def _results(task: _Task, relation: duckdb.DuckDBPyRelation, schema: pa.Schema) 
         for batch in relation.to_arrow_reader(task.batch_rows):
             if batch.num_rows:
                 yield conform(batch, schema, "the engine's output")
-    except duckdb.Error as exc:
+    except _ENGINE_ERRORS as exc:
         raise task.failure(exc) from None
 
 
@@ -360,45 +364,78 @@ def _fragment(
         for table, query in builds:
             try:
                 cur.execute(f"CREATE TEMP TABLE {table} AS {query}")
-            except duckdb.Error as exc:
+            except _ENGINE_ERRORS as exc:
                 raise task.failure(exc) from None
+    count = itertools.count()
     for partition in task.inputs.feed_partitions(feed_id):
         inbox = task.inputs.inbox(feed_id, partition)
-        for n in itertools.count():
-            got = inbox.take(1)  # type: ignore[attr-defined]
-            if not got:
-                break
-            unit = got[0]
-            where = f"work unit {n} of feed {feed_id!r} partition {partition}"
-            try:
-                yield from _one_unit(task, cur, unit.body, ctx, text, schema, where)
-            except PathRefused as exc:
-                raise PathRefused(f"{where}: {exc}") from None
-            except UnitReadError as exc:
-                raise type(exc)(f"{where}: {exc}") from None
-            task.delay(1)
-            unit.done()
+        # Every unit already here joins one query (DuckDB reads the files in parallel, and each
+        # query has a fixed cost); the take waits for at least one and returns at the feed's end.
+        while got := inbox.take(UNITS_PER_QUERY):  # type: ignore[attr-defined]
+            files: list[tuple[str, str, str]] = []
+            for unit in got:
+                where = f"work unit {next(count)} of feed {feed_id!r} partition {partition}"
+                try:
+                    path, real = _plain_file(unit.body, ctx)
+                except PathRefused as exc:
+                    raise PathRefused(f"{where}: {exc}") from None
+                if real:
+                    files.append((where, path, real))
+                    continue
+                try:  # row groups (or an odd file name): pyarrow reads the unit, DuckDB runs the fragment
+                    yield from _pyarrow_unit(task, cur, unit.body, ctx, text, schema, where)
+                except UnitReadError as exc:
+                    raise type(exc)(f"{where}: {exc}") from None
+            if files:
+                yield from _files(task, cur, files, text, schema)
+            task.delay(len(got))
+            for unit in got:
+                unit.done()
 
 
-def _one_unit(
-    task: _Task, cur: duckdb.DuckDBPyConnection, body: bytes, ctx: ReaderContext, text: str, schema: pa.Schema, where: str
-) -> Iterator[pa.RecordBatch]:
+UNITS_PER_QUERY = 64
+"""Most work units one fragment query reads."""
+
+
+def _plain_file(body: bytes, ctx: ReaderContext) -> tuple[str, str]:
+    """The unit's path and the real path DuckDB may read it at; ``""`` as the real path when pyarrow
+    must read it (row groups, a glob character, or not a FileUnit: its reader says so in its words)."""
     unit = plan_pb2.FileUnit()
     try:
         unit.ParseFromString(body)
-    except Exception:  # noqa: BLE001 - DecodeError; read_parquet below says it in its words
-        unit = plan_pb2.FileUnit()
-    real = ctx.open_path(unit.path) if unit.path else ""
-    if real and not unit.row_groups and not (_GLOB & set(real)) and "\x00" not in real:
-        source = "read_parquet(" + "'" + real.replace("'", "''") + "')"
-        try:
-            for batch in cur.sql(text.replace(_UNITS, source)).to_arrow_reader(task.batch_rows):
-                if batch.num_rows:
-                    yield conform(batch, schema, where)
-        except duckdb.Error as exc:
-            raise UnitReadError(f"cannot read Parquet file {unit.path!r}: {_why(exc, real)}") from None
-        return
-    # Row groups (or an odd file name): pyarrow reads the unit, DuckDB runs the fragment over its batches.
+    except Exception:  # noqa: BLE001 - DecodeError
+        return "", ""
+    if not unit.path:
+        return "", ""
+    real = ctx.open_path(unit.path)
+    if unit.row_groups or _GLOB & set(real) or "\x00" in real:
+        return unit.path, ""
+    return unit.path, real
+
+
+def _files(
+    task: _Task, cur: duckdb.DuckDBPyConnection, files: list[tuple[str, str, str]], text: str, schema: pa.Schema
+) -> Iterator[pa.RecordBatch]:
+    """The fragment over whole Parquet files, one query; a failure names the file that causes it."""
+    source = "read_parquet([" + ", ".join("'" + real.replace("'", "''") + "'" for _, _, real in files) + "])"
+    try:
+        for batch in cur.sql(text.replace(_UNITS, source)).to_arrow_reader(task.batch_rows):
+            if batch.num_rows:
+                yield conform(batch, schema, files[0][0] if len(files) == 1 else "a fragment's output")
+    except _ENGINE_ERRORS as exc:
+        if task.error is not None or _kind(exc) in ("interrupt", "memory"):
+            raise task.failure(exc) from None
+        for where, path, real in files:  # which file? (the task fails either way: nothing is read twice)
+            try:
+                cur.execute(f"SELECT count(*) FROM ({text.replace(_UNITS, 'read_parquet(' + chr(39) + real.replace(chr(39), chr(39) * 2) + chr(39) + ')')})")
+            except _ENGINE_ERRORS as one:
+                raise UnitReadError(f"{where}: cannot read Parquet file {path!r}: {_why(one, real)}") from None
+        raise UnitReadError(f"cannot read Parquet files {[p for _, p, _ in files]}: {_why(exc, files[0][2])}") from None
+
+
+def _pyarrow_unit(
+    task: _Task, cur: duckdb.DuckDBPyConnection, body: bytes, ctx: ReaderContext, text: str, schema: pa.Schema, where: str
+) -> Iterator[pa.RecordBatch]:
     name = "__flight_unit"
     cur.register(name, pa.RecordBatchReader.from_batches(ctx.schema, task.guarded(
         conform(b, ctx.schema, where) for b in read_parquet(body, ctx))))
@@ -406,29 +443,52 @@ def _one_unit(
         for batch in cur.sql(text.replace(_UNITS, name)).to_arrow_reader(task.batch_rows):
             if batch.num_rows:
                 yield conform(batch, schema, where)
-    except duckdb.Error as exc:
+    except _ENGINE_ERRORS as exc:
         raise task.failure(exc) from None
     finally:
         cur.unregister(name)
 
 
-def _why(exc: duckdb.Error, real: str) -> str:
+_KINDS = (
+    (duckdb.InterruptException, "INTERRUPT", "interrupt"),
+    (duckdb.OutOfMemoryException, "Out of Memory Error", "memory"),
+    (duckdb.BinderException, "Binder Error", "binder"),
+    (duckdb.ConversionException, "Conversion Error", "conversion"),
+    (duckdb.PermissionException, "Permission Error", "permission"),
+    (duckdb.IOException, "IO Error", "io"),
+)
+
+_ENGINE_ERRORS = (duckdb.Error, pa.ArrowException, OSError)
+"""What a DuckDB query raises: its own errors when it starts; from its result stream, the Arrow error or
+OSError pyarrow makes of DuckDB's (with DuckDB's text)."""
+
+
+def _kind(exc: BaseException) -> str:
+    """What went wrong in DuckDB, from its exception type or, through an Arrow stream, its message."""
+    text = str(exc)
+    for cls, prefix, kind in _KINDS:
+        if isinstance(exc, cls) or text.startswith(prefix):
+            return kind
+    return "other"
+
+
+def _why(exc: BaseException, real: str) -> str:
     """DuckDB's failure in fixed words: its messages quote resolved paths and file contents."""
-    if isinstance(exc, duckdb.InterruptException):
-        return "the task was cancelled"
-    if isinstance(exc, duckdb.OutOfMemoryException):
-        return "the worker's memory limit was reached"
-    if isinstance(exc, duckdb.BinderException):
-        return "its columns are not the scan's (a column is missing or of another type)"
-    if isinstance(exc, duckdb.ConversionException):
-        return "a value does not convert to the scan's type"
-    if isinstance(exc, duckdb.PermissionException):
-        return "outside the worker's data roots"
+    kind = _kind(exc)
+    fixed = {
+        "interrupt": "the task was cancelled",
+        "memory": "the worker's memory limit was reached",
+        "binder": "its columns are not the scan's (a column is missing or of another type)",
+        "conversion": "a value does not convert to the scan's type",
+        "permission": "outside the worker's data roots",
+    }
+    if kind in fixed:
+        return fixed[kind]
     if not os.path.exists(real):
         return "no such file"
     if os.path.isdir(real):
         return "it is a directory"
-    if isinstance(exc, duckdb.IOException) and not os.access(real, os.R_OK):
+    if kind == "io" and not os.access(real, os.R_OK):
         return "permission denied"
     return "not a valid Parquet file, or a damaged one"
 
