@@ -59,7 +59,7 @@ from flight.engine.sql import (
 from flight.errors import TaskCancelledError, TaskFailedError
 from flight.ipc import read_ipc_stream
 
-__all__ = ["EngineSettings", "Untranslatable", "configure", "run_duckdb", "settings"]
+__all__ = ["EngineSettings", "Untranslatable", "configure", "run_duckdb", "settings", "worth_it"]
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ def run_duckdb(
     on_cancel: Callable[[Callable[[], None]], None] | None = None,
 ) -> pa.RecordBatchReader:
     """The task's output stream, computed by DuckDB; ``Untranslatable`` if it cannot be (use Acero)."""
-    if not _worth_it(plan.root):
+    if not worth_it(plan.root):
         raise Untranslatable("nothing to compute that DuckDB does better: Acero streams it batch by batch")
     task = _Task(inputs, schemas, roots, batch_rows, delay, scan_reader)  # type: ignore[arg-type]
     try:
@@ -258,7 +258,7 @@ def run_duckdb(
     return reader
 
 
-def _worth_it(root: plan_pb2.Operator) -> bool:
+def worth_it(root: plan_pb2.Operator) -> bool:
     """Whether the stage reads Parquet units or joins, aggregates or sorts: what DuckDB speeds up.
 
     Filters and projects over streamed input (map stages, custom readers, shuffle reads) stay

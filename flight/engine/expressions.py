@@ -331,6 +331,8 @@ def bind(msg: plan_pb2.Expression, expr: pc.Expression, schema: pa.Schema, field
     missing = sorted(referenced_fields(msg) - set(schema.names))
     if missing:
         raise ProtocolError(f"{field} reads column {missing[0]!r}, which its input does not have ({schema.names})", field=field)
+    if len(msg.nodes) == 1 and msg.nodes[0].WhichOneof("kind") == "field":
+        return schema.field(msg.nodes[0].field.name).type  # a column passed through: nothing to bind
     source = acero.Declaration("table_source", acero.TableSourceNodeOptions(schema.empty_table()))
     project = acero.Declaration("project", acero.ProjectNodeOptions([expr], ["out"]))
     try:

@@ -158,21 +158,36 @@ def compile_task(
     """
     env = _Env(inputs, batch_rows, unit_delay_s, worker_roots() if roots is None else roots)
     # Checks and types every operator (nothing runs yet); the declaration is Acero's plan.
-    decl, _ = _compile(plan.root, env, "plan.root")
+    decl, schema = _compile(plan.root, env, "plan.root")
     from flight.engine import duck  # imported on first use: ``import flight`` stays light
 
-    if (engine or duck.settings().engine) == "duckdb":
-        try:
-            return duck.run_duckdb(
-                plan, inputs, env.schemas, env.roots, batch_rows, env.delay,
-                lambda scan, field: _feed_scan(scan, env, field), getattr(inputs, "on_cancel", None),
-            )
-        except Untranslatable as exc:
-            log.debug("stage plan runs on Acero: %s", exc)
+    if (engine or duck.settings().engine) == "duckdb" and duck.worth_it(plan.root):
+        # Translated when first pulled, on the task's own thread: the worker says the task is
+        # ready (its schema is known) without waiting for the translation.
+        return pa.RecordBatchReader.from_batches(schema, _duck_or_acero(plan, env, decl))
+    return _acero(plan, env, decl)
+
+
+def _acero(plan: plan_pb2.StagePlan, env: _Env, decl: ac.Declaration) -> pa.RecordBatchReader:
     if plan.root.WhichOneof("kind") == "feed_scan":
         # Nothing to compute: Acero would only copy batches between threads.
         return _feed_scan(plan.root.feed_scan, env, "plan.root.feed_scan")
     return decl.to_reader(use_threads=True)
+
+
+def _duck_or_acero(plan: plan_pb2.StagePlan, env: _Env, decl: ac.Declaration) -> Iterator[pa.RecordBatch]:
+    from flight.engine import duck
+
+    try:
+        reader = duck.run_duckdb(
+            plan, env.inputs, env.schemas, env.roots, env.batch_rows, env.delay,
+            lambda scan, field: _feed_scan(scan, env, field), getattr(env.inputs, "on_cancel", None),
+        )
+    except Untranslatable as exc:
+        log.debug("stage plan runs on Acero: %s", exc)
+        reader = _acero(plan, env, decl)
+    with reader:
+        yield from reader
 
 
 def _deferred(decl: ac.Declaration) -> Iterator[pa.RecordBatch]:

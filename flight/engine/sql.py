@@ -31,7 +31,7 @@ from flight.engine.expressions import _ipc_column, _literal, to_pyarrow_nodes
 
 __all__ = ["MAX_SQL_NODES", "Untranslatable", "expression_sql", "ident", "literal", "sql_type"]
 
-MAX_SQL_NODES = 2000
+MAX_SQL_NODES = 500
 """Larger expressions stay on Acero: DuckDB's parser and binder recurse, and such plans are rare."""
 
 MAX_VALUE_SET = 10_000
@@ -132,6 +132,8 @@ _PARTS = {
 
 def node_types(msg: plan_pb2.Expression, schema: pa.Schema, field: str) -> list[pa.DataType]:
     """The type of every node of ``msg`` over ``schema``, as Acero binds them (one run over no rows)."""
+    if len(msg.nodes) == 1 and msg.nodes[0].WhichOneof("kind") == "field":
+        return [schema.field(msg.nodes[0].field.name).type]  # a column passed through
     exprs = to_pyarrow_nodes(msg, field)
     source = acero.Declaration("table_source", acero.TableSourceNodeOptions(schema.empty_table()))
     project = acero.Declaration("project", acero.ProjectNodeOptions(exprs, [f"n{i}" for i in range(len(exprs))]))
