@@ -369,9 +369,19 @@ def output_type(expr: Expr, schema: pa.Schema) -> pa.DataType:
         available = ", ".join(repr(n) for n in schema.names) or "none"
         raise PlanError(f"Column {missing[0]!r} is not in the input; available columns: {available}.")
     msg = expr._proto()
+    if len(msg.nodes) == 1 and msg.nodes[0].WhichOneof("kind") == "field":
+        return schema.field(msg.nodes[0].field.name).type  # a column: nothing to bind
+    key = (msg.SerializeToString(deterministic=True), schema)
+    known = _TYPED.get(key)
+    if known is not None:
+        return known
     decoded = _decode(msg)
     try:
-        return _types([decoded[-1]], schema)[0]
+        typed = _types([decoded[-1]], schema)[0]
+        if len(_TYPED) >= _TYPED_MAX:
+            _TYPED.clear()
+        _TYPED[key] = typed
+        return typed
     except _BIND_ERRORS as exc:
         failing = _failing_call(msg, decoded, schema)
         if failing is None:
@@ -382,6 +392,10 @@ def output_type(expr: Expr, schema: pa.Schema) -> pa.DataType:
 
 
 # ------------------------------------------------------------------ internals
+
+_TYPED: dict[tuple[bytes, pa.Schema], pa.DataType] = {}
+"""Types already bound: the optimizer rebuilds nodes, and each node types its expressions again."""
+_TYPED_MAX = 4096
 
 
 def _as_expr(value: object) -> Expr:
