@@ -635,6 +635,7 @@ class TaskMetrics(_message.Message):
     FEEDS_FIELD_NUMBER: _builtins.int
     BYTES_IN_FIELD_NUMBER: _builtins.int
     BYTES_IN_LOCAL_FIELD_NUMBER: _builtins.int
+    ENGINE_FIELD_NUMBER: _builtins.int
     worker_url: _builtins.str
     rows_out: _builtins.int
     batches_out: _builtins.int
@@ -645,6 +646,8 @@ class TaskMetrics(_message.Message):
     bytes_in: _builtins.int
     bytes_in_local: _builtins.int
     """the part of bytes_in read from tasks on the same worker, without the network"""
+    engine: _builtins.str
+    """what computed the task: "duckdb" or "acero" (docs/engine.md)"""
     @_builtins.property
     def stage_key(self) -> Global___StageKey: ...
     @_builtins.property
@@ -662,10 +665,11 @@ class TaskMetrics(_message.Message):
         feeds: _abc.Iterable[Global___FeedMetrics] | None = ...,
         bytes_in: _builtins.int = ...,
         bytes_in_local: _builtins.int = ...,
+        engine: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["stage_key", b"stage_key"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches_out", b"batches_out", "bytes_in", b"bytes_in", "bytes_in_local", b"bytes_in_local", "bytes_out", b"bytes_out", "elapsed_nanos", b"elapsed_nanos", "feeds", b"feeds", "rows_in", b"rows_in", "rows_out", b"rows_out", "stage_key", b"stage_key", "worker_url", b"worker_url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches_out", b"batches_out", "bytes_in", b"bytes_in", "bytes_in_local", b"bytes_in_local", "bytes_out", b"bytes_out", "elapsed_nanos", b"elapsed_nanos", "engine", b"engine", "feeds", b"feeds", "rows_in", b"rows_in", "rows_out", b"rows_out", "stage_key", b"stage_key", "worker_url", b"worker_url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -55,6 +55,8 @@ class TaskStats:
     feeds: list[FeedStats] = field(default_factory=list)
     bytes_in: int = 0
     bytes_in_local: int = 0
+    engine: str = ""
+    """What computed the task: ``duckdb`` or ``acero`` (docs/engine.md)."""
 
     @classmethod
     def from_proto(cls, m: protocol_pb2.TaskMetrics, url: str) -> TaskStats:
@@ -69,6 +71,7 @@ class TaskStats:
             [FeedStats.from_proto(f) for f in m.feeds],
             m.bytes_in,
             m.bytes_in_local,
+            m.engine,
         )
 
 

@@ -165,7 +165,14 @@ def compile_task(
         # Translated when first pulled, on the task's own thread: the worker says the task is
         # ready (its schema is known) without waiting for the translation.
         return pa.RecordBatchReader.from_batches(schema, _duck_or_acero(plan, env, decl))
+    _tell(inputs, "acero")
     return _acero(plan, env, decl)
+
+
+def _tell(inputs: TaskInputs, engine: str) -> None:
+    """Let the task know which engine computes it (its metrics say so)."""
+    if hasattr(inputs, "engine"):
+        inputs.engine = engine
 
 
 def _acero(plan: plan_pb2.StagePlan, env: _Env, decl: ac.Declaration) -> pa.RecordBatchReader:
@@ -183,9 +190,11 @@ def _duck_or_acero(plan: plan_pb2.StagePlan, env: _Env, decl: ac.Declaration) ->
             plan, env.inputs, env.schemas, env.roots, env.batch_rows, env.delay,
             lambda scan, field: _feed_scan(scan, env, field), getattr(env.inputs, "on_cancel", None),
         )
+        _tell(env.inputs, "duckdb")
     except Untranslatable as exc:
         log.debug("stage plan runs on Acero: %s", exc)
         reader = _acero(plan, env, decl)
+        _tell(env.inputs, "acero")
     with reader:
         yield from reader
 

@@ -58,6 +58,7 @@ class Task:
         self.cancelled = threading.Event()
         self.cancel_reason = ""
         self._on_cancel: list[Callable[[], None]] = []
+        self.engine = ""  # what computes the task, set by the pipeline once it starts (metrics)
         self.error: BaseException | None = None  # what stopped the task from outside (bad frame)
         self.failure: Exception | None = None  # the Flight error the exchange ends with
         self.finished = False
@@ -188,6 +189,7 @@ class Task:
             bytes_in_local=self.bytes_in_local,
             elapsed_nanos=int((time.perf_counter() - self.started) * 1e9),
             feeds=[inbox.metrics() for inbox in self.inboxes.values()],
+            engine=self.engine,
         )
 
     @property
