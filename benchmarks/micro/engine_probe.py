@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
-import importlib.util
 import json
 import os
 import statistics
@@ -76,18 +74,13 @@ def duck(files: Files | None = None) -> duckdb.DuckDBPyConnection:
     return con
 
 
-HAS_DUCK_ENGINE = importlib.util.find_spec("flight.engine.duck") is not None
-"""Whether this tree has flight-exec's DuckDB task engine (then ``run_local`` may run on either)."""
+HAS_DUCK_ENGINE = True
+"""flight-exec's tasks run on DuckDB; ``run_local`` runs either engine."""
 
 
 def run_local(n: int, files: Files, engine: str = "acero") -> pa.Table:
-    """``flight.run_local(query(n, files))`` on ``engine``: ``acero`` is today's pipeline."""
-    if HAS_DUCK_ENGINE:
-        from flight.engine import duck as fe_duck
-
-        if fe_duck.settings().engine != engine:
-            fe_duck.configure(dataclasses.replace(fe_duck.settings(), engine=engine))
-    return flight.run_local(query(n, files)).read_all()
+    """``flight.run_local(query(n, files), engine=engine)``: ``acero`` is the pipeline tasks ran on before."""
+    return flight.run_local(query(n, files), engine=engine).read_all()
 
 
 def _q1_check(t: pa.Table) -> tuple[int, float]:

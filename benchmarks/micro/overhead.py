@@ -4,8 +4,8 @@ For each query the same builder plan runs two ways, alternating, in one run:
 
 * distributed: ``DistributedExec`` on a ``LocalCluster`` (stages, shuffles or
   broadcasts, DoExchange / DoGet, worker processes);
-* single process: ``flight.run_local`` — the same operators as one pyarrow
-  Acero plan in this process, no network.
+* single process: ``flight.run_local`` — the same plan as one task in this
+  process, on the same engine as the workers (DuckDB), no network.
 
 The distributed result is checked against the single-process one. Prints the
 medians and the ratio per query; the last line is ``overhead_geomean: X``, the
