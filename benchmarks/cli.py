@@ -98,6 +98,8 @@ def parser() -> argparse.ArgumentParser:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--workers-file", type=Path, help="use running workers listed in this file (one URL a line)")
     where.add_argument("--urls", help="use running workers at these comma-separated URLs")
+    p.add_argument("--worker-memory", default=None, metavar="SIZE",
+                   help="each LocalCluster worker's --memory-limit, e.g. 4GB (default: the workers share half the machine)")
     p.add_argument("--runs", type=int, default=3, help="timed runs per query and engine, after one warm-up (default: 3)")
     p.add_argument("--out", type=Path, default=Path(OUT_DEFAULT), help="output directory (default: %(default)s)")
     p.add_argument("--cache-dir", type=Path, default=None,
@@ -193,7 +195,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 engines.append(FlightEngine(files, urls, None, flight.Security.from_env() if args.secure else None))
             else:
                 bar = progress.add(f"starting LocalCluster({max(worker_counts)})", total=1)
-                cluster = stack.enter_context(flight.LocalCluster(max(worker_counts), data_roots=[data_dir], secure=args.secure))
+                memory = ["--memory-limit", args.worker_memory] if args.worker_memory else []
+                cluster = stack.enter_context(
+                    flight.LocalCluster(max(worker_counts), data_roots=[data_dir], secure=args.secure, worker_args=memory)
+                )
                 progress.finish(bar, description=f"LocalCluster: {', '.join(cluster.urls)}")
                 for k in worker_counts:
                     pids = [p.pid for p in cluster.processes[:k]]
