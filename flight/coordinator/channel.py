@@ -59,6 +59,7 @@ class TaskChannel:
         self.finished = threading.Event()  # the final metrics arrived, or the exchange ended
         self.drained = threading.Event()  # every output partition was read (by whoever reads it)
         self.queued = threading.Event()  # the worker said the task waits for capacity
+        self._news = threading.Event()  # settled or queued: what ready_or_queued waits for
         self.output_schema: pa.Schema | None = None
         self.metrics: protocol_pb2.TaskMetrics | None = None
         self.error: WorkerError | None = None
@@ -102,6 +103,17 @@ class TaskChannel:
                 return
             if not self._closing:
                 self.send(frame)
+
+    def ready_or_queued(self, deadline_s: float) -> bool:
+        """True once the worker accepted the task, False as soon as it says it queued it for capacity.
+
+        Raises as ``wait_ready`` does when the task failed or the worker did not answer in time.
+        """
+        self._news.wait(deadline_s)
+        if self.queued.is_set() and not self._settled.is_set():
+            return False
+        self.wait_ready(0.0)
+        return True
 
     def wait_ready(self, deadline_s: float, queued_until: float | None = None) -> None:
         """Block until the worker accepted the task; a clear error naming the URL otherwise.
@@ -213,6 +225,7 @@ class TaskChannel:
         if self.error is None:
             self.error = error
             self._settled.set()
+            self._news.set()
             if self._on_error is not None:
                 self._on_error(self, error)
 
@@ -239,6 +252,7 @@ class TaskChannel:
         finally:
             self.done.set()
             self._settled.set()
+            self._news.set()
             self.finished.set()
             self.drained.set()
 
@@ -248,6 +262,7 @@ class TaskChannel:
             self.output_schema = decode_schema(frame.ready.output_schema, "ready.output_schema")
             self.ready.set()
             self._settled.set()
+            self._news.set()
         elif kind == "credit":
             if self._on_credit is not None:
                 self._on_credit(self, frame.credit.feed_id, frame.credit.partition, frame.credit.credits)
@@ -260,3 +275,4 @@ class TaskChannel:
             self.drained.set()
         elif kind == "load":
             self.queued.set()
+            self._news.set()

@@ -274,7 +274,8 @@ class _Run:
         self.dispatcher.start_sending()
 
     def _admit(self, counts: dict[int, int]) -> None:
-        """Open every task, worker by worker in one global order (sorted URLs).
+        """Open every task: first all at once (``_admit_at_once``), then, if a worker had no room,
+        worker by worker in one global order (sorted URLs).
 
         A worker at capacity queues a task (first come, first served) and says so. Because
         every coordinator takes workers in the same order, a query holding tasks on some
@@ -287,6 +288,11 @@ class _Run:
         started = time.monotonic()
         backoff = _BACKOFF_S
         attempt = 0
+        if self._admit_at_once(counts):
+            return
+        attempt = 1  # a worker queued a task: let everything go, then take the workers in order
+        self.retries = attempt
+        self.query_id = self.ex.query_id = f"{self.base_id}.{attempt}"
         while True:
             for stage in self.plan.stages:
                 self._stage_channels(stage, counts)
@@ -316,6 +322,26 @@ class _Run:
                 raise self.error or busy
             backoff = min(backoff * 2, _MAX_BACKOFF_S)
             self.query_id = self.ex.query_id = f"{self.base_id}.{attempt}"
+
+    def _admit_at_once(self, counts: dict[int, int]) -> bool:
+        """The first try: open every task on every worker at once, as fast as the workers accept.
+
+        Only when a worker has no room does the order matter (a query holding one worker must not
+        wait for another that another query holds): then this lets every task go and says False,
+        and ``_admit`` takes the workers one by one in the global order.
+        """
+        for stage in self.plan.stages:
+            self._stage_channels(stage, counts)
+        try:
+            for channel in self.channels:
+                channel.open(self.clients.get(channel.url))
+            deadline = time.monotonic() + self.options.connect_timeout
+            if all(c.ready_or_queued(max(0.0, deadline - time.monotonic())) for c in self.channels):
+                return True
+        except WorkerBusyError:
+            pass
+        self._let_go()
+        return False
 
     def _let_go(self) -> None:
         """Release every task of a refused attempt and forget its channels."""
