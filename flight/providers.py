@@ -28,7 +28,11 @@ class FileListProvider(WorkUnitFeedProvider):
         self._rows: float | None = None
 
     def partitions(self) -> int | None:
-        return self._partitions
+        """As asked, else one per file: a task with no file to read would only cost a task's start
+        (with ``split_row_groups`` the units are not known before the footers are read: as many as tasks)."""
+        if self._partitions is not None or self.split_row_groups:
+            return self._partitions
+        return max(1, len(self.paths))
 
     def estimated_rows(self) -> float | None:
         """From the Parquet footers (read once); unknown for other formats."""

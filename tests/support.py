@@ -6,10 +6,15 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 import pyarrow.flight as fl
+import pyarrow.parquet as pq
 
+import flight
 from flight._proto import plan_pb2, protocol_pb2
 from flight.protocol import PROTOCOL_VERSION, encode_schema
 
@@ -133,3 +138,44 @@ def error_of(frames: list[protocol_pb2.WorkerFrame]) -> protocol_pb2.ErrorInfo:
     errors = [f.error for f in frames if f.WhichOneof("frame") == "error"]
     assert errors, f"no error frame among {frames}"
     return errors[0]
+
+
+@dataclass
+class Data:
+    """Parquet files of named tables, and a DuckDB connection over the same tables (the oracle)."""
+
+    paths: dict[str, list[Path]]
+    duck: duckdb.DuckDBPyConnection
+
+    def read(self, name: str) -> flight.Query:
+        return flight.read_parquet(self.paths[name])
+
+    def sql(self, query: str) -> list[tuple]:
+        return self.duck.execute(query).fetchall()
+
+
+def write_parts(table: pa.Table, root: Path, name: str, files: int) -> list[Path]:
+    """``table`` as ``files`` Parquet files ``root/name-i.parquet`` of about equal rows."""
+    step = -(-table.num_rows // files)
+    paths = []
+    for i in range(files):
+        path = root / f"{name}-{i}.parquet"
+        pq.write_table(table.slice(i * step, step), path)
+        paths.append(path)
+    return paths
+
+
+def run_setup(cluster: flight.LocalCluster, setup: tuple, query: flight.Query) -> tuple[pa.Table, flight.DistributedExec]:
+    """Run ``query`` on the first ``k`` workers with the planner ``options`` of ``setup = (name, k, options)``;
+    the result's schema must be the query's."""
+    _, k, options = setup
+    ex = flight.DistributedExec(query, cluster.urls[:k], **options)
+    table = ex.to_table()
+    assert table.schema.equals(query.schema), f"result schema {table.schema} differs from the query's {query.schema}"
+    return table, ex
+
+
+def table_rows(table: pa.Table) -> list[tuple]:
+    """The rows of ``table`` as tuples."""
+    columns = [table[c].to_pylist() for c in table.column_names]
+    return list(zip(*columns)) if columns else []

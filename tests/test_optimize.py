@@ -25,7 +25,6 @@ import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import duckdb
 import pyarrow as pa
@@ -33,6 +32,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import flight
+from support import Data, run_setup as run, table_rows as rows, write_parts as _write
 from flight import agg, col, lit
 from flight.engine.expressions import to_pyarrow
 from flight.plan.nodes import FeedScanNode, FilterNode, Node, ProjectNode
@@ -79,27 +79,6 @@ def _right(n: int = 300) -> pa.Table:
     )
 
 
-@dataclass
-class Data:
-    paths: dict[str, list[Path]]
-    duck: duckdb.DuckDBPyConnection
-
-    def read(self, name: str) -> flight.Query:
-        return flight.read_parquet(self.paths[name])
-
-    def sql(self, query: str) -> list[tuple]:
-        return self.duck.execute(query).fetchall()
-
-
-def _write(table: pa.Table, root: Path, name: str, files: int) -> list[Path]:
-    step = -(-table.num_rows // files)
-    paths = []
-    for i in range(files):
-        path = root / f"{name}-{i}.parquet"
-        pq.write_table(table.slice(i * step, step), path)
-        paths.append(path)
-    return paths
-
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Data]:
@@ -144,17 +123,6 @@ def filters_reading(p: QueryPlan | Node, column: str) -> list[FilterNode]:
     return [f for f in nodes(p, FilterNode) if column in f.predicate.referenced_fields()]
 
 
-def run(cluster: flight.LocalCluster, setup: tuple, query: flight.Query) -> tuple[pa.Table, flight.DistributedExec]:
-    _, k, options = setup
-    ex = flight.DistributedExec(query, cluster.urls[:k], **options)
-    table = ex.to_table()
-    assert table.schema.equals(query.schema), f"result schema {table.schema} differs from the query's {query.schema}"
-    return table, ex
-
-
-def rows(table: pa.Table) -> list[tuple]:
-    columns = [table[c].to_pylist() for c in table.column_names]
-    return list(zip(*columns)) if columns else []
 
 
 def _key(row: tuple) -> tuple:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import flight
+from support import Data, run_setup as run, table_rows, write_parts as _write
 from flight import agg, col, if_else, lit
 
 UNREACHABLE = ["grpc://127.0.0.1:1"]
@@ -92,27 +92,6 @@ def _groups(n: int = 12_000) -> pa.Table:
     )
 
 
-@dataclass
-class Data:
-    paths: dict[str, list[Path]]
-    duck: duckdb.DuckDBPyConnection
-
-    def read(self, name: str) -> flight.Query:
-        return flight.read_parquet(self.paths[name])
-
-    def sql(self, query: str) -> list[tuple]:
-        return self.duck.execute(query).fetchall()
-
-
-def _write(table: pa.Table, root: Path, name: str, files: int) -> list[Path]:
-    step = -(-table.num_rows // files)
-    paths = []
-    for i in range(files):
-        path = root / f"{name}-{i}.parquet"
-        pq.write_table(table.slice(i * step, step), path)
-        paths.append(path)
-    return paths
-
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Data]:
@@ -139,17 +118,6 @@ def cluster3(data_roots: list[Path]) -> Iterator[flight.LocalCluster]:
 # ------------------------------------------------------------------------ helpers
 
 
-def run(cluster: flight.LocalCluster, setup: tuple, query: flight.Query) -> tuple[pa.Table, flight.DistributedExec]:
-    _, k, options = setup
-    ex = flight.DistributedExec(query, cluster.urls[:k], **options)
-    table = ex.to_table()
-    assert table.schema.equals(query.schema), f"result schema {table.schema} differs from the query's {query.schema}"
-    return table, ex
-
-
-def table_rows(table: pa.Table) -> list[tuple]:
-    columns = [table[c].to_pylist() for c in table.column_names]
-    return list(zip(*columns)) if columns else []
 
 
 def _order(row: tuple) -> tuple:
@@ -396,8 +364,8 @@ def test_count_all_alone_with_group_keys(cluster3: flight.LocalCluster, data: Da
 
 
 def test_leaf_task_without_files(cluster3: flight.LocalCluster, data: Data) -> None:
-    """Two files on three workers: one leaf task reads nothing, yet takes part in every exchange."""
-    two = flight.read_parquet(data.paths["L"][:2])
+    """Two files dealt over three tasks: one leaf task reads nothing, yet takes part in every exchange."""
+    two = flight.read_parquet(flight.FileListProvider(data.paths["L"][:2], partitions=3), schema=data.read("L").schema)
     sub = "(SELECT * FROM L WHERE id < 300)"
     got, ex = run(cluster3, THREE, two.aggregate(n=agg.count_all(), total=agg.sum("v"), lo=agg.min("s"), avg=agg.mean("v")))
     assert ex.stages[0].task_count == 3

@@ -69,36 +69,32 @@ def _args(expr: Expr, functions: tuple[str, ...]) -> list[Expr] | None:
     return None
 
 
+def _flatten(expr: Expr, functions: tuple[str, ...]) -> list[Expr]:
+    """The operands of nested calls of ``functions`` under ``expr``, left to right (no recursion)."""
+    out: list[Expr] = []
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        args = _args(e, functions)
+        if args is None:
+            out.append(e)
+        else:
+            stack.extend(reversed(args))
+    return out
+
+
 def conjuncts(expr: Expr) -> list[Expr]:
     """The terms of a conjunction (``and_kleene`` / ``and``, nested ones flattened); ``[expr]`` otherwise.
 
     A filter keeps a row when its predicate is true, and a conjunction is true
     exactly when every term is, so filtering by each term in turn is the same.
     """
-    out: list[Expr] = []
-    stack = [expr]
-    while stack:
-        e = stack.pop()
-        args = _args(e, _AND)
-        if args is None:
-            out.append(e)
-        else:
-            stack.extend(reversed(args))
-    return out
+    return _flatten(expr, _AND)
 
 
 def disjuncts(expr: Expr) -> list[Expr]:
     """The terms of a disjunction (``or_kleene`` / ``or``, nested ones flattened); ``[expr]`` otherwise."""
-    out: list[Expr] = []
-    stack = [expr]
-    while stack:
-        e = stack.pop()
-        args = _args(e, _OR)
-        if args is None:
-            out.append(e)
-        else:
-            stack.extend(reversed(args))
-    return out
+    return _flatten(expr, _OR)
 
 
 def _all(terms: list[Expr]) -> Expr:
