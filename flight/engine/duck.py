@@ -36,6 +36,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -367,30 +368,47 @@ def _fragment(
             except _ENGINE_ERRORS as exc:
                 raise task.failure(exc) from None
     count = itertools.count()
-    for partition in task.inputs.feed_partitions(feed_id):
-        inbox = task.inputs.inbox(feed_id, partition)
-        # Every unit already here joins one query (DuckDB reads the files in parallel, and each
-        # query has a fixed cost); the take waits for at least one and returns at the feed's end.
-        while got := inbox.take(UNITS_PER_QUERY):  # type: ignore[attr-defined]
-            files: list[tuple[str, str, str]] = []
-            for unit in got:
-                where = f"work unit {next(count)} of feed {feed_id!r} partition {partition}"
-                try:
-                    path, real = _plain_file(unit.body, ctx)
-                except PathRefused as exc:
-                    raise PathRefused(f"{where}: {exc}") from None
-                if real:
-                    files.append((where, path, real))
-                    continue
-                try:  # row groups (or an odd file name): pyarrow reads the unit, DuckDB runs the fragment
-                    yield from _pyarrow_unit(task, cur, unit.body, ctx, text, schema, where)
-                except UnitReadError as exc:
-                    raise type(exc)(f"{where}: {exc}") from None
-            if files:
-                yield from _files(task, cur, files, text, schema)
-            task.delay(len(got))
-            for unit in got:
-                unit.done()
+    for got in _unit_batches(task, feed_id):
+        files: list[tuple[str, str, str]] = []
+        for partition, unit in got:
+            where = f"work unit {next(count)} of feed {feed_id!r} partition {partition}"
+            try:
+                path, real = _plain_file(unit.body, ctx)
+            except PathRefused as exc:
+                raise PathRefused(f"{where}: {exc}") from None
+            if real:
+                files.append((where, path, real))
+                continue
+            try:  # row groups (or an odd file name): pyarrow reads the unit, DuckDB runs the fragment
+                yield from _pyarrow_unit(task, cur, unit.body, ctx, text, schema, where)
+            except UnitReadError as exc:
+                raise type(exc)(f"{where}: {exc}") from None
+        if files:
+            yield from _files(task, cur, files, text, schema)
+        task.delay(len(got))
+        for _, unit in got:
+            unit.done()
+
+
+def _unit_batches(task: _Task, feed_id: str) -> Iterator[list[tuple[int, Any]]]:
+    """The task's units of ``feed_id``, in batches of those already here, from all its partitions.
+
+    Every unit that has arrived joins one query (DuckDB reads the files in parallel, and each
+    query has a fixed cost): each round takes what each partition has (waiting for at least one
+    unit there, or its end) and the batch runs once all partitions were asked.
+    """
+    inboxes = [(p, task.inputs.inbox(feed_id, p)) for p in task.inputs.feed_partitions(feed_id)]
+    while inboxes:
+        batch: list[tuple[int, Any]] = []
+        for partition, inbox in list(inboxes):
+            got = inbox.take(UNITS_PER_QUERY)  # type: ignore[attr-defined]
+            if not got:
+                inboxes.remove((partition, inbox))
+            batch += [(partition, unit) for unit in got]
+            if len(batch) >= UNITS_PER_QUERY:
+                break
+        if batch:
+            yield batch
 
 
 UNITS_PER_QUERY = 64
