@@ -1,0 +1,122 @@
+"""One task on the DuckDB engine: its cursors, its sources, and how its failures read.
+
+Shared by ``duck`` (which runs the task's query), ``duck_units`` (the unit fragments) and
+``duck_translate`` (the SQL text over the task's sources).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+import duckdb
+import pyarrow as pa
+
+from flight._proto import plan_pb2
+from flight.engine.confine import DataRoots
+from flight.errors import TaskCancelledError, TaskFailedError
+
+UNITS = "\x00units\x00"
+"""Where a unit fragment's FROM goes; a NUL never appears in translated text, so it cannot collide."""
+
+
+
+class _Inputs:
+    """What a task offers (``pipeline.TaskInputs``), typed loosely to avoid an import cycle."""
+
+    task_number: int
+
+    def feed_partitions(self, feed_id: str) -> list[int]: ...  # pragma: no cover
+    def inbox(self, feed_id: str, partition: int) -> object: ...  # pragma: no cover
+    def input_batches(self) -> object: ...  # pragma: no cover
+    def read_partitions(self, producers: list[tuple[str, bytes]], start: int, end: int) -> Iterator[pa.RecordBatch]: ...  # pragma: no cover
+
+
+@dataclass
+class _Task:
+    inputs: _Inputs
+    schemas: Mapping[str, pa.Schema]
+    """Every operator's output schema, by its field path (``plan.root.filter.input`` ...)."""
+    roots: DataRoots
+    batch_rows: int
+    delay: Callable[[int], None]
+    scan_reader: Callable[[plan_pb2.FeedScan, str], pa.RecordBatchReader]
+    """The pyarrow reader of a feed scan this module does not fuse (CSV, IPC, extensions, ``units``)."""
+    db: duckdb.DuckDBPyConnection
+    """The worker's database (``duck._database``): the task's cursors are its connections."""
+    cursors: list[duckdb.DuckDBPyConnection] = field(default_factory=list)
+    sources: dict[str, pa.RecordBatchReader] = field(default_factory=dict)
+    error: BaseException | None = None
+    """The first error a source raised: DuckDB reports it as its own, the task reports this one."""
+    names: Iterator[int] = field(default_factory=itertools.count)
+
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        cur = self.db.cursor()
+        self.cursors.append(cur)
+        return cur
+
+    def interrupt(self) -> None:
+        for cur in list(self.cursors):
+            try:
+                cur.interrupt()
+            except duckdb.Error:
+                pass
+
+    def close(self) -> None:
+        for cur in self.cursors:
+            try:
+                cur.close()
+            except duckdb.Error:
+                pass
+        self.cursors.clear()
+
+    def guarded(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        try:
+            yield from batches
+        except BaseException as exc:
+            if self.error is None:
+                self.error = exc
+            raise
+
+    def source(self, schema: pa.Schema, batches: Iterator[pa.RecordBatch]) -> str:
+        """Register a stream as a relation of the task's query; its name."""
+        name = f"__flight_source_{next(self.names)}"
+        self.sources[name] = pa.RecordBatchReader.from_batches(schema, self.guarded(batches))
+        return name
+
+    def failure(self, exc: Exception) -> BaseException:
+        if self.error is not None:
+            return self.error
+        kind = _kind(exc)
+        if kind == "interrupt":
+            return TaskCancelledError("task cancelled while the engine ran")
+        first = str(exc).split("\n", 1)[0]
+        if kind == "memory":
+            return TaskFailedError(f"the query needs more memory than the worker's --memory-limit allows, even spilling to --spill-dir: {first}")
+        return TaskFailedError(f"the engine failed: {first}")
+
+
+_KINDS = (
+    (duckdb.InterruptException, "INTERRUPT", "interrupt"),
+    (duckdb.OutOfMemoryException, "Out of Memory Error", "memory"),
+    (duckdb.BinderException, "Binder Error", "binder"),
+    (duckdb.ConversionException, "Conversion Error", "conversion"),
+    (duckdb.PermissionException, "Permission Error", "permission"),
+    (duckdb.IOException, "IO Error", "io"),
+)
+
+_ENGINE_ERRORS = (duckdb.Error, pa.ArrowException, OSError)
+"""What a DuckDB query raises: its own errors when it starts; from its result stream, the Arrow error or
+OSError pyarrow makes of DuckDB's (with DuckDB's text)."""
+
+
+def _kind(exc: BaseException) -> str:
+    """What went wrong in DuckDB, from its exception type or, through an Arrow stream, its message."""
+    text = str(exc)
+    for cls, prefix, kind in _KINDS:
+        if isinstance(exc, cls) or text.startswith(prefix):
+            return kind
+    return "other"
+
