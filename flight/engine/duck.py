@@ -45,6 +45,7 @@ from flight.engine.duck_task import _ENGINE_ERRORS, _Task
 from flight.engine.duck_translate import _Translator
 from flight.engine.readers import conform
 from flight.engine.sql import Untranslatable
+from flight.limits import clip
 
 __all__ = ["EngineSettings", "Untranslatable", "configure", "run_duckdb", "settings", "worth_it"]
 
@@ -153,7 +154,7 @@ def run_duckdb(
             try:
                 relation = cur.sql(text)  # parses and binds: a refusal here is a translation gap, not a task failure
             except duckdb.Error as exc:
-                raise Untranslatable(f"DuckDB does not bind the translated plan: {str(exc).splitlines()[0]}") from None
+                raise Untranslatable(f"DuckDB does not bind the translated plan: {clip(str(exc).split(chr(10), 1)[0], 300)}") from None
             reader = pa.RecordBatchReader.from_batches(out_schema, _closing(task, _results(task, relation, out_schema)))
     except BaseException:
         task.close()

@@ -16,6 +16,7 @@ import pyarrow as pa
 from flight._proto import plan_pb2
 from flight.engine.confine import DataRoots
 from flight.errors import TaskCancelledError, TaskFailedError
+from flight.limits import clip
 
 UNITS = "\x00units\x00"
 """Where a unit fragment's FROM goes; a NUL never appears in translated text, so it cannot collide."""
@@ -92,7 +93,7 @@ class _Task:
         kind = _kind(exc)
         if kind == "interrupt":
             return TaskCancelledError("task cancelled while the engine ran")
-        first = str(exc).split("\n", 1)[0]
+        first = clip(str(exc).split("\n", 1)[0], 500)  # DuckDB may quote the whole query
         if kind == "memory":
             return TaskFailedError(f"the query needs more memory than the worker's --memory-limit allows, even spilling to --spill-dir: {first}")
         return TaskFailedError(f"the engine failed: {first}")

@@ -29,7 +29,7 @@ from flight.engine.sql import Untranslatable
 from flight.engine.relational import JOIN_TYPES, aggregate_decl, empty_source, join_decl, output_schema, sort_decl, union_batches
 from flight.errors import ProtocolError
 from flight.ipc import read_ipc_stream
-from flight.limits import MAX_OUTPUT_PARTITIONS, MAX_PRODUCERS, check_count
+from flight.limits import MAX_OUTPUT_PARTITIONS, MAX_PRODUCERS, check_count, clip
 from flight.protocol import decode_schema
 
 __all__ = ["TaskInputs", "compile_task", "limit_batches", "scan_schema", "source_threads"]
@@ -192,7 +192,14 @@ def _duck_or_acero(plan: plan_pb2.StagePlan, env: _Env, decl: ac.Declaration) ->
         )
         _tell(env.inputs, "duckdb")
     except Untranslatable as exc:
-        log.debug("stage plan runs on Acero: %s", exc)
+        log.debug("stage plan runs on Acero: %s", clip(exc, 300))
+        reader = _acero(plan, env, decl)
+        _tell(env.inputs, "acero")
+    except (ProtocolError, UnitReadError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a gap in the translation (DuckDB, Arrow, recursion): Acero runs the plan
+        # One clipped line, no traceback: the error may quote a huge plan, and formatting it would hold the GIL.
+        log.warning("stage plan runs on Acero: the DuckDB translation failed: %s: %s", type(exc).__name__, clip(exc, 300))
         reader = _acero(plan, env, decl)
         _tell(env.inputs, "acero")
     with reader:
