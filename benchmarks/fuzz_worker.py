@@ -1633,7 +1633,8 @@ def header_wide(m: Mutator, header: Any) -> None:
         plan.root.CopyFrom(_project(root, [("c", call("coalesce", *[col("name")] * n))]))
     elif kind == "aggregate":
         aggs = [L.AggregateCall(function="count_all", name=f"n{i}") for i in range(n)]
-        plan.root.CopyFrom(L.Operator(aggregate=L.Aggregate(input=root, aggregates=aggs)))
+        # partial: a peer may claim any aggregate is a pre-aggregate (the worker may then run it per unit).
+        plan.root.CopyFrom(L.Operator(aggregate=L.Aggregate(input=root, aggregates=aggs, partial=True)))
     elif kind == "sort":
         plan.root.CopyFrom(L.Operator(sort=L.Sort(input=root, keys=[L.SortKey(column="id")] * n)))
     elif kind == "partitions":

@@ -38,6 +38,7 @@ from flight.estimate import TaskEstimate
 from flight.feed import WorkUnitFeed
 from flight.plan.expr import Expr, col, if_else, lit
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, LimitNode, Node, ProjectNode, ValuesNode
+from flight.plan.cost import row_width, selectivity
 from flight.plan.optimize import conjuncts, prune_columns, push_filters
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, ShuffleReadNode, SortNode, UnionNode
 
@@ -355,54 +356,6 @@ class _Planner:
         return self.consumer(UnionNode(list(reads)), tasks, rows, reads)
 
 
-_SELECTIVITY = {
-    "equal": 0.1,
-    "not_equal": 0.9,
-    "less": 1 / 3,
-    "less_equal": 1 / 3,
-    "greater": 1 / 3,
-    "greater_equal": 1 / 3,
-    "match_like": 0.1,
-    "match_substring": 0.1,
-    "match_substring_regex": 0.1,
-    "starts_with": 0.1,
-    "ends_with": 0.1,
-    "is_null": 0.05,
-    "is_valid": 0.95,
-}
-
-
-def selectivity(expr: plan_pb2.Expression) -> float:
-    """The fraction of rows a predicate keeps, by the textbook defaults (System R's).
-
-    Computed over the flat node list in order (a call's arguments come before it), so
-    no expression is too deep for it.
-    """
-    values: list[float] = []
-    for node in expr.nodes:
-        if node.WhichOneof("kind") != "call":
-            values.append(0.5)
-            continue
-        call = node.call
-        args = [values[i] for i in call.args if i < len(values)]
-        values.append(_call_selectivity(call.function, args))
-    return values[-1] if values else 0.5
-
-
-def _call_selectivity(function: str, args: list[float]) -> float:
-    if function in ("and", "and_kleene") and args:
-        return math.prod(args)
-    if function in ("or", "or_kleene") and args:
-        return 1 - math.prod(1 - a for a in args)
-    if function == "invert" and args:
-        return 1 - args[0]
-    if function == "and_not" or function == "and_not_kleene":
-        return args[0] * (1 - args[1]) if len(args) == 2 else 0.5
-    if function == "is_in":
-        return 0.25
-    return _SELECTIVITY.get(function, 0.5)
-
-
 _SWAPPED = {"inner": "inner", "left outer": "right outer", "right outer": "left outer", "full outer": "full outer"}
 """Join types whose sides may swap (Acero builds the right side), and the type after the swap."""
 
@@ -411,7 +364,7 @@ _DISTINCT_FRACTION = 0.1
 
 
 def _bytes(f: _Frag) -> float | None:
-    return None if f.rows is None else f.rows * _row_width(f.node.schema)
+    return None if f.rows is None else f.rows * row_width(f.node.schema)
 
 
 def _smaller(left: _Frag, right: _Frag) -> bool:
@@ -428,16 +381,6 @@ def _join_text(node: JoinNode) -> str:
 def _size_text(f: _Frag) -> str:
     size = _bytes(f)
     return "?" if f.rows is None or size is None else f"~{f.rows:,.0f} rows, {size / (1 << 20):,.1f} MiB"
-
-
-def _row_width(schema: pa.Schema) -> int:
-    width = 0
-    for f in schema:
-        try:
-            width += max(1, f.type.bit_width // 8)
-        except ValueError:  # variable width: strings, binaries, nested
-            width += 32
-    return width
 
 
 def plan_query(root: Node, max_tasks: int, options: PlannerOptions | None = None) -> QueryPlan:

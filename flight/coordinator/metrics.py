@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from flight._proto import protocol_pb2
 from flight.coordinator.dispatch import PartitionStats
+from flight.limits import clip
 from flight.protocol import format_stage_key
 
 __all__ = ["FeedStats", "QueryMetrics", "TaskStats"]
@@ -71,7 +72,7 @@ class TaskStats:
             [FeedStats.from_proto(f) for f in m.feeds],
             m.bytes_in,
             m.bytes_in_local,
-            m.engine,
+            clip(m.engine, 16),  # a peer's text, shown by explain(): kept short
         )
 
 
