@@ -15,12 +15,22 @@ import pyarrow as pa
 
 from flight._proto import plan_pb2
 from flight.engine.confine import DataRoots
+from flight.engine.relational import native_reader
 from flight.errors import TaskCancelledError, TaskFailedError
 from flight.limits import clip
 
 UNITS = "\x00units\x00"
 """Where a unit fragment's FROM goes; a NUL never appears in translated text, so it cannot collide."""
 
+
+
+def _first_error(errors: list[BaseException], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    try:
+        yield from batches
+    except Exception as exc:
+        if not errors:
+            errors.append(exc)
+        raise
 
 
 class _Inputs:
@@ -48,8 +58,10 @@ class _Task:
     """The worker's database (``duck._database``): the task's cursors are its connections."""
     cursors: list[duckdb.DuckDBPyConnection] = field(default_factory=list)
     sources: dict[str, pa.RecordBatchReader] = field(default_factory=dict)
-    error: BaseException | None = None
-    """The first error a source raised: DuckDB reports it as its own, the task reports this one."""
+    errors: list[BaseException] = field(default_factory=list)
+    """Where sources put their error: a list the sources share, not the task itself, so that
+    no source holds the task (a cycle would leave its cursors to the garbage collector, which
+    may run on any thread, at any time)."""
     names: Iterator[int] = field(default_factory=itertools.count)
 
 
@@ -66,25 +78,29 @@ class _Task:
                 pass
 
     def close(self) -> None:
+        """Stop and close the task's queries, on the thread that ran them (see docs/engine.md)."""
+        self.interrupt()
         for cur in self.cursors:
             try:
                 cur.close()
             except duckdb.Error:
                 pass
         self.cursors.clear()
+        self.sources.clear()
 
-    def guarded(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        try:
-            yield from batches
-        except BaseException as exc:
-            if self.error is None:
-                self.error = exc
-            raise
+    def guarded(self, schema: pa.Schema, batches: Iterator[pa.RecordBatch]) -> pa.RecordBatchReader:
+        """``batches`` for DuckDB to pull; the first error they raise becomes the task's."""
+        return native_reader(schema, _first_error(self.errors, batches))
+
+    @property
+    def error(self) -> BaseException | None:
+        """The first error a source raised: DuckDB reports it as its own, the task reports this one."""
+        return self.errors[0] if self.errors else None
 
     def source(self, schema: pa.Schema, batches: Iterator[pa.RecordBatch]) -> str:
         """Register a stream as a relation of the task's query; its name."""
         name = f"__flight_source_{next(self.names)}"
-        self.sources[name] = pa.RecordBatchReader.from_batches(schema, self.guarded(batches))
+        self.sources[name] = self.guarded(schema, batches)
         return name
 
     def failure(self, exc: Exception) -> BaseException:

@@ -183,8 +183,7 @@ def _pyarrow_unit(
     task: _Task, cur: duckdb.DuckDBPyConnection, body: bytes, ctx: ReaderContext, text: str, schema: pa.Schema, where: str
 ) -> Iterator[pa.RecordBatch]:
     name = "__flight_unit"
-    cur.register(name, pa.RecordBatchReader.from_batches(ctx.schema, task.guarded(
-        conform(b, ctx.schema, where) for b in read_parquet(body, ctx))))
+    cur.register(name, task.guarded(ctx.schema, (conform(b, ctx.schema, where) for b in read_parquet(body, ctx))))
     try:
         for batch in cur.sql(text.replace(UNITS, name)).to_arrow_reader(task.batch_rows):
             if batch.num_rows:

@@ -42,6 +42,7 @@ import pyarrow.compute as pc
 from flight._proto import plan_pb2
 from flight.errors import ProtocolError
 from flight.ipc import read_ipc_stream
+from flight.limits import clip
 from flight.plan.functions import NARY_FUNCTIONS, FunctionSpec, lookup
 
 __all__ = ["MAX_DEPTH", "MAX_NODES", "bind", "referenced_fields", "to_pyarrow", "to_pyarrow_nodes"]
@@ -328,12 +329,16 @@ def bind(msg: plan_pb2.Expression, expr: pc.Expression, schema: pa.Schema, field
     Checked before the task's pipeline is built: Acero must never see an
     expression that does not bind (pyarrow can crash the process on one).
     """
-    missing = sorted(referenced_fields(msg) - set(schema.names))
+    used = referenced_fields(msg)
+    missing = sorted(used - set(schema.names))
     if missing:
-        raise ProtocolError(f"{field} reads column {missing[0]!r}, which its input does not have ({schema.names})", field=field)
+        raise ProtocolError(f"{field} reads column {clip(missing[0], 200)!r}, which its input does not have ({clip(schema.names, 500)})", field=field)
     if len(msg.nodes) == 1 and msg.nodes[0].WhichOneof("kind") == "field":
         return schema.field(msg.nodes[0].field.name).type  # a column passed through: nothing to bind
-    source = acero.Declaration("table_source", acero.TableSourceNodeOptions(schema.empty_table()))
+    # Bound over the columns it reads only: over a wide input, binding each expression over
+    # every column would cost columns x expressions.
+    narrow = pa.schema([f for f in schema if f.name in used])
+    source = acero.Declaration("table_source", acero.TableSourceNodeOptions(narrow.empty_table()))
     project = acero.Declaration("project", acero.ProjectNodeOptions([expr], ["out"]))
     try:
         return acero.Declaration.from_sequence([source, project]).to_table().schema.field(0).type

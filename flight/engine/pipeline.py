@@ -26,7 +26,16 @@ from flight.arrow_types import UNITS_READER, normalize_schema
 from flight.engine.confine import DataRoots, worker_roots
 from flight.engine.readers import PathRefused, ReaderContext, UnitReadError, conform, get_reader
 from flight.engine.sql import Untranslatable
-from flight.engine.relational import JOIN_TYPES, aggregate_decl, empty_source, join_decl, output_schema, sort_decl, union_batches
+from flight.engine.relational import (
+    JOIN_TYPES,
+    aggregate_decl,
+    empty_source,
+    join_decl,
+    native_reader,
+    output_schema,
+    sort_decl,
+    union_batches,
+)
 from flight.errors import ProtocolError
 from flight.ipc import read_ipc_stream
 from flight.limits import MAX_OUTPUT_PARTITIONS, MAX_PRODUCERS, check_count, clip
@@ -164,7 +173,7 @@ def compile_task(
     if (engine or duck.settings().engine) == "duckdb" and duck.worth_it(plan.root):
         # Translated when first pulled, on the task's own thread: the worker says the task is
         # ready (its schema is known) without waiting for the translation.
-        return pa.RecordBatchReader.from_batches(schema, _duck_or_acero(plan, env, decl))
+        return native_reader(schema, _duck_or_acero(plan, env, decl))
     _tell(inputs, "acero")
     return _acero(plan, env, decl)
 
@@ -253,7 +262,7 @@ def _compile_op(op: plan_pb2.Operator, env: _Env, field: str) -> tuple[ac.Declar
     if kind == "exchange_input":
         schema = normalize_schema(decode_schema(op.exchange_input.schema, f"{here}.schema"))
         batches = (conform(b, schema, "an input batch") for b in env.inputs.input_batches())
-        return _source(pa.RecordBatchReader.from_batches(schema, batches)), schema
+        return _source(native_reader(schema, batches)), schema
     if kind == "values":
         table = read_ipc_stream(op.values.ipc_stream, f"{here}.ipc_stream")
         if env.inputs.task_number != 0:
@@ -284,7 +293,7 @@ def _compile_op(op: plan_pb2.Operator, env: _Env, field: str) -> tuple[ac.Declar
             raise ProtocolError(f"{here} has a negative count or offset", field=here)
         child, schema = _compile(lim.input, env, f"{here}.input")
         limited = limit_batches(_deferred(child), lim.count, lim.offset)
-        return _source(pa.RecordBatchReader.from_batches(schema, limited)), schema
+        return _source(native_reader(schema, limited)), schema
     if kind == "aggregate":
         return _aggregate(op.aggregate, env, here)
     if kind == "hash_join":
@@ -300,7 +309,7 @@ def _compile_op(op: plan_pb2.Operator, env: _Env, field: str) -> tuple[ac.Declar
         if not srt.fetch:
             return decl, schema
         top = limit_batches(_deferred(decl), srt.fetch, 0)
-        return _source(pa.RecordBatchReader.from_batches(schema, top)), schema
+        return _source(native_reader(schema, top)), schema
     if kind == "union":
         if not op.union.inputs:
             raise ProtocolError(f"{here}.inputs is empty", field=f"{here}.inputs")
@@ -310,7 +319,7 @@ def _compile_op(op: plan_pb2.Operator, env: _Env, field: str) -> tuple[ac.Declar
             if not other.equals(schema):
                 raise ProtocolError(f"{here}.inputs[{i}] has another schema than inputs[0]", field=f"{here}.inputs[{i}]")
         readers = (decl.to_reader(use_threads=True) for decl, _ in parts)
-        return _source(pa.RecordBatchReader.from_batches(schema, union_batches(readers, schema))), schema
+        return _source(native_reader(schema, union_batches(readers, schema))), schema
     if kind == "shuffle_read":
         rd = op.shuffle_read
         schema = normalize_schema(decode_schema(rd.schema, f"{here}.schema"))
@@ -320,7 +329,7 @@ def _compile_op(op: plan_pb2.Operator, env: _Env, field: str) -> tuple[ac.Declar
         check_count(rd.partition_end, MAX_OUTPUT_PARTITIONS, f"{here}.partition_end", "partitions")
         producers = [(p.url, p.stage_key) for p in rd.producers]
         batches = (conform(b, schema, f"stage {rd.stage_id} output") for b in env.inputs.read_partitions(producers, rd.partition_start, rd.partition_end))
-        return _source(pa.RecordBatchReader.from_batches(schema, batches)), schema
+        return _source(native_reader(schema, batches)), schema
     raise ProtocolError(f"{field}: operator {kind!r} is not supported by this worker", field=here)
 
 
@@ -379,7 +388,7 @@ def _feed_scan(scan: plan_pb2.FeedScan, env: _Env, field: str) -> pa.RecordBatch
         expected = pa.schema([pa.field("unit", pa.binary())])
         if not schema.equals(expected):
             raise ProtocolError(f"{field}: the 'units' reader produces {expected}, not {schema}", field=f"{field}.schema")
-        return pa.RecordBatchReader.from_batches(schema, _unit_rows(env, feed_id, partitions))
+        return native_reader(schema, _unit_rows(env, feed_id, partitions))
     reader = get_reader(scan.reader)
     if reader is None:
         raise ProtocolError(f"{field}.reader: no reader named {scan.reader!r} on this worker", field=f"{field}.reader")
@@ -406,7 +415,7 @@ def _feed_scan(scan: plan_pb2.FeedScan, env: _Env, field: str) -> pa.RecordBatch
                 env.delay(1)
                 unit.done()
 
-    return pa.RecordBatchReader.from_batches(schema, batches())
+    return native_reader(schema, batches())
 
 
 def _unit_rows(env: _Env, feed_id: str, partitions: list[int]) -> Iterator[pa.RecordBatch]:

@@ -18,6 +18,7 @@ __all__ = [
     "aggregate_decl",
     "empty_source",
     "join_decl",
+    "native_reader",
     "output_schema",
     "sort_decl",
     "union_batches",
@@ -69,6 +70,29 @@ def union_batches(readers: Iterable[pa.RecordBatchReader], schema: pa.Schema) ->
     for reader in readers:
         for batch in reader:
             yield batch if batch.schema.equals(schema) else pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+
+
+def native_reader(schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> pa.RecordBatchReader:
+    """A reader over Python batches, for native code (Acero, DuckDB) to pull on its own threads.
+
+    Why not ``RecordBatchReader.from_batches`` alone: when the Python side raises, native code
+    may format the exception, its whole traceback and chain included (pyarrow's Python error
+    detail), on a thread of its own; a deep traceback (a nested plan, a recursion) then keeps
+    the GIL busy for seconds while a native thread may wait on it. The exception crosses with
+    its type and message; its traceback and chain stay behind.
+    """
+    return pa.RecordBatchReader.from_batches(schema, _thin_errors(batches))
+
+
+def _thin_errors(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    try:
+        yield from batches
+    except GeneratorExit:
+        raise
+    except Exception as exc:  # noqa: BLE001 - re-raised, only lighter
+        exc.__cause__ = exc.__context__ = None
+        exc.__suppress_context__ = True
+        raise exc.with_traceback(None) from None
 
 
 def empty_source(schema: pa.Schema) -> ac.Declaration:
