@@ -32,6 +32,7 @@ _READER_EXIT_S = 5.0
 
 CreditHandler = Callable[["TaskChannel", str, int, int], None]
 ErrorHandler = Callable[["TaskChannel", BaseException], None]
+FinishedHandler = Callable[["TaskChannel"], None]
 
 
 class TaskChannel:
@@ -44,6 +45,7 @@ class TaskChannel:
         *,
         on_credit: CreditHandler | None = None,
         on_error: ErrorHandler | None = None,
+        on_finished: FinishedHandler | None = None,
         heartbeat: float = 2.0,
         peer_timeout: float = 10.0,
     ) -> None:
@@ -65,6 +67,7 @@ class TaskChannel:
         self.error: WorkerError | None = None
         self._on_credit = on_credit
         self._on_error = on_error
+        self._on_finished = on_finished
         self._lock = threading.Lock()
         self._writer: fl.FlightStreamWriter | None = None
         self._reader: fl.FlightStreamReader | None = None
@@ -190,6 +193,7 @@ class TaskChannel:
         """Stop reporting errors: the caller let this task go on purpose (a refused attempt)."""
         self._on_error = None
         self._on_credit = None
+        self._on_finished = None
 
     def _cancel_call(self) -> None:
         if self._reader is not None and not self.done.is_set():
@@ -271,6 +275,8 @@ class TaskChannel:
         elif kind == "finished":
             self.metrics = frame.finished
             self.finished.set()
+            if self._on_finished is not None:
+                self._on_finished(self)
         elif kind == "drained":
             self.drained.set()
         elif kind == "load":

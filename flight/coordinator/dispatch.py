@@ -1,15 +1,16 @@
-"""Driving work-unit feeds from the coordinator to tasks, under credit.
+"""Driving work-unit feeds from the coordinator to tasks: the I/O around ``state.FeedState``.
 
 A **source** is one discovery stream: a thread runs the provider (generator or
-async generator) and queues what it yields, a bounded step ahead of the tasks.
-A **slot** is one feed partition of one task, with the credit that task granted.
-A partitioned feed has one source per partition and one slot per source; a
-shared-queue feed has one source and a slot in every task, and each unit goes
-to whichever slot has credit (honouring a unit's preferred worker for a short
-while). One sender thread per task turns queued units into ``WorkUnitBatch``
-frames, never more than the slot's credit, and sends ``FeedEnd`` once its
-source is exhausted. So a slow provider never blocks a task that already has
-work, and a slow task never receives more than it asked for.
+async generator) and hands what it yields to the state machine, a bounded step
+ahead of the tasks. A **slot** is one feed partition of one task, with the
+credit that task granted. Which unit goes to which task, when a feed ends, when
+a task is half-closed: ``FeedState`` decides (``coordinator/state.py``, tested
+without sockets). This driver only carries its instructions out: one sender
+thread per task sends that task's frames in the order they were decided
+(coalescing units that queued up behind a slow write into one frame), and one
+ticker thread wakes the state machine when an affinity wait or the close grace
+ends. So a slow provider never blocks a task that already has work, and a slow
+task never receives more than it asked for.
 """
 
 from __future__ import annotations
@@ -25,6 +26,26 @@ from dataclasses import dataclass, field
 
 from flight._proto import protocol_pb2
 from flight.coordinator.channel import TaskChannel
+from flight.coordinator.state import (
+    Abort,
+    CancelTask,
+    CreditGranted,
+    DiscoveryEnded,
+    Event,
+    FailQuery,
+    FeedState,
+    HalfClose,
+    Instruction,
+    Item,
+    ResultComplete,
+    SendFeedEnd,
+    SendUnits,
+    SlotStats,
+    StartSending,
+    TaskFinished,
+    Tick,
+    UnitsFound,
+)
 from flight.estimate import DiscoverySample
 from flight.feed import FeedContext, LatencyStats, Unit, WorkUnit, WorkUnitFeed, now_ns, unit_bytes
 from flight.resolver import normalize_url
@@ -33,46 +54,24 @@ __all__ = ["FeedDispatcher", "PartitionStats", "Source"]
 
 log = logging.getLogger(__name__)
 
+PartitionStats = SlotStats
+"""What the coordinator sent to one task for one feed partition (``QueryMetrics.feeds``)."""
+
 
 class _Stopped(Exception):
     """Raised inside a discovery thread when the query ended first."""
 
 
-@dataclass
-class PartitionStats:
-    """What the coordinator sent to one task for one feed partition."""
-
-    feed_id: str
-    partition: int
-    task: str
-    units: int = 0
-    bytes: int = 0
-    frames: int = 0
-    affinity_hits: int = 0
-
-
-@dataclass
-class _Item:
-    body: bytes
-    created_ns: int
-    queued_at: float
-    preferred: str | None
-    rows: int | None
-    size: int | None
-
-
 @dataclass(eq=False)
 class Source:
-    """One discovery stream and the units it found that no task has taken yet."""
+    """One discovery stream: its provider, and what its discovery measured."""
 
     feed: WorkUnitFeed
     partition: int
     partitions: int
     shared: bool
-    queue: deque[_Item] = field(default_factory=deque)
-    discovered: int = 0
-    discovered_all: bool = False
-    preferred_waiting: int = 0  # queued units that name a worker
+    index: int
+    """Its number in the state machine."""
     discovery: LatencyStats = field(default_factory=LatencyStats)
     started: float = 0.0
     sample_rows: list[int | None] = field(default_factory=list)
@@ -80,17 +79,13 @@ class Source:
 
 
 @dataclass(eq=False)
-class _Slot:
-    source: Source
-    partition: int  # on the wire: the task's partition number for this feed
+class _Outbox:
     channel: TaskChannel
-    stats: PartitionStats
-    credit: int = 0
-    end_sent: bool = False
+    pending: deque[Instruction] = field(default_factory=deque)
 
 
 class FeedDispatcher:
-    """All feed sources of one query, the tasks' slots, and the threads that move units."""
+    """All feed sources of one execution, its tasks, and the threads that move units."""
 
     def __init__(
         self,
@@ -99,52 +94,64 @@ class FeedDispatcher:
         discovery_buffer: int,
         max_units_per_frame: int,
         affinity_wait_s: float = 0.05,
+        close_grace_s: float = 0.5,
         on_error: Callable[[BaseException], None],
     ) -> None:
         self.query_id = query_id
-        self._buffer = max(1, discovery_buffer)
         self._max_frame = max(1, max_units_per_frame)
-        self._affinity_wait = affinity_wait_s
         self._on_error = on_error
+        self.state = FeedState(
+            max_frame=max_units_per_frame, buffer=discovery_buffer, affinity_wait=affinity_wait_s, close_grace=close_grace_s
+        )
         self.sources: list[Source] = []
-        self._slots: dict[tuple[str, str, int], _Slot] = {}
-        self._by_channel: dict[TaskChannel, list[_Slot]] = {}
-        self._urls: set[str] = set()
+        self._boxes: dict[str, _Outbox] = {}
         self._cond = threading.Condition()
+        self._sending = False
         self.cancelled = threading.Event()
 
     # ------------------------------------------------------------ wiring up
 
     def add_source(self, feed: WorkUnitFeed, partition: int, partitions: int, *, shared: bool) -> Source:
-        source = Source(feed, partition, partitions, shared)
+        source = Source(feed, partition, partitions, shared, self.state.add_source(feed.feed_id, shared=shared))
         self.sources.append(source)
         return source
 
+    def add_task(self, channel: TaskChannel) -> None:
+        """A task of the execution (with feeds or without): its channel carries the instructions."""
+        with self._cond:
+            self.state.add_task(channel.key, channel.url)
+            self._boxes[channel.key] = _Outbox(channel)
+
     def add_slot(self, source: Source, partition: int, channel: TaskChannel) -> None:
-        slot = _Slot(source, partition, channel, PartitionStats(source.feed.feed_id, partition, channel.key))
-        self._slots[(channel.key, source.feed.feed_id, partition)] = slot
-        self._by_channel.setdefault(channel, []).append(slot)
-        self._urls.add(channel.url)
+        with self._cond:
+            if channel.key not in self._boxes:
+                self.state.add_task(channel.key, channel.url)
+                self._boxes[channel.key] = _Outbox(channel)
+            self.state.add_slot(channel.key, source.index, partition)
 
     def clear_slots(self) -> None:
         """Forget every task (before any unit was sent): the query retries with new tasks."""
         with self._cond:
-            self._slots.clear()
-            self._by_channel.clear()
-            self._urls.clear()
+            self.state.clear_tasks()
+            self._boxes.clear()
 
     @property
     def stats(self) -> list[PartitionStats]:
-        return [s.stats for s in self._slots.values()]
+        with self._cond:
+            return self.state.stats()
 
     def on_credit(self, channel: TaskChannel, feed_id: str, partition: int, credits: int) -> None:
-        slot = self._slots.get((channel.key, feed_id, partition))
-        if slot is None:
+        if (channel.key, feed_id, partition) not in self.state._slots:
             log.warning("task %s asked for units of feed %r partition %d it was not given", channel.key, feed_id, partition)
             return
-        with self._cond:
-            slot.credit += credits
-            self._cond.notify_all()
+        self._apply(CreditGranted(channel.key, feed_id, partition, credits, time.monotonic()))
+
+    def on_finished(self, channel: TaskChannel) -> None:
+        self._apply(TaskFinished(channel.key, time.monotonic()))
+
+    def result_complete(self) -> None:
+        """The caller read every head output: finished tasks are half-closed, the rest after a grace."""
+        self._apply(ResultComplete(time.monotonic()))
 
     def start_discovery(self, sources: list[Source] | None = None) -> None:
         for source in sources if sources is not None else self.sources:
@@ -154,20 +161,28 @@ class FeedDispatcher:
                 threading.Thread(target=self._discover, args=(source,), name=name, daemon=True).start()
 
     def start_sending(self) -> None:
-        for channel, slots in self._by_channel.items():
-            threading.Thread(target=self._send, args=(channel, slots), name=f"send-{channel.key}", daemon=True).start()
-
-    def stop(self) -> None:
-        """End discovery and sending (the query finished or failed)."""
-        self.cancelled.set()
         with self._cond:
-            self._cond.notify_all()
+            self._sending = True
+            boxes = list(self._boxes.values())
+        for box in boxes:
+            threading.Thread(target=self._send, args=(box,), name=f"send-{box.channel.key}", daemon=True).start()
+        threading.Thread(target=self._tick, name=f"feeds-{self.query_id}", daemon=True).start()
+        self._apply(StartSending(time.monotonic()))
+
+    def stop(self, reason: str = "the query ended") -> None:
+        """End discovery and sending (the query finished or failed); open tasks are cancelled."""
+        self.cancelled.set()
+        self._apply(Abort(reason, time.monotonic()))
 
     def sample(self, source: Source, units: int, seconds: float) -> DiscoverySample:
         """Wait until ``source`` found ``units`` units, finished, or ``seconds`` passed; describe it."""
         deadline = source.started + seconds
         with self._cond:
-            while source.discovered < units and not source.discovered_all and not self.cancelled.is_set():
+            while (
+                self.state.discovered(source.index) < units
+                and not self.state.discovery_ended(source.index)
+                and not self.cancelled.is_set()
+            ):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -175,9 +190,30 @@ class FeedDispatcher:
             return DiscoverySample(
                 rows=list(source.sample_rows),
                 bytes=list(source.sample_bytes),
-                finished=source.discovered_all,
+                finished=self.state.discovery_ended(source.index),
                 elapsed_ms=(time.monotonic() - source.started) * 1000,
             )
+
+    def _apply(self, event: Event) -> None:
+        """One event through the state machine; sends are queued per task, cancels done here."""
+        with self._cond:
+            instructions = self.state.handle(event)
+            now_here: list[Instruction] = []
+            for ins in instructions:
+                if isinstance(ins, (SendUnits, SendFeedEnd, HalfClose)):
+                    self._boxes[ins.task].pending.append(ins)
+                else:
+                    now_here.append(ins)
+            self._cond.notify_all()
+        # A cancel must not wait behind a send blocked on a frozen worker: the channel's abort
+        # is safe from any thread, so it runs on the one that decided it.
+        for ins in now_here:
+            if isinstance(ins, CancelTask):
+                box = self._boxes.get(ins.task)
+                if box is not None:
+                    box.channel.abort(ins.reason)
+            elif isinstance(ins, FailQuery) and not self.cancelled.is_set():
+                self._on_error(RuntimeError(ins.reason))
 
     # -------------------------------------------------------------- discovery
 
@@ -187,21 +223,15 @@ class FeedDispatcher:
         if isinstance(unit, Unit):
             preferred = normalize_url(unit.preferred_worker) if unit.preferred_worker else None
             rows, size = unit.rows, unit.bytes
-        item = _Item(body, created, time.monotonic(), preferred, rows, size)
         with self._cond:
-            while len(source.queue) >= self._buffer and not self.cancelled.is_set():
+            while not self.state.room(source.index) and not self.cancelled.is_set():
                 self._cond.wait()
             if self.cancelled.is_set():
                 raise _Stopped
-            item.queued_at = time.monotonic()  # the affinity wait starts once the unit is in the queue
-            source.queue.append(item)
-            source.discovered += 1
             if len(source.sample_bytes) < 100_000:
                 source.sample_rows.append(rows)
                 source.sample_bytes.append(size)
-            if preferred is not None:
-                source.preferred_waiting += 1
-            self._cond.notify_all()
+        self._apply(UnitsFound(source.index, (Item(body, created, preferred, rows, size),), time.monotonic()))
 
     def _discover(self, source: Source) -> None:
         ctx = FeedContext(self.query_id, source.feed.feed_id, source.partition, source.partitions, self.cancelled)
@@ -218,9 +248,7 @@ class FeedDispatcher:
             exc.add_note(f"raised by the provider of feed {source.feed.feed_id!r}, {what}")
             self._on_error(exc)
             return  # never mark a failed discovery as complete: no FeedEnd may follow it
-        with self._cond:
-            source.discovered_all = True
-            self._cond.notify_all()
+        self._apply(DiscoveryEnded(source.index, time.monotonic()))
 
     def _discover_sync(self, source: Source, stream: Iterator[WorkUnit]) -> None:
         try:
@@ -246,68 +274,58 @@ class FeedDispatcher:
 
     # ---------------------------------------------------------------- sending
 
-    def _take(self, slot: _Slot, n: int) -> list[_Item]:
-        """Up to ``n`` units for ``slot``: in order, skipping (for a while) units meant for other workers."""
-        queue = slot.source.queue
-        if not slot.source.preferred_waiting:
-            return [queue.popleft() for _ in range(min(n, len(queue)))]
-        now = time.monotonic()
-        url = slot.channel.url
-        taken: list[_Item] = []
-        keep: list[_Item] = []
-        while queue and len(taken) < n:
-            item = queue.popleft()
-            p = item.preferred
-            if p is None or p == url or p not in self._urls or now - item.queued_at >= self._affinity_wait:
-                if p is not None:
-                    slot.source.preferred_waiting -= 1
-                    slot.stats.affinity_hits += p == url
-                taken.append(item)
-            else:
-                keep.append(item)
-        queue.extendleft(reversed(keep))
-        return taken
-
-    def _ready_frames(self, slots: list[_Slot]) -> list[protocol_pb2.CoordinatorFrame]:
-        frames = []
-        for slot in slots:
-            source = slot.source
-            items = self._take(slot, min(slot.credit, self._max_frame)) if slot.credit and source.queue else []
-            if items:
-                sent = now_ns()
-                units = [protocol_pb2.WorkUnit(body=i.body, created_unix_nanos=i.created_ns, sent_unix_nanos=sent) for i in items]
-                slot.credit -= len(items)
-                slot.stats.units += len(items)
-                slot.stats.bytes += sum(len(i.body) for i in items)
-                slot.stats.frames += 1
-                frames.append(
-                    protocol_pb2.CoordinatorFrame(
-                        units=protocol_pb2.WorkUnitBatch(feed_id=source.feed.feed_id, partition=slot.partition, units=units)
-                    )
-                )
-            if source.discovered_all and not source.queue and not slot.end_sent:
-                slot.end_sent = True
-                frames.append(
-                    protocol_pb2.CoordinatorFrame(
-                        feed_end=protocol_pb2.FeedEnd(feed_id=source.feed.feed_id, partition=slot.partition)
-                    )
-                )
-        return frames
-
-    def _send(self, channel: TaskChannel, slots: list[_Slot]) -> None:
+    def _send(self, box: _Outbox) -> None:
+        """One task's instructions, in order: frames, then (once finished) the half-close."""
         while True:
             with self._cond:
-                while True:
-                    if self.cancelled.is_set():
-                        return
-                    frames = self._ready_frames(slots)
-                    if frames:
-                        self._cond.notify_all()  # discovery may wait for queue room
+                while not box.pending and not self.cancelled.is_set():
+                    self._cond.wait()
+                if self.cancelled.is_set():
+                    return
+                batch = list(box.pending)
+                box.pending.clear()
+            for frame in self._frames(batch):
+                if frame is None:
+                    box.channel.close()
+                    return
+                box.channel.send(frame)
+
+    def _frames(self, batch: list[Instruction]) -> Iterator[protocol_pb2.CoordinatorFrame | None]:
+        """Frames for ``batch`` (None: half-close); consecutive units of one partition share a frame."""
+        i = 0
+        while i < len(batch):
+            ins = batch[i]
+            if isinstance(ins, SendUnits):
+                items = list(ins.items)
+                while (
+                    i + 1 < len(batch)
+                    and isinstance(nxt := batch[i + 1], SendUnits)
+                    and (nxt.feed_id, nxt.partition) == (ins.feed_id, ins.partition)
+                    and len(items) + len(nxt.items) <= self._max_frame
+                ):
+                    items.extend(nxt.items)
+                    i += 1
+                sent = now_ns()
+                units = [protocol_pb2.WorkUnit(body=u.body, created_unix_nanos=u.created_ns, sent_unix_nanos=sent) for u in items]
+                yield protocol_pb2.CoordinatorFrame(
+                    units=protocol_pb2.WorkUnitBatch(feed_id=ins.feed_id, partition=ins.partition, units=units)
+                )
+            elif isinstance(ins, SendFeedEnd):
+                yield protocol_pb2.CoordinatorFrame(feed_end=protocol_pb2.FeedEnd(feed_id=ins.feed_id, partition=ins.partition))
+            elif isinstance(ins, HalfClose):
+                yield None
+            i += 1
+
+    def _tick(self) -> None:
+        """Wakes the state machine when an affinity wait or the close grace ends."""
+        while True:
+            with self._cond:
+                while not self.cancelled.is_set():
+                    at = self.state.wake_at()
+                    left = None if at is None else at - time.monotonic()
+                    if left is not None and left <= 0:
                         break
-                    if all(s.end_sent for s in slots):
-                        return
-                    # Units held back for another worker become anyone's after the affinity wait.
-                    waiting = any(s.credit and s.source.queue for s in slots)
-                    self._cond.wait(self._affinity_wait if waiting else None)
-            for frame in frames:
-                channel.send(frame)
+                    self._cond.wait(left)
+                if self.cancelled.is_set():
+                    return
+            self._apply(Tick(time.monotonic()))

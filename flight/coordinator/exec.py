@@ -371,11 +371,13 @@ class _Run:
                 header,
                 on_credit=self.dispatcher.on_credit,
                 on_error=self._channel_error,
+                on_finished=self.dispatcher.on_finished,
                 heartbeat=self.options.heartbeat,
                 peer_timeout=self.options.peer_timeout,
             )
             channels.append(channel)
             self.channels.append(channel)
+            self.dispatcher.add_task(channel)
             # Slots exist before any channel opens: credits may arrive at once.
             for feed_id, partitions in assigned.items():
                 feed_sources = self.sources[feed_id]
@@ -433,11 +435,9 @@ class _Run:
     def _await_metrics(self) -> None:
         """All outputs are read: collect each task's final frame (bounded wait)."""
         # The result is complete. Upstream tasks report their final metrics as their consumers
-        # drain them; one still running after a moment is not needed (e.g. below a limit).
-        grace = time.monotonic() + 0.5
-        for channel in self.channels:
-            channel.finished.wait(max(0.0, grace - time.monotonic()))
-            channel.close()
+        # drain them; the dispatcher half-closes each once it finished, and one still running
+        # after a moment is not needed (e.g. below a limit): it is half-closed then.
+        self.dispatcher.result_complete()
         deadline = time.monotonic() + self.options.connect_timeout
         for channel in self.channels:
             if not channel.done.wait(max(0.0, deadline - time.monotonic())):

@@ -1,0 +1,432 @@
+"""The coordinator's decisions for one execution, as a state machine apart from I/O.
+
+Why: credits, the shared queue, affinity, feed ends, half-close and cancellation
+are the riskiest logic of the coordinator, and they are decisions, not I/O. Here
+they are one pure object (after dask's worker state machine): ``handle(event)``
+takes one event — units discovered, discovery ended, a task ready, credit
+granted, a task finished or drained, the result complete, a worker lost, a
+tick of the clock, an abort — and returns the instructions that follow from it:
+send these units, send a feed end, half-close, cancel, fail. No threads, no
+sockets, no clocks: time comes in with the events (``now``, seconds on any
+monotonic clock), and ``wake_at()`` says when the driver should tick.
+
+The driver (``dispatch.FeedDispatcher``) owns the threads: discovery threads
+turn a provider's units into ``UnitsFound`` events, the channels' readers turn
+frames into ``CreditGranted`` / ``TaskFinished`` events, and one sender per task
+carries out that task's instructions in the order they were given.
+
+Guarantees, tested without processes in ``tests/coordinator/test_state.py``:
+
+* a task never holds more units than the credit it granted (per feed partition);
+* every discovered unit is sent exactly once (to one task), under any order of
+  events, unless the query failed; a unit kept back for a preferred worker waits
+  at most ``affinity_wait`` seconds;
+* a feed partition's ``SendFeedEnd`` comes after its last unit and only once the
+  discovery ended and its queue is empty;
+* ``HalfClose`` reaches a task only once it finished (or, ``close_grace`` after
+  the result was complete, a task the result did not need);
+* after ``Abort`` (or ``WorkerLost``) nothing is sent; every open task is cancelled once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+__all__ = [
+    "Abort",
+    "CancelTask",
+    "CreditGranted",
+    "DiscoveryEnded",
+    "Event",
+    "FailQuery",
+    "FeedState",
+    "HalfClose",
+    "Instruction",
+    "Item",
+    "ResultComplete",
+    "SendFeedEnd",
+    "SendUnits",
+    "SlotStats",
+    "StartSending",
+    "TaskFinished",
+    "TaskReady",
+    "Tick",
+    "UnitsFound",
+    "WorkerLost",
+]
+
+
+@dataclass(eq=False)
+class Item:
+    """One discovered work unit: its encoded body and what decides where it goes."""
+
+    body: bytes
+    created_ns: int = 0
+    preferred: str | None = None
+    """The worker URL the unit would rather run on (normalized), or None."""
+    rows: int | None = None
+    size: int | None = None
+    queued_at: float = 0.0
+    """When it joined its source's queue (set by the state machine): the affinity wait starts then."""
+
+
+# ------------------------------------------------------------------ events
+
+
+@dataclass(frozen=True)
+class UnitsFound:
+    source: int
+    items: tuple[Item, ...]
+    now: float
+
+
+@dataclass(frozen=True)
+class DiscoveryEnded:
+    source: int
+    now: float
+
+
+@dataclass(frozen=True)
+class StartSending:
+    """Every task was admitted: units may go out (before, a refused attempt may still be let go)."""
+
+    now: float
+
+
+@dataclass(frozen=True)
+class TaskReady:
+    task: str
+    now: float
+
+
+@dataclass(frozen=True)
+class CreditGranted:
+    task: str
+    feed_id: str
+    partition: int
+    credits: int
+    now: float
+
+
+@dataclass(frozen=True)
+class TaskFinished:
+    """The task's final metrics arrived: it produced all its output."""
+
+    task: str
+    now: float
+
+
+@dataclass(frozen=True)
+class ResultComplete:
+    """The caller read every head output: the tasks may be let go."""
+
+    now: float
+
+
+@dataclass(frozen=True)
+class WorkerLost:
+    url: str
+    reason: str
+    now: float
+
+
+@dataclass(frozen=True)
+class Abort:
+    """The query failed or was cancelled (an error, a deadline, the caller stopped reading)."""
+
+    reason: str
+    now: float
+
+
+@dataclass(frozen=True)
+class Tick:
+    now: float
+
+
+Event = UnitsFound | DiscoveryEnded | StartSending | TaskReady | CreditGranted | TaskFinished | ResultComplete | WorkerLost | Abort | Tick
+
+
+# ------------------------------------------------------------ instructions
+
+
+@dataclass(frozen=True)
+class SendUnits:
+    task: str
+    feed_id: str
+    partition: int
+    items: tuple[Item, ...]
+
+
+@dataclass(frozen=True)
+class SendFeedEnd:
+    task: str
+    feed_id: str
+    partition: int
+
+
+@dataclass(frozen=True)
+class HalfClose:
+    task: str
+
+
+@dataclass(frozen=True)
+class CancelTask:
+    task: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class FailQuery:
+    reason: str
+    url: str | None = None
+    """The lost worker, when a worker loss is the cause."""
+
+
+Instruction = SendUnits | SendFeedEnd | HalfClose | CancelTask | FailQuery
+
+
+# ------------------------------------------------------------------- state
+
+
+@dataclass
+class SlotStats:
+    """What one task received for one feed partition."""
+
+    feed_id: str
+    partition: int
+    task: str
+    units: int = 0
+    bytes: int = 0
+    frames: int = 0
+    affinity_hits: int = 0
+
+
+@dataclass(eq=False)
+class _Source:
+    feed_id: str
+    shared: bool
+    queue: deque[Item] = field(default_factory=deque)
+    ended: bool = False
+    discovered: int = 0
+    preferred_waiting: int = 0
+    slots: list[_Slot] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _Slot:
+    source: _Source
+    task: str
+    partition: int
+    credit: int = 0
+    end_sent: bool = False
+    stats: SlotStats = field(default_factory=lambda: SlotStats("", 0, ""))
+
+
+@dataclass(eq=False)
+class _Task:
+    key: str
+    url: str
+    slots: list[_Slot] = field(default_factory=list)
+    ready: bool = False
+    finished: bool = False
+    closed: bool = False  # half-closed or cancelled: nothing more goes to it
+
+
+class FeedState:
+    """Sources (discovery streams), tasks and their feed slots, for one execution.
+
+    ``max_frame`` caps the units of one ``SendUnits``; ``buffer`` the units a source may
+    queue ahead of the tasks (``room()``: the driver's discovery waits for it);
+    ``affinity_wait`` how long a unit waits for its preferred worker; ``close_grace``
+    how long after the result is complete an unfinished task is waited for.
+    """
+
+    def __init__(self, *, max_frame: int, buffer: int, affinity_wait: float, close_grace: float = 0.5) -> None:
+        self.max_frame = max(1, max_frame)
+        self.buffer = max(1, buffer)
+        self.affinity_wait = affinity_wait
+        self.close_grace = close_grace
+        self.sources: list[_Source] = []
+        self.tasks: dict[str, _Task] = {}
+        self._slots: dict[tuple[str, str, int], _Slot] = {}
+        self._urls: set[str] = set()
+        self.failed: str | None = None
+        self.sending = False
+        self.complete_at: float | None = None  # when the result was complete
+
+    # ---------------------------------------------------------------- wiring
+
+    def add_source(self, feed_id: str, *, shared: bool) -> int:
+        self.sources.append(_Source(feed_id, shared))
+        return len(self.sources) - 1
+
+    def add_task(self, key: str, url: str) -> None:
+        self.tasks[key] = _Task(key, url)
+        self._urls.add(url)
+
+    def add_slot(self, key: str, source_id: int, partition: int) -> None:
+        """Task ``key`` reads ``source_id`` as its feed partition ``partition`` (its number on the wire)."""
+        source, task = self.sources[source_id], self.tasks[key]
+        slot = _Slot(source, key, partition, stats=SlotStats(source.feed_id, partition, key))
+        source.slots.append(slot)
+        task.slots.append(slot)
+        self._slots[(key, source.feed_id, partition)] = slot
+
+    def clear_tasks(self) -> None:
+        """Forget every task (an attempt was let go before any unit was sent)."""
+        if self.sending:
+            raise RuntimeError("units may have been sent already: the tasks cannot be forgotten")
+        for source in self.sources:
+            source.slots.clear()
+        self.tasks.clear()
+        self._slots.clear()
+        self._urls.clear()
+
+    # ------------------------------------------------------------- queries
+
+    def room(self, source: int) -> int:
+        """How many more units ``source`` may queue now."""
+        return max(0, self.buffer - len(self.sources[source].queue))
+
+    def discovered(self, source: int) -> int:
+        return self.sources[source].discovered
+
+    def discovery_ended(self, source: int) -> bool:
+        return self.sources[source].ended
+
+    def stats(self) -> list[SlotStats]:
+        return [s.stats for s in self._slots.values()]
+
+    def wake_at(self) -> float | None:
+        """When the driver should send a ``Tick``: a unit's affinity wait, or the close grace, ends."""
+        times = []
+        for source in self.sources:
+            if source.preferred_waiting and any(s.credit for s in source.slots):
+                times.extend(i.queued_at + self.affinity_wait for i in source.queue if i.preferred is not None)
+        if self.complete_at is not None and any(not t.closed for t in self.tasks.values()):
+            times.append(self.complete_at + self.close_grace)
+        return min(times) if times else None
+
+    # -------------------------------------------------------------- events
+
+    def handle(self, event: Event) -> list[Instruction]:
+        """The instructions that follow from ``event``, in the order they must be carried out."""
+        out: list[Instruction] = []
+        if self.failed is not None:
+            return out
+        match event:
+            case UnitsFound(source=sid, items=items, now=now):
+                source = self.sources[sid]
+                if source.ended:
+                    raise ValueError(f"units found after discovery of source {sid} ended")
+                for item in items:
+                    item.queued_at = now
+                    source.queue.append(item)
+                    source.preferred_waiting += item.preferred is not None
+                source.discovered += len(items)
+                self._pump(source.slots, now, out)
+            case DiscoveryEnded(source=sid, now=now):
+                source = self.sources[sid]
+                source.ended = True
+                self._pump(source.slots, now, out)
+            case StartSending(now=now):
+                self.sending = True
+                for source in self.sources:
+                    self._pump(source.slots, now, out)
+            case TaskReady(task=key):
+                if key in self.tasks:
+                    self.tasks[key].ready = True
+            case CreditGranted(task=key, feed_id=feed_id, partition=partition, credits=credits, now=now):
+                slot = self._slots.get((key, feed_id, partition))
+                if slot is None or credits <= 0:
+                    return out  # a feed partition it was not given: ignored (the driver logs it)
+                slot.credit += credits
+                self._pump([slot], now, out)
+            case TaskFinished(task=key):
+                task = self.tasks.get(key)
+                if task is not None:
+                    task.finished = True
+                    if self.complete_at is not None and not task.closed:
+                        task.closed = True
+                        out.append(HalfClose(key))
+            case ResultComplete(now=now):
+                self.complete_at = now
+                for task in self.tasks.values():
+                    if task.finished and not task.closed:
+                        task.closed = True
+                        out.append(HalfClose(task.key))
+            case WorkerLost(url=url, reason=reason):
+                self._fail(f"worker {url} was lost: {reason}", url, out)
+            case Abort(reason=reason):
+                self._fail(reason, None, out)
+            case Tick(now=now):
+                if self.complete_at is not None and now >= self.complete_at + self.close_grace:
+                    for task in self.tasks.values():  # not needed for the result (below a limit, say)
+                        if not task.closed:
+                            task.closed = True
+                            out.append(HalfClose(task.key))
+                waiting = [s for s in self.sources if s.preferred_waiting]
+                for source in waiting:
+                    self._pump(source.slots, now, out)
+        return out
+
+    def _fail(self, reason: str, url: str | None, out: list[Instruction]) -> None:
+        self.failed = reason
+        for task in self.tasks.values():
+            if not task.closed:
+                task.closed = True
+                out.append(CancelTask(task.key, reason))
+        out.append(FailQuery(reason, url))
+
+    # ------------------------------------------------------------- sending
+
+    def _pump(self, slots: Iterable[_Slot], now: float, out: list[Instruction]) -> None:
+        """Units to every slot with credit, in slot order; feed ends where a source is done."""
+        if not self.sending:
+            return
+        touched: dict[int, _Source] = {}
+        for slot in slots:
+            source = slot.source
+            touched[id(source)] = source
+            task = self.tasks[slot.task]
+            if task.closed:
+                continue
+            while slot.credit and source.queue:
+                items = self._take(slot, min(slot.credit, self.max_frame), task.url, now)
+                if not items:
+                    break
+                slot.credit -= len(items)
+                slot.stats.units += len(items)
+                slot.stats.bytes += sum(len(i.body) for i in items)
+                slot.stats.frames += 1
+                out.append(SendUnits(slot.task, source.feed_id, slot.partition, tuple(items)))
+        # A source done: every slot of it learns so (for a shared queue, the slots that took
+        # nothing from the last pump too), each after the last units it was sent.
+        for source in touched.values():
+            if source.ended and not source.queue:
+                for slot in source.slots:
+                    if not slot.end_sent and not self.tasks[slot.task].closed:
+                        slot.end_sent = True
+                        out.append(SendFeedEnd(slot.task, source.feed_id, slot.partition))
+
+    def _take(self, slot: _Slot, n: int, url: str, now: float) -> list[Item]:
+        """Up to ``n`` units for ``slot``: in order, skipping (for a while) units meant for other workers."""
+        queue = slot.source.queue
+        if not slot.source.preferred_waiting:
+            return [queue.popleft() for _ in range(min(n, len(queue)))]
+        taken: list[Item] = []
+        keep: list[Item] = []
+        while queue and len(taken) < n:
+            item = queue.popleft()
+            p = item.preferred
+            if p is None or p == url or p not in self._urls or now - item.queued_at >= self.affinity_wait:
+                if p is not None:
+                    slot.source.preferred_waiting -= 1
+                    slot.stats.affinity_hits += p == url
+                taken.append(item)
+            else:
+                keep.append(item)
+        queue.extendleft(reversed(keep))
+        return taken
