@@ -88,3 +88,6 @@ class ExecOptions:
     """Seconds without any message from a task's worker before the query fails naming that worker."""
     admission_wait: float = 300.0
     """Seconds to keep retrying while busy workers refuse the query's tasks (within ``deadline``)."""
+    retries: int = 2
+    """Times a query runs again when a worker is lost (dead, or silent past ``peer_timeout``) before
+    the caller received any row: on the workers that remain, discovery included. 0: never."""

@@ -239,7 +239,7 @@ def test_a_worker_dying_mid_query_fails_it_naming_the_worker() -> None:
 
     with flight.LocalCluster(2, extensions=["flight.testing"]) as own:
         q = flight.from_feed(Slow(), "testing.sleep", SLEEP_SCHEMA).aggregate(["id"], n=flight.agg.count_all())
-        ex = flight.DistributedExec(q, own.urls, rows_per_task=1)
+        ex = flight.DistributedExec(q, own.urls, rows_per_task=1, retries=0)  # with retries it recovers (tests/coordinator)
         reader = ex.execute()
         victim, url = own.processes[1], own.urls[1]
         wait_until(lambda: running_tasks([url]) > 0, what="the victim to run tasks")

@@ -34,6 +34,7 @@ from flight.coordinator.results import DONE as _DONE
 from flight.coordinator.results import offer as _offer
 from flight.coordinator.explain import explain_plan
 from flight.coordinator.metrics import QueryMetrics, TaskStats
+from flight.coordinator.recovery import PROBE_TIMEOUT_S, Attempt, may_retry, probe_lost
 from flight.errors import (
     FlightExecError,
     PlanError,
@@ -42,12 +43,14 @@ from flight.errors import (
     TaskCancelledError,
     WorkerBusyError,
     WorkerError,
+    WorkerUnavailableError,
 )
 from flight.estimate import DefaultTaskEstimator, TaskEstimator
 from flight.plan.query import Query
 from flight.planner import PlannerOptions, QueryPlan, StageSpec, plan_query
 from flight.protocol import COMPRESSION, PROTOCOL_VERSION, encode_schema, make_stage_key, new_secret
-from flight.resolver import StaticWorkerResolver, WorkerResolver
+from flight.limits import clip
+from flight.resolver import StaticWorkerResolver, WorkerResolver, normalize_url
 
 __all__ = ["DetachedQuery", "DistributedExec", "HeadPartition"]  # the first and last from detached.py
 
@@ -80,6 +83,8 @@ class DistributedExec:
         self.estimator = estimator or DefaultTaskEstimator()
         self.resolver = resolver if isinstance(resolver, WorkerResolver) else StaticWorkerResolver(list(resolver))
         self.options = replace(options or ExecOptions(), **overrides)  # type: ignore[arg-type]
+        if self.options.retries < 0:
+            raise ValueError(f"retries must be 0 or more, not {self.options.retries}")
         if self.options.compression not in COMPRESSION:
             raise ValueError(f"compression must be one of {sorted(COMPRESSION)}, not {self.options.compression!r}")
         planner_options = PlannerOptions(
@@ -90,6 +95,7 @@ class DistributedExec:
         self.query_id: str | None = None  # of the latest execute(), known from its start
         self.query_secret: bytes | None = None  # of the latest execute(): what its tickets and a cancel must carry
         self.bound: dict[int, list[str]] = {}  # stage id -> the URL of each task, once executed
+        self.attempts: list[Attempt] = []  # of the latest execute(): the attempts a lost worker failed
 
     @property
     def stage(self) -> StageSpec:
@@ -108,11 +114,17 @@ class DistributedExec:
         return self.execute().read_all()
 
     def execute(self) -> pa.RecordBatchReader:
-        """Start the query and return its rows as a stream."""
-        run = _Run(self)
-        reader = pa.RecordBatchReader.from_batches(self.stage.output_schema, run.start())
+        """Start the query and return its rows as a stream.
+
+        A worker lost before the first row reached the caller costs an attempt, not the
+        query: it runs again on the workers that remain, up to ``ExecOptions.retries``
+        times (``coordinator/recovery.py``); ``attempts`` lists the failed ones.
+        """
+        attempts = _Attempts(self)
+        first = attempts.open()
+        reader = pa.RecordBatchReader.from_batches(self.stage.output_schema, attempts.batches(first))
         # A reader dropped before it was read (or read to the end) must not leave the tasks running.
-        weakref.finalize(reader, run.abandon)
+        weakref.finalize(reader, attempts.abandon)
         return reader
 
     def start_detached(self) -> DetachedQuery:
@@ -127,11 +139,82 @@ class DistributedExec:
         return DetachedQuery(run)
 
 
-class _Run:
-    """One execution of a DistributedExec: its channels, feeds and result queue."""
+class _Attempts:
+    """The attempts of one ``execute()``: a new ``_Run`` after each lost worker, while no row was delivered."""
 
     def __init__(self, ex: DistributedExec) -> None:
         self.ex = ex
+        self.excluded: set[str] = set()
+        self.run: _Run | None = None
+        ex.attempts = []
+
+    def open(self) -> Iterator[pa.RecordBatch]:
+        """A launched attempt's batches; lost workers during the launch are retried around here."""
+        while True:
+            run = self.run = _Run(self.ex, self.excluded)
+            try:
+                return run.start()
+            except FlightExecError as exc:
+                if not self._retry(run, exc, delivered=False):
+                    raise
+
+    def batches(self, first: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        current, delivered = first, 0
+        while True:
+            try:
+                for batch in current:
+                    delivered += batch.num_rows
+                    yield batch
+                return
+            except FlightExecError as exc:
+                assert self.run is not None
+                if delivered:
+                    raise self._too_late(self.run, exc, delivered) from exc
+                if not self._retry(self.run, exc, delivered=False):
+                    raise
+            current = self.open()
+
+    def _probe(self, run: _Run) -> list[str]:
+        options = self.ex.options
+        return probe_lost(run.urls, options.security, min(PROBE_TIMEOUT_S, options.connect_timeout))
+
+    def _too_late(self, run: _Run, error: FlightExecError, rows: int) -> FlightExecError:
+        """The error to raise when a worker was lost after rows reached the caller: it says so."""
+        if not isinstance(error, WorkerError) or self.ex.options.retries <= 0 or not (lost := self._probe(run)):
+            return error
+        return WorkerUnavailableError(
+            f"worker {', '.join(lost)} was lost after {rows} rows had reached the caller: the query cannot run "
+            f"again without repeating them ({clip(error, 300)})",
+            worker_url=lost[0],
+            stage_key=error.stage_key,
+        )
+
+    def _retry(self, run: _Run, error: FlightExecError, delivered: bool) -> bool:
+        """Whether to run again: a worker of ``run`` is lost, others remain, and nothing reached the caller."""
+        options = self.ex.options
+        if not may_retry(error, delivered, len(self.ex.attempts), options.retries):
+            return False
+        lost = self._probe(run)
+        remaining = [u for u in self.ex.resolver.get_urls() if u not in self.excluded and u not in lost]
+        if not lost or not remaining:
+            return False
+        self.ex.attempts.append(Attempt(run.query_id, tuple(lost), clip(error, 300)))
+        self.excluded.update(lost)
+        log.warning("query %s: lost %s (%s); running it again on the other workers", run.query_id, ", ".join(lost), clip(error, 200))
+        return True
+
+    def abandon(self) -> None:
+        if self.run is not None:
+            self.run.abandon()
+
+
+class _Run:
+    """One execution (attempt) of a DistributedExec: its channels, feeds and result queue."""
+
+    def __init__(self, ex: DistributedExec, excluded: set[str] | None = None) -> None:
+        self.ex = ex
+        self.excluded = excluded or set()
+        self.urls: list[str] = []  # the workers this attempt bound tasks to
         self.options = ex.options
         self.plan = ex.plan
         self.base_id = self.query_id = ex.query_id = uuid.uuid4().hex[:16]
@@ -252,9 +335,11 @@ class _Run:
                         self.dispatcher.add_source(f.feed, p, f.partitions, shared=f.shared) for p in range(f.partitions)
                     ]
             self.dispatcher.start_discovery()
-            urls = self.ex.resolver.get_urls()
+            urls = [u for u in self.ex.resolver.get_urls() if normalize_url(u) not in self.excluded and u not in self.excluded]
             if not urls:
-                raise ResolverError("the resolver returned no worker URLs at execution time")
+                lost = f" (lost this query: {', '.join(sorted(self.excluded))})" if self.excluded else ""
+                raise ResolverError(f"the resolver returned no worker URLs at execution time{lost}")
+            self.urls = urls
             counts = {s.stage_id: self._size(s, len(urls)) for s in self.plan.stages}
             for stage in self.plan.stages:
                 # Stages start at different workers, so a small stage does not always land on the first.

@@ -1,0 +1,117 @@
+"""Query retry when a worker is lost: which failures qualify, and which workers are gone.
+
+Why a whole-query retry: until the caller has received a row, nothing of a failed
+attempt is visible, so running the query again on the workers that remain gives
+the exact result (Distributed DataFusion fails the query on any node loss;
+Trino needs an external spool for task retries). A retry runs everything again,
+discovery included: a feed's provider is asked for its units once more, as when
+the caller re-runs the query (docs/architecture.md, "Losing a worker").
+
+A failure qualifies when it came from a worker (``WorkerError``) and a probe
+finds a worker of the attempt dead or silent: it refuses connections, or does not
+answer ``health`` within the probe's deadline (a frozen process). Errors the
+query itself causes (a bad plan, a provider's exception, the deadline, the
+caller stopping) never do, nor does a failure with every worker healthy.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from flight.errors import (
+    FlightExecError,
+    InvalidTaskError,
+    PermissionDeniedError,
+    PlanError,
+    ProtocolError,
+    QueryTimeoutError,
+    UnauthenticatedError,
+    WorkerBusyError,
+    WorkerError,
+)
+from flight.limits import clip
+from flight.security import Security, connect
+
+__all__ = ["Attempt", "may_retry", "probe_lost"]
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 2.0
+"""How long a worker has to answer ``health`` before the probe calls it lost."""
+
+_NEVER = (PlanError, ProtocolError, InvalidTaskError, QueryTimeoutError, UnauthenticatedError, PermissionDeniedError, WorkerBusyError)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One failed attempt of a query, as ``explain(analyze=True)`` shows it."""
+
+    query_id: str
+    lost: tuple[str, ...]
+    """The workers found dead or silent, excluded from later attempts."""
+    error: str
+    """What failed the attempt (clipped)."""
+
+    def describe(self) -> str:
+        return f"attempt {self.query_id} lost {', '.join(self.lost)}: {self.error}"
+
+
+def may_retry(error: BaseException, rows_delivered: bool, attempts: int, retries: int) -> bool:
+    """Whether a failed attempt may be run again, before probing the workers.
+
+    ``attempts`` is how many attempts failed before this one.
+    """
+    if rows_delivered or attempts >= retries:
+        return False
+    if not isinstance(error, FlightExecError) or isinstance(error, _NEVER):
+        return False
+    return isinstance(error, WorkerError)
+
+
+def probe_lost(urls: Iterable[str], security: Security | None, timeout: float = PROBE_TIMEOUT_S) -> list[str]:
+    """The URLs among ``urls`` whose worker is dead or does not answer ``health`` in time (in parallel)."""
+    targets = sorted(set(urls))
+    lost: list[str] = []
+    lock = threading.Lock()
+
+    def probe(url: str) -> None:
+        try:
+            client = connect(url, security)
+        except (pa.ArrowException, OSError):
+            with lock:
+                lost.append(url)
+            return
+        try:
+            list(client.do_action(fl.Action("health", b""), options=fl.FlightCallOptions(timeout=timeout)))
+        except fl.FlightUnavailableError as exc:
+            log.debug("worker %s is lost: %s", url, clip(exc, 200))
+            with lock:
+                lost.append(url)
+        except fl.FlightTimedOutError:
+            log.debug("worker %s did not answer health within %.1fs", url, timeout)
+            with lock:
+                lost.append(url)
+        except (pa.ArrowException, OSError) as exc:
+            # Answered, but not ok (draining, say): alive, and not ours to retry around.
+            log.debug("worker %s answered health with an error: %s", url, clip(exc, 200))
+        finally:
+            try:
+                client.close()
+            except (pa.ArrowException, OSError):
+                pass
+
+    threads = [threading.Thread(target=probe, args=(u,), name=f"probe-{u}", daemon=True) for u in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 1.0)
+        if t.is_alive():  # the probe itself hung past its deadline: count the worker as silent
+            with lock:
+                lost.append(t.name.removeprefix("probe-"))
+    return sorted(set(lost))
