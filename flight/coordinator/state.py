@@ -212,6 +212,8 @@ class _Source:
     discovered: int = 0
     preferred_waiting: int = 0
     slots: list[_Slot] = field(default_factory=list)
+    urls: set[str] = field(default_factory=set)
+    """The workers of the tasks that read it."""
 
 
 @dataclass(eq=False)
@@ -251,7 +253,6 @@ class FeedState:
         self.sources: list[_Source] = []
         self.tasks: dict[str, _Task] = {}
         self._slots: dict[tuple[str, str, int], _Slot] = {}
-        self._urls: set[str] = set()
         self.failed: str | None = None
         self.sending = False
         self.complete_at: float | None = None  # when the result was complete
@@ -264,13 +265,13 @@ class FeedState:
 
     def add_task(self, key: str, url: str) -> None:
         self.tasks[key] = _Task(key, url)
-        self._urls.add(url)
 
     def add_slot(self, key: str, source_id: int, partition: int) -> None:
         """Task ``key`` reads ``source_id`` as its feed partition ``partition`` (its number on the wire)."""
         source, task = self.sources[source_id], self.tasks[key]
         slot = _Slot(source, key, partition, stats=SlotStats(source.feed_id, partition, key))
         source.slots.append(slot)
+        source.urls.add(task.url)
         task.slots.append(slot)
         self._slots[(key, source.feed_id, partition)] = slot
 
@@ -280,9 +281,9 @@ class FeedState:
             raise RuntimeError("units may have been sent already: the tasks cannot be forgotten")
         for source in self.sources:
             source.slots.clear()
+            source.urls.clear()
         self.tasks.clear()
         self._slots.clear()
-        self._urls.clear()
 
     # ------------------------------------------------------------- queries
 
@@ -421,7 +422,9 @@ class FeedState:
         while queue and len(taken) < n:
             item = queue.popleft()
             p = item.preferred
-            if p is None or p == url or p not in self._urls or now - item.queued_at >= self.affinity_wait:
+            # A unit waits for its preferred worker only if a task there reads this source, and only
+            # until ``queued_at + affinity_wait`` (the same sum ``wake_at`` asks to be woken at).
+            if p is None or p == url or p not in slot.source.urls or now >= item.queued_at + self.affinity_wait:
                 if p is not None:
                     slot.source.preferred_waiting -= 1
                     slot.stats.affinity_hits += p == url

@@ -159,6 +159,18 @@ def test_a_preferred_worker_that_runs_no_task_is_no_reason_to_wait() -> None:
     assert sent(state.handle(UnitsFound(0, units(1, preferred="grpc://elsewhere:1"), 0.0))) == [b"u0"]
 
 
+def test_a_unit_does_not_wait_for_a_worker_that_does_not_read_its_partition() -> None:
+    state = FeedState(max_frame=8, buffer=8, affinity_wait=WAIT)
+    p0, p1 = state.add_source("f", shared=False), state.add_source("f", shared=False)
+    state.add_task("t0", A)
+    state.add_slot("t0", p0, 0)
+    state.add_task("t1", B)
+    state.add_slot("t1", p1, 1)
+    state.handle(StartSending(0.0))
+    state.handle(CreditGranted("t0", "f", 0, 1, 0.0))
+    assert sent(state.handle(UnitsFound(p0, units(1, preferred=B), 0.0))) == [b"u0"]  # B reads partition 1 only
+
+
 def test_half_close_only_after_the_task_finished_and_the_result_is_complete() -> None:
     state = shared_two_tasks()
     state.handle(StartSending(0.0))
@@ -275,8 +287,9 @@ class World:
                 assert len(self.got[ins.task]) <= self.granted.get(ins.task, 0), "credit exceeded"
                 for item in ins.items:
                     p = item.preferred
-                    if p is not None and p != self.urls[ins.task] and p in self.urls.values():
-                        assert now_of(event) - item.queued_at >= self.state.affinity_wait, "affinity wait cut short"
+                    readers = {self.urls[t] for t, (src, _) in self.partitions.items() if src == self.partitions[ins.task][0]}
+                    if p is not None and p != self.urls[ins.task] and p in readers:
+                        assert now_of(event) >= item.queued_at + self.state.affinity_wait, "affinity wait cut short"
             elif isinstance(ins, SendFeedEnd):
                 assert task not in self.ended, "a second feed end"
                 assert self.partitions[ins.task][0] in self.discovery_over, "a feed end before discovery ended"
@@ -373,7 +386,7 @@ def test_every_unit_is_sent_exactly_once_once_everything_is_granted(scenario: tu
             world.apply(DiscoveryEnded(source, now))
     for task, (_, partition) in world.partitions.items():
         world.apply(CreditGranted(task, "f", partition, len(world.discovered) + 1, now))
-    world.apply(Tick(now + WAIT))
+    world.apply(Tick(now + 2 * WAIT))
     everything = [b for got in world.got.values() for b in got]
     assert sorted(everything) == sorted(world.discovered), "a unit lost or sent twice"
     assert world.ended == set(world.urls), "a feed partition never ended"
