@@ -43,7 +43,6 @@ from flight.errors import (
     TaskCancelledError,
     WorkerBusyError,
     WorkerError,
-    WorkerUnavailableError,
 )
 from flight.estimate import DefaultTaskEstimator, TaskEstimator
 from flight.plan.query import Query
@@ -182,7 +181,8 @@ class _Attempts:
         """The error to raise when a worker was lost after rows reached the caller: it says so."""
         if not isinstance(error, WorkerError) or self.ex.options.retries <= 0 or not (lost := self._probe(run)):
             return error
-        return WorkerUnavailableError(
+        # The same type (a cancel stays a cancel), saying why it was not retried.
+        return type(error)(
             f"worker {', '.join(lost)} was lost after {rows} rows had reached the caller: the query cannot run "
             f"again without repeating them ({clip(error, 300)})",
             worker_url=lost[0],

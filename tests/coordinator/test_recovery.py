@@ -118,7 +118,7 @@ def test_a_worker_lost_after_rows_reached_the_caller_is_named_and_the_error_says
         reader = ex.execute()
         assert reader.read_next_batch().num_rows > 0
         cluster.processes[1].send_signal(signal.SIGKILL)
-        with pytest.raises(flight.WorkerUnavailableError, match="after .* rows had reached the caller") as info:
+        with pytest.raises(flight.RetryableError, match="after .* rows had reached the caller") as info:
             reader.read_all()
         assert info.value.worker_url == cluster.urls[1]
         assert ex.attempts == []
