@@ -37,6 +37,7 @@ __all__ = [
     "TaskFailedError",
     "UnauthenticatedError",
     "VersionMismatchError",
+    "UnitReadError",
     "WorkerBusyError",
     "WorkerError",
     "WorkerUnavailableError",
@@ -61,6 +62,14 @@ class ProtocolError(FlightExecError):
 
 class VersionMismatchError(ProtocolError):
     """The peer speaks another protocol version."""
+
+
+class UnitReadError(FlightExecError):
+    """A worker could not read a work unit; the message names what (e.g. the file) and why.
+
+    Raised by readers on a worker (``flight.engine.readers``, and readers registered with
+    ``register_reader``); the coordinator sees it as the task's ``TaskFailedError``.
+    """
 
 
 class ResolverError(FlightExecError):

@@ -24,7 +24,7 @@ from flight._proto import plan_pb2
 from flight.engine.expressions import MAX_DEPTH, MAX_NODES, referenced_fields, to_pyarrow
 from flight.errors import PlanError, ProtocolError
 from flight.plan.expr import Expr, call, coalesce, col, if_else, lit, output_type
-from flight.plan.functions import FUNCTIONS, NARY_FUNCTIONS, FunctionSpec, lookup
+from flight.functions import FUNCTIONS, NARY_FUNCTIONS, FunctionSpec, lookup
 
 TABLE = pa.table(
     {

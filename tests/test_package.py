@@ -15,7 +15,7 @@ EXPECTED_API = {
     "DistributedExec", "ExecOptions", "Expr", "FeedContext", "FeedError", "FeedStats", "FileListProvider",
     "FileWorkerResolver", "FlightExecError", "InvalidTaskError", "LocalCluster", "PlanError",
     "PollingWorkerResolver", "PermissionDeniedError", "ProtocolError", "QueryTimeoutError", "Query", "QueryMetrics", "ReaderContext", "ResolverError",
-    "RetryableError", "Security", "StaticWorkerResolver", "TaskCancelledError", "TaskFailedError", "TaskStats", "UnauthenticatedError",
+    "RetryableError", "Security", "StaticWorkerResolver", "TaskCancelledError", "TaskFailedError", "TaskStats", "UnauthenticatedError", "UnitReadError",
     "VersionMismatchError", "WorkUnit", "WorkUnitFeed", "WorkUnitFeedProvider", "WorkerError", "WorkerOptions",
     "WorkerResolver", "WorkerBusyError", "WorkerUnavailableError", "__version__", "agg", "call", "coalesce", "col", "file_unit",
     "from_arrow", "from_feed", "if_else", "lit", "map_batches", "map_input", "read_ipc", "read_parquet",

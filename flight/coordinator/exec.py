@@ -64,9 +64,9 @@ class DistributedExec:
     """Runs a ``Query`` on the workers a ``WorkerResolver`` names.
 
     Planning happens here, with ``len(resolver.get_urls())`` as the most tasks
-    a stage may get; URLs are bound to tasks when ``execute()`` runs. Run one
-    execution at a time per instance (a run binds its producers into the shared
-    plan); make another ``DistributedExec`` for a concurrent run of the same query.
+    a stage may get; URLs are bound to tasks when ``execute()`` runs. Several
+    executions of one instance may run at once: each binds its own copy of the
+    plan (``query_id``, ``bound``, ``metrics`` and ``attempts`` describe the latest).
     """
 
     def __init__(
@@ -136,6 +136,23 @@ class DistributedExec:
         run = _Run(self)
         run.launch()
         return DetachedQuery(run)
+
+
+def shuffle_reads(op: plan_pb2.Operator) -> Iterator[plan_pb2.ShuffleRead]:
+    """Every ``ShuffleRead`` in the operator tree below ``op`` (itself included)."""
+    stack = [op]
+    while stack:
+        node = stack.pop()
+        kind = node.WhichOneof("kind")
+        if kind is None:
+            continue
+        body = getattr(node, kind)
+        if kind == "shuffle_read":
+            yield body
+            continue
+        for fd, value in body.ListFields():
+            if fd.message_type is plan_pb2.Operator.DESCRIPTOR:
+                stack.extend([value] if isinstance(value, plan_pb2.Operator) else value)
 
 
 class _Attempts:
@@ -239,7 +256,8 @@ class _Run:
         )
         self.started = time.perf_counter()
         self.first_batch_s: float | None = None
-        self.ex.bound = {}
+        self.bound: dict[int, list[str]] = {}  # this attempt's: stage id -> the URL of each task
+        ex.bound = self.bound  # explain() shows the latest execution's
         self._timer: threading.Timer | None = None
         if self.options.deadline is not None:
             self._timer = threading.Timer(self.options.deadline, self._expire)
@@ -279,26 +297,32 @@ class _Run:
         return estimate.tasks
 
     def _task_plan(self, stage: StageSpec, task: int, counts: dict[int, int]) -> bytes:
-        """The stage's operators for one task: its reads bound to the producers' URLs and keys."""
-        for read in stage.reads:
-            producer = read.stage_id
-            read.producers = [
-                (url, make_stage_key(self.query_id, producer, t).SerializeToString())
-                for t, url in enumerate(self.ex.bound[producer])
-            ]
-            read.partition = task
+        """The stage's operators for one task: its reads bound to the producers' URLs and keys.
+
+        Bound in a copy of the stage's plan, never in the shared plan nodes: one
+        ``DistributedExec`` may run several executions at once.
+        """
         consumer_tasks = counts[stage.consumer] if stage.consumer is not None else 1
         plan = plan_pb2.StagePlan(
             root=stage.root.to_proto(),
             output=stage.output_spec(consumer_tasks),
             output_schema=encode_schema(stage.output_schema),
         )
+        modes = {read.stage_id: read.mode for read in stage.reads}
+        for read in shuffle_reads(plan.root):
+            del read.producers[:]
+            read.producers.extend(
+                plan_pb2.ProducerTask(url=url, stage_key=make_stage_key(self.query_id, read.stage_id, t).SerializeToString())
+                for t, url in enumerate(self.bound[read.stage_id])
+            )
+            read.partition_start = task if modes.get(read.stage_id) == "hash" else 0
+            read.partition_end = read.partition_start + 1
         return plan.SerializeToString()
 
     def _header(self, stage: StageSpec, task: int, count: int, plan: bytes, assigned: dict[str, list[int]]) -> protocol_pb2.TaskHeader:
         opts = self.options
         shared = {f.feed.feed_id for f in stage.shared_feeds}
-        url = self.ex.bound[stage.stage_id][task]
+        url = self.bound[stage.stage_id][task]
         return protocol_pb2.TaskHeader(
             protocol_version=PROTOCOL_VERSION,
             stage_key=make_stage_key(self.query_id, stage.stage_id, task),
@@ -344,7 +368,7 @@ class _Run:
             for stage in self.plan.stages:
                 # Stages start at different workers, so a small stage does not always land on the first.
                 offset = stage.stage_id % len(urls)
-                self.ex.bound[stage.stage_id] = [urls[(offset + t) % len(urls)] for t in range(counts[stage.stage_id])]
+                self.bound[stage.stage_id] = [urls[(offset + t) % len(urls)] for t in range(counts[stage.stage_id])]
             self._admit(counts)
             for channel in self.by_stage[self.plan.head.stage_id]:
                 self._check_schema(channel)

@@ -8,7 +8,7 @@ stack here, and each node is decoded once however often it is used.
 
 The bytes come from the network, so nothing in them is trusted: every oneof
 must be set, every argument index must name an earlier node, every function
-must be on the whitelist of ``flight.plan.functions`` (checked before any name
+must be on the whitelist of ``flight.functions`` (checked before any name
 is handed to pyarrow), argument counts and option kinds must fit that
 function, and Arrow IPC payloads must decode to exactly what the message
 promises. The size of what pyarrow gets is bounded too: at most
@@ -43,7 +43,7 @@ from flight._proto import plan_pb2
 from flight.errors import ProtocolError
 from flight.ipc import read_ipc_stream
 from flight.limits import clip
-from flight.plan.functions import NARY_FUNCTIONS, FunctionSpec, lookup
+from flight.functions import NARY_FUNCTIONS, FunctionSpec, lookup
 
 __all__ = ["MAX_DEPTH", "MAX_NODES", "bind", "referenced_fields", "to_pyarrow", "to_pyarrow_nodes"]
 

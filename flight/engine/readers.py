@@ -38,6 +38,7 @@ from google.protobuf.message import DecodeError
 from flight._proto import plan_pb2
 from flight.arrow_types import UNITS_READER
 from flight.engine.confine import NO_ROOTS, DataRoots
+from flight.errors import UnitReadError
 
 __all__ = [
     "DataRoots",
@@ -51,10 +52,6 @@ __all__ = [
     "register_reader",
 ]
 
-
-
-class UnitReadError(Exception):
-    """A unit could not be read; the message names what (e.g. the file) and why."""
 
 
 class PathRefused(UnitReadError):

@@ -8,7 +8,7 @@ type names come from this module's own tables. Anything this module cannot
 express with the IR's meaning raises ``Untranslatable``, and the task runs on
 Acero instead (``flight.engine.duck``).
 
-The IR's meaning is pyarrow's (``flight.plan.functions``), so where DuckDB
+The IR's meaning is pyarrow's (``flight.functions``), so where DuckDB
 differs the translation bridges it: ``is_in`` never yields null, ``if_else`` with
 a null condition is null, ``round`` rounds half to even, ``day_of_week`` counts
 Monday as 0, LIKE escapes with a backslash, and every call whose result type

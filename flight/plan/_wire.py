@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from flight._proto import plan_pb2
 from flight.errors import PlanError, ProtocolError
-from flight.plan.functions import NARY_FUNCTIONS, FunctionSpec
+from flight.functions import NARY_FUNCTIONS, FunctionSpec
 
 _T = TypeVar("_T")
 

@@ -2,7 +2,7 @@
 
 Users write ``(col("price") * 2 > 10) & col("name").like("a%")``; the builder
 records an immutable tree of nodes that name only whitelisted
-``pyarrow.compute`` functions (``flight.plan.functions``) with typed options,
+``pyarrow.compute`` functions (``flight.functions``) with typed options,
 and ``to_proto`` flattens it into a ``plan_pb2.Expression`` (a list of nodes in
 post-order), so a plan can cross the wire with nothing executable in it and no
 depth of nesting in its protobuf messages. Arrow types and non-trivial
@@ -47,7 +47,7 @@ from flight.plan._wire import (
     _render,
     _scalar_bytes,
 )
-from flight.plan.functions import NARY_FUNCTIONS, lookup
+from flight.functions import NARY_FUNCTIONS, lookup
 
 __all__ = ["Expr", "call", "coalesce", "col", "if_else", "lit", "output_type"]
 

@@ -120,6 +120,6 @@ def lookup(name: str) -> FunctionSpec:
     if spec is None:
         raise ValueError(
             f"function {name!r} is not an allowed function; "
-            "only the pyarrow.compute functions listed in flight.plan.functions.FUNCTIONS may be called."
+            "only the pyarrow.compute functions listed in flight.functions.FUNCTIONS may be called."
         )
     return spec
