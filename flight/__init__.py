@@ -4,7 +4,6 @@ The public API lives here; everything else is private to the package.
 """
 
 from flight._version import __version__
-from flight.plan import agg
 from flight.cluster import LocalCluster
 from flight.config import ExecOptions, WorkerOptions
 from flight.coordinator.exec import DistributedExec
@@ -15,9 +14,9 @@ from flight.errors import (
     FeedError,
     FlightExecError,
     InvalidTaskError,
+    PermissionDeniedError,
     PlanError,
     ProtocolError,
-    PermissionDeniedError,
     QueryTimeoutError,
     ResolverError,
     RetryableError,
@@ -26,13 +25,14 @@ from flight.errors import (
     UnauthenticatedError,
     UnitReadError,
     VersionMismatchError,
-    WorkerError,
     WorkerBusyError,
+    WorkerError,
     WorkerUnavailableError,
 )
 from flight.estimate import DefaultTaskEstimator, DiscoverySample, TaskEstimate, TaskEstimator
-from flight.local import run_local
 from flight.feed import FeedContext, Unit, WorkUnit, WorkUnitFeed, WorkUnitFeedProvider, file_unit
+from flight.local import run_local
+from flight.plan import agg
 from flight.plan.expr import Expr, call, coalesce, col, if_else, lit
 from flight.plan.query import Query, from_arrow, from_feed, map_input, read_ipc, read_parquet, units
 from flight.providers import FileListProvider
@@ -53,13 +53,13 @@ __all__ = [
     "FlightExecError",
     "InvalidTaskError",
     "LocalCluster",
+    "PermissionDeniedError",
     "PlanError",
     "PollingWorkerResolver",
     "ProtocolError",
-    "PermissionDeniedError",
-    "QueryTimeoutError",
     "Query",
     "QueryMetrics",
+    "QueryTimeoutError",
     "ReaderContext",
     "ResolverError",
     "RetryableError",
@@ -69,18 +69,18 @@ __all__ = [
     "TaskEstimate",
     "TaskEstimator",
     "TaskFailedError",
-    "UnauthenticatedError",
-    "UnitReadError",
     "TaskStats",
+    "UnauthenticatedError",
     "Unit",
+    "UnitReadError",
     "VersionMismatchError",
     "WorkUnit",
     "WorkUnitFeed",
     "WorkUnitFeedProvider",
+    "WorkerBusyError",
     "WorkerError",
     "WorkerOptions",
     "WorkerResolver",
-    "WorkerBusyError",
     "WorkerUnavailableError",
     "__version__",
     "agg",

@@ -18,9 +18,9 @@ from flight._proto import protocol_pb2
 from flight.errors import (
     InvalidTaskError,
     PermissionDeniedError,
-    UnauthenticatedError,
     TaskCancelledError,
     TaskFailedError,
+    UnauthenticatedError,
     WorkerBusyError,
     WorkerError,
     WorkerUnavailableError,

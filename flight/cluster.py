@@ -18,19 +18,20 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import selectors
 import signal
-import secrets
 import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from types import TracebackType
+from typing import Self
 
-from flight.limits import DEFAULT_MEMORY_FRACTION, physical_memory
 from flight.errors import WorkerUnavailableError
+from flight.limits import DEFAULT_MEMORY_FRACTION, physical_memory
 from flight.resolver import StaticWorkerResolver
 from flight.security import Security, SecurityFiles
 
@@ -93,7 +94,7 @@ class LocalCluster:
         self.processes: list[subprocess.Popen[str]] = []
         self.urls: list[str] = []
 
-    def start(self) -> LocalCluster:
+    def start(self) -> Self:
         try:
             for i in range(self.n_workers):
                 extra = list(self._per_worker[i]) if self._per_worker else []
@@ -163,7 +164,7 @@ class LocalCluster:
             self._secrets.cleanup()
             self._secrets = None
 
-    def __enter__(self) -> LocalCluster:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:

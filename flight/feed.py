@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol, Union
+from typing import Protocol
 
 from google.protobuf.message import Message
 
@@ -55,7 +55,7 @@ class Unit:
     bytes: int | None = None
 
 
-WorkUnit = Union[bytes, bytearray, memoryview, Message, Unit]
+WorkUnit = bytes | bytearray | memoryview | Message | Unit
 """What a provider may yield: raw bytes, any protobuf message (serialized on the way), or a ``Unit``."""
 
 

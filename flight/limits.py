@@ -19,32 +19,32 @@ __all__ = [
     "DEFAULT_HEARTBEAT_MS",
     "DEFAULT_MEMORY_FRACTION",
     "MAX_BATCH_BYTES",
-    "MAX_HEARTBEAT_MS",
-    "MIN_HEARTBEAT_MS",
     "MAX_ECHO_CHARS",
     "MAX_FEEDS",
     "MAX_FEED_PARTITIONS",
     "MAX_FEED_WINDOW",
     "MAX_FRAME_BYTES",
     "MAX_HEADER_BYTES",
+    "MAX_HEARTBEAT_MS",
     "MAX_ID_CHARS",
-    "MAX_SECRET_BYTES",
-    "MIN_SECRET_BYTES",
     "MAX_IPC_BYTES",
     "MAX_MESSAGE_CHARS",
     "MAX_OUTPUT_BUFFER_BYTES",
     "MAX_OUTPUT_PARTITIONS",
     "MAX_OUTPUT_READERS",
     "MAX_PRODUCERS",
+    "MAX_SECRET_BYTES",
     "MAX_TASK_COUNT",
     "MAX_UNITS_PER_FRAME",
     "MAX_UNIT_BYTES",
-    "parse_size",
-    "physical_memory",
+    "MIN_HEARTBEAT_MS",
     "MIN_OUTPUT_BUFFER_BYTES",
+    "MIN_SECRET_BYTES",
     "check_count",
     "clamp",
     "clip",
+    "parse_size",
+    "physical_memory",
 ]
 
 MAX_HEADER_BYTES = 64 << 20
@@ -113,7 +113,10 @@ def check_count(value: int, most: int, field: str, what: str) -> None:
 DEFAULT_MEMORY_FRACTION = 0.5
 """A worker's engine may use this share of the machine's memory unless ``--memory-limit`` says otherwise."""
 
-_UNITS = {"": 1 << 20, "B": 1, "KB": 1 << 10, "KIB": 1 << 10, "MB": 1 << 20, "MIB": 1 << 20, "GB": 1 << 30, "GIB": 1 << 30, "TB": 1 << 40, "TIB": 1 << 40}
+_UNITS = {
+    "": 1 << 20, "B": 1, "KB": 1 << 10, "KIB": 1 << 10, "MB": 1 << 20, "MIB": 1 << 20,
+    "GB": 1 << 30, "GIB": 1 << 30, "TB": 1 << 40, "TIB": 1 << 40,
+}
 
 
 def parse_size(text: str) -> int:

@@ -36,9 +36,9 @@ from flight._proto import plan_pb2
 from flight.errors import PlanError
 from flight.estimate import TaskEstimate
 from flight.feed import WorkUnitFeed
+from flight.plan.cost import row_width, selectivity
 from flight.plan.expr import Expr, col, if_else, lit
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, LimitNode, Node, ProjectNode, ValuesNode
-from flight.plan.cost import row_width, selectivity
 from flight.plan.optimize import conjuncts, prune_columns, push_filters
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, ShuffleReadNode, SortNode, UnionNode
 

@@ -19,20 +19,20 @@ from flight._proto import plan_pb2, protocol_pb2
 from flight.errors import ProtocolError, VersionMismatchError
 from flight.ipc import check_schema
 from flight.limits import (
+    MAX_ECHO_CHARS,
     MAX_FEED_PARTITIONS,
     MAX_FEEDS,
     MAX_FRAME_BYTES,
     MAX_HEADER_BYTES,
-    MAX_ECHO_CHARS,
     MAX_ID_CHARS,
     MAX_MESSAGE_CHARS,
-    MAX_SECRET_BYTES,
-    MIN_SECRET_BYTES,
     MAX_OUTPUT_PARTITIONS,
     MAX_OUTPUT_READERS,
+    MAX_SECRET_BYTES,
     MAX_TASK_COUNT,
     MAX_UNIT_BYTES,
     MAX_UNITS_PER_FRAME,
+    MIN_SECRET_BYTES,
     check_count,
     clip,
 )
@@ -40,28 +40,28 @@ from flight.limits import (
 __all__ = [
     "COMPRESSION",
     "PROTOCOL_VERSION",
-    "ipc_options",
-    "status_message",
+    "check_id",
+    "check_secret",
     "decode_cancel_request",
     "decode_coordinator_frame",
     "decode_header",
     "decode_schema",
     "decode_ticket",
     "decode_worker_frame",
-    "check_id",
-    "check_secret",
-    "new_secret",
-    "error_info_of",
-    "status_error",
     "encode_schema",
+    "error_info_of",
     "format_stage_key",
+    "ipc_options",
     "make_stage_key",
+    "new_secret",
+    "status_error",
+    "status_message",
 ]
 
 PROTOCOL_VERSION = 2
 """Bumped on any change a peer of the previous version would misread (2: heartbeats, InputEnd, flat expressions)."""
 
-_ID = re.compile(r"[A-Za-z0-9._:-]{1,%d}" % MAX_ID_CHARS)
+_ID = re.compile(rf"[A-Za-z0-9._:-]{{1,{MAX_ID_CHARS}}}")
 
 
 COMPRESSION = {

@@ -261,7 +261,7 @@ class PollingWorkerResolver(WorkerResolver):
         """Fetch once and record the outcome; runs on the refresh thread."""
         try:
             urls = _normalize_all(self._fetch())
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a user's fetch function: kept, reported, and the last good list served
             with self._lock:
                 self._last_error = exc
                 serving = len(self._urls)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 from flight._proto import protocol_pb2
 from flight.coordinator.channel import TaskChannel
@@ -74,7 +74,7 @@ class DetachedQuery:
             self._run.fail(TaskCancelledError("the detached query was closed"))
         self._done.wait(self._run.options.connect_timeout)
 
-    def __enter__(self) -> DetachedQuery:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -25,16 +25,16 @@ from dataclasses import replace
 import pyarrow as pa
 
 from flight._proto import plan_pb2, protocol_pb2
-from flight.config import ExecOptions
 from flight.clients import ClientPool, read_stream, translate_flight_error
+from flight.config import ExecOptions
 from flight.coordinator.channel import TaskChannel
 from flight.coordinator.detached import DetachedQuery, HeadPartition
 from flight.coordinator.dispatch import FeedDispatcher, Source
-from flight.coordinator.results import DONE as _DONE
-from flight.coordinator.results import offer as _offer
 from flight.coordinator.explain import explain_plan
 from flight.coordinator.metrics import QueryMetrics, TaskStats
 from flight.coordinator.recovery import PROBE_TIMEOUT_S, Attempt, may_retry, probe_lost
+from flight.coordinator.results import DONE as _DONE
+from flight.coordinator.results import offer as _offer
 from flight.errors import (
     FlightExecError,
     PlanError,
@@ -45,10 +45,10 @@ from flight.errors import (
     WorkerError,
 )
 from flight.estimate import DefaultTaskEstimator, TaskEstimator
+from flight.limits import clip
 from flight.plan.query import Query
 from flight.planner import PlannerOptions, QueryPlan, StageSpec, plan_query
 from flight.protocol import COMPRESSION, PROTOCOL_VERSION, encode_schema, make_stage_key, new_secret
-from flight.limits import clip
 from flight.resolver import StaticWorkerResolver, WorkerResolver, normalize_url
 
 __all__ = ["DetachedQuery", "DistributedExec", "HeadPartition"]  # the first and last from detached.py

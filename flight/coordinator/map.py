@@ -24,8 +24,8 @@ from flight.clients import error_from_info, translate_flight_error
 from flight.errors import PlanError, TaskFailedError, WorkerUnavailableError
 from flight.plan.nodes import ExchangeInputNode
 from flight.plan.query import Query
-from flight.security import Security, connect
 from flight.protocol import PROTOCOL_VERSION, decode_worker_frame, make_stage_key, new_secret
+from flight.security import Security, connect
 
 __all__ = ["map_batches"]
 
@@ -143,9 +143,9 @@ def map_batches(
                 return
             try:
                 if not started:
-                    write(lambda: writer.begin(batch.schema))
+                    write(lambda b=batch: writer.begin(b.schema))
                     started = True
-                write(lambda: writer.write_batch(batch))
+                write(lambda b=batch: writer.write_batch(b))
                 rows, sent = rows + batch.num_rows, sent + 1
             except (pa.ArrowException, OSError) as exc:
                 # Usually the worker ended the call (its error frame is on the way to the consumer);

@@ -15,7 +15,6 @@ from flight.engine.sql import Untranslatable, column_list, expression_sql, ident
 from flight.ipc import read_ipc_stream
 
 
-
 class _Translator:
     """Operators → SQL text over the task's sources (see the module docstring)."""
 

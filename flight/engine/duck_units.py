@@ -173,7 +173,8 @@ def _files(
             raise task.failure(exc) from None
         for where, path, real in files:  # which file? (the task fails either way: nothing is read twice)
             try:
-                cur.execute(f"SELECT count(*) FROM ({text.replace(UNITS, 'read_parquet(' + chr(39) + real.replace(chr(39), chr(39) * 2) + chr(39) + ')')})")
+                quoted = "'" + real.replace("'", "''") + "'"
+                cur.execute(f"SELECT count(*) FROM ({text.replace(UNITS, f'read_parquet({quoted})')})")
             except _ENGINE_ERRORS as one:
                 raise UnitReadError(f"{where}: cannot read Parquet file {path!r}: {_why(one, real)}") from None
         raise UnitReadError(f"cannot read Parquet files {[p for _, p, _ in files]}: {_why(exc, files[0][2])}") from None

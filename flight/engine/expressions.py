@@ -36,14 +36,14 @@ a 5,000-term ``or`` evaluates about 64 levels deep.
 from __future__ import annotations
 
 import pyarrow as pa
-import pyarrow.acero as acero
 import pyarrow.compute as pc
+from pyarrow import acero
 
 from flight._proto import plan_pb2
 from flight.errors import ProtocolError
+from flight.functions import NARY_FUNCTIONS, FunctionSpec, lookup
 from flight.ipc import read_ipc_stream
 from flight.limits import clip
-from flight.functions import NARY_FUNCTIONS, FunctionSpec, lookup
 
 __all__ = ["MAX_DEPTH", "MAX_NODES", "bind", "referenced_fields", "to_pyarrow", "to_pyarrow_nodes"]
 
@@ -127,7 +127,7 @@ class _Decoded:
     number of operands of the chain, and the depth of its deepest operand.
     """
 
-    __slots__ = ("expr", "depth", "size", "chain")
+    __slots__ = ("chain", "depth", "expr", "size")
 
     def __init__(
         self, expr: pc.Expression, depth: int = 1, size: int = 1, chain: tuple[str, int, int] | None = None

@@ -9,11 +9,11 @@ runs, so a bad plan fails with a ``ProtocolError`` naming the field.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
 from collections.abc import Iterable, Iterator
-import dataclasses
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,11 +21,10 @@ import pyarrow as pa
 import pyarrow.acero as ac
 
 from flight._proto import plan_pb2
-from flight.engine.expressions import bind, to_pyarrow
 from flight.arrow_types import UNITS_READER, normalize_schema
 from flight.engine.confine import DataRoots, worker_roots
+from flight.engine.expressions import bind, to_pyarrow
 from flight.engine.readers import PathRefused, ReaderContext, UnitReadError, conform, get_reader
-from flight.engine.sql import Untranslatable
 from flight.engine.relational import (
     JOIN_TYPES,
     aggregate_decl,
@@ -36,6 +35,7 @@ from flight.engine.relational import (
     sort_decl,
     union_batches,
 )
+from flight.engine.sql import Untranslatable
 from flight.errors import ProtocolError
 from flight.ipc import read_ipc_stream
 from flight.limits import MAX_OUTPUT_PARTITIONS, MAX_PRODUCERS, check_count, clip
@@ -328,7 +328,8 @@ def _compile_op(op: plan_pb2.Operator, env: _Env, field: str) -> tuple[ac.Declar
         check_count(len(rd.producers), MAX_PRODUCERS, f"{here}.producers", "producer tasks")
         check_count(rd.partition_end, MAX_OUTPUT_PARTITIONS, f"{here}.partition_end", "partitions")
         producers = [(p.url, p.stage_key) for p in rd.producers]
-        batches = (conform(b, schema, f"stage {rd.stage_id} output") for b in env.inputs.read_partitions(producers, rd.partition_start, rd.partition_end))
+        rows = env.inputs.read_partitions(producers, rd.partition_start, rd.partition_end)
+        batches = (conform(b, schema, f"stage {rd.stage_id} output") for b in rows)
         return _source(native_reader(schema, batches)), schema
     raise ProtocolError(f"{field}: operator {kind!r} is not supported by this worker", field=here)
 

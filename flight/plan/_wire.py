@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TypeVar, Union
+from typing import TypeVar
 
 import pyarrow as pa
 
@@ -74,7 +74,7 @@ class CallNode:
     a time costs O(1) per term instead of copying every argument each time.
     """
 
-    __slots__ = ("function", "options", "_buf", "_count")
+    __slots__ = ("_buf", "_count", "function", "options")
 
     def __init__(self, function: str, args: list[Node], options: plan_pb2.FunctionOptions | None = None) -> None:
         self.function = function
@@ -99,7 +99,7 @@ class CallNode:
         return node
 
 
-Node = Union[FieldNode, LiteralNode, CallNode, UnsetNode]
+Node = FieldNode | LiteralNode | CallNode | UnsetNode
 
 
 def nary_call(function: str, args: list[Node]) -> CallNode:

@@ -55,15 +55,15 @@ def count_distinct(value: Expr | str) -> Agg:
     return Agg("count_distinct", _arg(value))
 
 
-def sum(value: Expr | str) -> Agg:  # noqa: A001 - the aggregate's name
+def sum(value: Expr | str) -> Agg:
     return Agg("sum", _arg(value))
 
 
-def min(value: Expr | str) -> Agg:  # noqa: A001
+def min(value: Expr | str) -> Agg:
     return Agg("min", _arg(value))
 
 
-def max(value: Expr | str) -> Agg:  # noqa: A001
+def max(value: Expr | str) -> Agg:
     return Agg("max", _arg(value))
 
 

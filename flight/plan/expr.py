@@ -27,27 +27,27 @@ from collections.abc import Iterable
 from typing import NoReturn
 
 import pyarrow as pa
-import pyarrow.acero as acero
 import pyarrow.compute as pc
+from pyarrow import acero
 
 from flight._proto import plan_pb2
 from flight.engine.expressions import to_pyarrow_nodes
 from flight.errors import PlanError, ProtocolError
+from flight.functions import NARY_FUNCTIONS, lookup
 from flight.plan._wire import (
     CallNode,
     FieldNode,
     LiteralNode,
     Node,
+    _options_message,
+    _render,
+    _scalar_bytes,
     canonical_id,
     flatten,
     nary_call,
     referenced_fields,
     unflatten,
-    _options_message,
-    _render,
-    _scalar_bytes,
 )
-from flight.functions import NARY_FUNCTIONS, lookup
 
 __all__ = ["Expr", "call", "coalesce", "col", "if_else", "lit", "output_type"]
 
@@ -64,7 +64,7 @@ class Expr:
     ``==`` that returns an ``Expr``. Use ``equals`` for structural equality.
     """
 
-    __slots__ = ("_node", "_flat")
+    __slots__ = ("_flat", "_node")
     __hash__ = None  # type: ignore[assignment]
 
     def __init__(self, msg: plan_pb2.Expression) -> None:

@@ -20,7 +20,7 @@ import base64
 import binascii
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
@@ -106,7 +106,7 @@ class HeadOptions:
     partitions: list[tuple[str, bytes]]
     schema: pa.Schema
     query_id: str
-    security_files: SecurityFiles = SecurityFiles()
+    security_files: SecurityFiles = field(default_factory=SecurityFiles)
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ def decode_options(options: Mapping[str, str]) -> HeadOptions | PlanOptions:
         plan = plan_pb2.StagePlan()
         try:
             plan.ParseFromString(_unb64(options["plan"], "plan"))
-        except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends
+        except Exception as exc:
             raise PlanError(f"flight data source: option 'plan' is not a serialized StagePlan: {exc}") from exc
         if not plan.HasField("root") or not plan.output_schema:
             raise PlanError("flight data source: option 'plan' needs a StagePlan with a root and an output_schema")

@@ -17,7 +17,7 @@ import asyncio
 import inspect
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 from flight._proto import plan_pb2
 from flight.config import ExecOptions
@@ -74,7 +74,7 @@ class FlightRead:
         """Cancel the query if Spark has not read it all, and free its tasks."""
         self.query.close()
 
-    def __enter__(self) -> FlightRead:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -138,7 +138,7 @@ def to_struct(schema: StructType | pa.Schema | str) -> StructType:
     if isinstance(schema, str):
         try:
             parsed = T.DataType.fromDDL(schema)
-        except Exception as exc:  # noqa: BLE001 - py4j / parse errors of several kinds
+        except Exception as exc:
             raise PlanError(f"cannot parse the Spark schema {schema!r}: {exc}") from exc
         if not isinstance(parsed, T.StructType):
             raise PlanError(f"the Spark schema {schema!r} is a {parsed.simpleString()}, not a list of columns")

@@ -18,11 +18,11 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from flight.clients import read_stream, translate_flight_error
+from flight.security import SecurityFiles, connect
 from flight.spark._options import Assignment, HeadOptions, PlanOptions, decode_options
 from flight.spark._schema import Conformer, arrow_schema, spark_schema
 from flight.spark._stage_task import run_stage_task
 from flight.spark._workers import Workers
-from flight.security import SecurityFiles, connect
 
 __all__ = ["READ_ONCE_HINT", "FlightDataSource", "HeadPartition", "StageTaskPartition"]
 

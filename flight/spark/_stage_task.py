@@ -24,9 +24,9 @@ from flight.coordinator.dispatch import FeedDispatcher
 from flight.errors import RetryableError, TaskCancelledError, WorkerBusyError, WorkerError
 from flight.feed import FeedContext, WorkUnitFeed, WorkUnitFeedProvider
 from flight.protocol import PROTOCOL_VERSION, make_stage_key, new_secret
+from flight.security import Security, connect
 from flight.spark._options import Assignment
 from flight.spark._workers import Workers, mark_down
-from flight.security import Security, connect
 
 __all__ = ["run_stage_task"]
 

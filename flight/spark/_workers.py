@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -88,7 +88,7 @@ class Workers:
 
     description: dict[str, object]
     health_timeout: float = 2.0
-    security_files: SecurityFiles = SecurityFiles()
+    security_files: SecurityFiles = field(default_factory=SecurityFiles)
     """Where the executor finds its credentials (paths only; the closure carries no secret)."""
 
     def security(self) -> Security:

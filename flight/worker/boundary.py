@@ -37,7 +37,7 @@ def error_boundary(handler: _Handler) -> _Handler:
             return handler(self, *args)
         except fl.FlightError:
             raise
-        except Exception as exc:  # noqa: BLE001 - translated, and logged with its traceback
+        except Exception as exc:
             log.warning("%s failed unexpectedly", handler.__name__, exc_info=True)
             message = f"internal error in {handler.__name__} on {self.url}: {type(exc).__name__} (details in the worker's log)"
             raise status_error(protocol_pb2.ErrorInfo(code=protocol_pb2.ERROR_CODE_EXECUTION, message=message, worker_url=self.url)) from None

@@ -86,7 +86,10 @@ def _parser() -> argparse.ArgumentParser:
         help="MiB admitted tasks may reserve (output buffers, input queues); beyond it tasks are refused as busy (default: %(default)s)",
     )
     p.add_argument("--queue-length", type=int, default=d.queue_length, help="tasks that may wait for capacity at once (default: %(default)s)")
-    p.add_argument("--queue-wait", type=float, default=d.queue_wait, help="seconds a task may wait for capacity before it is refused as busy (default: %(default)s)")
+    p.add_argument(
+        "--queue-wait", type=float, default=d.queue_wait,
+        help="seconds a task may wait for capacity before it is refused as busy (default: %(default)s)",
+    )
     p.add_argument(
         "--peer-timeout",
         type=float,
@@ -100,10 +103,13 @@ def _parser() -> argparse.ArgumentParser:
                      help="memory the engine may use before it spills, e.g. 4GB or 512MB "
                           f"(default: {int(DEFAULT_MEMORY_FRACTION * 100)}%% of this machine's memory)")
     eng.add_argument("--spill-dir", type=Path, default=None, metavar="DIR",
-                     help="where the engine spills joins, aggregates and sorts past --memory-limit (default: a fresh temporary directory, removed at exit)")
+                     help="where the engine spills joins, aggregates and sorts past --memory-limit "
+                          "(default: a fresh temporary directory, removed at exit)")
     eng.add_argument("--engine-threads", type=int, default=None, metavar="N", help="engine threads (default: one per core)")
     sec = p.add_argument_group("security (docs/security.md)")
-    sec.add_argument("--auth-token-file", metavar="FILE", help="require a bearer token from FILE on every call (one token per line: list two to rotate)")
+    sec.add_argument(
+        "--auth-token-file", metavar="FILE", help="require a bearer token from FILE on every call (one token per line: list two to rotate)"
+    )
     sec.add_argument("--public-health", action="store_true", help="with --auth-token-file: let the health action through without a token")
     sec.add_argument("--tls-cert", metavar="FILE", help="serve grpc+tls:// with this PEM certificate chain (needs --tls-key)")
     sec.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert")

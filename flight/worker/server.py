@@ -20,20 +20,10 @@ import pyarrow.flight as fl
 
 from flight._proto import plan_pb2, protocol_pb2
 from flight._version import __version__
+from flight.clients import ClientPool
 from flight.config import WorkerOptions
 from flight.engine.pipeline import compile_task, source_threads
 from flight.engine.readers import PathRefused, UnitReadError
-from flight.limits import (
-    DEFAULT_HEARTBEAT_MS,
-    MAX_HEARTBEAT_MS,
-    MAX_ECHO_CHARS,
-    MAX_MESSAGE_CHARS,
-    MAX_OUTPUT_BUFFER_BYTES,
-    MIN_HEARTBEAT_MS,
-    MIN_OUTPUT_BUFFER_BYTES,
-    clamp,
-    clip,
-)
 from flight.errors import (
     FlightExecError,
     ProtocolError,
@@ -41,6 +31,17 @@ from flight.errors import (
     VersionMismatchError,
     WorkerError,
     WorkerUnavailableError,
+)
+from flight.limits import (
+    DEFAULT_HEARTBEAT_MS,
+    MAX_ECHO_CHARS,
+    MAX_HEARTBEAT_MS,
+    MAX_MESSAGE_CHARS,
+    MAX_OUTPUT_BUFFER_BYTES,
+    MIN_HEARTBEAT_MS,
+    MIN_OUTPUT_BUFFER_BYTES,
+    clamp,
+    clip,
 )
 from flight.protocol import (
     PROTOCOL_VERSION,
@@ -53,7 +54,6 @@ from flight.protocol import (
     status_error,
     status_message,
 )
-from flight.clients import ClientPool
 from flight.worker.admission import INPUT_RESERVE_BYTES, Admission, Capacity, Need
 from flight.worker.auth import MIDDLEWARE_KEY, ServerSecurity, TokenAuth, is_anonymous, same_secret
 from flight.worker.boundary import error_boundary
@@ -125,7 +125,8 @@ class WorkerServer(fl.FlightServerBase):
             raise self._reject(sender, exc, None) from None
         key = format_stage_key(header.stage_key)
         if self.draining.is_set():
-            raise self._refuse(sender, protocol_pb2.ERROR_CODE_UNAVAILABLE, f"worker {self.url} is draining and accepts no new tasks", header.stage_key)
+            message = f"worker {self.url} is draining and accepts no new tasks"
+            raise self._refuse(sender, protocol_pb2.ERROR_CODE_UNAVAILABLE, message, header.stage_key)
         opts = header.options
         buffer_bytes = clamp(opts.output_buffer_bytes or self.options.output_buffer_bytes, MIN_OUTPUT_BUFFER_BYTES, MAX_OUTPUT_BUFFER_BYTES)
         threads = source_threads(plan)
@@ -268,7 +269,7 @@ class WorkerServer(fl.FlightServerBase):
                     sender.frame(protocol_pb2.WorkerFrame(drained=protocol_pb2.Drained()))
         except (FlightExecError, UnitReadError, pa.ArrowException, OSError) as exc:
             task.failure = self._fail(task, sender, exc)
-        except Exception as exc:  # noqa: BLE001 - a reader or extension raised its own type: still a task failure
+        except Exception as exc:
             log.warning("task %s: unexpected %s", task.key, type(exc).__name__, exc_info=True)
             task.failure = self._fail(task, sender, exc)
 
@@ -437,7 +438,7 @@ def _stream(task: Task, start: int, end: int) -> Iterator[tuple[pa.RecordBatch, 
     except FlightExecError as exc:
         cause = exc.cause if isinstance(exc, WorkerError) else str(exc)
         code, message = protocol_pb2.ERROR_CODE_EXECUTION, f"task {task.key} failed on {task.worker_url}: {cause}"
-    except Exception as exc:  # noqa: BLE001 - a stream's error must still be a clean status
+    except Exception as exc:
         log.warning("task %s: streaming its output failed", task.key, exc_info=True)
         code, message = protocol_pb2.ERROR_CODE_EXECUTION, f"task {task.key} on {task.worker_url}: {type(exc).__name__} while streaming"
     else:

@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator
 import pyarrow as pa
 
 from flight._proto import plan_pb2, protocol_pb2
+from flight.engine.partition import split_by_hash
 from flight.errors import ProtocolError, TaskCancelledError, TaskFailedError
 from flight.ipc import check_batch
 from flight.protocol import format_stage_key
-from flight.engine.partition import split_by_hash
 from flight.worker.auth import same_secret
 from flight.worker.buffers import OutputBuffer
 from flight.worker.inputs import FeedInbox, InputQueue
