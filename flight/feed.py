@@ -2,14 +2,12 @@
 
 A ``WorkUnitFeedProvider`` is user code that yields work units (opaque bytes:
 a file and its row groups, an API page token, ...) for one partition of a leaf.
-It only ever runs on the coordinator. A ``WorkUnitFeed`` wraps it:
-
-* **local** (on the coordinator): holds the provider; ``inner()`` returns it;
-* **remote** (on a worker, rebuilt by ``from_proto``): carries only the feed id;
-  ``feed(partition, ctx)`` yields the units the coordinator streams in, and
-  ``inner()`` raises, because the provider never leaves the coordinator.
-
-This mirrors Distributed DataFusion's ``WorkUnitFeed`` (shared/reference/002).
+It only ever runs on the coordinator. A ``WorkUnitFeed`` wraps it with the id
+that crosses the wire (``to_proto``: the id only, never the provider). On a
+worker there is no feed object: a task reads the units the coordinator streamed
+to it from its inboxes (``worker/tasks.py``), keyed by that id. Distributed
+DataFusion's ``WorkUnitFeed`` (shared/reference/002) has a remote half that a
+worker rebuilds; here the worker never needed one, so there is none.
 """
 
 from __future__ import annotations
@@ -20,17 +18,14 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from google.protobuf.message import Message
 
 from flight._proto import plan_pb2, protocol_pb2
-from flight.errors import FeedError
 
 __all__ = [
     "FeedContext",
     "LatencyStats",
-    "RemoteUnitSource",
     "Unit",
     "WorkUnit",
     "WorkUnitFeed",
@@ -127,64 +122,29 @@ class WorkUnitFeedProvider(abc.ABC):
         return None
 
 
-class RemoteUnitSource(Protocol):
-    """Where a remote feed's units come from on a worker (the task's inboxes)."""
-
-    def units(self, feed_id: str, partition: int) -> Iterator[bytes]: ...
-
-
 class WorkUnitFeed:
-    """A feed of one leaf node: local on the coordinator, remote on a worker."""
+    """A feed of one leaf node, on the coordinator: its provider and the id the workers know it by."""
 
     def __init__(self, provider: WorkUnitFeedProvider, feed_id: str | None = None) -> None:
         if not isinstance(provider, WorkUnitFeedProvider):
             raise TypeError(f"WorkUnitFeed needs a WorkUnitFeedProvider, not {type(provider).__name__}")
-        self._provider: WorkUnitFeedProvider | None = provider
+        self._provider = provider
         self.feed_id = feed_id or f"feed-{uuid.uuid4().hex[:12]}"
-
-    @classmethod
-    def from_proto(cls, msg: plan_pb2.WorkUnitFeed) -> WorkUnitFeed:
-        """The remote variant: what a worker rebuilds from the plan."""
-        if not msg.feed_id:
-            raise FeedError("a WorkUnitFeed message has an empty feed_id")
-        feed = cls.__new__(cls)
-        feed._provider = None
-        feed.feed_id = msg.feed_id
-        return feed
 
     def to_proto(self) -> plan_pb2.WorkUnitFeed:
         """Only the id crosses the wire; the provider stays on the coordinator."""
         return plan_pb2.WorkUnitFeed(feed_id=self.feed_id)
 
-    @property
-    def is_local(self) -> bool:
-        return self._provider is not None
-
     def inner(self) -> WorkUnitFeedProvider:
-        """The local provider; a FeedError on a worker, where there is none."""
-        if self._provider is None:
-            raise FeedError(
-                f"feed {self.feed_id!r} is remote: its provider runs only on the coordinator, "
-                "and a worker only sees the units streamed to it"
-            )
+        """The provider."""
         return self._provider
 
-    def try_inner(self) -> WorkUnitFeedProvider | None:
-        return self._provider
-
-    def feed(self, partition: int, ctx: FeedContext | RemoteUnitSource) -> Iterator[bytes] | AsyncIterator[WorkUnit]:
-        """Local: the provider's stream for ``partition``. Remote: units streamed in for it."""
-        if self._provider is not None:
-            if not isinstance(ctx, FeedContext):
-                raise TypeError("a local feed needs a FeedContext")
-            return self._provider.feed(partition, ctx)
-        if isinstance(ctx, FeedContext):
-            raise FeedError(f"feed {self.feed_id!r} is remote and needs the task's unit source, not a FeedContext")
-        return ctx.units(self.feed_id, partition)
+    def feed(self, partition: int, ctx: FeedContext) -> Iterator[WorkUnit] | AsyncIterator[WorkUnit]:
+        """The provider's stream for ``partition``."""
+        return self._provider.feed(partition, ctx)
 
     def __repr__(self) -> str:
-        where = type(self._provider).__name__ if self._provider is not None else "remote"
-        return f"WorkUnitFeed({self.feed_id!r}, {where})"
+        return f"WorkUnitFeed({self.feed_id!r}, {type(self._provider).__name__})"
 
 
 class LatencyStats:

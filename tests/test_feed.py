@@ -19,30 +19,16 @@ class Pages(flight.WorkUnitFeedProvider):
 def test_local_feed_holds_its_provider() -> None:
     provider = Pages()
     feed = flight.WorkUnitFeed(provider, "pages")
-    assert feed.is_local and feed.inner() is provider and feed.try_inner() is provider
+    assert feed.inner() is provider
     ctx = flight.FeedContext("q", "pages", 1, 2)
     assert list(feed.feed(1, ctx)) == [b"page-1"]
 
 
-def test_proto_carries_only_the_id_and_rebuilds_a_remote_feed() -> None:
+def test_proto_carries_only_the_id() -> None:
     msg = flight.WorkUnitFeed(Pages(), "pages").to_proto()
     assert isinstance(msg, plan_pb2.WorkUnitFeed)
     assert [f.name for f, _ in msg.ListFields()] == ["feed_id"]
-    remote = flight.WorkUnitFeed.from_proto(plan_pb2.WorkUnitFeed.FromString(msg.SerializeToString()))
-    assert not remote.is_local and remote.feed_id == "pages" and remote.try_inner() is None
-    with pytest.raises(flight.FeedError, match="remote"):
-        remote.inner()
-
-
-def test_remote_feed_yields_what_its_task_received() -> None:
-    class Inbox:
-        def units(self, feed_id: str, partition: int) -> Iterator[bytes]:
-            yield from (b"a", b"b") if (feed_id, partition) == ("pages", 0) else ()
-
-    remote = flight.WorkUnitFeed.from_proto(plan_pb2.WorkUnitFeed(feed_id="pages"))
-    assert list(remote.feed(0, Inbox())) == [b"a", b"b"]
-    with pytest.raises(flight.FeedError):
-        remote.feed(0, flight.FeedContext("q", "pages", 0, 1))
+    assert msg.feed_id == "pages"
 
 
 def test_units_are_bytes_protobuf_or_unit() -> None:
@@ -52,8 +38,6 @@ def test_units_are_bytes_protobuf_or_unit() -> None:
     assert unit_bytes(bytearray(b"ab")) == b"ab"
     with pytest.raises(TypeError, match="bytes or a protobuf"):
         unit_bytes({"path": "x"})  # type: ignore[arg-type]
-    with pytest.raises(flight.FeedError):
-        flight.WorkUnitFeed.from_proto(plan_pb2.WorkUnitFeed())
 
 
 def test_local_cluster_stops_its_workers_after_an_exception() -> None:

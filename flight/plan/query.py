@@ -226,8 +226,6 @@ def from_feed(
 ) -> Query:
     """Rows from work units a provider discovers at run time, read by ``reader`` on the workers."""
     feed = provider if isinstance(provider, WorkUnitFeed) else WorkUnitFeed(provider)
-    if not feed.is_local:
-        raise PlanError(f"feed {feed.feed_id!r} is remote; plans are built on the coordinator with a local provider")
     return Query(FeedScanNode(feed, reader, schema, list(columns) if columns is not None else None, dict(options or {})))
 
 
