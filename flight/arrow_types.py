@@ -31,4 +31,5 @@ def normalize_type(t: pa.DataType) -> pa.DataType:
 
 
 def normalize_schema(schema: pa.Schema) -> pa.Schema:
-    return pa.schema([f.with_type(normalize_type(f.type)) for f in schema], metadata=schema.metadata)
+    fields = [f.with_type(normalize_type(f.type)) for f in schema]
+    return pa.schema(fields, metadata=schema.metadata)  # type: ignore[arg-type]  # stubs: bytes keys are what it gives

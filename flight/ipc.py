@@ -73,19 +73,19 @@ class _Flat:
         self.data = data
 
     def u8(self, pos: int) -> int:
-        return struct.unpack_from("<B", self.data, pos)[0]  # type: ignore[no-any-return]
+        return struct.unpack_from("<B", self.data, pos)[0]
 
     def u16(self, pos: int) -> int:
-        return struct.unpack_from("<H", self.data, pos)[0]  # type: ignore[no-any-return]
+        return struct.unpack_from("<H", self.data, pos)[0]
 
     def u32(self, pos: int) -> int:
-        return struct.unpack_from("<I", self.data, pos)[0]  # type: ignore[no-any-return]
+        return struct.unpack_from("<I", self.data, pos)[0]
 
     def i32(self, pos: int) -> int:
-        return struct.unpack_from("<i", self.data, pos)[0]  # type: ignore[no-any-return]
+        return struct.unpack_from("<i", self.data, pos)[0]
 
     def i64(self, pos: int) -> int:
-        return struct.unpack_from("<q", self.data, pos)[0]  # type: ignore[no-any-return]
+        return struct.unpack_from("<q", self.data, pos)[0]
 
     def field(self, table: int, index: int) -> int | None:
         """The position of field ``index`` of the table at ``table``, or None when absent."""

@@ -51,8 +51,9 @@ class _Inbox:
         ctx = FeedContext("local", feed.feed_id, partition, partitions, cancelled)
         stream = feed.feed(partition, ctx)
         if inspect.isasyncgen(stream) or hasattr(stream, "__anext__"):
-            stream = iter(asyncio.run(_collect(stream)))  # type: ignore[arg-type]
-        self._units: Iterator[object] = iter(stream)  # type: ignore[arg-type]
+            self._units: Iterator[object] = iter(asyncio.run(_collect(stream)))
+        else:
+            self._units = iter(stream)
 
     def take(self, most: int = 1) -> list[_Unit]:
         out = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from typing import Literal
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -74,9 +75,8 @@ COMPRESSION = {
 
 def ipc_options(compression: int) -> pa.ipc.IpcWriteOptions:
     """IPC write options for a TaskOptions.ipc_compression value (unknown values: none)."""
-    names = {v: k for k, v in COMPRESSION.items()}
-    name = names.get(compression, "none")
-    return pa.ipc.IpcWriteOptions(compression=None if name == "none" else name)
+    codecs: dict[int, Literal["lz4", "zstd"]] = {COMPRESSION["lz4"]: "lz4", COMPRESSION["zstd"]: "zstd"}
+    return pa.ipc.IpcWriteOptions(compression=codecs.get(compression))
 
 
 def status_message(error: BaseException | str) -> str:

@@ -127,8 +127,8 @@ class _Bearer(fl.ClientMiddleware):
     def __init__(self, value: str) -> None:
         self._value = value
 
-    def sending_headers(self) -> dict[str, str]:
-        return {"authorization": self._value}
+    def sending_headers(self) -> dict[str, list[str] | list[bytes]]:
+        return {"authorization": [self._value]}
 
 
 def connect(url: str, security: Security | None = None) -> fl.FlightClient:

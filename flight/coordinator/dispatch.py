@@ -240,7 +240,7 @@ class FeedDispatcher:
             if inspect.isasyncgen(stream) or hasattr(stream, "__anext__"):
                 asyncio.run(self._discover_async(source, stream))  # type: ignore[arg-type]
             else:
-                self._discover_sync(source, stream)  # type: ignore[arg-type]
+                self._discover_sync(source, stream)
         except _Stopped:
             pass
         except BaseException as exc:  # noqa: BLE001 - user code: the query fails with its own exception

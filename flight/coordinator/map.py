@@ -10,6 +10,7 @@ after the worker's ``finished`` frame, releases the task). This is what
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -143,9 +144,9 @@ def map_batches(
                 return
             try:
                 if not started:
-                    write(lambda b=batch: writer.begin(b.schema))
+                    write(functools.partial(writer.begin, batch.schema))
                     started = True
-                write(lambda b=batch: writer.write_batch(b))
+                write(functools.partial(writer.write_batch, batch))
                 rows, sent = rows + batch.num_rows, sent + 1
             except (pa.ArrowException, OSError) as exc:
                 # Usually the worker ended the call (its error frame is on the way to the consumer);

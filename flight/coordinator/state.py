@@ -302,7 +302,7 @@ class FeedState:
 
     def wake_at(self) -> float | None:
         """When the driver should send a ``Tick``: a unit's affinity wait, or the close grace, ends."""
-        times = []
+        times: list[float] = []
         for source in self.sources:
             if source.preferred_waiting and any(s.credit for s in source.slots):
                 times.extend(i.queued_at + self.affinity_wait for i in source.queue if i.preferred is not None)

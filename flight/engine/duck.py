@@ -99,7 +99,7 @@ def _database(roots: DataRoots) -> duckdb.DuckDBPyConnection:
         if con is not None:
             return con
         # Tasks run on cursors, which never print DuckDB's progress bar.
-        config: dict[str, str | int | bool] = {
+        config: dict[str, str | bool | int | float | list[str]] = {
             "autoinstall_known_extensions": False,
             "autoload_known_extensions": False,
             # Give memory back once queries end, so an idle worker does not sit on its peak.

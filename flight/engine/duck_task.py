@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import duckdb
 import pyarrow as pa
@@ -33,7 +34,7 @@ def _first_error(errors: list[BaseException], batches: Iterator[pa.RecordBatch])
         raise
 
 
-class _Inputs:
+class _Inputs(Protocol):
     """What a task offers (``pipeline.TaskInputs``), typed loosely to avoid an import cycle."""
 
     task_number: int

@@ -103,7 +103,7 @@ def to_pyarrow_nodes(msg: plan_pb2.Expression, field: str = "expr") -> list[pc.E
             path = f"{field}.nodes[{i}].literal"
             value = _literal(node.literal, path)
             try:
-                item = _Decoded(pc.scalar(value))
+                item = _Decoded(pc.scalar(value))  # type: ignore[arg-type]  # stubs: a Scalar is accepted
             except _BAD_INPUT as exc:
                 raise ProtocolError(f"Cannot use a {value.type} value as a literal: {exc}", field=path) from exc
         elif kind == "call":
@@ -210,8 +210,8 @@ def _call(msg: plan_pb2.Call, path: str, index: int, decoded: list[_Decoded]) ->
             return _chunked(spec.name, args, size)
         exprs = [arg.expr for arg in args]
         if spec.name == "cast":
-            return _Decoded(exprs[0].cast(options=options), args[0].depth + 1, size)
-        expr = pc.Expression._call(spec.name, exprs, options)
+            return _Decoded(exprs[0].cast(options=options), args[0].depth + 1, size)  # type: ignore[call-arg, arg-type]
+        expr = pc.Expression._call(spec.name, exprs, options)  # type: ignore[attr-defined]  # pyarrow's own builder
         if spec.name in _ASSOCIATIVE:
             count, deepest = _operands(spec.name, args)
             return _Decoded(expr, deepest + count - 1, size, (spec.name, count, deepest))
@@ -235,7 +235,7 @@ def _chunked(function: str, items: list[_Decoded], size: int) -> _Decoded:
                 wrapped.append(chunk[0])
                 continue
             count, deepest = _operands(function, chunk)
-            expr = pc.Expression._call("coalesce", [_left_fold(function, chunk)])
+            expr = pc.Expression._call("coalesce", [_left_fold(function, chunk)])  # type: ignore[attr-defined]
             wrapped.append(_Decoded(expr, deepest + count, sum(item.size for item in chunk)))
         items = wrapped
     count, deepest = _operands(function, items)
@@ -245,7 +245,7 @@ def _chunked(function: str, items: list[_Decoded], size: int) -> _Decoded:
 def _left_fold(function: str, items: list[_Decoded]) -> pc.Expression:
     expr = items[0].expr
     for item in items[1:]:
-        expr = pc.Expression._call(function, [expr, item.expr])
+        expr = pc.Expression._call(function, [expr, item.expr])  # type: ignore[attr-defined]
     return expr
 
 

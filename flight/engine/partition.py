@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
+from typing import cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -77,17 +78,18 @@ def key_values(column: pa.Array) -> pa.Array:
     """The 64-bit value of each key (a uint64 array without nulls); docs/protocol.md states it per type."""
     t = column.type
     if isinstance(t, pa.BaseExtensionType):
-        return key_values(column.storage)
+        return key_values(cast(pa.ExtensionArray, column).storage)
     if pa.types.is_dictionary(t):
-        codes = key_values(column.dictionary)
-        return pc.take(codes, column.indices).fill_null(0)
+        dictionary = cast(pa.DictionaryArray, column)
+        return pc.take(key_values(dictionary.dictionary), dictionary.indices).fill_null(0)
     if _is_stringy(t):
         # CRC-32 (zlib, IEEE) of each distinct value's bytes, spread over the rows by index.
-        encoded = pc.dictionary_encode(column)  # nulls stay null in the indices, not in the dictionary
+        encoded = cast(pa.DictionaryArray, pc.dictionary_encode(column))  # nulls stay null in the indices, not in the dictionary
         distinct = encoded.dictionary
         if not pa.types.is_large_binary(distinct.type):
             distinct = distinct.cast(pa.large_binary())
-        codes = pa.array(list(map(zlib.crc32, distinct.to_pylist())), _U64)
+        values = cast("list[bytes]", distinct.to_pylist())  # no nulls: they stay in the indices
+        codes = pa.array([zlib.crc32(v) for v in values], _U64)
         return pc.take(codes, encoded.indices).fill_null(0)
     if pa.types.is_null(t):
         return pa.nulls(len(column), _U64).fill_null(0)

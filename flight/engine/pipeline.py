@@ -13,7 +13,7 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -49,13 +49,14 @@ UNITS_PER_BATCH = 4096
 
 
 class ReceivedUnitLike(Protocol):
-    body: bytes
+    @property
+    def body(self) -> bytes: ...
 
     def done(self) -> None: ...
 
 
 class InboxLike(Protocol):
-    def take(self, most: int = 1) -> list[ReceivedUnitLike]: ...
+    def take(self, most: int = 1) -> Sequence[ReceivedUnitLike]: ...
 
 
 class TaskInputs(Protocol):
@@ -227,7 +228,8 @@ def _deferred(decl: ac.Declaration) -> Iterator[pa.RecordBatch]:
 
 
 def _source(reader: pa.RecordBatchReader) -> ac.Declaration:
-    return ac.Declaration("record_batch_reader_source", ac.RecordBatchReaderSourceNodeOptions(reader))
+    options = ac.RecordBatchReaderSourceNodeOptions(reader)  # type: ignore[attr-defined]  # pyarrow-stubs lack it
+    return ac.Declaration("record_batch_reader_source", options)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ output types (so the coordinator's schemas are the workers' schemas).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.acero as ac
@@ -32,7 +33,7 @@ _ONLY_VALID = pc.CountOptions(mode="only_valid")
 def aggregate_decl(child: ac.Declaration, keys: Sequence[str], calls: Sequence[tuple[str, str, str]]) -> ac.Declaration:
     """Group ``child`` by ``keys`` (none: one global row); ``calls`` are (function, column, name)."""
     prefix = "hash_" if keys else ""
-    aggregates = []
+    aggregates: list[tuple[Any, str, Any, str]] = []  # (columns, function, options, name): Acero's own shape
     for function, column, name in calls:
         if function == "count_all":
             aggregates.append(([], prefix + "count_all", None, name))
@@ -53,7 +54,8 @@ def join_decl(
     right_suffix: str,
 ) -> ac.Declaration:
     options = ac.HashJoinNodeOptions(
-        join_type, list(left_keys), list(right_keys), output_suffix_for_right=right_suffix
+        join_type,  # type: ignore[arg-type]  # one of JOIN_TYPES, checked by the callers
+        list(left_keys), list(right_keys), output_suffix_for_right=right_suffix
     )
     return ac.Declaration("hashjoin", options, inputs=[left, right])
 
@@ -61,7 +63,7 @@ def join_decl(
 def sort_decl(child: ac.Declaration, keys: Sequence[tuple[str, bool]], nulls_first: bool) -> ac.Declaration:
     placement = "at_start" if nulls_first else "at_end"
     sort_keys = [(name, "descending" if desc else "ascending", placement) for name, desc in keys]
-    options = ac.OrderByNodeOptions(sort_keys)
+    options = ac.OrderByNodeOptions(sort_keys)  # type: ignore[arg-type]  # stubs: no per-key null placement
     return ac.Declaration.from_sequence([child, ac.Declaration("order_by", options)])
 
 

@@ -244,7 +244,7 @@ def _value_set_bytes(function: str, values: object) -> bytes:
             values = pa.array(list(values))
         except _ARROW_ERRORS as exc:
             raise PlanError(f"The value_set of {function!r} cannot be made an Arrow array: {exc}") from exc
-    return _ipc_stream(values)
+    return _ipc_stream(values)  # type: ignore[arg-type]  # pa.array above made it an Array
 
 
 # -- options: one filler per FunctionOptions kind, keyed by the oneof field name

@@ -65,6 +65,8 @@ class Expr:
     """
 
     __slots__ = ("_flat", "_node")
+    _node: Node
+    _flat: plan_pb2.Expression | None
     __hash__ = None  # type: ignore[assignment]
 
     def __init__(self, msg: plan_pb2.Expression) -> None:

@@ -63,7 +63,7 @@ _PUSHABLE_SIDES = {
 
 def _args(expr: Expr, functions: tuple[str, ...]) -> list[Expr] | None:
     """The arguments of ``expr`` when it is a call of one of ``functions`` without options, else None."""
-    node = expr._node  # type: ignore[attr-defined]  # the builder's own tree, read in its own package
+    node = expr._node
     if isinstance(node, CallNode) and node.function in functions and node.options is None:
         return [Expr._of(a) for a in node.args]
     return None

@@ -125,7 +125,9 @@ class FlightMap:
                 exc.add_note(f"Spark partition {partition}, map stage on worker {url}")
                 raise
             finally:
-                output.close()
+                close = getattr(output, "close", None)
+                if close is not None:
+                    close()
 
 
 def _spark_partition() -> int:
@@ -185,7 +187,7 @@ def map_in_arrow(
 
     Also checks at once that ``df`` has every column the stage's input needs.
     """
-    fm = flight_map(stage, workers, schema=schema, **kwargs)
+    fm = flight_map(stage, workers, schema=schema, **kwargs)  # type: ignore[arg-type]  # flight_map checks them
     needed = decode_schema(fm.input_schema_ipc, "input_schema")
     have = {c.lower() for c in df.columns}
     missing = [f.name for f in needed if f.name.lower() not in have]

@@ -152,7 +152,7 @@ def decode_options(options: Mapping[str, str]) -> HeadOptions | PlanOptions:
         schema = decode_schema(plan.output_schema, "plan.output_schema")
         if options.get("resolver") is not None:
             described = _json(options["resolver"], "resolver")
-            resolver_from_description(described).close()  # type: ignore[arg-type] - validates it here
+            resolver_from_description(described).close()  # type: ignore[arg-type]  # validates it here
             workers = Workers(described, _float(options, "health_timeout", 2.0), _security_files(options))  # type: ignore[arg-type]
         elif options.get("workers") is not None:
             workers = Workers(describe_workers(options["workers"]), _float(options, "health_timeout", 2.0), _security_files(options))

@@ -96,7 +96,7 @@ def start_read(
     ``security_files`` (paths only travel in the data source's options), else from ``FLIGHT_EXEC_*``.
     """
     register(spark)
-    detached = DistributedExec(query, resolver, options, **overrides).start_detached()
+    detached = DistributedExec(query, resolver, options, **overrides).start_detached()  # type: ignore[arg-type]
     try:
         opts = encode_head([(p.url, p.ticket) for p in detached.partitions], detached.schema, detached.query_id, security_files)
         df = spark.read.format(FORMAT).options(**opts).load()
@@ -130,7 +130,7 @@ def _drain(stream: Iterator[WorkUnit] | AsyncIterator[WorkUnit]) -> list[bytes]:
             return [unit_bytes(u) async for u in stream]  # type: ignore[union-attr]
 
         return asyncio.run(collect())
-    return [unit_bytes(u) for u in stream]  # type: ignore[union-attr]
+    return [unit_bytes(u) for u in stream]
 
 
 def plan_options(query: Query, tasks: int = 2) -> dict[str, str]:

@@ -50,7 +50,7 @@ class TokenAuth(fl.ServerMiddlewareFactory):
         self._expected = [b"Bearer " + t for t in tokens]
         self._public_health = public_health
 
-    def start_call(self, info: fl.CallInfo, headers: dict[str, list[str]]) -> fl.ServerMiddleware:
+    def start_call(self, info: fl.CallInfo, headers: dict[str, list[str] | list[bytes]]) -> fl.ServerMiddleware | None:
         given = headers.get("authorization", [])
         for value in given[:4]:
             raw = value.encode() if isinstance(value, str) else bytes(value)

@@ -92,9 +92,10 @@ class WorkerServer(fl.FlightServerBase):
         scheme = "grpc+tls" if sec.tls_cert else "grpc"
         super().__init__(
             f"{scheme}://{host}:{port}",
-            tls_certificates=[(sec.tls_cert, sec.tls_key)] if sec.tls_cert else None,
+            # pyarrow takes PEM bytes here (its stubs say str)
+            tls_certificates=[(sec.tls_cert, sec.tls_key)] if sec.tls_cert else None,  # type: ignore[list-item]
             verify_client=sec.client_ca is not None,
-            root_certificates=sec.client_ca,
+            root_certificates=sec.client_ca,  # type: ignore[arg-type]
             middleware={MIDDLEWARE_KEY: TokenAuth(sec.tokens, sec.public_health)} if sec.tokens else None,
         )
         self.security = sec
@@ -282,7 +283,9 @@ class WorkerServer(fl.FlightServerBase):
     # Every error leaves as a FlightError whose extra_info is the ErrorInfo (protocol.status_error):
     # a clean message, a code, the field, the stage key and this worker's URL; never a traceback.
 
-    def _info(self, code: int, message: str, stage_key: protocol_pb2.StageKey | None, field: str = "") -> protocol_pb2.ErrorInfo:
+    def _info(
+        self, code: protocol_pb2.ErrorCode.ValueType, message: str, stage_key: protocol_pb2.StageKey | None, field: str = ""
+    ) -> protocol_pb2.ErrorInfo:
         # One line (a schema printed by pyarrow spans several), within the cap with the field appended.
         text = clip(" ".join(message.split()), MAX_MESSAGE_CHARS - 2 * MAX_ECHO_CHARS)
         info = protocol_pb2.ErrorInfo(code=code, message=text, worker_url=self.url, field=clip(field))
@@ -296,7 +299,9 @@ class WorkerServer(fl.FlightServerBase):
         except (pa.ArrowException, OSError) as exc:
             log.debug("could not send an error frame (the coordinator is gone?): %s", exc)
 
-    def _refuse(self, sender: Sender, code: int, message: str, stage_key: protocol_pb2.StageKey | None) -> fl.FlightError:
+    def _refuse(
+        self, sender: Sender, code: protocol_pb2.ErrorCode.ValueType, message: str, stage_key: protocol_pb2.StageKey | None
+    ) -> fl.FlightError:
         """An error frame for the coordinator, and the status the exchange ends with."""
         info = self._info(code, message, stage_key)
         self._send_error(sender, info)
@@ -359,11 +364,12 @@ class WorkerServer(fl.FlightServerBase):
             message = f"ticket asks for partitions [{t.partition_start}, {t.partition_end}) but task {key} has {task.output.partitions}"
             raise status_error(self._info(invalid, message, t.stage_key, "ticket.partition_end"))
         ipc = ipc_options(task.header.options.ipc_compression)
-        return fl.GeneratorStream(task.output_schema, _stream(task, t.partition_start, t.partition_end), options=ipc)
+        stream = _stream(task, t.partition_start, t.partition_end)  # (batch, app_metadata) pairs: pyarrow takes them
+        return fl.GeneratorStream(task.output_schema, stream, options=ipc)  # type: ignore[arg-type]
 
     # ---------------------------------------------------------------- DoAction
 
-    def list_actions(self, context: fl.ServerCallContext) -> list[tuple[str, str]]:
+    def list_actions(self, context: fl.ServerCallContext) -> list[tuple[str, str]]:  # type: ignore[override]  # pyarrow takes pairs
         return list(ACTIONS.items())
 
     @error_boundary

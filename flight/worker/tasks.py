@@ -9,6 +9,7 @@ bytes in and out of these objects, so tests can drive them without sockets.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -75,7 +76,7 @@ class Task:
             window = assignment.window or feed_window
             for p in assignment.partitions:
                 fid = assignment.feed_id
-                self.inboxes[(fid, p)] = FeedInbox(fid, p, window, lambda n, fid=fid, p=p: send_credit(fid, p, n))
+                self.inboxes[(fid, p)] = FeedInbox(fid, p, window, functools.partial(send_credit, fid, p))
         self.rows_out = 0
         self.batches_out = 0
         self.bytes_out = 0
