@@ -267,6 +267,15 @@ def test_read_gives_one_partition_per_head_task(spark, files, cluster: flight.Lo
     assert handle.wait(10)
 
 
+def test_a_dead_url_among_live_ones_does_not_fail_read(spark, files, cluster: flight.LocalCluster) -> None:  # type: ignore[no-untyped-def]
+    """The launch probes the workers, leaves the dead one out and opens the tasks on the others."""
+    handle = fs.start_read(spark, flight.read_parquet(files["orders"]).select("o_orderkey"), [dead_url(), *cluster.urls])
+    assert handle.df.count() == sum(
+        pq.ParquetFile(f).metadata.num_rows for f in files["orders"]
+    )
+    assert handle.wait(10)
+
+
 def test_a_second_read_says_why_it_cannot(spark, cluster: flight.LocalCluster) -> None:  # type: ignore[no-untyped-def]
     df = fs.read(spark, flight.from_arrow(pa.table({"a": [1, 2, 3], "b": ["x", "y", "z"]})), cluster.urls)
     assert [tuple(r) for r in df.collect()] == [(1, "x"), (2, "y"), (3, "z")]

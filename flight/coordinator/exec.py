@@ -31,6 +31,7 @@ from flight.coordinator.channel import TaskChannel
 from flight.coordinator.detached import DetachedQuery, HeadPartition
 from flight.coordinator.dispatch import FeedDispatcher, Source
 from flight.coordinator.explain import explain_plan
+from flight.coordinator.headers import task_header
 from flight.coordinator.metrics import QueryMetrics, TaskStats
 from flight.coordinator.recovery import PROBE_TIMEOUT_S, Attempt, may_retry, probe_lost
 from flight.coordinator.results import DONE as _DONE
@@ -48,7 +49,7 @@ from flight.estimate import DefaultTaskEstimator, TaskEstimator
 from flight.limits import clip
 from flight.plan.query import Query
 from flight.planner import PlannerOptions, QueryPlan, StageSpec, plan_query
-from flight.protocol import COMPRESSION, PROTOCOL_VERSION, encode_schema, make_stage_key, new_secret
+from flight.protocol import COMPRESSION, encode_schema, make_stage_key, new_secret
 from flight.resolver import StaticWorkerResolver, WorkerResolver, normalize_url
 
 __all__ = ["DetachedQuery", "DistributedExec", "HeadPartition"]  # the first and last from detached.py
@@ -132,10 +133,12 @@ class DistributedExec:
         For consumers that are not this process (Spark tasks): each entry of
         ``partitions`` is a worker URL and a ticket. The query's tasks live until
         every head partition has been read (or ``close()``).
+
+        A worker found lost while the tasks are opened (a dead URL among live ones) is
+        left out and the launch tried again, as ``execute()`` does; once launched, rows
+        may be read by anyone at any time, so a later loss fails the query.
         """
-        run = _Run(self)
-        run.launch()
-        return DetachedQuery(run)
+        return DetachedQuery(_Attempts(self).launch())
 
 
 def shuffle_reads(op: plan_pb2.Operator) -> Iterator[plan_pb2.ShuffleRead]:
@@ -170,6 +173,17 @@ class _Attempts:
             run = self.run = _Run(self.ex, self.excluded)
             try:
                 return run.start()
+            except FlightExecError as exc:
+                if not self._retry(run, exc, delivered=False):
+                    raise
+
+    def launch(self) -> _Run:
+        """A launched attempt whose head outputs nobody reads here (``start_detached``)."""
+        while True:
+            run = self.run = _Run(self.ex, self.excluded)
+            try:
+                run.launch()
+                return run
             except FlightExecError as exc:
                 if not self._retry(run, exc, delivered=False):
                     raise
@@ -321,20 +335,16 @@ class _Run:
 
     def _header(self, stage: StageSpec, task: int, count: int, plan: bytes, assigned: dict[str, list[int]]) -> protocol_pb2.TaskHeader:
         opts = self.options
-        shared = {f.feed.feed_id for f in stage.shared_feeds}
-        url = self.bound[stage.stage_id][task]
-        return protocol_pb2.TaskHeader(
-            protocol_version=PROTOCOL_VERSION,
-            stage_key=make_stage_key(self.query_id, stage.stage_id, task),
+        return task_header(
+            query_id=self.query_id,
+            stage_id=stage.stage_id,
+            task=task,
             task_count=count,
             plan=plan,
-            feeds=[
-                protocol_pb2.FeedAssignment(feed_id=f, partitions=p, window=opts.shared_window if f in shared else 0)
-                for f, p in assigned.items()
-            ],
-            target_worker_url=url,
-            query_start_unix_nanos=time.time_ns(),
-            query_secret=self.secret,
+            url=self.bound[stage.stage_id][task],
+            secret=self.secret,
+            feeds=assigned,
+            shared_windows={f.feed.feed_id: opts.shared_window for f in stage.shared_feeds},
             options=protocol_pb2.TaskOptions(
                 ipc_compression=COMPRESSION[opts.compression],
                 feed_window=opts.feed_window,

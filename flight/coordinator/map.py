@@ -22,10 +22,11 @@ import pyarrow.flight as fl
 
 from flight._proto import plan_pb2, protocol_pb2
 from flight.clients import error_from_info, translate_flight_error
+from flight.coordinator.headers import task_header
 from flight.errors import PlanError, TaskFailedError, WorkerUnavailableError
 from flight.plan.nodes import ExchangeInputNode
 from flight.plan.query import Query
-from flight.protocol import PROTOCOL_VERSION, decode_worker_frame, make_stage_key, new_secret
+from flight.protocol import decode_worker_frame, format_stage_key, new_secret
 from flight.security import Security, connect
 
 __all__ = ["map_batches"]
@@ -59,18 +60,17 @@ def map_batches(
     """
     plan = _plan_bytes(stage)
     url = worker_url
-    key = make_stage_key(query_id or uuid.uuid4().hex[:16], 0, task_number)
-    label = f"{key.query_id}/0/{task_number}"
-    header = protocol_pb2.TaskHeader(
-        protocol_version=PROTOCOL_VERSION,
-        stage_key=key,
+    header = task_header(
+        query_id=query_id or uuid.uuid4().hex[:16],
+        stage_id=0,
+        task=task_number,
         task_count=task_number + 1,
         plan=plan,
-        target_worker_url=url,
-        query_start_unix_nanos=time.time_ns(),
+        url=url,
+        secret=new_secret(),
         options=protocol_pb2.TaskOptions(heartbeat_ms=int(heartbeat * 1000)),
-        query_secret=new_secret(),
     )
+    label = format_stage_key(header.stage_key)
     client = None
     try:
         client = connect(url, security)

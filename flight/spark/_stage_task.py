@@ -10,7 +10,6 @@ the Spark task, so such a DataFrame can be read any number of times.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -21,9 +20,10 @@ from flight._proto import protocol_pb2
 from flight.clients import translate_flight_error
 from flight.coordinator.channel import TaskChannel
 from flight.coordinator.dispatch import FeedDispatcher
+from flight.coordinator.headers import task_header
 from flight.errors import RetryableError, TaskCancelledError, WorkerBusyError, WorkerError
 from flight.feed import FeedContext, WorkUnitFeed, WorkUnitFeedProvider
-from flight.protocol import PROTOCOL_VERSION, make_stage_key, new_secret
+from flight.protocol import new_secret
 from flight.security import Security, connect
 from flight.spark._options import Assignment
 from flight.spark._workers import Workers, mark_down
@@ -67,17 +67,11 @@ def _run_on(
     url: str, plan: bytes, assign: Assignment, task: int, tasks: int, timeout: float, security: Security
 ) -> Iterator[pa.RecordBatch]:
     query_id = uuid.uuid4().hex[:16]
-    key = make_stage_key(query_id, 0, task)
-    header = protocol_pb2.TaskHeader(
-        protocol_version=PROTOCOL_VERSION,
-        stage_key=key,
-        task_count=tasks,
-        plan=plan,
-        feeds=[protocol_pb2.FeedAssignment(feed_id=f, partitions=sorted(parts)) for f, parts in assign.items()],
-        target_worker_url=url,
-        query_start_unix_nanos=time.time_ns(),
-        query_secret=new_secret(),
+    header = task_header(
+        query_id=query_id, stage_id=0, task=task, task_count=tasks, plan=plan, url=url, secret=new_secret(),
+        feeds={f: sorted(parts) for f, parts in assign.items()},
     )
+    key = header.stage_key
     errors: list[BaseException] = []
     dispatcher = FeedDispatcher(query_id, discovery_buffer=256, max_units_per_frame=64, on_error=errors.append)
     channel = TaskChannel(url, header, on_credit=dispatcher.on_credit, on_error=lambda ch, err: dispatcher.stop())
