@@ -22,7 +22,7 @@ import pytest
 
 from benchmarks import fuzz_worker as fz
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SUMMARY = re.compile(r"^fuzz_cases: (\d+), crashes: (\d+), hangs: (\d+), unclear: (\d+)$")
 SEED = 20261122  # fixed: every run sends the same inputs
 CASES = 1_000

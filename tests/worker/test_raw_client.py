@@ -40,7 +40,7 @@ import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from grpc_tools import protoc
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROTO_DIR = ROOT / "proto"
 PROTO_FILES = ["flight/_proto/protocol.proto", "flight/_proto/plan.proto"]
 PROTOCOL_VERSION = 2  # docs/protocol.md, section 1
@@ -357,7 +357,7 @@ def scan(P: Protos, feed_id: str = "files", reader: str = "parquet") -> Any:
 #
 # docs/protocol.md, "Output partitioning", re-implemented in plain Python (ints, struct,
 # zlib.crc32) from the document alone; pyarrow only names the key types.
-# tests/test_partition.py checks the project's vectorised function against these too.
+# tests/engine/test_partition.py checks the project's vectorised function against these too.
 
 SPEC_MASK = (1 << 64) - 1
 SPEC_GOLDEN = 0x9E3779B97F4A7C15

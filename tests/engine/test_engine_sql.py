@@ -18,7 +18,7 @@ import pytest
 
 from flight.engine.sql import Untranslatable, expression_sql, ident, literal
 from flight.plan.expr import Expr, col, lit
-from tests.test_expressions import FAMILIES, TABLE, roundtrip
+from test_expressions import FAMILIES, TABLE, roundtrip
 
 DECLINED = {
     "set_string-substr_step",

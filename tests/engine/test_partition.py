@@ -10,13 +10,19 @@ import datetime
 import math
 import random
 import struct
+import sys
 from collections import Counter
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
-from test_raw_client import spec_hashed_positions, spec_key_value, spec_partition
+
+# The independent implementation of the spec lives with the raw client (tests/worker), which is
+# written from docs/protocol.md alone; importing it by name needs its directory on the path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
+from test_raw_client import spec_hashed_positions, spec_key_value, spec_partition  # noqa: E402
 
 from flight.engine.partition import hash_columns, key_values, partition_ids, split_by_hash
 
