@@ -288,9 +288,8 @@ class _Run:
                 return
             self.error = error
         self.failed.set()
-        self.dispatcher.stop()
-        for channel in self.channels:
-            channel.abort(f"query {self.query_id} failed: {error}")
+        # The feed state machine cancels every task still open (each once), and nothing is sent after.
+        self.dispatcher.stop(f"query {self.query_id} failed: {error}")
         _offer(self.results, _DONE)
 
     # ------------------------------------------------------------ set-up
