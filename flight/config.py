@@ -47,6 +47,8 @@ class WorkerOptions:
     """Tasks that may wait for capacity at once; one more is refused as busy."""
     queue_wait: float = 60.0
     """Seconds a task may wait for capacity before it is refused as busy."""
+    spill_dir: str = ""
+    """Where retained outputs past their bound are spilled (``--spill-dir``); empty: the system's temp directory."""
     data_roots: tuple[str, ...] = ()
     """Directories (resolved real paths) under which the file readers may read (``--data-root``);
     none: every path a work unit names is refused (``flight.engine.confine``)."""

@@ -131,6 +131,7 @@ class TaskOptions(_message.Message):
     FEED_WINDOW_FIELD_NUMBER: _builtins.int
     OUTPUT_BUFFER_BYTES_FIELD_NUMBER: _builtins.int
     HEARTBEAT_MS_FIELD_NUMBER: _builtins.int
+    RETAIN_OUTPUT_FIELD_NUMBER: _builtins.int
     ipc_compression: Global___Compression.ValueType
     """for the task's output streams"""
     feed_window: _builtins.int
@@ -141,6 +142,12 @@ class TaskOptions(_message.Message):
     """How often the coordinator sends a Heartbeat (ms; 0 = the default, 2000). The worker
     answers with its own heartbeats at the same interval (clamped to [200, 10000]).
     """
+    retain_output: _builtins.bool
+    """Keep every output batch until the exchange ends, for any number of DoGets, each from the
+    start (the head tasks of a detached query, which Spark may read again: a second action, a
+    retried or speculative task). Past output_buffer_bytes the batches are spilled to the
+    worker's spill directory as Arrow IPC; the coordinator's half-close releases them.
+    """
     def __init__(
         self,
         *,
@@ -148,10 +155,11 @@ class TaskOptions(_message.Message):
         feed_window: _builtins.int = ...,
         output_buffer_bytes: _builtins.int = ...,
         heartbeat_ms: _builtins.int = ...,
+        retain_output: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["feed_window", b"feed_window", "heartbeat_ms", b"heartbeat_ms", "ipc_compression", b"ipc_compression", "output_buffer_bytes", b"output_buffer_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["feed_window", b"feed_window", "heartbeat_ms", b"heartbeat_ms", "ipc_compression", b"ipc_compression", "output_buffer_bytes", b"output_buffer_bytes", "retain_output", b"retain_output"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

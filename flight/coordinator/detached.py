@@ -1,13 +1,17 @@
 """Detached queries: started by one process, their head outputs read by others (Spark tasks).
 
 ``DistributedExec.start_detached`` runs the query and hands out, per head task, a
-worker URL and a ticket (with the query's secret inside); the query's tasks live
-until every head partition was read, or ``close()``.
+worker URL and a ticket (with the query's secret inside). Read once (the default),
+the query's tasks live until every head partition was read, or ``close()``.
+Retained (``start_detached(retain=seconds)``), each head partition may be read any
+number of times, each from the start, until ``release()`` (or ``close()``), or
+``retain`` seconds at most: the backstop when nobody releases it.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Self
 
@@ -32,8 +36,9 @@ class HeadPartition:
 class DetachedQuery:
     """A running query whose head outputs other processes read."""
 
-    def __init__(self, run: _Run) -> None:
+    def __init__(self, run: _Run, retain: float = 0.0) -> None:
         self._run = run
+        self.retain = retain
         self.query_id = run.query_id
         self.schema = run.plan.head.output_schema
         head = run.by_stage[run.plan.head.stage_id]
@@ -47,14 +52,27 @@ class DetachedQuery:
             for c in head
         ]
         self._done = threading.Event()
+        self._released = threading.Event()
+        self._deadline = time.monotonic() + retain
         threading.Thread(target=self._watch, args=(head,), name=f"detached-{self.query_id}", daemon=True).start()
 
     def _watch(self, head: list[TaskChannel]) -> None:
         try:
-            for channel in head:
-                while not channel.drained.wait(0.1):
-                    if self._run.failed.is_set():
-                        return
+            if self.retain:
+                # Kept until released, or the backstop passes; a failure ends it at once.
+                while not self._released.wait(0.1):
+                    if self._run.failed.is_set() or time.monotonic() >= self._deadline:
+                        break
+                if self._run.failed.is_set():
+                    return
+                if not all(c.finished.is_set() for c in head):
+                    self._run.fail(TaskCancelledError("the retained query was released before its head tasks finished"))
+                    return
+            else:
+                for channel in head:
+                    while not channel.drained.wait(0.1):
+                        if self._run.failed.is_set():
+                            return
             if self._run.error is None:
                 self._run._await_metrics()
         finally:
@@ -62,11 +80,19 @@ class DetachedQuery:
             self._done.set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait until every head partition was read; raise the query's error if it failed."""
+        """Wait until the query ended: every head partition read (read once), or released (retained).
+
+        Raises the query's error if it failed.
+        """
         finished = self._done.wait(timeout)
         if self._run.error is not None:
             raise self._run.error
         return finished
+
+    def release(self) -> None:
+        """A retained query: let its tasks go now (their outputs are read no more); frees them."""
+        self._released.set()
+        self._done.wait(self._run.options.connect_timeout)
 
     def close(self) -> None:
         """Cancel the query if it still runs, and free its tasks."""
@@ -78,4 +104,6 @@ class DetachedQuery:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.retain:
+            self.release()
         self.close()

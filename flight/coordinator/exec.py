@@ -127,7 +127,7 @@ class DistributedExec:
         weakref.finalize(reader, attempts.abandon)
         return reader
 
-    def start_detached(self) -> DetachedQuery:
+    def start_detached(self, retain: float = 0.0) -> DetachedQuery:
         """Start the query, leaving its head outputs for others to read with DoGet.
 
         For consumers that are not this process (Spark tasks): each entry of
@@ -137,8 +137,14 @@ class DistributedExec:
         A worker found lost while the tasks are opened (a dead URL among live ones) is
         left out and the launch tried again, as ``execute()`` does; once launched, rows
         may be read by anyone at any time, so a later loss fails the query.
+
+        ``retain`` > 0: the head outputs stay readable, any number of times each from the
+        start (a second Spark action, a retried or speculative task), until ``release()``
+        or for ``retain`` seconds at most; the workers spill them past their output bound.
         """
-        return DetachedQuery(_Attempts(self).launch())
+        if retain < 0:
+            raise ValueError(f"retain must be 0 or more seconds, not {retain}")
+        return DetachedQuery(_Attempts(self, retain=retain > 0).launch(), retain)
 
 
 def shuffle_reads(op: plan_pb2.Operator) -> Iterator[plan_pb2.ShuffleRead]:
@@ -161,8 +167,9 @@ def shuffle_reads(op: plan_pb2.Operator) -> Iterator[plan_pb2.ShuffleRead]:
 class _Attempts:
     """The attempts of one ``execute()``: a new ``_Run`` after each lost worker, while no row was delivered."""
 
-    def __init__(self, ex: DistributedExec) -> None:
+    def __init__(self, ex: DistributedExec, *, retain: bool = False) -> None:
         self.ex = ex
+        self.retain = retain
         self.excluded: set[str] = set()
         self.run: _Run | None = None
         ex.attempts = []
@@ -180,7 +187,7 @@ class _Attempts:
     def launch(self) -> _Run:
         """A launched attempt whose head outputs nobody reads here (``start_detached``)."""
         while True:
-            run = self.run = _Run(self.ex, self.excluded)
+            run = self.run = _Run(self.ex, self.excluded, retain=self.retain)
             try:
                 run.launch()
                 return run
@@ -242,9 +249,10 @@ class _Attempts:
 class _Run:
     """One execution (attempt) of a DistributedExec: its channels, feeds and result queue."""
 
-    def __init__(self, ex: DistributedExec, excluded: set[str] | None = None) -> None:
+    def __init__(self, ex: DistributedExec, excluded: set[str] | None = None, *, retain: bool = False) -> None:
         self.ex = ex
         self.excluded = excluded or set()
+        self.retain = retain  # head outputs kept for any number of reads (a detached query's, for Spark)
         self.urls: list[str] = []  # the workers this attempt bound tasks to
         self.options = ex.options
         self.plan = ex.plan
@@ -349,6 +357,7 @@ class _Run:
                 feed_window=opts.feed_window,
                 output_buffer_bytes=opts.output_buffer_bytes,
                 heartbeat_ms=int(opts.heartbeat * 1000),
+                retain_output=self.retain and stage.consumer is None,
             ),
         )
 

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 __all__ = ["FlightRead", "plan_options", "read", "register", "start_read"]
 
 FORMAT = "flight"
+DEFAULT_RETAIN_S = 600.0
+"""How long a read()'s head outputs stay readable when nobody releases them (the backstop)."""
 
 
 def register(spark: SparkSession) -> None:
@@ -49,9 +51,11 @@ def register(spark: SparkSession) -> None:
 class FlightRead:
     """A query running detached on the driver, and the Spark DataFrame that reads it.
 
-    The query's tasks wait on the workers until Spark has read every head
-    partition (then they free themselves) or until ``close()``. The DataFrame
-    can be read once: use ``df.cache()`` or write it out to use it twice.
+    The head outputs stay on the workers, readable by any number of Spark actions
+    (and retried or speculative tasks), until ``release()`` (or leaving the ``with``
+    block), ``close()``, or ``retain`` seconds after the start; the workers spill
+    them to local disk past their output bound. With ``retain=0`` each head
+    partition can be read once, and the tasks free themselves once it was.
     """
 
     def __init__(self, detached: DetachedQuery, df: DataFrame) -> None:
@@ -67,8 +71,12 @@ class FlightRead:
         return len(self.query.partitions)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """True once every head partition was read; raises the query's error if it failed."""
+        """True once the query ended (released; read once: every head partition read); raises its error if it failed."""
         return self.query.wait(timeout)
+
+    def release(self) -> None:
+        """The DataFrame will be read no more: free the query's tasks and their retained outputs."""
+        self.query.release()
 
     def close(self) -> None:
         """Cancel the query if Spark has not read it all, and free its tasks."""
@@ -78,6 +86,7 @@ class FlightRead:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.release()
         self.close()
 
 
@@ -88,6 +97,7 @@ def start_read(
     options: ExecOptions | None = None,
     *,
     security_files: SecurityFiles | None = None,
+    retain: float = DEFAULT_RETAIN_S,
     **overrides: object,
 ) -> FlightRead:
     """Start ``query`` on the workers; return the handle whose ``df`` reads its head partitions.
@@ -96,7 +106,7 @@ def start_read(
     ``security_files`` (paths only travel in the data source's options), else from ``FLIGHT_EXEC_*``.
     """
     register(spark)
-    detached = DistributedExec(query, resolver, options, **overrides).start_detached()  # type: ignore[arg-type]
+    detached = DistributedExec(query, resolver, options, **overrides).start_detached(retain)  # type: ignore[arg-type]
     try:
         opts = encode_head([(p.url, p.ticket) for p in detached.partitions], detached.schema, detached.query_id, security_files)
         df = spark.read.format(FORMAT).options(**opts).load()
@@ -113,14 +123,15 @@ def read(
     options: ExecOptions | None = None,
     *,
     security_files: SecurityFiles | None = None,
+    retain: float = DEFAULT_RETAIN_S,
     **overrides: object,
 ) -> DataFrame:
     """``query``'s result as a Spark DataFrame: one partition per head task, each read with DoGet.
 
-    The DataFrame can be read once (cache it or write it out); ``start_read``
-    gives the handle to wait for or cancel the query.
+    The DataFrame can be read by any number of actions for ``retain`` seconds (then its query
+    is released); ``start_read`` gives the handle to release it sooner, wait for or cancel it.
     """
-    return start_read(spark, query, resolver, options, security_files=security_files, **overrides).df
+    return start_read(spark, query, resolver, options, security_files=security_files, retain=retain, **overrides).df
 
 
 def _drain(stream: Iterator[WorkUnit] | AsyncIterator[WorkUnit]) -> list[bytes]:

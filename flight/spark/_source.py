@@ -27,10 +27,11 @@ from flight.spark._workers import Workers
 __all__ = ["READ_ONCE_HINT", "FlightDataSource", "HeadPartition", "StageTaskPartition"]
 
 READ_ONCE_HINT = (
-    "A DataFrame from flight.spark.read() streams the result of a query that runs once, and each of its "
-    "partitions can be read once: a second action on the DataFrame (or a retried Spark task) finds the "
-    "partition gone, and a failed or closed query leaves none. Read it in one action: df.cache() then an "
-    "action, or write it out; or call flight.spark.read() again for a new run."
+    "A DataFrame from flight.spark.read() streams the result of a query that runs once. Its partitions "
+    "stay readable (by any number of actions, retried or speculative tasks) until the query is released: "
+    "FlightRead.release() or close(), or `retain` seconds after it started (600 by default); with "
+    "retain=0 each partition can be read once. A released, failed or closed query leaves none: cache the "
+    "DataFrame or write it out to keep it longer, or call flight.spark.read() again for a new run."
 )
 
 

@@ -1,14 +1,22 @@
-"""A task's output buffer: bounded, partitioned, freed as it is read.
+"""A task's output buffer: bounded, partitioned, freed as it is read (or retained).
 
 The producer (the task's pipeline) waits when the unread bytes pass the bound,
 so a slow reader slows the task instead of growing the worker's memory. Each
 partition is read by a fixed number of readers: one for a hash shuffle or the
 coordinator, every consumer task for a broadcast. A batch is dropped once all
 of its partition's readers have passed it.
+
+A **retained** buffer (``TaskOptions.retain_output``: a detached query's head,
+which Spark may read again) keeps every batch for any number of readers, each
+from the start, until the task is freed. Past the bound it never blocks the
+producer: further batches go to a spill file of the partition (Arrow IPC
+messages, read back memory-mapped), so memory stays within the bound.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
 from collections import deque
 from collections.abc import Iterator
@@ -32,8 +40,42 @@ class _Partition:
         return self.base + len(self.batches)
 
 
+class _Spill:
+    """A retained partition's batches past the memory bound: one file of IPC messages, appended."""
+
+    def __init__(self, directory: str) -> None:
+        fd, self.path = tempfile.mkstemp(prefix="flight-retained-", suffix=".arrows", dir=directory or None)
+        self._file = os.fdopen(fd, "wb")
+        self.spans: list[tuple[int, int]] = []  # (offset, length) of each batch's message
+        self.bytes = 0
+        self._map: pa.MemoryMappedFile | None = None
+
+    def append(self, batch: pa.RecordBatch) -> None:
+        data = batch.serialize()
+        self._file.write(memoryview(data))
+        self._file.flush()
+        self.spans.append((self.bytes, data.size))
+        self.bytes += data.size
+        self._map = None  # the file grew: map it again on the next read
+
+    def read(self, i: int, schema: pa.Schema) -> pa.RecordBatch:
+        if self._map is None:
+            self._map = pa.memory_map(self.path)
+        offset, length = self.spans[i]
+        self._map.seek(offset)  # callers hold the buffer's lock: one position at a time
+        return pa.ipc.read_record_batch(self._map.read_buffer(length), schema)
+
+    def remove(self) -> None:
+        self._file.close()
+        self._map = None
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
 class OutputBuffer:
-    def __init__(self, partitions: int, max_bytes: int, readers: int = 1) -> None:
+    def __init__(self, partitions: int, max_bytes: int, readers: int = 1, *, retain: bool = False, spill_dir: str = "") -> None:
         self._parts = [_Partition(max(1, readers)) for _ in range(partitions)]
         self._readers = max(1, readers)
         self._max_bytes = max_bytes
@@ -41,6 +83,10 @@ class OutputBuffer:
         self._finished = False
         self._error: BaseException | None = None
         self._cond = threading.Condition()
+        self.retain = retain
+        self._spill_dir = spill_dir
+        self._spills: dict[int, _Spill] = {}  # retained partitions past the bound
+        self._schema: pa.Schema | None = None
 
     @property
     def partitions(self) -> int:
@@ -50,8 +96,15 @@ class OutputBuffer:
     def buffered_bytes(self) -> int:
         return self._bytes
 
+    @property
+    def spilled_bytes(self) -> int:
+        return sum(s.bytes for s in self._spills.values())
+
     def put(self, partition: int, batch: pa.RecordBatch) -> None:
         """Append a batch; blocks while the buffer is full. Raises once the buffer failed."""
+        if self.retain:
+            self._retain(partition, batch)
+            return
         size = batch.nbytes
         with self._cond:
             while self._bytes > 0 and self._bytes + size > self._max_bytes and self._error is None:
@@ -61,6 +114,48 @@ class OutputBuffer:
             self._parts[partition].batches.append(batch)
             self._bytes += size
             self._cond.notify_all()
+
+    def _retain(self, partition: int, batch: pa.RecordBatch) -> None:
+        with self._cond:
+            if self._error is not None:
+                raise self._error
+            self._schema = self._schema or batch.schema
+            spill = self._spills.get(partition)
+            if spill is None and self._bytes + batch.nbytes <= self._max_bytes:
+                self._parts[partition].batches.append(batch)
+                self._bytes += batch.nbytes
+            else:
+                # Past the bound, and for the rest of this partition (its order is kept: memory first).
+                if spill is None:
+                    spill = self._spills[partition] = _Spill(self._spill_dir)
+                spill.append(batch)
+            self._cond.notify_all()
+
+    def _retained_count(self, partition: int) -> int:
+        spill = self._spills.get(partition)
+        return len(self._parts[partition].batches) + (len(spill.spans) if spill is not None else 0)
+
+    def _read_retained(self, partition: int) -> Iterator[pa.RecordBatch]:
+        """Every batch of ``partition`` from the start, waiting for more until the task finished."""
+        part = self._parts[partition]
+        index = 0
+        while True:
+            with self._cond:
+                while index >= self._retained_count(partition) and not self._finished and self._error is None:
+                    self._cond.wait()
+                if self._error is not None:
+                    raise self._error
+                if index >= self._retained_count(partition):
+                    return
+                in_memory = len(part.batches)
+                if index < in_memory:
+                    batch = part.batches[index]
+                else:
+                    spill = self._spills[partition]
+                    assert self._schema is not None
+                    batch = spill.read(index - in_memory, self._schema)
+            index += 1
+            yield batch
 
     def finish(self) -> None:
         with self._cond:
@@ -76,13 +171,19 @@ class OutputBuffer:
                 part.base += len(part.batches)
                 part.batches.clear()
             self._bytes = 0
+            for spill in self._spills.values():
+                spill.remove()
+            self._spills.clear()
             self._cond.notify_all()
 
     def all_drained(self) -> bool:
+        """Every reader read every batch (never, for a retained buffer: it may be read again)."""
         with self._cond:
-            return self._finished and all(p.done_readers == self._readers for p in self._parts)
+            return not self.retain and self._finished and all(p.done_readers == self._readers for p in self._parts)
 
     def wait_drained(self, timeout: float | None = None) -> bool:
+        if self.retain:
+            return False  # read any number of times: kept until the task is freed
         with self._cond:
             return self._cond.wait_for(
                 lambda: self._error is not None
@@ -98,7 +199,11 @@ class OutputBuffer:
             part.base += 1
 
     def read(self, partition: int) -> Iterator[pa.RecordBatch]:
-        """Batches of ``partition`` until the task finished; each partition has a fixed number of readers."""
+        """Batches of ``partition`` until the task finished; each partition has a fixed number of readers
+        (a retained one: any number, each from the start)."""
+        if self.retain:
+            yield from self._read_retained(partition)
+            return
         part = self._parts[partition]
         with self._cond:
             if part.claimed >= self._readers:

@@ -103,7 +103,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="memory the engine may use before it spills, e.g. 4GB or 512MB "
                           f"(default: {int(DEFAULT_MEMORY_FRACTION * 100)}%% of this machine's memory)")
     eng.add_argument("--spill-dir", type=Path, default=None, metavar="DIR",
-                     help="where the engine spills joins, aggregates and sorts past --memory-limit "
+                     help="where the engine spills joins, aggregates and sorts past --memory-limit, and retained outputs past their bound "
                           "(default: a fresh temporary directory, removed at exit)")
     eng.add_argument("--engine-threads", type=int, default=None, metavar="N", help="engine threads (default: one per core)")
     sec = p.add_argument_group("security (docs/security.md)")
@@ -167,6 +167,13 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     for module in args.extension:
         importlib.import_module(module)
         log.info("loaded extension %s", module)
+    # The engine's spills and the retained outputs (TaskOptions.retain_output) past their bound.
+    spill_dir = args.spill_dir
+    own_spill = spill_dir is None
+    if own_spill:
+        spill_dir = Path(tempfile.mkdtemp(prefix="flight-spill-"))
+    else:
+        spill_dir.mkdir(parents=True, exist_ok=True)
     options = WorkerOptions(
         feed_window=args.feed_window,
         output_buffer_bytes=args.output_buffer_mb << 20,
@@ -179,14 +186,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         queue_length=args.queue_length,
         queue_wait=args.queue_wait,
         data_roots=roots.paths,
+        spill_dir=str(spill_dir),
     )
     set_worker_roots(roots)  # what this process's tasks may read (compile_task's default)
-    spill_dir = args.spill_dir
-    own_spill = spill_dir is None
-    if own_spill:
-        spill_dir = Path(tempfile.mkdtemp(prefix="flight-spill-"))
-    else:
-        spill_dir.mkdir(parents=True, exist_ok=True)
     memory_limit = args.memory_limit or int(physical_memory() * DEFAULT_MEMORY_FRACTION)
     configure(EngineSettings(engine=args.engine, memory_limit=memory_limit, spill_dir=str(spill_dir), threads=args.engine_threads))
     log.info("engine %s, memory limit %d MiB, spilling to %s", args.engine, memory_limit >> 20, spill_dir)

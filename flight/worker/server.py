@@ -169,6 +169,7 @@ class WorkerServer(fl.FlightServerBase):
             worker_url=self.url,
             feed_window=opts.feed_window or self.options.feed_window,
             output_buffer_bytes=buffer_bytes,
+            spill_dir=self.options.spill_dir,
             send_credit=lambda fid, p, n: sender.frame(
                 protocol_pb2.WorkerFrame(credit=protocol_pb2.FeedCredit(feed_id=fid, partition=p, credits=n))
             ),

@@ -44,6 +44,7 @@ class Task:
         worker_url: str,
         feed_window: int,
         output_buffer_bytes: int,
+        spill_dir: str = "",
         send_credit: Callable[[str, int, int], None],
         read_partitions: Callable[[Task, list[tuple[str, bytes]], int, int], Iterator[tuple[pa.RecordBatch, bool]]] | None = None,
     ) -> None:
@@ -67,7 +68,9 @@ class Task:
         self.inputs = InputQueue() if self.is_map else None
         partitions = plan.output.partitions or 1
         self.hash_keys = list(plan.output.hash_keys)
-        self.output = None if self.is_map else OutputBuffer(partitions, output_buffer_bytes, plan.output.readers or 1)
+        self.output = None if self.is_map else OutputBuffer(
+            partitions, output_buffer_bytes, plan.output.readers or 1, retain=header.options.retain_output, spill_dir=spill_dir
+        )
         self._read_partitions = read_partitions
         self._next_partition = 0
         self.inboxes: dict[tuple[str, int], FeedInbox] = {}

@@ -244,8 +244,10 @@ def test_read_a_tpch_query_as_a_dataframe(spark, files, expected, cluster: fligh
     handle = fs.start_read(spark, query(n, files), cluster.urls)
     assert handle.df.rdd.getNumPartitions() == handle.partitions == len(handle.query.partitions)
     got = _rows(handle.df)
-    assert handle.wait(10)  # every head partition was read: the query ended and freed its tasks
     assert compare(got, expected[n], ORDERED.get(n)) is None
+    assert compare(_rows(handle.df), expected[n], ORDERED.get(n)) is None  # a second action: the same rows
+    handle.release()
+    assert handle.wait(10)  # released: the query ended and freed its tasks
     wait_until(lambda: running_tasks(cluster.urls) == 0, what="the query's tasks to be freed")
 
 
@@ -264,25 +266,34 @@ def test_read_gives_one_partition_per_head_task(spark, files, cluster: flight.Lo
     finally:
         con.close()
     assert row.n == n and row.p == pytest.approx(p, rel=1e-9)
+    handle.release()
     assert handle.wait(10)
 
 
 def test_a_dead_url_among_live_ones_does_not_fail_read(spark, files, cluster: flight.LocalCluster) -> None:  # type: ignore[no-untyped-def]
     """The launch probes the workers, leaves the dead one out and opens the tasks on the others."""
     handle = fs.start_read(spark, flight.read_parquet(files["orders"]).select("o_orderkey"), [dead_url(), *cluster.urls])
-    assert handle.df.count() == sum(
-        pq.ParquetFile(f).metadata.num_rows for f in files["orders"]
-    )
-    assert handle.wait(10)
+    assert handle.df.count() == sum(pq.ParquetFile(f).metadata.num_rows for f in files["orders"])
+    handle.release()
 
 
-def test_a_second_read_says_why_it_cannot(spark, cluster: flight.LocalCluster) -> None:  # type: ignore[no-untyped-def]
-    df = fs.read(spark, flight.from_arrow(pa.table({"a": [1, 2, 3], "b": ["x", "y", "z"]})), cluster.urls)
+def test_two_actions_on_one_read_see_the_same_rows(spark, files, cluster: flight.LocalCluster) -> None:  # type: ignore[no-untyped-def]
+    """The head outputs are retained: a second action (or a retried task) reads them again from the start."""
+    with fs.start_read(spark, flight.read_parquet(files["orders"]).select("o_orderkey", "o_totalprice"), cluster.urls) as handle:
+        first = sorted(tuple(r) for r in handle.df.collect())
+        second = sorted(tuple(r) for r in handle.df.collect())
+        assert first == second
+        assert len(first) == sum(pq.ParquetFile(f).metadata.num_rows for f in files["orders"])
+    wait_until(lambda: running_tasks(cluster.urls) == 0, what="the released query's tasks to be freed")
+
+
+def test_a_read_once_query_says_why_a_second_read_cannot(spark, cluster: flight.LocalCluster) -> None:  # type: ignore[no-untyped-def]
+    df = fs.read(spark, flight.from_arrow(pa.table({"a": [1, 2, 3], "b": ["x", "y", "z"]})), cluster.urls, retain=0)
     assert [tuple(r) for r in df.collect()] == [(1, "x"), (2, "y"), (3, "z")]
     with pytest.raises(Exception) as info:
         df.collect()
-    assert "can be read once" in str(info.value) and "df.cache()" in str(info.value)
-    cached = fs.read(spark, flight.from_arrow(pa.table({"a": [7]})), cluster.urls).cache()
+    assert "retain=0 each partition can be read once" in str(info.value) and "cache the DataFrame" in str(info.value)
+    cached = fs.read(spark, flight.from_arrow(pa.table({"a": [7]})), cluster.urls, retain=0).cache()
     assert cached.count() == 1 and cached.collect()[0].a == 7  # cached: read once, used twice
     cached.unpersist()
 
@@ -291,7 +302,7 @@ def test_closing_an_unread_query_frees_its_tasks(spark, files, cluster: flight.L
     with fs.start_read(spark, flight.read_parquet(files["lineitem"]).select("l_orderkey"), cluster.urls) as handle:
         assert running_tasks(cluster.urls) >= 1
     wait_until(lambda: running_tasks(cluster.urls) == 0, what="the closed query's tasks to be freed")
-    with pytest.raises(Exception, match="can be read once"):
+    with pytest.raises(Exception, match="until the query is released"):
         handle.df.count()
 
 
