@@ -20,7 +20,7 @@ from flight.coordinator.channel import TaskChannel
 from flight.errors import TaskCancelledError
 
 if TYPE_CHECKING:
-    from flight.coordinator.exec import _Run
+    from flight.coordinator.run import Run
 
 __all__ = ["DetachedQuery", "HeadPartition"]
 
@@ -36,7 +36,7 @@ class HeadPartition:
 class DetachedQuery:
     """A running query whose head outputs other processes read."""
 
-    def __init__(self, run: _Run, retain: float = 0.0) -> None:
+    def __init__(self, run: Run, retain: float = 0.0) -> None:
         self._run = run
         self.retain = retain
         self.query_id = run.query_id

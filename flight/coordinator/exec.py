@@ -1,64 +1,40 @@
-"""``DistributedExec``: plan a query, run its stages on workers, stream the result.
+"""``DistributedExec``: plan a query, run it on workers (again, if a worker is lost), stream the result.
 
-Execution: size every stage (a shared-queue leaf from its first discovered
-units), bind task slots to the resolver's current URLs, give every consumer
-task the URLs and keys of the producer tasks it reads, open one DoExchange per
-task of every stage (all stages run at once, rows stream between them), start
-the feed dispatcher, and read the head stage's output with DoGet into one
-bounded queue behind the caller's RecordBatchReader. Any failure (a task
-error, a provider exception, a dead worker) aborts every task and surfaces as
-one exception; closing the channels is what frees the tasks on the workers.
+One execution is a sequence of attempts (``_Attempts``): each is a ``run.Run``
+(size, bind, open, feed, read); an attempt that loses a worker before any row
+reached the caller is followed by another on the workers that remain
+(``recovery.py``).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
-import random
-import threading
-import time
-import uuid
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 import pyarrow as pa
 
-from flight._proto import plan_pb2, protocol_pb2
-from flight.clients import ClientPool, read_stream, translate_flight_error
 from flight.config import ExecOptions
-from flight.coordinator.channel import TaskChannel
 from flight.coordinator.detached import DetachedQuery, HeadPartition
-from flight.coordinator.dispatch import FeedDispatcher, Source
 from flight.coordinator.explain import explain_plan
-from flight.coordinator.headers import task_header
-from flight.coordinator.metrics import QueryMetrics, TaskStats
+from flight.coordinator.metrics import QueryMetrics
 from flight.coordinator.recovery import PROBE_TIMEOUT_S, Attempt, may_retry, probe_lost
-from flight.coordinator.results import DONE as _DONE
-from flight.coordinator.results import offer as _offer
+from flight.coordinator.run import Run
 from flight.errors import (
     FlightExecError,
-    PlanError,
-    QueryTimeoutError,
-    ResolverError,
-    TaskCancelledError,
-    WorkerBusyError,
     WorkerError,
 )
 from flight.estimate import DefaultTaskEstimator, TaskEstimator
 from flight.limits import clip
 from flight.plan.query import Query
 from flight.planner import PlannerOptions, QueryPlan, StageSpec, plan_query
-from flight.protocol import COMPRESSION, encode_schema, make_stage_key, new_secret
-from flight.resolver import StaticWorkerResolver, WorkerResolver, normalize_url
+from flight.protocol import COMPRESSION
+from flight.resolver import StaticWorkerResolver, WorkerResolver
 
 __all__ = ["DetachedQuery", "DistributedExec", "HeadPartition"]  # the first and last from detached.py
 
 log = logging.getLogger(__name__)
-
-_BACKOFF_S = 0.05
-_MAX_BACKOFF_S = 1.0
-"""Retrying a query that busy workers refused: jittered exponential backoff between these."""
 
 
 class DistributedExec:
@@ -146,48 +122,30 @@ class DistributedExec:
             raise ValueError(f"retain must be 0 or more seconds, not {retain}")
         return DetachedQuery(_Attempts(self, retain=retain > 0).launch(), retain)
 
-
-def shuffle_reads(op: plan_pb2.Operator) -> Iterator[plan_pb2.ShuffleRead]:
-    """Every ``ShuffleRead`` in the operator tree below ``op`` (itself included)."""
-    stack = [op]
-    while stack:
-        node = stack.pop()
-        kind = node.WhichOneof("kind")
-        if kind is None:
-            continue
-        body = getattr(node, kind)
-        if kind == "shuffle_read":
-            yield body
-            continue
-        for fd, value in body.ListFields():
-            if fd.message_type is plan_pb2.Operator.DESCRIPTOR:
-                stack.extend([value] if isinstance(value, plan_pb2.Operator) else value)
-
-
 class _Attempts:
-    """The attempts of one ``execute()``: a new ``_Run`` after each lost worker, while no row was delivered."""
+    """The attempts of one ``execute()``: a new ``Run`` after each lost worker, while no row was delivered."""
 
     def __init__(self, ex: DistributedExec, *, retain: bool = False) -> None:
         self.ex = ex
         self.retain = retain
         self.excluded: set[str] = set()
-        self.run: _Run | None = None
+        self.run: Run | None = None
         ex.attempts = []
 
     def open(self) -> Iterator[pa.RecordBatch]:
         """A launched attempt's batches; lost workers during the launch are retried around here."""
         while True:
-            run = self.run = _Run(self.ex, self.excluded)
+            run = self.run = Run(self.ex, self.excluded)
             try:
                 return run.start()
             except FlightExecError as exc:
                 if not self._retry(run, exc, delivered=False):
                     raise
 
-    def launch(self) -> _Run:
+    def launch(self) -> Run:
         """A launched attempt whose head outputs nobody reads here (``start_detached``)."""
         while True:
-            run = self.run = _Run(self.ex, self.excluded, retain=self.retain)
+            run = self.run = Run(self.ex, self.excluded, retain=self.retain)
             try:
                 run.launch()
                 return run
@@ -211,11 +169,11 @@ class _Attempts:
                     raise
             current = self.open()
 
-    def _probe(self, run: _Run) -> list[str]:
+    def _probe(self, run: Run) -> list[str]:
         options = self.ex.options
         return probe_lost(run.urls, options.security, min(PROBE_TIMEOUT_S, options.connect_timeout))
 
-    def _too_late(self, run: _Run, error: FlightExecError, rows: int) -> FlightExecError:
+    def _too_late(self, run: Run, error: FlightExecError, rows: int) -> FlightExecError:
         """The error to raise when a worker was lost after rows reached the caller: it says so."""
         if not isinstance(error, WorkerError) or self.ex.options.retries <= 0 or not (lost := self._probe(run)):
             return error
@@ -227,7 +185,7 @@ class _Attempts:
             stage_key=error.stage_key,
         )
 
-    def _retry(self, run: _Run, error: FlightExecError, delivered: bool) -> bool:
+    def _retry(self, run: Run, error: FlightExecError, delivered: bool) -> bool:
         """Whether to run again: a worker of ``run`` is lost, others remain, and nothing reached the caller."""
         options = self.ex.options
         if not may_retry(error, delivered, len(self.ex.attempts), options.retries):
@@ -244,359 +202,3 @@ class _Attempts:
     def abandon(self) -> None:
         if self.run is not None:
             self.run.abandon()
-
-
-class _Run:
-    """One execution (attempt) of a DistributedExec: its channels, feeds and result queue."""
-
-    def __init__(self, ex: DistributedExec, excluded: set[str] | None = None, *, retain: bool = False) -> None:
-        self.ex = ex
-        self.excluded = excluded or set()
-        self.retain = retain  # head outputs kept for any number of reads (a detached query's, for Spark)
-        self.urls: list[str] = []  # the workers this attempt bound tasks to
-        self.options = ex.options
-        self.plan = ex.plan
-        self.base_id = self.query_id = ex.query_id = uuid.uuid4().hex[:16]
-        self.admitted = False  # every task accepted: from then on any error fails the query
-        self.secret = ex.query_secret = new_secret()  # in every header and ticket: the query id alone opens nothing
-        self.retries = 0
-        self.clients = ClientPool(self.options.security)
-        self.results: queue.Queue[object] = queue.Queue(maxsize=max(1, self.options.result_queue_batches))
-        self.error: BaseException | None = None
-        self.failed = threading.Event()
-        self._lock = threading.Lock()
-        self._finished = False
-        self.channels: list[TaskChannel] = []
-        self.by_stage: dict[int, list[TaskChannel]] = {}
-        self.sources: dict[str, list[Source]] = {}
-        self.dispatcher = FeedDispatcher(
-            self.query_id,
-            discovery_buffer=self.options.discovery_buffer,
-            max_units_per_frame=self.options.max_units_per_frame,
-            affinity_wait_s=self.options.affinity_wait,
-            on_error=self.fail,
-        )
-        self.started = time.perf_counter()
-        self.first_batch_s: float | None = None
-        self.bound: dict[int, list[str]] = {}  # this attempt's: stage id -> the URL of each task
-        ex.bound = self.bound  # explain() shows the latest execution's
-        self._timer: threading.Timer | None = None
-        if self.options.deadline is not None:
-            self._timer = threading.Timer(self.options.deadline, self._expire)
-            self._timer.daemon = True
-            self._timer.start()
-
-    def _expire(self) -> None:
-        self.fail(QueryTimeoutError(f"query {self.base_id} ran past its deadline of {self.options.deadline:g}s; every task was cancelled"))
-
-    def fail(self, error: BaseException) -> None:
-        """Record the first failure and stop everything; later errors are consequences."""
-        with self._lock:
-            if self.error is not None:
-                return
-            self.error = error
-        self.failed.set()
-        # The feed state machine cancels every task still open (each once), and nothing is sent after.
-        self.dispatcher.stop(f"query {self.query_id} failed: {error}")
-        _offer(self.results, _DONE)
-
-    # ------------------------------------------------------------ set-up
-
-    def _size(self, stage: StageSpec, workers: int) -> int:
-        """A stage's task count: planned, or estimated now from a shared feed's first units."""
-        if not stage.sized_at_execution:
-            return max(1, min(stage.task_count, workers))
-        estimator = self.ex.estimator
-        source = self.sources[stage.shared_feeds[0].feed.feed_id][0]
-        sample = self.dispatcher.sample(source, estimator.sample_units, estimator.sample_ms / 1000)
-        limit = min(stage.max_tasks, workers)
-        estimate = estimator.estimate(sample, limit)
-        if not 1 <= estimate.tasks <= limit:
-            raise PlanError(f"the task estimator chose {estimate.tasks} tasks; it must choose between 1 and {limit}")
-        stage.estimate, stage.task_count = estimate, estimate.tasks
-        log.debug("query %s stage %d: %s", self.query_id, stage.stage_id, estimate.describe())
-        return estimate.tasks
-
-    def _task_plan(self, stage: StageSpec, task: int, counts: dict[int, int]) -> bytes:
-        """The stage's operators for one task: its reads bound to the producers' URLs and keys.
-
-        Bound in a copy of the stage's plan, never in the shared plan nodes: one
-        ``DistributedExec`` may run several executions at once.
-        """
-        consumer_tasks = counts[stage.consumer] if stage.consumer is not None else 1
-        plan = plan_pb2.StagePlan(
-            root=stage.root.to_proto(),
-            output=stage.output_spec(consumer_tasks),
-            output_schema=encode_schema(stage.output_schema),
-        )
-        modes = {read.stage_id: read.mode for read in stage.reads}
-        for read in shuffle_reads(plan.root):
-            del read.producers[:]
-            read.producers.extend(
-                plan_pb2.ProducerTask(url=url, stage_key=make_stage_key(self.query_id, read.stage_id, t).SerializeToString())
-                for t, url in enumerate(self.bound[read.stage_id])
-            )
-            read.partition_start = task if modes.get(read.stage_id) == "hash" else 0
-            read.partition_end = read.partition_start + 1
-        return plan.SerializeToString()
-
-    def _header(self, stage: StageSpec, task: int, count: int, plan: bytes, assigned: dict[str, list[int]]) -> protocol_pb2.TaskHeader:
-        opts = self.options
-        return task_header(
-            query_id=self.query_id,
-            stage_id=stage.stage_id,
-            task=task,
-            task_count=count,
-            plan=plan,
-            url=self.bound[stage.stage_id][task],
-            secret=self.secret,
-            feeds=assigned,
-            shared_windows={f.feed.feed_id: opts.shared_window for f in stage.shared_feeds},
-            options=protocol_pb2.TaskOptions(
-                ipc_compression=COMPRESSION[opts.compression],
-                feed_window=opts.feed_window,
-                output_buffer_bytes=opts.output_buffer_bytes,
-                heartbeat_ms=int(opts.heartbeat * 1000),
-                retain_output=self.retain and stage.consumer is None,
-            ),
-        )
-
-    def start(self) -> Iterator[pa.RecordBatch]:
-        self.launch()
-        for channel in self.by_stage[self.plan.head.stage_id]:
-            threading.Thread(target=self._read_output, args=(channel,), name=f"doget-{channel.key}", daemon=True).start()
-        return self._batches()
-
-    def launch(self) -> None:
-        """Size, bind and open every task, and start the feeds; the head's output is left unread."""
-        try:
-            # Discovery starts first: it overlaps sizing, connecting and the tasks' start.
-            for stage in self.plan.stages:
-                for f in stage.feeds:
-                    self.sources[f.feed.feed_id] = [
-                        self.dispatcher.add_source(f.feed, p, f.partitions, shared=f.shared) for p in range(f.partitions)
-                    ]
-            self.dispatcher.start_discovery()
-            urls = [u for u in self.ex.resolver.get_urls() if normalize_url(u) not in self.excluded and u not in self.excluded]
-            if not urls:
-                lost = f" (lost this query: {', '.join(sorted(self.excluded))})" if self.excluded else ""
-                raise ResolverError(f"the resolver returned no worker URLs at execution time{lost}")
-            self.urls = urls
-            counts = {s.stage_id: self._size(s, len(urls)) for s in self.plan.stages}
-            for stage in self.plan.stages:
-                # Stages start at different workers, so a small stage does not always land on the first.
-                offset = stage.stage_id % len(urls)
-                self.bound[stage.stage_id] = [urls[(offset + t) % len(urls)] for t in range(counts[stage.stage_id])]
-            self._admit(counts)
-            for channel in self.by_stage[self.plan.head.stage_id]:
-                self._check_schema(channel)
-        except BaseException as exc:
-            self.fail(exc)
-            self._finish()
-            # The first failure is the cause; later ones (cancellations) are its consequences.
-            if self.error is not None and self.error is not exc:
-                raise self.error from None
-            raise
-        self.admitted = True
-        self.dispatcher.start_sending()
-
-    def _admit(self, counts: dict[int, int]) -> None:
-        """Open every task: first all at once (``_admit_at_once``), then, if a worker had no room,
-        worker by worker in one global order (sorted URLs).
-
-        A worker at capacity queues a task (first come, first served) and says so. Because
-        every coordinator takes workers in the same order, a query holding tasks on some
-        workers only ever waits for later ones, so no two queries wait for each other in a
-        cycle (docs/architecture.md, "Capacity"). When a worker refuses (its queue is full,
-        or the task waited too long), every task of the attempt is let go and the query is
-        retried after a backoff: nothing was sent to any task yet, so a retry starts from
-        scratch, under a fresh query id (task keys are never reused on a worker).
-        """
-        started = time.monotonic()
-        backoff = _BACKOFF_S
-        attempt = 0
-        if self._admit_at_once(counts):
-            return
-        attempt = 1  # a worker queued a task: let everything go, then take the workers in order
-        self.retries = attempt
-        self.query_id = self.ex.query_id = f"{self.base_id}.{attempt}"
-        while True:
-            for stage in self.plan.stages:
-                self._stage_channels(stage, counts)
-            queued_until = started + self.options.admission_wait
-            try:
-                for url in sorted({c.url for c in self.channels}):
-                    here = [c for c in self.channels if c.url == url]
-                    for channel in here:
-                        channel.open(self.clients.get(url))
-                    deadline = time.monotonic() + self.options.connect_timeout
-                    for channel in here:
-                        channel.wait_ready(max(0.0, deadline - time.monotonic()), queued_until)
-                return
-            except WorkerBusyError as exc:
-                busy = exc
-            self._let_go()
-            waited = time.monotonic() - started
-            if waited + backoff > self.options.admission_wait or self.failed.is_set():
-                raise WorkerBusyError(
-                    f"the workers stayed at capacity for {waited:.1f}s ({attempt + 1} attempts); last refusal: {busy.cause}",
-                    worker_url=busy.worker_url,
-                )
-            attempt += 1
-            self.retries = attempt
-            log.debug("query %s: %s; retrying in %.2fs", self.query_id, busy, backoff)
-            if self.failed.wait(backoff * random.uniform(0.5, 1.0)):
-                raise self.error or busy
-            backoff = min(backoff * 2, _MAX_BACKOFF_S)
-            self.query_id = self.ex.query_id = f"{self.base_id}.{attempt}"
-
-    def _admit_at_once(self, counts: dict[int, int]) -> bool:
-        """The first try: open every task on every worker at once, as fast as the workers accept.
-
-        Only when a worker has no room does the order matter (a query holding one worker must not
-        wait for another that another query holds): then this lets every task go and says False,
-        and ``_admit`` takes the workers one by one in the global order.
-        """
-        for stage in self.plan.stages:
-            self._stage_channels(stage, counts)
-        try:
-            for channel in self.channels:
-                channel.open(self.clients.get(channel.url))
-            deadline = time.monotonic() + self.options.connect_timeout
-            if all(c.ready_or_queued(max(0.0, deadline - time.monotonic())) for c in self.channels):
-                return True
-        except WorkerBusyError:
-            pass
-        self._let_go()
-        return False
-
-    def _let_go(self) -> None:
-        """Release every task of a refused attempt and forget its channels."""
-        for channel in self.channels:  # all first: aborting a producer fails its consumers at once
-            channel.detach()
-        for channel in self.channels:
-            channel.abort("the query waits for capacity and will retry")
-        for channel in self.channels:
-            channel.finish()
-        self.channels = []
-        self.by_stage = {}
-        self.dispatcher.clear_slots()
-
-    def _channel_error(self, channel: TaskChannel, error: BaseException) -> None:
-        """A task's error fails the query, except a busy refusal while tasks are still being admitted."""
-        if isinstance(error, WorkerBusyError) and not self.admitted:
-            return  # wait_ready raises it, and _admit retries
-        self.fail(error)
-
-    def _stage_channels(self, stage: StageSpec, counts: dict[int, int]) -> None:
-        count = counts[stage.stage_id]
-        channels = self.by_stage[stage.stage_id] = []
-        for task, assigned in enumerate(stage.assignments(count)):
-            header = self._header(stage, task, count, self._task_plan(stage, task, counts), assigned)
-            channel = TaskChannel(
-                header.target_worker_url,
-                header,
-                on_credit=self.dispatcher.on_credit,
-                on_error=self._channel_error,
-                on_finished=self.dispatcher.on_finished,
-                heartbeat=self.options.heartbeat,
-                peer_timeout=self.options.peer_timeout,
-            )
-            channels.append(channel)
-            self.channels.append(channel)
-            self.dispatcher.add_task(channel)
-            # Slots exist before any channel opens: credits may arrive at once.
-            for feed_id, partitions in assigned.items():
-                feed_sources = self.sources[feed_id]
-                for p in partitions:
-                    source = feed_sources[0] if feed_sources[0].shared else feed_sources[p]
-                    self.dispatcher.add_slot(source, p, channel)
-
-    def _check_schema(self, channel: TaskChannel) -> None:
-        if channel.output_schema is not None and not channel.output_schema.equals(self.plan.head.output_schema):
-            raise WorkerError(
-                f"the worker's output schema {channel.output_schema} differs from the planned {self.plan.head.output_schema}",
-                worker_url=channel.url,
-                stage_key=channel.key,
-            )
-
-    # ------------------------------------------------------------ results
-
-    def _read_output(self, channel: TaskChannel) -> None:
-        ticket = protocol_pb2.Ticket(
-            stage_key=channel.header.stage_key, partition_start=0, partition_end=1, query_secret=self.secret
-        )
-        try:
-            for batch in read_stream(self.clients.get(channel.url), ticket.SerializeToString()):
-                if not _offer(self.results, batch, self.failed):
-                    return
-            if not self.failed.is_set():
-                _offer(self.results, (_DONE, channel), self.failed)
-        except (pa.ArrowException, OSError) as exc:
-            # The task's own error frame says more than the broken stream: give it a moment.
-            channel.done.wait(2.0)
-            self.fail(channel.error or translate_flight_error(exc, channel.url, channel.key))
-
-    def _batches(self) -> Iterator[pa.RecordBatch]:
-        pending = len(self.by_stage[self.plan.head.stage_id])
-        try:
-            while pending:
-                item = self.results.get()
-                if self.error is not None:
-                    break
-                if isinstance(item, tuple) and item[0] is _DONE:
-                    pending -= 1
-                    continue
-                if self.first_batch_s is None:
-                    self.first_batch_s = time.perf_counter() - self.started
-                yield item  # type: ignore[misc]
-            if self.error is None:
-                self._await_metrics()
-            if self.error is not None:
-                raise self.error
-        finally:
-            if self.error is None and pending:
-                self.fail(TaskCancelledError("the caller stopped reading the result"))
-            self._finish()
-
-    def _await_metrics(self) -> None:
-        """All outputs are read: collect each task's final frame (bounded wait)."""
-        # The result is complete. Upstream tasks report their final metrics as their consumers
-        # drain them; the dispatcher half-closes each once it finished, and one still running
-        # after a moment is not needed (e.g. below a limit): it is half-closed then.
-        self.dispatcher.result_complete()
-        deadline = time.monotonic() + self.options.connect_timeout
-        for channel in self.channels:
-            if not channel.done.wait(max(0.0, deadline - time.monotonic())):
-                self.fail(WorkerError("the worker did not end the task after its output was read", worker_url=channel.url, stage_key=channel.key))
-                return
-            if channel.error is not None and not isinstance(channel.error, TaskCancelledError):
-                self.fail(channel.error)
-                return
-
-    def abandon(self) -> None:
-        """The caller's reader is gone: cancel whatever still runs."""
-        if not self._finished:
-            self.fail(TaskCancelledError("the result reader was dropped before it was read to the end"))
-            self._finish()
-
-    def _finish(self) -> None:
-        with self._lock:
-            if self._finished:
-                return
-            self._finished = True
-        self.dispatcher.stop()
-        if self._timer is not None:
-            self._timer.cancel()
-        for channel in self.channels:
-            channel.finish()
-        self.clients.close()
-        self.ex.metrics = QueryMetrics(
-            query_id=self.query_id,
-            elapsed_s=time.perf_counter() - self.started,
-            first_batch_s=self.first_batch_s,
-            tasks=[TaskStats.from_proto(c.metrics, c.url) for c in self.channels if c.metrics is not None],
-            feeds=self.dispatcher.stats,
-        )
-        if self.error is not None and not isinstance(self.error, FlightExecError):
-            log.debug("query %s failed in user code: %r", self.query_id, self.error)
