@@ -38,6 +38,7 @@ from flight.coordinator.state import (
     Instruction,
     Item,
     ResultComplete,
+    SenderIdle,
     SendFeedEnd,
     SendUnits,
     SlotStats,
@@ -81,6 +82,8 @@ class Source:
 @dataclass(eq=False)
 class _Outbox:
     channel: TaskChannel
+    wake: threading.Condition
+    """On the dispatcher's lock: only this task's sender waits on it."""
     pending: deque[Instruction] = field(default_factory=deque)
 
 
@@ -105,7 +108,11 @@ class FeedDispatcher:
         )
         self.sources: list[Source] = []
         self._boxes: dict[str, _Outbox] = {}
-        self._cond = threading.Condition()
+        # One lock for the state machine; each waiter has a condition of its own on it, so an event
+        # wakes only who it concerns (a unit found wakes one sender, not every thread of the query).
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)  # discovery (queue room) and sample()
+        self._ticker = threading.Condition(self._lock)
         self._sending = False
         self.cancelled = threading.Event()
 
@@ -120,13 +127,13 @@ class FeedDispatcher:
         """A task of the execution (with feeds or without): its channel carries the instructions."""
         with self._cond:
             self.state.add_task(channel.key, channel.url)
-            self._boxes[channel.key] = _Outbox(channel)
+            self._boxes[channel.key] = _Outbox(channel, threading.Condition(self._lock))
 
     def add_slot(self, source: Source, partition: int, channel: TaskChannel) -> None:
         with self._cond:
             if channel.key not in self._boxes:
                 self.state.add_task(channel.key, channel.url)
-                self._boxes[channel.key] = _Outbox(channel)
+                self._boxes[channel.key] = _Outbox(channel, threading.Condition(self._lock))
             self.state.add_slot(channel.key, source.index, partition)
 
     def clear_slots(self) -> None:
@@ -196,15 +203,8 @@ class FeedDispatcher:
 
     def _apply(self, event: Event) -> None:
         """One event through the state machine; sends are queued per task, cancels done here."""
-        with self._cond:
-            instructions = self.state.handle(event)
-            now_here: list[Instruction] = []
-            for ins in instructions:
-                if isinstance(ins, (SendUnits, SendFeedEnd, HalfClose)):
-                    self._boxes[ins.task].pending.append(ins)
-                else:
-                    now_here.append(ins)
-            self._cond.notify_all()
+        with self._lock:
+            now_here = self._apply_locked(event)
         # A cancel must not wait behind a send blocked on a frozen worker: the channel's abort
         # is safe from any thread, so it runs on the one that decided it.
         for ins in now_here:
@@ -215,6 +215,28 @@ class FeedDispatcher:
             elif isinstance(ins, FailQuery) and not self.cancelled.is_set():
                 self._on_error(RuntimeError(ins.reason))
 
+    def _apply_locked(self, event: Event) -> list[Instruction]:
+        """``_apply`` with the lock held: returns what must run outside it (cancels, failure)."""
+        instructions = self.state.handle(event)
+        now_here: list[Instruction] = []
+        sent = False
+        for ins in instructions:
+            if isinstance(ins, (SendUnits, SendFeedEnd, HalfClose)):
+                box = self._boxes[ins.task]
+                box.pending.append(ins)
+                box.wake.notify()
+                sent = sent or isinstance(ins, SendUnits)
+            else:
+                now_here.append(ins)
+        if sent or isinstance(event, (UnitsFound, DiscoveryEnded, Abort)):
+            self._cond.notify_all()  # queue room, or progress sample() waits for
+        if isinstance(event, (Abort, ResultComplete, StartSending)) or self.state.may_wake():
+            self._ticker.notify()
+        if isinstance(event, Abort):
+            for box in self._boxes.values():
+                box.wake.notify()
+        return now_here
+
     # -------------------------------------------------------------- discovery
 
     def _put(self, source: Source, unit: WorkUnit, created: int) -> None:
@@ -223,7 +245,7 @@ class FeedDispatcher:
         if isinstance(unit, Unit):
             preferred = normalize_url(unit.preferred_worker) if unit.preferred_worker else None
             rows, size = unit.rows, unit.bytes
-        with self._cond:
+        with self._lock:
             while not self.state.room(source.index) and not self.cancelled.is_set():
                 self._cond.wait()
             if self.cancelled.is_set():
@@ -231,7 +253,8 @@ class FeedDispatcher:
             if len(source.sample_bytes) < 100_000:
                 source.sample_rows.append(rows)
                 source.sample_bytes.append(size)
-        self._apply(UnitsFound(source.index, (Item(body, created, preferred, rows, size),), time.monotonic()))
+            # Found units only ever queue or send: nothing to run outside the lock.
+            self._apply_locked(UnitsFound(source.index, (Item(body, created, preferred, rows, size),), time.monotonic()))
 
     def _discover(self, source: Source) -> None:
         ctx = FeedContext(self.query_id, source.feed.feed_id, source.partition, source.partitions, self.cancelled)
@@ -277,9 +300,9 @@ class FeedDispatcher:
     def _send(self, box: _Outbox) -> None:
         """One task's instructions, in order: frames, then (once finished) the half-close."""
         while True:
-            with self._cond:
+            with self._lock:
                 while not box.pending and not self.cancelled.is_set():
-                    self._cond.wait()
+                    box.wake.wait()
                 if self.cancelled.is_set():
                     return
                 batch = list(box.pending)
@@ -289,6 +312,7 @@ class FeedDispatcher:
                     box.channel.close()
                     return
                 box.channel.send(frame)
+            self._apply(SenderIdle(box.channel.key, time.monotonic()))  # the units queued meanwhile go next
 
     def _frames(self, batch: list[Instruction]) -> Iterator[protocol_pb2.CoordinatorFrame | None]:
         """Frames for ``batch`` (None: half-close); consecutive units of one partition share a frame."""
@@ -319,13 +343,13 @@ class FeedDispatcher:
     def _tick(self) -> None:
         """Wakes the state machine when an affinity wait or the close grace ends."""
         while True:
-            with self._cond:
+            with self._lock:
                 while not self.cancelled.is_set():
                     at = self.state.wake_at()
                     left = None if at is None else at - time.monotonic()
                     if left is not None and left <= 0:
                         break
-                    self._cond.wait(left)
+                    self._ticker.wait(left)
                 if self.cancelled.is_set():
                     return
             self._apply(Tick(time.monotonic()))

@@ -31,8 +31,9 @@ Guarantees, tested without processes in ``tests/coordinator/test_state.py``:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
     "Abort",
@@ -48,6 +49,7 @@ __all__ = [
     "ResultComplete",
     "SendFeedEnd",
     "SendUnits",
+    "SenderIdle",
     "SlotStats",
     "StartSending",
     "TaskFinished",
@@ -111,6 +113,19 @@ class CreditGranted:
 
 
 @dataclass(frozen=True)
+class SenderIdle:
+    """The driver carried out every instruction given for ``task`` (its frames are written).
+
+    A task takes units only while its sender is idle: units found meanwhile wait in the
+    source's queue and go out together, in one frame, once it is (and a shared queue's
+    units go to whichever task is ready first).
+    """
+
+    task: str
+    now: float
+
+
+@dataclass(frozen=True)
 class TaskFinished:
     """The task's final metrics arrived: it produced all its output."""
 
@@ -145,7 +160,10 @@ class Tick:
     now: float
 
 
-Event = UnitsFound | DiscoveryEnded | StartSending | TaskReady | CreditGranted | TaskFinished | ResultComplete | WorkerLost | Abort | Tick
+Event = (
+    UnitsFound | DiscoveryEnded | StartSending | TaskReady | CreditGranted | SenderIdle
+    | TaskFinished | ResultComplete | WorkerLost | Abort | Tick
+)
 
 
 # ------------------------------------------------------------ instructions
@@ -219,6 +237,7 @@ class _Source:
 @dataclass(eq=False)
 class _Slot:
     source: _Source
+    owner: _Task
     task: str
     partition: int
     credit: int = 0
@@ -232,6 +251,7 @@ class _Task:
     url: str
     slots: list[_Slot] = field(default_factory=list)
     ready: bool = False
+    busy: bool = False  # its sender has units to write: more wait in the queue until SenderIdle
     finished: bool = False
     closed: bool = False  # half-closed or cancelled: nothing more goes to it
 
@@ -255,6 +275,20 @@ class FeedState:
         self._slots: dict[tuple[str, str, int], _Slot] = {}
         self.failed: str | None = None
         self.sending = False
+        self._preferred_waiting = 0  # over every source: whether an affinity wait may need a tick
+        self._handlers: dict[type, Callable[[Any, list[Instruction]], None]] = {
+            UnitsFound: self._units_found,
+            DiscoveryEnded: self._discovery_ended,
+            StartSending: self._start_sending,
+            TaskReady: self._task_ready,
+            CreditGranted: self._credit_granted,
+            SenderIdle: self._sender_idle,
+            TaskFinished: self._task_finished,
+            ResultComplete: self._result_complete,
+            WorkerLost: self._worker_lost,
+            Abort: self._abort,
+            Tick: self._tick,
+        }
         self.complete_at: float | None = None  # when the result was complete
 
     # ---------------------------------------------------------------- wiring
@@ -269,7 +303,7 @@ class FeedState:
     def add_slot(self, key: str, source_id: int, partition: int) -> None:
         """Task ``key`` reads ``source_id`` as its feed partition ``partition`` (its number on the wire)."""
         source, task = self.sources[source_id], self.tasks[key]
-        slot = _Slot(source, key, partition, stats=SlotStats(source.feed_id, partition, key))
+        slot = _Slot(source, task, key, partition, stats=SlotStats(source.feed_id, partition, key))
         source.slots.append(slot)
         source.urls.add(task.url)
         task.slots.append(slot)
@@ -300,6 +334,10 @@ class FeedState:
     def stats(self) -> list[SlotStats]:
         return [s.stats for s in self._slots.values()]
 
+    def may_wake(self) -> bool:
+        """Whether ``wake_at`` may name a time: a unit waits for its preferred worker, or the result is complete."""
+        return self.complete_at is not None or self._preferred_waiting > 0
+
     def wake_at(self) -> float | None:
         """When the driver should send a ``Tick``: a unit's affinity wait, or the close grace, ends."""
         times: list[float] = []
@@ -315,63 +353,84 @@ class FeedState:
     def handle(self, event: Event) -> list[Instruction]:
         """The instructions that follow from ``event``, in the order they must be carried out."""
         out: list[Instruction] = []
-        if self.failed is not None:
-            return out
-        match event:
-            case UnitsFound(source=sid, items=items, now=now):
-                source = self.sources[sid]
-                if source.ended:
-                    raise ValueError(f"units found after discovery of source {sid} ended")
-                for item in items:
-                    item.queued_at = now
-                    source.queue.append(item)
-                    source.preferred_waiting += item.preferred is not None
-                source.discovered += len(items)
-                self._pump(source.slots, now, out)
-            case DiscoveryEnded(source=sid, now=now):
-                source = self.sources[sid]
-                source.ended = True
-                self._pump(source.slots, now, out)
-            case StartSending(now=now):
-                self.sending = True
-                for source in self.sources:
-                    self._pump(source.slots, now, out)
-            case TaskReady(task=key):
-                if key in self.tasks:
-                    self.tasks[key].ready = True
-            case CreditGranted(task=key, feed_id=feed_id, partition=partition, credits=credits, now=now):
-                slot = self._slots.get((key, feed_id, partition))
-                if slot is None or credits <= 0:
-                    return out  # a feed partition it was not given: ignored (the driver logs it)
-                slot.credit += credits
-                self._pump([slot], now, out)
-            case TaskFinished(task=key):
-                task = self.tasks.get(key)
-                if task is not None:
-                    task.finished = True
-                    if self.complete_at is not None and not task.closed:
-                        task.closed = True
-                        out.append(HalfClose(key))
-            case ResultComplete(now=now):
-                self.complete_at = now
-                for task in self.tasks.values():
-                    if task.finished and not task.closed:
-                        task.closed = True
-                        out.append(HalfClose(task.key))
-            case WorkerLost(url=url, reason=reason):
-                self._fail(f"worker {url} was lost: {reason}", url, out)
-            case Abort(reason=reason):
-                self._fail(reason, None, out)
-            case Tick(now=now):
-                if self.complete_at is not None and now >= self.complete_at + self.close_grace:
-                    for task in self.tasks.values():  # not needed for the result (below a limit, say)
-                        if not task.closed:
-                            task.closed = True
-                            out.append(HalfClose(task.key))
-                waiting = [s for s in self.sources if s.preferred_waiting]
-                for source in waiting:
-                    self._pump(source.slots, now, out)
+        if self.failed is None:
+            # A table of handlers rather than ``match``: a unit found is the hot path (one per unit).
+            self._handlers[type(event)](event, out)
         return out
+
+    def _units_found(self, event: UnitsFound, out: list[Instruction]) -> None:
+        source = self.sources[event.source]
+        if source.ended:
+            raise ValueError(f"units found after discovery of source {event.source} ended")
+        now = event.now
+        for item in event.items:
+            item.queued_at = now
+            source.queue.append(item)
+            if item.preferred is not None:
+                source.preferred_waiting += 1
+                self._preferred_waiting += 1
+        source.discovered += len(event.items)
+        self._pump(source, source.slots, now, out)
+
+    def _discovery_ended(self, event: DiscoveryEnded, out: list[Instruction]) -> None:
+        source = self.sources[event.source]
+        source.ended = True
+        self._pump(source, source.slots, event.now, out)
+
+    def _start_sending(self, event: StartSending, out: list[Instruction]) -> None:
+        self.sending = True
+        for source in self.sources:
+            self._pump(source, source.slots, event.now, out)
+
+    def _task_ready(self, event: TaskReady, out: list[Instruction]) -> None:
+        if event.task in self.tasks:
+            self.tasks[event.task].ready = True
+
+    def _credit_granted(self, event: CreditGranted, out: list[Instruction]) -> None:
+        slot = self._slots.get((event.task, event.feed_id, event.partition))
+        if slot is None or event.credits <= 0:
+            return  # a feed partition it was not given: ignored (the driver logs it)
+        slot.credit += event.credits
+        self._pump(slot.source, (slot,), event.now, out)
+
+    def _sender_idle(self, event: SenderIdle, out: list[Instruction]) -> None:
+        task = self.tasks.get(event.task)
+        if task is None or not task.busy:
+            return
+        task.busy = False
+        for slot in task.slots:  # a frame for each of its partitions that has units and credit
+            self._pump(slot.source, (slot,), event.now, out, ready=True)
+
+    def _task_finished(self, event: TaskFinished, out: list[Instruction]) -> None:
+        task = self.tasks.get(event.task)
+        if task is not None:
+            task.finished = True
+            if self.complete_at is not None and not task.closed:
+                task.closed = True
+                out.append(HalfClose(task.key))
+
+    def _result_complete(self, event: ResultComplete, out: list[Instruction]) -> None:
+        self.complete_at = event.now
+        for task in self.tasks.values():
+            if task.finished and not task.closed:
+                task.closed = True
+                out.append(HalfClose(task.key))
+
+    def _worker_lost(self, event: WorkerLost, out: list[Instruction]) -> None:
+        self._fail(f"worker {event.url} was lost: {event.reason}", event.url, out)
+
+    def _abort(self, event: Abort, out: list[Instruction]) -> None:
+        self._fail(event.reason, None, out)
+
+    def _tick(self, event: Tick, out: list[Instruction]) -> None:
+        now = event.now
+        if self.complete_at is not None and now >= self.complete_at + self.close_grace:
+            for task in self.tasks.values():  # not needed for the result (below a limit, say)
+                if not task.closed:
+                    task.closed = True
+                    out.append(HalfClose(task.key))
+        for source in [s for s in self.sources if s.preferred_waiting]:
+            self._pump(source, source.slots, now, out)
 
     def _fail(self, reason: str, url: str | None, out: list[Instruction]) -> None:
         self.failed = reason
@@ -383,34 +442,33 @@ class FeedState:
 
     # ------------------------------------------------------------- sending
 
-    def _pump(self, slots: Iterable[_Slot], now: float, out: list[Instruction]) -> None:
-        """Units to every slot with credit, in slot order; feed ends where a source is done."""
+    def _pump(self, source: _Source, slots: Iterable[_Slot], now: float, out: list[Instruction], ready: bool = False) -> None:
+        """Units of ``source`` to each of ``slots`` with credit whose sender is idle (``ready``: treat
+        it so), one frame each, in order; feed ends once the source is done."""
         if not self.sending:
             return
-        touched: dict[int, _Source] = {}
+        queue = source.queue
         for slot in slots:
-            source = slot.source
-            touched[id(source)] = source
-            task = self.tasks[slot.task]
-            if task.closed:
+            owner = slot.owner
+            if not (slot.credit and queue) or owner.closed or (owner.busy and not ready):
                 continue
-            while slot.credit and source.queue:
-                items = self._take(slot, min(slot.credit, self.max_frame), task.url, now)
-                if not items:
-                    break
-                slot.credit -= len(items)
-                slot.stats.units += len(items)
-                slot.stats.bytes += sum(len(i.body) for i in items)
-                slot.stats.frames += 1
-                out.append(SendUnits(slot.task, source.feed_id, slot.partition, tuple(items)))
+            items = self._take(slot, min(slot.credit, self.max_frame), owner.url, now)
+            if not items:
+                continue
+            slot.credit -= len(items)
+            stats = slot.stats
+            stats.units += len(items)
+            stats.bytes += sum(len(i.body) for i in items) if len(items) > 1 else len(items[0].body)
+            stats.frames += 1
+            owner.busy = True  # one frame at a time: the rest waits for SenderIdle, and goes out together
+            out.append(SendUnits(slot.task, source.feed_id, slot.partition, tuple(items)))
         # A source done: every slot of it learns so (for a shared queue, the slots that took
         # nothing from the last pump too), each after the last units it was sent.
-        for source in touched.values():
-            if source.ended and not source.queue:
-                for slot in source.slots:
-                    if not slot.end_sent and not self.tasks[slot.task].closed:
-                        slot.end_sent = True
-                        out.append(SendFeedEnd(slot.task, source.feed_id, slot.partition))
+        if source.ended and not queue:
+            for slot in source.slots:
+                if not slot.end_sent and not slot.owner.closed:
+                    slot.end_sent = True
+                    out.append(SendFeedEnd(slot.task, source.feed_id, slot.partition))
 
     def _take(self, slot: _Slot, n: int, url: str, now: float) -> list[Item]:
         """Up to ``n`` units for ``slot``: in order, skipping (for a while) units meant for other workers."""
@@ -427,6 +485,7 @@ class FeedState:
             if p is None or p == url or p not in slot.source.urls or now >= item.queued_at + self.affinity_wait:
                 if p is not None:
                     slot.source.preferred_waiting -= 1
+                    self._preferred_waiting -= 1
                     slot.stats.affinity_hits += p == url
                 taken.append(item)
             else:

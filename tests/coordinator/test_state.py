@@ -29,6 +29,7 @@ from flight.coordinator.state import (
     ResultComplete,
     SendFeedEnd,
     SendUnits,
+    SenderIdle,
     StartSending,
     TaskFinished,
     Tick,
@@ -73,11 +74,34 @@ def test_a_task_gets_at_most_its_credit_and_frames_are_capped() -> None:
     state = shared_two_tasks(max_frame=2)
     state.handle(StartSending(0.0))
     state.handle(UnitsFound(0, units(10), 0.0))
-    out = state.handle(CreditGranted("t0", "f", 0, 5, 0.0))
-    assert sent(out) == [f"u{i}".encode() for i in range(5)]
-    assert all(len(ins.items) <= 2 for ins in out if isinstance(ins, SendUnits))
+    got = sent(state.handle(CreditGranted("t0", "f", 0, 5, 0.0)))
+    for _ in range(5):  # one frame per idle sender
+        out = state.handle(SenderIdle("t0", 0.0))
+        assert all(len(ins.items) <= 2 for ins in out if isinstance(ins, SendUnits))
+        got += sent(out)
+    assert got == [f"u{i}".encode() for i in range(5)]  # the credit, no more
     assert sent(state.handle(CreditGranted("t0", "f", 0, 1, 0.0))) == [b"u5"]
     assert [(s.units, s.frames) for s in state.stats() if s.task == "t0"] == [(6, 4)]
+
+
+def test_units_found_while_a_sender_writes_wait_and_go_out_together() -> None:
+    state = shared_two_tasks(max_frame=100)
+    state.handle(StartSending(0.0))
+    state.handle(CreditGranted("t0", "f", 0, 50, 0.0))
+    assert sent(state.handle(UnitsFound(0, units(1), 0.0))) == [b"u0"]  # t0's sender is now busy
+    for i in range(1, 6):
+        assert state.handle(UnitsFound(0, units(1, i), 0.0)) == []  # queued meanwhile
+    out = state.handle(SenderIdle("t0", 0.0))
+    assert [len(ins.items) for ins in out if isinstance(ins, SendUnits)] == [5]  # one frame
+
+
+def test_a_shared_queue_unit_goes_to_whichever_sender_is_idle() -> None:
+    state = shared_two_tasks()
+    state.handle(StartSending(0.0))
+    state.handle(CreditGranted("t0", "f", 0, 5, 0.0))
+    state.handle(CreditGranted("t1", "f", 1, 5, 0.0))
+    assert sent(state.handle(UnitsFound(0, units(1), 0.0)), "t0") == [b"u0"]
+    assert sent(state.handle(UnitsFound(0, units(1, 1), 0.0)), "t1") == [b"u1"]  # t0 still writes
 
 
 def test_units_wait_for_credit_and_go_in_discovery_order() -> None:
@@ -86,6 +110,7 @@ def test_units_wait_for_credit_and_go_in_discovery_order() -> None:
     assert state.handle(UnitsFound(0, units(2), 0.0)) == []
     assert sent(state.handle(CreditGranted("t1", "f", 1, 1, 0.0))) == [b"u0"]
     assert sent(state.handle(CreditGranted("t0", "f", 0, 3, 0.0))) == [b"u1"]
+    state.handle(SenderIdle("t0", 0.0))
     assert sent(state.handle(UnitsFound(0, units(1, 2), 0.0)), "t0") == [b"u2"]
 
 
@@ -262,6 +287,7 @@ class World:
     discovery_over: set[int] = field(default_factory=set)
     complete_at: float | None = None
     failed: bool = False
+    writing: set[str] = field(default_factory=set)  # tasks whose sender has a frame to write
 
     def apply(self, event: object) -> None:
         out = self.state.handle(event)  # type: ignore[arg-type]
@@ -274,6 +300,8 @@ class World:
                 self.granted[event.task] = self.granted.get(event.task, 0) + event.credits
         elif isinstance(event, TaskFinished):
             self.finished.add(event.task)
+        elif isinstance(event, SenderIdle):
+            self.writing.discard(event.task)
         elif isinstance(event, ResultComplete):
             self.complete_at = event.now
         for ins in out:
@@ -281,6 +309,8 @@ class World:
             assert task not in self.closed and task not in self.cancelled, f"{ins} after the task was let go"
             if isinstance(ins, SendUnits):
                 assert task not in self.ended, "units after the feed end"
+                assert ins.task not in self.writing, "a second frame before the sender was idle"
+                self.writing.add(ins.task)
                 assert not self.failed
                 self.got.setdefault(ins.task, []).extend(i.body for i in ins.items)
                 assert len(ins.items) <= self.state.max_frame
@@ -332,7 +362,7 @@ def scenarios(draw: st.DrawFn) -> tuple[World, list[object]]:
     admitted = False
     for _ in range(draw(st.integers(0, 40))):
         now += draw(st.sampled_from([0.0, 0.01, 0.03, 0.06]))
-        kind = draw(st.sampled_from(["units", "units", "credit", "credit", "end", "start", "tick", "finish", "complete", "abort"]))
+        kind = draw(st.sampled_from(["units", "units", "credit", "credit", "idle", "idle", "end", "start", "tick", "finish", "complete", "abort"]))
         if kind == "units":
             src = draw(st.sampled_from(sources))
             if src in ended:
@@ -344,6 +374,8 @@ def scenarios(draw: st.DrawFn) -> tuple[World, list[object]]:
         elif kind == "credit":
             task = draw(st.sampled_from(sorted(urls)))
             events.append(CreditGranted(task, "f", partitions[task][1], draw(st.integers(1, 3)), now))
+        elif kind == "idle":
+            events.append(SenderIdle(draw(st.sampled_from(sorted(urls))), now))
         elif kind == "end":
             src = draw(st.sampled_from(sources))
             if src not in ended:
@@ -387,6 +419,9 @@ def test_every_unit_is_sent_exactly_once_once_everything_is_granted(scenario: tu
     for task, (_, partition) in world.partitions.items():
         world.apply(CreditGranted(task, "f", partition, len(world.discovered) + 1, now))
     world.apply(Tick(now + 2 * WAIT))
+    for _ in range(len(world.discovered) + 1):  # every sender finishes its writes, again and again
+        for task in world.urls:
+            world.apply(SenderIdle(task, now + 2 * WAIT))
     everything = [b for got in world.got.values() for b in got]
     assert sorted(everything) == sorted(world.discovered), "a unit lost or sent twice"
     assert world.ended == set(world.urls), "a feed partition never ended"
