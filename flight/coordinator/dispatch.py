@@ -113,6 +113,7 @@ class FeedDispatcher:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # discovery (queue room) and sample()
         self._ticker = threading.Condition(self._lock)
+        self._waiting = 0  # threads waiting on _cond (notify_all is skipped when none: it is per unit)
         self._sending = False
         self.cancelled = threading.Event()
 
@@ -193,7 +194,11 @@ class FeedDispatcher:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                self._cond.wait(left)
+                self._waiting += 1
+                try:
+                    self._cond.wait(left)
+                finally:
+                    self._waiting -= 1
             return DiscoverySample(
                 rows=list(source.sample_rows),
                 bytes=list(source.sample_bytes),
@@ -217,24 +222,30 @@ class FeedDispatcher:
 
     def _apply_locked(self, event: Event) -> list[Instruction]:
         """``_apply`` with the lock held: returns what must run outside it (cancels, failure)."""
-        instructions = self.state.handle(event)
-        now_here: list[Instruction] = []
-        sent = False
-        for ins in instructions:
-            if isinstance(ins, (SendUnits, SendFeedEnd, HalfClose)):
-                box = self._boxes[ins.task]
-                box.pending.append(ins)
-                box.wake.notify()
-                sent = sent or isinstance(ins, SendUnits)
-            else:
-                now_here.append(ins)
-        if sent or isinstance(event, (UnitsFound, DiscoveryEnded, Abort)):
-            self._cond.notify_all()  # queue room, or progress sample() waits for
+        now_here = self._route(self.state.handle(event))
         if isinstance(event, (Abort, ResultComplete, StartSending)) or self.state.may_wake():
             self._ticker.notify()
         if isinstance(event, Abort):
             for box in self._boxes.values():
                 box.wake.notify()
+            if self._waiting:
+                self._cond.notify_all()
+        elif self._waiting and isinstance(event, (UnitsFound, DiscoveryEnded)):
+            self._cond.notify_all()  # progress sample() waits for
+        return now_here
+
+    def _route(self, instructions: list[Instruction]) -> list[Instruction]:
+        """Sends to their task's sender, in order; what must run outside the lock is returned."""
+        now_here: list[Instruction] = []
+        for ins in instructions:
+            if isinstance(ins, (SendUnits, SendFeedEnd, HalfClose)):
+                box = self._boxes[ins.task]
+                box.pending.append(ins)
+                box.wake.notify()
+                if self._waiting and isinstance(ins, SendUnits):
+                    self._cond.notify_all()  # queue room for discovery
+            else:
+                now_here.append(ins)
         return now_here
 
     # -------------------------------------------------------------- discovery
@@ -247,14 +258,23 @@ class FeedDispatcher:
             rows, size = unit.rows, unit.bytes
         with self._lock:
             while not self.state.room(source.index) and not self.cancelled.is_set():
-                self._cond.wait()
+                self._waiting += 1
+                try:
+                    self._cond.wait()
+                finally:
+                    self._waiting -= 1
             if self.cancelled.is_set():
                 raise _Stopped
             if len(source.sample_bytes) < 100_000:
                 source.sample_rows.append(rows)
                 source.sample_bytes.append(size)
-            # Found units only ever queue or send: nothing to run outside the lock.
-            self._apply_locked(UnitsFound(source.index, (Item(body, created, preferred, rows, size),), time.monotonic()))
+            # A found unit only ever queues or sends: nothing runs outside the lock. The state
+            # machine's per-unit entry (``found``) is ``handle(UnitsFound(...))`` without the event.
+            self._route(self.state.found(source.index, Item(body, created, preferred, rows, size), time.monotonic()))
+            if preferred is not None:
+                self._ticker.notify()  # an affinity wait may end before anything else happens
+            if self._waiting:
+                self._cond.notify_all()  # progress sample() waits for
 
     def _discover(self, source: Source) -> None:
         ctx = FeedContext(self.query_id, source.feed.feed_id, source.partition, source.partitions, self.cancelled)

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "Abort",
@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Item:
     """One discovered work unit: its encoded body and what decides where it goes."""
 
@@ -75,36 +75,32 @@ class Item:
 
 
 # ------------------------------------------------------------------ events
+# Named tuples: immutable like the instructions, and cheap to make (one ``UnitsFound`` per unit).
 
 
-@dataclass(frozen=True)
-class UnitsFound:
+class UnitsFound(NamedTuple):
     source: int
     items: tuple[Item, ...]
     now: float
 
 
-@dataclass(frozen=True)
-class DiscoveryEnded:
+class DiscoveryEnded(NamedTuple):
     source: int
     now: float
 
 
-@dataclass(frozen=True)
-class StartSending:
+class StartSending(NamedTuple):
     """Every task was admitted: units may go out (before, a refused attempt may still be let go)."""
 
     now: float
 
 
-@dataclass(frozen=True)
-class TaskReady:
+class TaskReady(NamedTuple):
     task: str
     now: float
 
 
-@dataclass(frozen=True)
-class CreditGranted:
+class CreditGranted(NamedTuple):
     task: str
     feed_id: str
     partition: int
@@ -112,8 +108,7 @@ class CreditGranted:
     now: float
 
 
-@dataclass(frozen=True)
-class SenderIdle:
+class SenderIdle(NamedTuple):
     """The driver carried out every instruction given for ``task`` (its frames are written).
 
     A task takes units only while its sender is idle: units found meanwhile wait in the
@@ -125,38 +120,33 @@ class SenderIdle:
     now: float
 
 
-@dataclass(frozen=True)
-class TaskFinished:
+class TaskFinished(NamedTuple):
     """The task's final metrics arrived: it produced all its output."""
 
     task: str
     now: float
 
 
-@dataclass(frozen=True)
-class ResultComplete:
+class ResultComplete(NamedTuple):
     """The caller read every head output: the tasks may be let go."""
 
     now: float
 
 
-@dataclass(frozen=True)
-class WorkerLost:
+class WorkerLost(NamedTuple):
     url: str
     reason: str
     now: float
 
 
-@dataclass(frozen=True)
-class Abort:
+class Abort(NamedTuple):
     """The query failed or was cancelled (an error, a deadline, the caller stopped reading)."""
 
     reason: str
     now: float
 
 
-@dataclass(frozen=True)
-class Tick:
+class Tick(NamedTuple):
     now: float
 
 
@@ -358,18 +348,29 @@ class FeedState:
             self._handlers[type(event)](event, out)
         return out
 
+    def found(self, source_id: int, item: Item, now: float) -> list[Instruction]:
+        """``handle(UnitsFound(source_id, (item,), now))`` without making the event: the per-unit path."""
+        out: list[Instruction] = []
+        if self.failed is None:
+            self._add(source_id, (item,), now, out)
+        return out
+
     def _units_found(self, event: UnitsFound, out: list[Instruction]) -> None:
-        source = self.sources[event.source]
+        self._add(event.source, event.items, event.now, out)
+
+    def _add(self, source_id: int, items: Iterable[Item], now: float, out: list[Instruction]) -> None:
+        source = self.sources[source_id]
         if source.ended:
-            raise ValueError(f"units found after discovery of source {event.source} ended")
-        now = event.now
-        for item in event.items:
+            raise ValueError(f"units found after discovery of source {source_id} ended")
+        n = 0
+        for item in items:
+            n += 1
             item.queued_at = now
             source.queue.append(item)
             if item.preferred is not None:
                 source.preferred_waiting += 1
                 self._preferred_waiting += 1
-        source.discovered += len(event.items)
+        source.discovered += n
         self._pump(source, source.slots, now, out)
 
     def _discovery_ended(self, event: DiscoveryEnded, out: list[Instruction]) -> None:
