@@ -37,7 +37,7 @@ from flight.coordinator.state import (
     WorkerLost,
 )
 
-A, B = "grpc://a:1", "grpc://b:1"
+A, B, C = "grpc://a:1", "grpc://b:1", "grpc://c:1"
 WAIT = 0.05
 
 
@@ -271,15 +271,18 @@ def test_credit_for_a_partition_the_task_was_not_given_is_ignored() -> None:
 
 @dataclass
 class World:
-    """A FeedState and everything it said, checked as the events go."""
+    """A FeedState and everything it said, checked as the events go.
+
+    A slot is one feed partition of one task: ``slots`` maps (task, partition) to its source.
+    A partitioned feed may give a task several partitions (more files than tasks).
+    """
 
     state: FeedState
     urls: dict[str, str]
-    shared: bool
-    partitions: dict[str, tuple[int, int]]  # task -> (source, partition)
-    granted: dict[str, int] = field(default_factory=dict)
-    got: dict[str, list[bytes]] = field(default_factory=dict)
-    ended: set[str] = field(default_factory=set)
+    slots: dict[tuple[str, int], int]
+    granted: dict[tuple[str, int], int] = field(default_factory=dict)
+    got: dict[tuple[str, int], list[bytes]] = field(default_factory=dict)
+    ended: set[tuple[str, int]] = field(default_factory=set)
     closed: set[str] = field(default_factory=set)
     cancelled: set[str] = field(default_factory=set)
     finished: set[str] = field(default_factory=set)
@@ -287,7 +290,7 @@ class World:
     discovery_over: set[int] = field(default_factory=set)
     complete_at: float | None = None
     failed: bool = False
-    writing: set[str] = field(default_factory=set)  # tasks whose sender has a frame to write
+    writing: set[tuple[str, int]] = field(default_factory=set)  # slots with a frame their task's sender still writes
 
     def apply(self, event: object) -> None:
         out = self.state.handle(event)  # type: ignore[arg-type]
@@ -295,35 +298,40 @@ class World:
             self.discovered += [i.body for i in event.items]
         elif isinstance(event, DiscoveryEnded):
             self.discovery_over.add(event.source)
-        elif isinstance(event, CreditGranted) and event.task in self.partitions and event.credits > 0:
-            if (event.feed_id, event.partition) == ("f", self.partitions[event.task][1]):
-                self.granted[event.task] = self.granted.get(event.task, 0) + event.credits
+        elif isinstance(event, CreditGranted) and event.credits > 0 and event.feed_id == "f":
+            if (event.task, event.partition) in self.slots:
+                key = (event.task, event.partition)
+                self.granted[key] = self.granted.get(key, 0) + event.credits
         elif isinstance(event, TaskFinished):
             self.finished.add(event.task)
-        elif isinstance(event, SenderIdle):
-            self.writing.discard(event.task)
         elif isinstance(event, ResultComplete):
             self.complete_at = event.now
+        elif isinstance(event, SenderIdle):
+            self.writing = {slot for slot in self.writing if slot[0] != event.task}
         for ins in out:
             task = getattr(ins, "task", None)
             assert task not in self.closed and task not in self.cancelled, f"{ins} after the task was let go"
             if isinstance(ins, SendUnits):
-                assert task not in self.ended, "units after the feed end"
-                assert ins.task not in self.writing, "a second frame before the sender was idle"
-                self.writing.add(ins.task)
+                key = (ins.task, ins.partition)
+                assert key in self.slots, f"units for a partition {ins.task} does not read"
+                assert key not in self.ended, "units after the feed end"
+                assert key not in self.writing, "a second frame for a partition before its sender was idle"
                 assert not self.failed
-                self.got.setdefault(ins.task, []).extend(i.body for i in ins.items)
+                self.writing.add(key)
+                self.got.setdefault(key, []).extend(i.body for i in ins.items)
                 assert len(ins.items) <= self.state.max_frame
-                assert len(self.got[ins.task]) <= self.granted.get(ins.task, 0), "credit exceeded"
+                assert len(self.got[key]) <= self.granted.get(key, 0), "credit exceeded"
+                source = self.slots[key]
+                readers = {self.urls[t] for (t, _), src in self.slots.items() if src == source}
                 for item in ins.items:
                     p = item.preferred
-                    readers = {self.urls[t] for t, (src, _) in self.partitions.items() if src == self.partitions[ins.task][0]}
                     if p is not None and p != self.urls[ins.task] and p in readers:
                         assert now_of(event) >= item.queued_at + self.state.affinity_wait, "affinity wait cut short"
             elif isinstance(ins, SendFeedEnd):
-                assert task not in self.ended, "a second feed end"
-                assert self.partitions[ins.task][0] in self.discovery_over, "a feed end before discovery ended"
-                self.ended.add(ins.task)
+                key = (ins.task, ins.partition)
+                assert key not in self.ended, "a second feed end"
+                assert self.slots[key] in self.discovery_over, "a feed end before discovery ended"
+                self.ended.add(key)
             elif isinstance(ins, HalfClose):
                 assert self.complete_at is not None
                 assert ins.task in self.finished or now_of(event) >= self.complete_at + self.state.close_grace
@@ -344,17 +352,26 @@ def now_of(event: object) -> float:
 def scenarios(draw: st.DrawFn) -> tuple[World, list[object]]:
     shared = draw(st.booleans())
     n_tasks = draw(st.integers(1, 3))
-    urls = {f"t{i}": (A, B, "grpc://c:1")[draw(st.integers(0, 2))] for i in range(n_tasks)}
+    workers = (A, B, C)
+    distinct = draw(st.booleans())  # one task per worker (affinity matters), or tasks sharing workers
+    urls = {f"t{i}": workers[i] if distinct else workers[draw(st.integers(0, 2))] for i in range(n_tasks)}
     state = FeedState(
         max_frame=draw(st.integers(1, 4)), buffer=10_000, affinity_wait=WAIT, close_grace=draw(st.sampled_from([0.0, 0.2]))
     )
-    partitions: dict[str, tuple[int, int]] = {}
-    sources = [state.add_source("f", shared=True)] if shared else [state.add_source("f", shared=False) for _ in range(n_tasks)]
-    for i, task in enumerate(urls):
-        state.add_task(task, urls[task])
-        partitions[task] = (sources[0] if shared else sources[i], i)
-        state.add_slot(task, partitions[task][0], i)
-    world = World(state, urls, shared, partitions)
+    for task, url in urls.items():
+        state.add_task(task, url)
+    slots: dict[tuple[str, int], int] = {}
+    if shared:  # one discovery stream; each task reads it as its own partition
+        source = state.add_source("f", shared=True)
+        for i, task in enumerate(urls):
+            slots[(task, i)] = source
+    else:  # one stream per partition; partition p is read by task p % tasks (several per task)
+        for p in range(draw(st.integers(1, 5))):
+            slots[(f"t{p % n_tasks}", p)] = state.add_source("f", shared=False)
+    for (task, partition), source in slots.items():
+        state.add_slot(task, source, partition)
+    world = World(state, urls, slots)
+    sources = sorted(set(slots.values()))
     now = 0.0
     events: list[object] = []
     counter = 0
@@ -368,12 +385,12 @@ def scenarios(draw: st.DrawFn) -> tuple[World, list[object]]:
             if src in ended:
                 continue
             k = draw(st.integers(1, 3))
-            pref = draw(st.sampled_from([None, None, A, B, "grpc://elsewhere:1"]))
+            pref = draw(st.sampled_from([None, A, B, C, "grpc://elsewhere:1"]))
             events.append(UnitsFound(src, units(k, counter, pref), now))
             counter += k
         elif kind == "credit":
-            task = draw(st.sampled_from(sorted(urls)))
-            events.append(CreditGranted(task, "f", partitions[task][1], draw(st.integers(1, 3)), now))
+            task, partition = draw(st.sampled_from(sorted(slots)))
+            events.append(CreditGranted(task, "f", partition, draw(st.integers(1, 3)), now))
         elif kind == "idle":
             events.append(SenderIdle(draw(st.sampled_from(sorted(urls))), now))
         elif kind == "end":
@@ -413,10 +430,10 @@ def test_every_unit_is_sent_exactly_once_once_everything_is_granted(scenario: tu
             world.apply(event)
     now = max((now_of(e) for e in events), default=0.0)
     world.apply(StartSending(now))
-    for source in {s for s, _ in world.partitions.values()}:
+    for source in set(world.slots.values()):
         if source not in world.discovery_over:
             world.apply(DiscoveryEnded(source, now))
-    for task, (_, partition) in world.partitions.items():
+    for task, partition in world.slots:
         world.apply(CreditGranted(task, "f", partition, len(world.discovered) + 1, now))
     world.apply(Tick(now + 2 * WAIT))
     for _ in range(len(world.discovered) + 1):  # every sender finishes its writes, again and again
@@ -424,4 +441,4 @@ def test_every_unit_is_sent_exactly_once_once_everything_is_granted(scenario: tu
             world.apply(SenderIdle(task, now + 2 * WAIT))
     everything = [b for got in world.got.values() for b in got]
     assert sorted(everything) == sorted(world.discovered), "a unit lost or sent twice"
-    assert world.ended == set(world.urls), "a feed partition never ended"
+    assert world.ended == set(world.slots), "a feed partition never ended"
