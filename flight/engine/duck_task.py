@@ -15,8 +15,8 @@ import duckdb
 import pyarrow as pa
 
 from flight._proto import plan_pb2
+from flight.compute.relational import native_reader
 from flight.engine.confine import DataRoots
-from flight.engine.relational import native_reader
 from flight.errors import TaskCancelledError, TaskFailedError
 from flight.limits import clip
 

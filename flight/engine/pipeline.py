@@ -22,10 +22,8 @@ import pyarrow.acero as ac
 
 from flight._proto import plan_pb2
 from flight.arrow_types import UNITS_READER, normalize_schema
-from flight.engine.confine import DataRoots, worker_roots
-from flight.engine.expressions import bind, to_pyarrow
-from flight.engine.readers import PathRefused, ReaderContext, UnitReadError, conform, get_reader
-from flight.engine.relational import (
+from flight.compute.expressions import bind, to_pyarrow
+from flight.compute.relational import (
     JOIN_TYPES,
     aggregate_decl,
     empty_source,
@@ -35,6 +33,8 @@ from flight.engine.relational import (
     sort_decl,
     union_batches,
 )
+from flight.engine.confine import DataRoots, worker_roots
+from flight.engine.readers import PathRefused, ReaderContext, UnitReadError, conform, get_reader
 from flight.engine.sql import Untranslatable
 from flight.errors import ProtocolError
 from flight.ipc import read_ipc_stream

@@ -27,7 +27,7 @@ import pyarrow as pa
 from pyarrow import acero
 
 from flight._proto import plan_pb2
-from flight.engine.expressions import _ipc_column, _literal, to_pyarrow_nodes
+from flight.compute.expressions import _ipc_column, _literal, to_pyarrow_nodes
 
 __all__ = ["MAX_SQL_NODES", "Untranslatable", "expression_sql", "ident", "literal", "sql_type"]
 

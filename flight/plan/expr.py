@@ -12,7 +12,7 @@ Composing is O(1): children are shared, never copied. ``&`` and ``|``
 (``and_kleene`` / ``or_kleene``) are n-ary: ``a & b & c`` is one call of three
 arguments, so ``functools.reduce(operator.or_, terms)`` over thousands of terms
 is one shallow node. Nothing here recurses over an expression, so any depth
-the worker accepts (``flight.engine.expressions.MAX_DEPTH``) and more can be
+the worker accepts (``flight.compute.expressions.MAX_DEPTH``) and more can be
 built, printed and compared.
 
 Mistakes are caught on the coordinator, before any worker runs:
@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from pyarrow import acero
 
 from flight._proto import plan_pb2
-from flight.engine.expressions import to_pyarrow_nodes
+from flight.compute.expressions import to_pyarrow_nodes
 from flight.errors import PlanError, ProtocolError
 from flight.functions import NARY_FUNCTIONS, lookup
 from flight.plan._wire import (

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.acero as ac
 
 from flight._proto import plan_pb2
-from flight.engine.expressions import to_pyarrow
-from flight.engine.relational import aggregate_decl, empty_source, join_decl, output_schema
+from flight.compute.expressions import to_pyarrow
+from flight.compute.relational import aggregate_decl, empty_source, join_decl, output_schema
 from flight.errors import PlanError
 from flight.plan.expr import Expr, output_type
 from flight.plan.nodes import Node

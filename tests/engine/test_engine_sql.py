@@ -7,6 +7,9 @@ cases is pinned here, so a translation that quietly stops working is noticed.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import datetime as dt
 import math
 from collections.abc import Callable
@@ -18,7 +21,10 @@ import pytest
 
 from flight.engine.sql import Untranslatable, expression_sql, ident, literal
 from flight.plan.expr import Expr, col, lit
-from test_expressions import FAMILIES, TABLE, roundtrip
+
+# The expression cases live with the translation's own tests (tests/compute).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compute"))
+from test_expressions import FAMILIES, TABLE, roundtrip  # noqa: E402
 
 DECLINED = {
     "set_string-substr_step",

@@ -34,7 +34,7 @@ import pytest
 import flight
 from support import Data, run_setup as run, table_rows as rows, write_parts as _write
 from flight import agg, col, lit
-from flight.engine.expressions import to_pyarrow
+from flight.compute.expressions import to_pyarrow
 from flight.plan.nodes import FeedScanNode, FilterNode, Node, ProjectNode
 from flight.plan.optimize import conjuncts, derive_side_filter, disjuncts, push_filters
 from flight.plan.relnodes import AggregateNode, JoinNode, ShuffleReadNode

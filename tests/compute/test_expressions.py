@@ -21,7 +21,7 @@ import pytest
 from google.protobuf.message import DecodeError
 
 from flight._proto import plan_pb2
-from flight.engine.expressions import MAX_DEPTH, MAX_NODES, referenced_fields, to_pyarrow
+from flight.compute.expressions import MAX_DEPTH, MAX_NODES, referenced_fields, to_pyarrow
 from flight.errors import PlanError, ProtocolError
 from flight.plan.expr import Expr, call, coalesce, col, if_else, lit, output_type
 from flight.functions import FUNCTIONS, NARY_FUNCTIONS, FunctionSpec, lookup
@@ -601,7 +601,7 @@ def test_largest_or_evaluates_without_crashing_the_process() -> None:
     script = """
 import functools, operator, sys
 import pyarrow as pa, pyarrow.acero as ac
-from flight.engine.expressions import MAX_NODES, to_pyarrow
+from flight.compute.expressions import MAX_NODES, to_pyarrow
 from flight.plan.expr import col
 terms = (MAX_NODES - 1) // 3
 expr = functools.reduce(operator.or_, [col("a") == 3 * i for i in range(terms)])
