@@ -222,7 +222,9 @@ def test_cancel_action_cancels_a_running_query(cluster: flight.LocalCluster) -> 
         result = protocol_pb2.CancelResult()
         result.ParseFromString(res.body.to_pybytes())
         cancelled += result.cancelled_tasks
-    assert cancelled == 2
+    # Every task of the query (the estimator sizes the shared feed's stage from its first units:
+    # on a loaded machine it may start one task instead of two).
+    assert cancelled == sum(len(urls) for urls in ex.bound.values()) >= 1
     with pytest.raises(flight.TaskCancelledError, match="cancelled by request"):
         for _ in reader:
             pass
