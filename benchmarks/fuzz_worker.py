@@ -652,6 +652,8 @@ def make_seed(kind: str, template: str, qid: str, window: int = 4, compression: 
     output = L.OutputSpec(partitions=3 if partitioned else 1, hash_keys=["id"] if partitioned else [])
     plan = L.StagePlan(root=root, output=output)
     header = task_header(stage_key(qid), plan, feeds, window=window, compression=compression)
+    if template == "identity" and kind != "exchange":
+        header.options.retain_output = True  # a retained output (a detached query's head): read any number of times
     seed = Seed(kind, template, header, units, max(window, len(UNIT_BODIES)), kind == "exchange")
     if seed.is_map:
         table = data_table(30)

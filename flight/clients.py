@@ -28,7 +28,7 @@ from flight.errors import (
 from flight.protocol import error_info_of, format_stage_key, status_message
 from flight.security import Security, connect
 
-__all__ = ["ClientPool", "error_from_info", "read_stream", "translate_flight_error"]
+__all__ = ["ClientPool", "error_from_info", "health_check", "read_stream", "translate_flight_error"]
 
 log = logging.getLogger(__name__)
 
@@ -124,3 +124,15 @@ def read_stream(client: fl.FlightClient, ticket: bytes) -> Iterator[pa.RecordBat
             return
         if chunk.data is not None and chunk.data.num_rows:
             yield chunk.data
+
+
+def health_check(url: str, timeout: float, security: Security | None = None) -> BaseException | None:
+    """None if the worker answers ``health`` within ``timeout`` seconds; otherwise why not."""
+    try:
+        with connect(url, security) as client:
+            results = list(client.do_action(fl.Action("health", b""), fl.FlightCallOptions(timeout=timeout)))
+    except (pa.ArrowException, OSError) as exc:
+        return translate_flight_error(exc, url)
+    if [r.body.to_pybytes() for r in results] != [b"ok"]:
+        return WorkerUnavailableError(f"worker {url} answered the health check with {results!r}", worker_url=url)
+    return None

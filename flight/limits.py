@@ -33,6 +33,7 @@ __all__ = [
     "MAX_OUTPUT_PARTITIONS",
     "MAX_OUTPUT_READERS",
     "MAX_PRODUCERS",
+    "MAX_RETAINED_BYTES",
     "MAX_SECRET_BYTES",
     "MAX_TASK_COUNT",
     "MAX_UNITS_PER_FRAME",
@@ -71,6 +72,9 @@ MAX_PRODUCERS = 4_096
 """Producer tasks one shuffle read names."""
 MIN_OUTPUT_BUFFER_BYTES = 1 << 20
 MAX_OUTPUT_BUFFER_BYTES = 1 << 30
+MAX_RETAINED_BYTES = 64 << 30
+"""Most bytes a worker keeps on disk for one task's retained output (``TaskOptions.retain_output``):
+past it the task fails, naming the option, rather than filling the spill directory."""
 """A task's output buffer bound is clamped into [MIN, MAX]."""
 MAX_BATCH_BYTES = 512 << 20
 """One record batch from a peer (map input, shuffle read), in Arrow memory."""

@@ -21,9 +21,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import pyarrow as pa
-import pyarrow.flight as fl
-
+from flight.clients import health_check
 from flight.errors import (
     FlightExecError,
     InvalidTaskError,
@@ -34,9 +32,10 @@ from flight.errors import (
     UnauthenticatedError,
     WorkerBusyError,
     WorkerError,
+    WorkerUnavailableError,
 )
 from flight.limits import clip
-from flight.security import Security, connect
+from flight.security import Security
 
 __all__ = ["Attempt", "may_retry", "probe_lost"]
 
@@ -75,43 +74,24 @@ def may_retry(error: BaseException, rows_delivered: bool, attempts: int, retries
 
 
 def probe_lost(urls: Iterable[str], security: Security | None, timeout: float = PROBE_TIMEOUT_S) -> list[str]:
-    """The URLs among ``urls`` whose worker is dead or does not answer ``health`` in time (in parallel)."""
+    """The URLs among ``urls`` whose worker is dead or does not answer ``health`` in time (in parallel).
+
+    A worker that answers with an error other than unavailable (say, a refused token) is alive:
+    not ours to retry around.
+    """
     targets = sorted(set(urls))
-    lost: list[str] = []
-    lock = threading.Lock()
+    problems: dict[str, BaseException | None] = {}
 
     def probe(url: str) -> None:
-        try:
-            client = connect(url, security)
-        except (pa.ArrowException, OSError):
-            with lock:
-                lost.append(url)
-            return
-        try:
-            list(client.do_action(fl.Action("health", b""), options=fl.FlightCallOptions(timeout=timeout)))
-        except fl.FlightUnavailableError as exc:
-            log.debug("worker %s is lost: %s", url, clip(exc, 200))
-            with lock:
-                lost.append(url)
-        except fl.FlightTimedOutError:
-            log.debug("worker %s did not answer health within %.1fs", url, timeout)
-            with lock:
-                lost.append(url)
-        except (pa.ArrowException, OSError) as exc:
-            # Answered, but not ok (draining, say): alive, and not ours to retry around.
-            log.debug("worker %s answered health with an error: %s", url, clip(exc, 200))
-        finally:
-            try:
-                client.close()
-            except (pa.ArrowException, OSError):
-                pass
+        problems[url] = health_check(url, timeout, security)
 
     threads = [threading.Thread(target=probe, args=(u,), name=f"probe-{u}", daemon=True) for u in targets]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout + 1.0)
-        if t.is_alive():  # the probe itself hung past its deadline: count the worker as silent
-            with lock:
-                lost.append(t.name.removeprefix("probe-"))
-    return sorted(set(lost))
+    # A probe that did not finish past its deadline counts as silence.
+    lost = [u for u in targets if u not in problems or isinstance(problems[u], WorkerUnavailableError)]
+    for url in lost:
+        log.debug("worker %s is lost: %s", url, clip(problems.get(url), 200))
+    return lost

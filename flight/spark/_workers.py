@@ -16,13 +16,10 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-import pyarrow as pa
-import pyarrow.flight as fl
-
-from flight.clients import translate_flight_error
+from flight.clients import health_check
 from flight.errors import ResolverError, WorkerUnavailableError
 from flight.resolver import StaticWorkerResolver, WorkerResolver, resolver_from_description
-from flight.security import Security, SecurityFiles, connect
+from flight.security import Security, SecurityFiles
 
 __all__ = ["Workers", "describe_workers"]
 
@@ -68,18 +65,6 @@ def _is_down(url: str) -> bool:
             del _down[url]
             return False
         return until is not None
-
-
-def health_check(url: str, timeout: float, security: Security | None = None) -> BaseException | None:
-    """None if the worker answers ``health`` within ``timeout`` seconds; otherwise why not."""
-    try:
-        with connect(url, security) as client:
-            results = list(client.do_action(fl.Action("health", b""), fl.FlightCallOptions(timeout=timeout)))
-    except (pa.ArrowException, OSError) as exc:
-        return translate_flight_error(exc, url)
-    if [r.body.to_pybytes() for r in results] != [b"ok"]:
-        return WorkerUnavailableError(f"worker {url} answered the health check with {results!r}", worker_url=url)
-    return None
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from flight.errors import TaskCancelledError
+from flight.errors import TaskCancelledError, TaskFailedError
+from flight.limits import MAX_RETAINED_BYTES
 
 __all__ = ["OutputBuffer"]
 
@@ -75,7 +76,16 @@ class _Spill:
 
 
 class OutputBuffer:
-    def __init__(self, partitions: int, max_bytes: int, readers: int = 1, *, retain: bool = False, spill_dir: str = "") -> None:
+    def __init__(
+        self,
+        partitions: int,
+        max_bytes: int,
+        readers: int = 1,
+        *,
+        retain: bool = False,
+        spill_dir: str = "",
+        max_retained: int = MAX_RETAINED_BYTES,
+    ) -> None:
         self._parts = [_Partition(max(1, readers)) for _ in range(partitions)]
         self._readers = max(1, readers)
         self._max_bytes = max_bytes
@@ -86,6 +96,7 @@ class OutputBuffer:
         self.retain = retain
         self._spill_dir = spill_dir
         self._spills: dict[int, _Spill] = {}  # retained partitions past the bound
+        self._max_retained = max_retained
         self._schema: pa.Schema | None = None
 
     @property
@@ -126,6 +137,11 @@ class OutputBuffer:
                 self._bytes += batch.nbytes
             else:
                 # Past the bound, and for the rest of this partition (its order is kept: memory first).
+                if self.spilled_bytes + batch.nbytes > self._max_retained:
+                    raise TaskFailedError(
+                        f"the retained output (TaskOptions.retain_output) passed {self._max_retained} bytes, "
+                        "the most a worker keeps for one task"
+                    )
                 if spill is None:
                     spill = self._spills[partition] = _Spill(self._spill_dir)
                 spill.append(batch)

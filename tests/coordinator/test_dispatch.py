@@ -29,10 +29,12 @@ class Recording:
         self.closed = 0
         self.aborts: list[str] = []
         self.lock = threading.Lock()
+        self.sent = threading.Event()  # set on every frame: what the test's worker stand-in waits for
 
     def send(self, frame: protocol_pb2.CoordinatorFrame) -> None:
         with self.lock:
             self.frames.append(frame)
+        self.sent.set()
 
     def close(self) -> None:
         self.closed += 1
@@ -80,7 +82,9 @@ def test_every_unit_reaches_its_task_once_in_order_within_credit_then_the_feed_e
             if granted[p] - have < 10:
                 d.on_credit(channels[p % 2], "f", p, 10)  # type: ignore[arg-type]
                 granted[p] += 10
-        time.sleep(0.002)
+        for ch in channels:  # until a frame arrives (a short bound: credit may be what it waits for)
+            ch.sent.wait(0.01)
+            ch.sent.clear()
     for p in range(4):
         ch = channels[p % 2]
         assert ch.units(p) == [f"{p}:{i}".encode() for i in range(500)]  # all, once, in discovery order
@@ -100,8 +104,7 @@ def test_half_close_follows_the_finish_once_the_result_is_complete() -> None:
     d.add_task(running)  # type: ignore[arg-type]
     d.start_sending()
     d.on_finished(done)  # type: ignore[arg-type]
-    time.sleep(0.05)
-    assert done.closed == 0  # the result is not complete yet
+    assert not d.state.tasks[done.key].closed and done.closed == 0  # decided at once: not before the result is complete
     d.result_complete()
     wait_until(lambda: done.closed == 1, what="the finished task's half-close")
     assert running.closed == 0  # not finished: waits for its finish (or the grace)

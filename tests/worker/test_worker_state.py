@@ -9,7 +9,7 @@ import pytest
 from support import wait_until
 
 from flight._proto import plan_pb2, protocol_pb2
-from flight.errors import ProtocolError, TaskCancelledError, VersionMismatchError
+from flight.errors import ProtocolError, TaskCancelledError, TaskFailedError, VersionMismatchError
 from flight.protocol import PROTOCOL_VERSION, decode_header, decode_ticket
 from flight.worker.buffers import OutputBuffer
 from flight.worker.admission import Admission, Capacity, Need, Refusal
@@ -129,6 +129,16 @@ def test_a_retained_output_past_its_bound_spills_to_disk_and_reads_back_the_same
                 assert got.equals(pa.Table.from_batches(sent[p]))  # same rows, same order
         buf.fail(TaskCancelledError("the task ended"))
         assert list(Path(d).iterdir()) == []  # freed with the task
+
+
+def test_a_retained_output_past_its_disk_bound_fails_the_task_naming_the_option(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    buf = OutputBuffer(1, max_bytes=100, retain=True, spill_dir=str(tmp_path), max_retained=1000)
+    big = pa.record_batch({"x": pa.array(range(100), pa.int64())})  # 800 bytes
+    buf.put(0, big)  # spilled: past the memory bound
+    with pytest.raises(TaskFailedError, match="retain_output") as info:
+        buf.put(0, big)
+    buf.fail(info.value)  # what the failing task does: its spill goes with it
+    assert list(tmp_path.iterdir()) == []
 
 
 def header(**kw: object) -> protocol_pb2.TaskHeader:
