@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-__all__ = ["UNITS_READER", "normalize_schema", "normalize_type"]
+__all__ = ["UNITS_READER", "UNIT_COLUMN", "normalize_schema", "normalize_type"]
 
 UNITS_READER = "units"
 """The built-in reader whose rows are the unit bodies themselves (column ``unit``, binary)."""
+
+UNIT_COLUMN = "__flight_unit"
+"""The hidden last column (uint64, ``WorkUnit.id``) of a task that tags its rows with their
+work unit (``TaskOptions.tag_units``); the coordinator strips it before the caller sees a row."""
 
 
 def normalize_type(t: pa.DataType) -> pa.DataType:

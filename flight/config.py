@@ -92,4 +92,11 @@ class ExecOptions:
     """Seconds to keep retrying while busy workers refuse the query's tasks (within ``deadline``)."""
     retries: int = 2
     """Times a query runs again when a worker is lost (dead, or silent past ``peer_timeout``) before
-    the caller received any row: on the workers that remain, discovery included. 0: never."""
+    the caller received any row: on the workers that remain, discovery included. 0: never.
+    Also how many workers a streaming scan may lose after its first rows (``unit_recovery``)."""
+    unit_recovery: bool = True
+    """A query that streams a scan to the caller (filters and projections over one feed: one
+    stage) survives losing a worker even after rows reached the caller: each task's rows say
+    their work unit, a unit's rows are handed over once the unit is complete, and a lost
+    task's incomplete units are replayed on another worker (docs/architecture.md). The cost:
+    such a task runs on Acero one unit at a time, and a unit's first row waits for its last."""

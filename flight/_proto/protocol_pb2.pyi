@@ -132,6 +132,7 @@ class TaskOptions(_message.Message):
     OUTPUT_BUFFER_BYTES_FIELD_NUMBER: _builtins.int
     HEARTBEAT_MS_FIELD_NUMBER: _builtins.int
     RETAIN_OUTPUT_FIELD_NUMBER: _builtins.int
+    TAG_UNITS_FIELD_NUMBER: _builtins.int
     ipc_compression: Global___Compression.ValueType
     """for the task's output streams"""
     feed_window: _builtins.int
@@ -148,6 +149,13 @@ class TaskOptions(_message.Message):
     retried or speculative task). Past output_buffer_bytes the batches are spilled to the
     worker's spill directory as Arrow IPC; the coordinator's half-close releases them.
     """
+    tag_units: _builtins.bool
+    """Tag every output row with the work unit it came from, for the coordinator's unit-level
+    recovery (docs/architecture.md, "Losing a worker"): the task processes its units one at a
+    time, in the order it takes them, and appends a uint64 column "__flight_unit" holding
+    WorkUnit.id. All rows of a unit come before any row of the next. Only for a plan of
+    filters and projections over one feed scan; any other plan is refused.
+    """
     def __init__(
         self,
         *,
@@ -156,10 +164,11 @@ class TaskOptions(_message.Message):
         output_buffer_bytes: _builtins.int = ...,
         heartbeat_ms: _builtins.int = ...,
         retain_output: _builtins.bool = ...,
+        tag_units: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["feed_window", b"feed_window", "heartbeat_ms", b"heartbeat_ms", "ipc_compression", b"ipc_compression", "output_buffer_bytes", b"output_buffer_bytes", "retain_output", b"retain_output"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["feed_window", b"feed_window", "heartbeat_ms", b"heartbeat_ms", "ipc_compression", b"ipc_compression", "output_buffer_bytes", b"output_buffer_bytes", "retain_output", b"retain_output", "tag_units", b"tag_units"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -260,21 +269,25 @@ class WorkUnit(_message.Message):
     BODY_FIELD_NUMBER: _builtins.int
     CREATED_UNIX_NANOS_FIELD_NUMBER: _builtins.int
     SENT_UNIX_NANOS_FIELD_NUMBER: _builtins.int
+    ID_FIELD_NUMBER: _builtins.int
     body: _builtins.bytes
     created_unix_nanos: _builtins.int
     """when the provider yielded it"""
     sent_unix_nanos: _builtins.int
     """when the coordinator framed it"""
+    id: _builtins.int
+    """the unit's number in the query (unique per query attempt)"""
     def __init__(
         self,
         *,
         body: _builtins.bytes = ...,
         created_unix_nanos: _builtins.int = ...,
         sent_unix_nanos: _builtins.int = ...,
+        id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "created_unix_nanos", b"created_unix_nanos", "sent_unix_nanos", b"sent_unix_nanos"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "created_unix_nanos", b"created_unix_nanos", "id", b"id", "sent_unix_nanos", b"sent_unix_nanos"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -37,6 +37,8 @@ from flight.coordinator.state import (
     HalfClose,
     Instruction,
     Item,
+    OutputRead,
+    ReplaceTask,
     ResultComplete,
     SenderIdle,
     SendFeedEnd,
@@ -44,7 +46,11 @@ from flight.coordinator.state import (
     SlotStats,
     StartSending,
     TaskFinished,
+    TaskLost,
+    TaskReady,
+    TaskReplaced,
     Tick,
+    UnitsDone,
     UnitsFound,
 )
 from flight.estimate import DiscoverySample
@@ -99,10 +105,12 @@ class FeedDispatcher:
         affinity_wait_s: float = 0.05,
         close_grace_s: float = 0.5,
         on_error: Callable[[BaseException], None],
+        on_replace: Callable[[ReplaceTask], None] | None = None,
     ) -> None:
         self.query_id = query_id
         self._max_frame = max(1, max_units_per_frame)
         self._on_error = on_error
+        self._on_replace = on_replace
         self.state = FeedState(
             max_frame=max_units_per_frame, buffer=discovery_buffer, affinity_wait=affinity_wait_s, close_grace=close_grace_s
         )
@@ -124,11 +132,44 @@ class FeedDispatcher:
         self.sources.append(source)
         return source
 
-    def add_task(self, channel: TaskChannel) -> None:
-        """A task of the execution (with feeds or without): its channel carries the instructions."""
+    def add_task(self, channel: TaskChannel, *, recoverable: bool = False) -> None:
+        """A task of the execution (with feeds or without): its channel carries the instructions.
+
+        ``recoverable``: its rows say their unit; its lost units are replayed (``task_lost``).
+        """
         with self._cond:
-            self.state.add_task(channel.key, channel.url)
+            self.state.add_task(channel.key, channel.url, recoverable=recoverable)
             self._boxes[channel.key] = _Outbox(channel, threading.Condition(self._lock))
+
+    def replace(self, lost: str, channel: TaskChannel) -> None:
+        """``channel`` (not yet open) takes over the feed partitions of the lost task ``lost``.
+
+        Its slots exist before it opens (its credits may come at once); nothing is sent to it
+        before ``task_ready``.
+        """
+        box = _Outbox(channel, threading.Condition(self._lock))
+        with self._lock:
+            self._boxes[channel.key] = box
+            self._apply_locked(TaskReplaced(lost, channel.key, channel.url, time.monotonic()))
+            sending = self._sending and not self.cancelled.is_set()
+        if sending:
+            threading.Thread(target=self._send, args=(box,), name=f"send-{channel.key}", daemon=True).start()
+
+    def task_ready(self, channel: TaskChannel) -> None:
+        """A replacement task accepted its header: its units may go out."""
+        self._apply(TaskReady(channel.key, time.monotonic()))
+
+    def units_done(self, channel: TaskChannel, ids: list[int]) -> None:
+        """Every row of these units of ``channel``'s reached the caller."""
+        self._apply(UnitsDone(channel.key, tuple(ids), time.monotonic()))
+
+    def output_read(self, channel: TaskChannel) -> None:
+        self._apply(OutputRead(channel.key, time.monotonic()))
+
+    def task_lost(self, channel: TaskChannel, reason: str) -> None:
+        """``channel``'s worker is lost: its undelivered units go back to the queues, and a
+        ``ReplaceTask`` reaches ``on_replace`` (or, for a task that cannot be recovered, the query fails)."""
+        self._apply(TaskLost(channel.key, reason, time.monotonic()))
 
     def add_slot(self, source: Source, partition: int, channel: TaskChannel) -> None:
         with self._cond:
@@ -217,6 +258,11 @@ class FeedDispatcher:
                 box = self._boxes.get(ins.task)
                 if box is not None:
                     box.channel.abort(ins.reason)
+            elif isinstance(ins, ReplaceTask):
+                if self._on_replace is None:
+                    self._on_error(RuntimeError(f"task {ins.task} was lost and nothing can replace it: {ins.reason}"))
+                else:
+                    self._on_replace(ins)
             elif isinstance(ins, FailQuery) and not self.cancelled.is_set():
                 self._on_error(RuntimeError(ins.reason))
 
@@ -350,7 +396,9 @@ class FeedDispatcher:
                     items.extend(nxt.items)
                     i += 1
                 sent = now_ns()
-                units = [protocol_pb2.WorkUnit(body=u.body, created_unix_nanos=u.created_ns, sent_unix_nanos=sent) for u in items]
+                units = [
+                    protocol_pb2.WorkUnit(body=u.body, created_unix_nanos=u.created_ns, sent_unix_nanos=sent, id=u.id) for u in items
+                ]
                 yield protocol_pb2.CoordinatorFrame(
                     units=protocol_pb2.WorkUnitBatch(feed_id=ins.feed_id, partition=ins.partition, units=units)
                 )

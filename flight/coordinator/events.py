@@ -20,14 +20,19 @@ __all__ = [
     "HalfClose",
     "Instruction",
     "Item",
+    "OutputRead",
+    "ReplaceTask",
     "ResultComplete",
     "SendFeedEnd",
     "SendUnits",
     "SenderIdle",
     "StartSending",
     "TaskFinished",
+    "TaskLost",
     "TaskReady",
+    "TaskReplaced",
     "Tick",
+    "UnitsDone",
     "UnitsFound",
     "WorkerLost",
 ]
@@ -45,6 +50,8 @@ class Item:
     size: int | None = None
     queued_at: float = 0.0
     """When it joined its source's queue (set by the state machine): the affinity wait starts then."""
+    id: int = 0
+    """Its number in the execution, in the order found (set by the state machine): ``WorkUnit.id``."""
 
 
 # ------------------------------------------------------------------ events
@@ -69,6 +76,9 @@ class StartSending(NamedTuple):
 
 
 class TaskReady(NamedTuple):
+    """The task accepted its header. Needed only by a replacement (``TaskReplaced``): nothing goes
+    to it before; the first tasks are all ready before ``StartSending``."""
+
     task: str
     now: float
 
@@ -106,6 +116,39 @@ class ResultComplete(NamedTuple):
     now: float
 
 
+class UnitsDone(NamedTuple):
+    """Every row of these units reached the caller (a recoverable task's, ``TaskOptions.tag_units``):
+    they will never be replayed."""
+
+    task: str
+    ids: tuple[int, ...]
+    now: float
+
+
+class OutputRead(NamedTuple):
+    """A recoverable task's output was read to its end: all its units are delivered."""
+
+    task: str
+    now: float
+
+
+class TaskLost(NamedTuple):
+    """A recoverable task's worker is lost (dead, or silent past the heartbeat): replay its units."""
+
+    task: str
+    reason: str
+    now: float
+
+
+class TaskReplaced(NamedTuple):
+    """The driver made ``task`` on ``url`` to take over the feed partitions of ``lost``."""
+
+    lost: str
+    task: str
+    url: str
+    now: float
+
+
 class WorkerLost(NamedTuple):
     url: str
     reason: str
@@ -125,7 +168,8 @@ class Tick(NamedTuple):
 
 Event = (
     UnitsFound | DiscoveryEnded | StartSending | TaskReady | CreditGranted | SenderIdle
-    | TaskFinished | ResultComplete | WorkerLost | Abort | Tick
+    | TaskFinished | ResultComplete | UnitsDone | OutputRead | TaskLost | TaskReplaced
+    | WorkerLost | Abort | Tick
 )
 
 
@@ -159,10 +203,20 @@ class CancelTask:
 
 
 @dataclass(frozen=True)
+class ReplaceTask:
+    """Open a task like ``task`` (lost) on another worker, then say ``TaskReplaced``; ``units`` of
+    ``task``'s went back to their queues for it (or, from a shared queue, any task with credit)."""
+
+    task: str
+    reason: str
+    units: int
+
+
+@dataclass(frozen=True)
 class FailQuery:
     reason: str
     url: str | None = None
     """The lost worker, when a worker loss is the cause."""
 
 
-Instruction = SendUnits | SendFeedEnd | HalfClose | CancelTask | FailQuery
+Instruction = SendUnits | SendFeedEnd | HalfClose | CancelTask | ReplaceTask | FailQuery

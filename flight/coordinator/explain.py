@@ -20,9 +20,14 @@ def explain_plan(ex: DistributedExec, analyze: bool) -> str:
     metrics = {t.stage_key: t for t in ex.metrics.tasks} if (analyze and ex.metrics) else {}
     for stage in reversed(ex.plan.stages):  # the head first, as the result flows up to it
         lines += _stage(ex, stage, urls, metrics)
-    if ex.attempts:
-        lines.append(f"Retried after losing workers ({len(ex.attempts)} failed attempt(s), then {ex.query_id}):")
-        lines += [f"  - {a.describe()}" for a in ex.attempts]
+    failed = [a for a in ex.attempts if a.replayed is None]
+    replayed = [a for a in ex.attempts if a.replayed is not None]
+    if failed:
+        lines.append(f"Retried after losing workers ({len(failed)} failed attempt(s), then {ex.query_id}):")
+        lines += [f"  - {a.describe()}" for a in failed]
+    if replayed:
+        lines.append(f"Recovered from losing workers ({len(replayed)} task(s) replaced, their units replayed):")
+        lines += [f"  - {a.describe()}" for a in replayed]
     if ex.metrics is not None:
         lines.append(ex.metrics.summary())
     return "\n".join(lines)

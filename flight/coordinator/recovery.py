@@ -56,8 +56,18 @@ class Attempt:
     """The workers found dead or silent, excluded from later attempts."""
     error: str
     """What failed the attempt (clipped)."""
+    replayed: int | None = None
+    """For a streaming scan's lost task (unit-level recovery): how many of its units were replayed,
+    the query going on; None: the attempt failed and the query ran again."""
+    task: str = ""
+    replaced_by: str = ""
 
     def describe(self) -> str:
+        if self.replayed is not None:
+            return (
+                f"task {self.task} lost with {', '.join(self.lost)}: {self.replayed} undelivered unit(s) replayed "
+                f"on {self.replaced_by} ({self.error})"
+            )
         return f"attempt {self.query_id} lost {', '.join(self.lost)}: {self.error}"
 
 

@@ -25,7 +25,11 @@ Guarantees, tested without processes in ``tests/coordinator/test_state.py``:
   discovery ended and its queue is empty;
 * ``HalfClose`` reaches a task only once it finished (or, ``close_grace`` after
   the result was complete, a task the result did not need);
-* after ``Abort`` (or ``WorkerLost``) nothing is sent; every open task is cancelled once.
+* after ``Abort`` (or ``WorkerLost``) nothing is sent; every open task is cancelled once;
+* a recoverable task's lost units (``TaskLost``: sent, and not ``UnitsDone``) go back to
+  the front of their queues, in order, and to no task that was already sent its feed end;
+  a replacement takes over the lost task's feed partitions: so a unit whose rows reached
+  the caller is never sent again, and every other unit is, until a task completes it.
 """
 
 from __future__ import annotations
@@ -45,14 +49,19 @@ from flight.coordinator.events import (
     HalfClose,
     Instruction,
     Item,
+    OutputRead,
+    ReplaceTask,
     ResultComplete,
     SenderIdle,
     SendFeedEnd,
     SendUnits,
     StartSending,
     TaskFinished,
+    TaskLost,
     TaskReady,
+    TaskReplaced,
     Tick,
+    UnitsDone,
     UnitsFound,
     WorkerLost,
 )
@@ -68,6 +77,8 @@ __all__ = [
     "HalfClose",
     "Instruction",
     "Item",
+    "OutputRead",
+    "ReplaceTask",
     "ResultComplete",
     "SendFeedEnd",
     "SendUnits",
@@ -75,8 +86,11 @@ __all__ = [
     "SlotStats",
     "StartSending",
     "TaskFinished",
+    "TaskLost",
     "TaskReady",
+    "TaskReplaced",
     "Tick",
+    "UnitsDone",
     "UnitsFound",
     "WorkerLost",
 ]
@@ -127,7 +141,11 @@ class _Task:
     key: str
     url: str
     slots: list[_Slot] = field(default_factory=list)
-    ready: bool = False
+    ready: bool = True  # a replacement's is False until TaskReady: nothing goes to it before
+    recoverable: bool = False  # its rows say their unit: its units are tracked until delivered
+    outstanding: dict[int, tuple[_Slot, Item]] = field(default_factory=dict)
+    """A recoverable task's units sent and not yet delivered, by id, in the order sent."""
+    read: bool = False  # a recoverable task's output was read to its end
     busy: bool = False  # its sender has units to write: more wait in the queue until SenderIdle
     finished: bool = False
     closed: bool = False  # half-closed or cancelled: nothing more goes to it
@@ -162,11 +180,16 @@ class FeedState:
             SenderIdle: self._sender_idle,
             TaskFinished: self._task_finished,
             ResultComplete: self._result_complete,
+            UnitsDone: self._units_done,
+            OutputRead: self._output_read,
+            TaskLost: self._task_lost,
+            TaskReplaced: self._task_replaced,
             WorkerLost: self._worker_lost,
             Abort: self._abort,
             Tick: self._tick,
         }
         self.complete_at: float | None = None  # when the result was complete
+        self._next_id = 0  # the next unit's id
 
     # ---------------------------------------------------------------- wiring
 
@@ -174,8 +197,9 @@ class FeedState:
         self.sources.append(_Source(feed_id, shared))
         return len(self.sources) - 1
 
-    def add_task(self, key: str, url: str) -> None:
-        self.tasks[key] = _Task(key, url)
+    def add_task(self, key: str, url: str, *, recoverable: bool = False) -> None:
+        """``recoverable``: the task tags its rows with their unit (``UnitsDone``, ``TaskLost`` apply)."""
+        self.tasks[key] = _Task(key, url, recoverable=recoverable)
 
     def add_slot(self, key: str, source_id: int, partition: int) -> None:
         """Task ``key`` reads ``source_id`` as its feed partition ``partition`` (its number on the wire)."""
@@ -252,6 +276,8 @@ class FeedState:
         n = 0
         for item in items:
             n += 1
+            item.id = self._next_id
+            self._next_id += 1
             item.queued_at = now
             source.queue.append(item)
             if item.preferred is not None:
@@ -271,8 +297,11 @@ class FeedState:
             self._pump(source, source.slots, event.now, out)
 
     def _task_ready(self, event: TaskReady, out: list[Instruction]) -> None:
-        if event.task in self.tasks:
-            self.tasks[event.task].ready = True
+        task = self.tasks.get(event.task)
+        if task is not None and not task.ready:
+            task.ready = True
+            for slot in task.slots:
+                self._pump(slot.source, (slot,), event.now, out)
 
     def _credit_granted(self, event: CreditGranted, out: list[Instruction]) -> None:
         slot = self._slots.get((event.task, event.feed_id, event.partition))
@@ -303,6 +332,59 @@ class FeedState:
             if task.finished and not task.closed:
                 task.closed = True
                 out.append(HalfClose(task.key))
+
+    def _units_done(self, event: UnitsDone, out: list[Instruction]) -> None:
+        task = self.tasks.get(event.task)
+        if task is None or not task.recoverable:
+            return
+        for unit in event.ids:
+            if task.outstanding.pop(unit, None) is None:
+                # Rows of a unit it was not sent, or delivered already: the worker broke its promise.
+                self._fail(f"task {task.key} on {task.url} sent rows of work unit {unit}, which it was not sent or had completed", None, out)
+                return
+
+    def _output_read(self, event: OutputRead, out: list[Instruction]) -> None:
+        task = self.tasks.get(event.task)
+        if task is not None:
+            task.read = True
+            task.outstanding.clear()
+
+    def _task_lost(self, event: TaskLost, out: list[Instruction]) -> None:
+        task = self.tasks.get(event.task)
+        if task is None or task.read:
+            return  # everything it had to give was delivered
+        if not task.recoverable or task.closed:
+            self._fail(f"task {task.key} on {task.url} was lost: {event.reason}", task.url, out)
+            return
+        task.closed = True
+        out.append(CancelTask(task.key, event.reason))
+        back: dict[int, list[Item]] = {}  # by source: the lost units, in the order they were sent
+        for slot, item in task.outstanding.values():
+            back.setdefault(id(slot.source), []).append(item)
+        sources = {id(slot.source): slot.source for slot in task.slots}
+        for key, items in back.items():
+            source = sources[key]
+            for item in items:
+                if item.preferred is not None:  # its wait for that worker is over
+                    item.preferred = None
+            source.queue.extendleft(reversed(items))
+        units = len(task.outstanding)
+        task.outstanding.clear()
+        for source in sources.values():
+            source.urls = {s.owner.url for s in source.slots if not s.owner.closed}
+        out.append(ReplaceTask(task.key, event.reason, units))
+        for source in sources.values():  # a shared queue's other tasks may take them now
+            self._pump(source, source.slots, event.now, out)
+
+    def _task_replaced(self, event: TaskReplaced, out: list[Instruction]) -> None:
+        lost = self.tasks[event.lost]
+        task = self.tasks[event.task] = _Task(event.task, event.url, ready=False, recoverable=lost.recoverable)
+        for old in lost.slots:
+            slot = _Slot(old.source, task, task.key, old.partition, stats=SlotStats(old.source.feed_id, old.partition, task.key))
+            old.source.slots.append(slot)
+            old.source.urls.add(task.url)
+            task.slots.append(slot)
+            self._slots[(task.key, old.source.feed_id, old.partition)] = slot
 
     def _worker_lost(self, event: WorkerLost, out: list[Instruction]) -> None:
         self._fail(f"worker {event.url} was lost: {event.reason}", event.url, out)
@@ -338,11 +420,14 @@ class FeedState:
         queue = source.queue
         for slot in slots:
             owner = slot.owner
-            if not (slot.credit and queue) or owner.closed or (owner.busy and not ready):
+            if not (slot.credit and queue) or owner.closed or slot.end_sent or not owner.ready or (owner.busy and not ready):
                 continue
             items = self._take(slot, min(slot.credit, self.max_frame), owner.url, now)
             if not items:
                 continue
+            if owner.recoverable:
+                for item in items:
+                    owner.outstanding[item.id] = (slot, item)
             slot.credit -= len(items)
             stats = slot.stats
             stats.units += len(items)
@@ -354,7 +439,7 @@ class FeedState:
         # nothing from the last pump too), each after the last units it was sent.
         if source.ended and not queue:
             for slot in source.slots:
-                if not slot.end_sent and not slot.owner.closed:
+                if not slot.end_sent and not slot.owner.closed and slot.owner.ready:
                     slot.end_sent = True
                     out.append(SendFeedEnd(slot.task, source.feed_id, slot.partition))
 

@@ -19,9 +19,10 @@ from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.acero as ac
+import pyarrow.compute as pc
 
 from flight._proto import plan_pb2
-from flight.arrow_types import UNITS_READER, normalize_schema
+from flight.arrow_types import UNIT_COLUMN, UNITS_READER, normalize_schema
 from flight.compute.expressions import bind, to_pyarrow
 from flight.compute.relational import (
     JOIN_TYPES,
@@ -41,7 +42,17 @@ from flight.ipc import read_ipc_stream
 from flight.limits import MAX_OUTPUT_PARTITIONS, MAX_PRODUCERS, check_count, clip
 from flight.protocol import decode_schema
 
-__all__ = ["TaskInputs", "compile_task", "limit_batches", "scan_schema", "source_threads"]
+__all__ = [
+    "Env",
+    "TaskInputs",
+    "compile_task",
+    "feed_scan_reader",
+    "filter_node",
+    "limit_batches",
+    "project_node",
+    "scan_schema",
+    "source_threads",
+]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +62,9 @@ UNITS_PER_BATCH = 4096
 class ReceivedUnitLike(Protocol):
     @property
     def body(self) -> bytes: ...
+
+    @property
+    def id(self) -> int: ...
 
     def done(self) -> None: ...
 
@@ -156,6 +170,7 @@ def compile_task(
     unit_delay_s: float = 0.0,
     roots: DataRoots | None = None,
     engine: str | None = None,
+    tag_units: bool = False,
 ) -> pa.RecordBatchReader:
     """The task's output stream. Raises ProtocolError for a plan this worker cannot run.
 
@@ -165,8 +180,14 @@ def compile_task(
     ``unit_delay_s`` slows every work unit down on purpose (the worker's ``--unit-delay-ms``).
     ``roots`` are where the task's readers may open files; ``None`` means this process's
     (``confine.worker_roots()``: what ``flight-worker --data-root`` set, else none at all).
+    ``tag_units``: the rows say their work unit, in order (``tagged.py``; Acero, one unit at a time).
     """
-    env = _Env(inputs, batch_rows, unit_delay_s, worker_roots() if roots is None else roots)
+    env = Env(inputs, batch_rows, unit_delay_s, worker_roots() if roots is None else roots)
+    if tag_units:
+        from flight.engine.tagged import tagged_task  # it builds on this module
+
+        _tell(inputs, "acero")
+        return tagged_task(plan, env)
     # Checks and types every operator (nothing runs yet); the declaration is Acero's plan.
     decl, schema = _compile(plan.root, env, "plan.root")
     from flight.engine import duck  # imported on first use: ``import flight`` stays light
@@ -185,20 +206,20 @@ def _tell(inputs: TaskInputs, engine: str) -> None:
         inputs.engine = engine
 
 
-def _acero(plan: plan_pb2.StagePlan, env: _Env, decl: ac.Declaration) -> pa.RecordBatchReader:
+def _acero(plan: plan_pb2.StagePlan, env: Env, decl: ac.Declaration) -> pa.RecordBatchReader:
     if plan.root.WhichOneof("kind") == "feed_scan":
         # Nothing to compute: Acero would only copy batches between threads.
-        return _feed_scan(plan.root.feed_scan, env, "plan.root.feed_scan")
+        return feed_scan_reader(plan.root.feed_scan, env, "plan.root.feed_scan")
     return decl.to_reader(use_threads=True)
 
 
-def _duck_or_acero(plan: plan_pb2.StagePlan, env: _Env, decl: ac.Declaration) -> Iterator[pa.RecordBatch]:
+def _duck_or_acero(plan: plan_pb2.StagePlan, env: Env, decl: ac.Declaration) -> Iterator[pa.RecordBatch]:
     from flight.engine import duck
 
     try:
         reader = duck.run_duckdb(
             plan, env.inputs, env.schemas, env.roots, env.batch_rows, env.delay,
-            lambda scan, field: _feed_scan(scan, env, field), getattr(env.inputs, "on_cancel", None),
+            lambda scan, field: feed_scan_reader(scan, env, field), getattr(env.inputs, "on_cancel", None),
         )
         _tell(env.inputs, "duckdb")
     except Untranslatable as exc:
@@ -233,7 +254,9 @@ def _source(reader: pa.RecordBatchReader) -> ac.Declaration:
 
 
 @dataclass(frozen=True)
-class _Env:
+class Env:
+    """What compiling a task's operators needs: its inputs and the worker's settings."""
+
     inputs: TaskInputs
     batch_rows: int
     unit_delay_s: float
@@ -246,20 +269,20 @@ class _Env:
             time.sleep(self.unit_delay_s * units)
 
 
-def _compile(op: plan_pb2.Operator, env: _Env, field: str) -> tuple[ac.Declaration, pa.Schema]:
+def _compile(op: plan_pb2.Operator, env: Env, field: str) -> tuple[ac.Declaration, pa.Schema]:
     """An operator as a declaration, with the schema it produces (checked before anything runs)."""
     decl, schema = _compile_op(op, env, field)
     env.schemas[field] = schema
     return decl, schema
 
 
-def _compile_op(op: plan_pb2.Operator, env: _Env, field: str) -> tuple[ac.Declaration, pa.Schema]:
+def _compile_op(op: plan_pb2.Operator, env: Env, field: str) -> tuple[ac.Declaration, pa.Schema]:
     kind = op.WhichOneof("kind")
     if kind is None:
         raise ProtocolError(f"{field} has no operator set", field=field)
     here = f"{field}.{kind}"
     if kind == "feed_scan":
-        reader = _feed_scan(op.feed_scan, env, here)
+        reader = feed_scan_reader(op.feed_scan, env, here)
         return _source(reader), reader.schema
     if kind == "exchange_input":
         schema = normalize_schema(decode_schema(op.exchange_input.schema, f"{here}.schema"))
@@ -272,23 +295,11 @@ def _compile_op(op: plan_pb2.Operator, env: _Env, field: str) -> tuple[ac.Declar
         return ac.Declaration("table_source", ac.TableSourceNodeOptions(table)), table.schema
     if kind == "filter":
         child, schema = _compile(op.filter.input, env, f"{here}.input")
-        predicate = to_pyarrow(op.filter.predicate, f"{here}.predicate")
-        t = bind(op.filter.predicate, predicate, schema, f"{here}.predicate")
-        if t != pa.bool_():
-            raise ProtocolError(f"{here}.predicate is of type {t}, not bool", field=f"{here}.predicate")
-        return ac.Declaration.from_sequence([child, ac.Declaration("filter", ac.FilterNodeOptions(predicate))]), schema
+        return ac.Declaration.from_sequence([child, filter_node(op.filter, schema, here)]), schema
     if kind == "project":
         child, schema = _compile(op.project.input, env, f"{here}.input")
-        exprs, fields = [], []
-        for i, ne in enumerate(op.project.exprs):
-            where = f"{here}.exprs[{i}].expr"
-            expr = to_pyarrow(ne.expr, where)
-            fields.append(pa.field(ne.name, bind(ne.expr, expr, schema, where)))
-            exprs.append(expr)
-        if not exprs:
-            raise ProtocolError(f"{here}.exprs is empty", field=f"{here}.exprs")
-        project = ac.Declaration("project", ac.ProjectNodeOptions(exprs, [f.name for f in fields]))
-        return ac.Declaration.from_sequence([child, project]), pa.schema(fields)
+        project, out = project_node(op.project, schema, here)
+        return ac.Declaration.from_sequence([child, project]), out
     if kind == "limit":
         lim = op.limit
         if lim.count < 0 or lim.offset < 0:
@@ -336,6 +347,34 @@ def _compile_op(op: plan_pb2.Operator, env: _Env, field: str) -> tuple[ac.Declar
     raise ProtocolError(f"{field}: operator {kind!r} is not supported by this worker", field=here)
 
 
+def filter_node(flt: plan_pb2.Filter, schema: pa.Schema, here: str) -> ac.Declaration:
+    """Acero's filter for ``flt`` over ``schema`` (checked: the predicate binds and is a bool)."""
+    predicate = to_pyarrow(flt.predicate, f"{here}.predicate")
+    t = bind(flt.predicate, predicate, schema, f"{here}.predicate")
+    if t != pa.bool_():
+        raise ProtocolError(f"{here}.predicate is of type {t}, not bool", field=f"{here}.predicate")
+    return ac.Declaration("filter", ac.FilterNodeOptions(predicate))
+
+
+def project_node(prj: plan_pb2.Project, schema: pa.Schema, here: str, keep: Sequence[str] = ()) -> tuple[ac.Declaration, pa.Schema]:
+    """Acero's project for ``prj`` over ``schema``, with the schema it makes; ``keep``: columns
+    of ``schema`` passed through after the projected ones (a hidden column, say)."""
+    exprs, fields = [], []
+    for i, ne in enumerate(prj.exprs):
+        where = f"{here}.exprs[{i}].expr"
+        expr = to_pyarrow(ne.expr, where)
+        fields.append(pa.field(ne.name, bind(ne.expr, expr, schema, where)))
+        exprs.append(expr)
+    if not exprs:
+        raise ProtocolError(f"{here}.exprs is empty", field=f"{here}.exprs")
+    for name in keep:
+        if name in {f.name for f in fields}:
+            raise ProtocolError(f"{here} makes a column named {name!r}, which is reserved", field=f"{here}.exprs")
+        exprs.append(pc.field(name))
+        fields.append(schema.field(name))
+    return ac.Declaration("project", ac.ProjectNodeOptions(exprs, [f.name for f in fields])), pa.schema(fields)
+
+
 def _check_columns(names: Iterable[str], schema: pa.Schema, field: str) -> None:
     for n in names:
         if n not in schema.names:
@@ -345,7 +384,7 @@ def _check_columns(names: Iterable[str], schema: pa.Schema, field: str) -> None:
 _AGG_FUNCTIONS = {"count", "count_all", "count_distinct", "sum", "min", "max", "mean"}
 
 
-def _aggregate(agg: plan_pb2.Aggregate, env: _Env, here: str) -> tuple[ac.Declaration, pa.Schema]:
+def _aggregate(agg: plan_pb2.Aggregate, env: Env, here: str) -> tuple[ac.Declaration, pa.Schema]:
     child, schema = _compile(agg.input, env, f"{here}.input")
     _check_columns(agg.keys, schema, f"{here}.keys")
     calls = []
@@ -363,7 +402,7 @@ def _aggregate(agg: plan_pb2.Aggregate, env: _Env, here: str) -> tuple[ac.Declar
     return aggregate_decl(child, agg.keys, calls), out
 
 
-def _hash_join(join: plan_pb2.HashJoin, env: _Env, here: str) -> tuple[ac.Declaration, pa.Schema]:
+def _hash_join(join: plan_pb2.HashJoin, env: Env, here: str) -> tuple[ac.Declaration, pa.Schema]:
     if join.join_type not in JOIN_TYPES:
         raise ProtocolError(f"{here}.join_type {join.join_type!r} is not one of {JOIN_TYPES}", field=f"{here}.join_type")
     if not join.left_keys or len(join.left_keys) != len(join.right_keys):
@@ -380,18 +419,25 @@ def _hash_join(join: plan_pb2.HashJoin, env: _Env, here: str) -> tuple[ac.Declar
     return join_decl(left, right, *args), out
 
 
-def _feed_scan(scan: plan_pb2.FeedScan, env: _Env, field: str) -> pa.RecordBatchReader:
+def feed_scan_reader(scan: plan_pb2.FeedScan, env: Env, field: str, *, tag: bool = False) -> pa.RecordBatchReader:
+    """The rows of a feed scan's units, unit after unit; ``tag``: with a last column
+    ``UNIT_COLUMN`` saying each row's ``WorkUnit.id`` (``TaskOptions.tag_units``)."""
     if not scan.feed.feed_id:
         raise ProtocolError(f"{field}.feed.feed_id is empty", field=f"{field}.feed.feed_id")
     feed_id = scan.feed.feed_id
     schema = scan_schema(scan, field)
     inputs = env.inputs
     partitions = inputs.feed_partitions(feed_id)
+    out_schema = schema
+    if tag:
+        if UNIT_COLUMN in schema.names:
+            raise ProtocolError(f"{field}.schema has a column named {UNIT_COLUMN!r}, which is reserved", field=f"{field}.schema")
+        out_schema = schema.append(pa.field(UNIT_COLUMN, pa.uint64()))
     if scan.reader == UNITS_READER:
         expected = pa.schema([pa.field("unit", pa.binary())])
         if not schema.equals(expected):
             raise ProtocolError(f"{field}: the 'units' reader produces {expected}, not {schema}", field=f"{field}.schema")
-        return native_reader(schema, _unit_rows(env, feed_id, partitions))
+        return native_reader(out_schema, _unit_rows(env, feed_id, partitions, tag))
     reader = get_reader(scan.reader)
     if reader is None:
         raise ProtocolError(f"{field}.reader: no reader named {scan.reader!r} on this worker", field=f"{field}.reader")
@@ -410,7 +456,10 @@ def _feed_scan(scan: plan_pb2.FeedScan, env: _Env, field: str) -> pa.RecordBatch
                 where = f"work unit {n} of feed {feed_id!r} partition {partition}"
                 try:
                     for batch in reader(unit.body, ctx):
-                        yield conform(batch, schema, where)
+                        batch = conform(batch, schema, where)
+                        if tag:
+                            batch = batch.append_column(out_schema.field(-1), pa.repeat(pa.scalar(unit.id, pa.uint64()), batch.num_rows))
+                        yield batch
                 except PathRefused as exc:  # keeps its type: the worker reports it as a permission error
                     raise PathRefused(f"{where}: {exc}") from None
                 except UnitReadError as exc:
@@ -418,15 +467,18 @@ def _feed_scan(scan: plan_pb2.FeedScan, env: _Env, field: str) -> pa.RecordBatch
                 env.delay(1)
                 unit.done()
 
-    return native_reader(schema, batches())
+    return native_reader(out_schema, batches())
 
 
-def _unit_rows(env: _Env, feed_id: str, partitions: list[int]) -> Iterator[pa.RecordBatch]:
-    """The ``units`` reader: unit bodies as rows, many units per batch."""
+def _unit_rows(env: Env, feed_id: str, partitions: list[int], tag: bool = False) -> Iterator[pa.RecordBatch]:
+    """The ``units`` reader: unit bodies as rows, many units per batch (``tag``: and their ids)."""
     for partition in partitions:
         inbox = env.inputs.inbox(feed_id, partition)
         while units := inbox.take(UNITS_PER_BATCH):
             env.delay(len(units))
-            yield pa.record_batch([pa.array([u.body for u in units], pa.binary())], names=["unit"])
+            columns = [pa.array([u.body for u in units], pa.binary())]
+            if tag:
+                columns.append(pa.array([u.id for u in units], pa.uint64()))
+            yield pa.record_batch(columns, names=["unit", UNIT_COLUMN][: len(columns)])
             for u in units:
                 u.done()

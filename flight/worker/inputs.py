@@ -30,6 +30,8 @@ class ReceivedUnit:
     sent_ns: int
     received_ns: int
     inbox: FeedInbox = field(repr=False)
+    id: int = 0
+    """``WorkUnit.id``: what a task tags its rows with for unit-level recovery (``TaskOptions.tag_units``)."""
 
     def done(self) -> None:
         """The reader has turned this unit into rows."""
@@ -84,7 +86,7 @@ class FeedInbox:
                 )
             self._received += len(units)
             for u in units:
-                self._units.append(ReceivedUnit(u.body, u.created_unix_nanos, u.sent_unix_nanos, received_ns, self))
+                self._units.append(ReceivedUnit(u.body, u.created_unix_nanos, u.sent_unix_nanos, received_ns, self, u.id))
                 self.bytes += len(u.body)
                 self.created_to_sent.add(u.sent_unix_nanos - u.created_unix_nanos)
                 self.sent_to_received.add(received_ns - u.sent_unix_nanos)

@@ -177,7 +177,9 @@ class WorkerServer(fl.FlightServerBase):
         )
         try:
             try:
-                output = compile_task(plan, task, self.options.batch_rows, self.options.unit_delay_ms / 1000)
+                output = compile_task(
+                    plan, task, self.options.batch_rows, self.options.unit_delay_ms / 1000, tag_units=opts.tag_units
+                )
             except (pa.ArrowException, ValueError, TypeError) as exc:  # Acero refused what our checks let through
                 raise ProtocolError(f"the plan cannot run on this worker: {type(exc).__name__}: {clip(exc)}", field="header.plan") from None
             task.output_schema = output.schema  # before the task is visible to DoGet
