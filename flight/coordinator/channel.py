@@ -48,13 +48,15 @@ class TaskChannel:
         on_finished: FinishedHandler | None = None,
         heartbeat: float = 2.0,
         peer_timeout: float = 10.0,
+        name: str | None = None,
     ) -> None:
         self.url = url
         self.heartbeat = heartbeat
         self.peer_timeout = peer_timeout
         self.last_heard = time.monotonic()  # any message from the worker, heartbeats included
         self.header = header
-        self.key = format_stage_key(header.stage_key)
+        # The coordinator's name for it: its stage key, unless it replaces a lost task (same key, another worker).
+        self.key = name or format_stage_key(header.stage_key)
         self.ready = threading.Event()
         self.done = threading.Event()  # the worker ended the exchange (or it broke)
         self._settled = threading.Event()  # ready, failed or done: wait_ready can stop waiting

@@ -41,6 +41,7 @@ class DetachedQuery:
         self.retain = retain
         self.query_id = run.query_id
         self.schema = run.plan.head.output_schema
+        self.workers = tuple(run.urls)  # where a lost head task's replacement may be (``replay.py``)
         head = run.by_stage[run.plan.head.stage_id]
         self.partitions = [
             HeadPartition(
@@ -56,6 +57,11 @@ class DetachedQuery:
         self._deadline = time.monotonic() + retain
         threading.Thread(target=self._watch, args=(head,), name=f"detached-{self.query_id}", daemon=True).start()
 
+    def _head(self, head: list[TaskChannel]) -> list[TaskChannel]:
+        """The head tasks now: a lost task's replacement in its place (``replay.py``)."""
+        replay = self._run.replay
+        return replay.head() if replay is not None else head
+
     def _watch(self, head: list[TaskChannel]) -> None:
         try:
             if self.retain:
@@ -65,7 +71,7 @@ class DetachedQuery:
                         break
                 if self._run.failed.is_set():
                     return
-                if not all(c.finished.is_set() for c in head):
+                if not all(c.finished.is_set() for c in self._head(head)):
                     self._run.fail(TaskCancelledError("the retained query was released before its head tasks finished"))
                     return
             else:

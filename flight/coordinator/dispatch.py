@@ -132,13 +132,14 @@ class FeedDispatcher:
         self.sources.append(source)
         return source
 
-    def add_task(self, channel: TaskChannel, *, recoverable: bool = False) -> None:
+    def add_task(self, channel: TaskChannel, *, recoverable: bool = False, exclusive: bool = False) -> None:
         """A task of the execution (with feeds or without): its channel carries the instructions.
 
-        ``recoverable``: its rows say their unit; its lost units are replayed (``task_lost``).
+        ``recoverable``: its lost units are replayed (``task_lost``); ``exclusive``: all it was
+        sent, by its replacement alone (``FeedState.add_task``).
         """
         with self._cond:
-            self.state.add_task(channel.key, channel.url, recoverable=recoverable)
+            self.state.add_task(channel.key, channel.url, recoverable=recoverable, exclusive=exclusive)
             self._boxes[channel.key] = _Outbox(channel, threading.Condition(self._lock))
 
     def replace(self, lost: str, channel: TaskChannel) -> None:

@@ -65,7 +65,7 @@ class Attempt:
     def describe(self) -> str:
         if self.replayed is not None:
             return (
-                f"task {self.task} lost with {', '.join(self.lost)}: {self.replayed} undelivered unit(s) replayed "
+                f"task {self.task} lost with {', '.join(self.lost)}: {self.replayed} unit(s) it had not delivered replayed "
                 f"on {self.replaced_by} ({self.error})"
             )
         return f"attempt {self.query_id} lost {', '.join(self.lost)}: {self.error}"

@@ -26,7 +26,6 @@ import random
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -39,25 +38,20 @@ from flight.coordinator.channel import TaskChannel
 from flight.coordinator.dispatch import FeedDispatcher, Source
 from flight.coordinator.headers import task_header
 from flight.coordinator.metrics import QueryMetrics, TaskStats
-from flight.coordinator.recovery import PROBE_TIMEOUT_S, Attempt, may_retry, probe_lost
+from flight.coordinator.replay import Replay, replay_mode
 from flight.coordinator.results import DONE as _DONE
 from flight.coordinator.results import offer as _offer
-from flight.coordinator.state import ReplaceTask
-from flight.coordinator.units import UnitGate
 from flight.errors import (
     FlightExecError,
     PlanError,
-    ProtocolError,
     QueryTimeoutError,
     ResolverError,
     TaskCancelledError,
     WorkerBusyError,
     WorkerError,
-    WorkerUnavailableError,
 )
-from flight.limits import clip
 from flight.planner import StageSpec
-from flight.protocol import COMPRESSION, encode_schema, make_stage_key, new_secret, taggable
+from flight.protocol import COMPRESSION, encode_schema, make_stage_key, new_secret
 from flight.resolver import normalize_url
 
 if TYPE_CHECKING:
@@ -107,33 +101,22 @@ class Run:
         self.results: queue.Queue[object] = queue.Queue(maxsize=max(1, self.options.result_queue_batches))
         self.error: BaseException | None = None
         self.failed = threading.Event()
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()  # the first error, the end, and a replacement's bookkeeping
         self._finished = False
         self.channels: list[TaskChannel] = []
         self.by_stage: dict[int, list[TaskChannel]] = {}
         self.sources: dict[str, list[Source]] = {}
-        # Unit-level recovery (a streaming scan): the head tasks' gates, what each task was
-        # assigned (for a replacement), the workers and tasks lost.
-        self.tagged = (
-            not retain
-            and self.options.unit_recovery
-            and self.options.retries > 0
-            and len(self.plan.stages) == 1
-            and taggable(self.plan.head.root.to_proto())
-        )
-        self.gates: dict[str, UnitGate] = {}
-        self.assigned: dict[str, dict[str, list[int]]] = {}
-        self.by_key: dict[str, TaskChannel] = {}
-        self.lost_urls: set[str] = set()
-        self.gone: set[str] = set()  # tasks lost (or whose worker went after their output was read)
-        self._probing = threading.Lock()
+        # Losing a worker after the tasks started: replayed within the attempt (replay.py), if it can be.
+        mode = replay_mode(self.plan, self.options, retain)
+        self.replay = Replay(self, mode) if mode is not None else None
+        self.tagged = mode == "units"
         self.dispatcher = FeedDispatcher(
             self.query_id,
             discovery_buffer=self.options.discovery_buffer,
             max_units_per_frame=self.options.max_units_per_frame,
             affinity_wait_s=self.options.affinity_wait,
             on_error=self.fail,
-            on_replace=self._replace,
+            on_replace=self.replay.replace if self.replay is not None else None,
         )
         self.started = time.perf_counter()
         self.first_batch_s: float | None = None
@@ -150,7 +133,7 @@ class Run:
 
     def fail(self, error: BaseException) -> None:
         """Record the first failure and stop everything; later errors are consequences."""
-        with self._lock:
+        with self.lock:
             if self.error is not None:
                 return
             self.error = error
@@ -249,7 +232,7 @@ class Run:
                 self.bound[stage.stage_id] = [urls[(offset + t) % len(urls)] for t in range(counts[stage.stage_id])]
             self._admit(counts)
             for channel in self.by_stage[self.plan.head.stage_id]:
-                self._check_schema(channel)
+                self.check_schema(channel)
         except BaseException as exc:
             self.fail(exc)
             self._finish()
@@ -340,16 +323,17 @@ class Run:
             channel.finish()
         self.channels = []
         self.by_stage = {}
-        self.gates, self.assigned, self.by_key = {}, {}, {}
+        if self.replay is not None:
+            self.replay.reset()
         self.dispatcher.clear_slots()
 
-    def _channel_error(self, channel: TaskChannel, error: BaseException) -> None:
+    def channel_error(self, channel: TaskChannel, error: BaseException) -> None:
         """A task's error fails the query, except a busy refusal while tasks are still being admitted
-        and a lost worker under a recoverable task (``_lost``)."""
+        and a lost worker under a head task that can be replayed (``replay.py``)."""
         if isinstance(error, WorkerBusyError) and not self.admitted:
             return  # wait_ready raises it, and _admit retries
-        if channel.key in self.gates and self.admitted:
-            self._lost(channel, error)
+        if self.replay is not None and self.admitted and self.replay.watches(channel):
+            self.replay.lost(channel, error)
             return
         self.fail(error)
 
@@ -358,10 +342,10 @@ class Run:
         channels = self.by_stage[stage.stage_id] = []
         for task, assigned in enumerate(stage.assignments(count)):
             header = self._header(stage, task, count, self._task_plan(stage, task, counts), assigned)
-            channel = self._channel(header, assigned)
+            channel = self.make_channel(header)
             channels.append(channel)
             self.channels.append(channel)
-            self.dispatcher.add_task(channel, recoverable=self.tagged)
+            self.dispatcher.add_task(channel, recoverable=self.tagged, exclusive=self.retain and self.replay is not None)
             # Slots exist before any channel opens: credits may arrive at once.
             for feed_id, partitions in assigned.items():
                 feed_sources = self.sources[feed_id]
@@ -369,23 +353,23 @@ class Run:
                     source = feed_sources[0] if feed_sources[0].shared else feed_sources[p]
                     self.dispatcher.add_slot(source, p, channel)
 
-    def _channel(self, header: protocol_pb2.TaskHeader, assigned: dict[str, list[int]]) -> TaskChannel:
+    def make_channel(self, header: protocol_pb2.TaskHeader, name: str | None = None) -> TaskChannel:
+        """A task's channel (not open); a head task of a replayable execution is watched for loss."""
         channel = TaskChannel(
             header.target_worker_url,
             header,
             on_credit=self.dispatcher.on_credit,
-            on_error=self._channel_error,
+            on_error=self.channel_error,
             on_finished=self.dispatcher.on_finished,
             heartbeat=self.options.heartbeat,
             peer_timeout=self.options.peer_timeout,
+            name=name,
         )
-        self.assigned[channel.key] = assigned
-        self.by_key[channel.key] = channel
-        if self.tagged:
-            self.gates[channel.key] = UnitGate(f"task {channel.key} on {channel.url}")
+        if self.replay is not None:
+            self.replay.track(channel)
         return channel
 
-    def _check_schema(self, channel: TaskChannel) -> None:
+    def check_schema(self, channel: TaskChannel) -> None:
         planned = self.plan.head.output_schema
         if self.tagged:
             planned = planned.append(pa.field(UNIT_COLUMN, pa.uint64()))
@@ -396,89 +380,11 @@ class Run:
                 stage_key=channel.key,
             )
 
-    # ------------------------------------------------------------ losing a worker (a streaming scan)
-
-    def _lost(self, channel: TaskChannel, error: BaseException) -> None:
-        """A recoverable head task failed: if its worker is lost, replay its undelivered units elsewhere.
-
-        Each lost worker costs one of ``ExecOptions.retries``. Anything else (a task's own error,
-        a healthy worker, no retries left) fails the attempt as before.
-        """
-        gate = self.gates[channel.key]
-        with gate.lock:  # no unit of this task is handed over meanwhile
-            if gate.lost or self.failed.is_set():
-                return
-            if gate.read_all:  # everything it had to give reached the caller: nothing to replay
-                self.gone.add(channel.key)
-                return
-            if not may_retry(error, False, 0, 1) or not self._worker_lost(channel.url):
-                self.fail(error)
-                return
-            gate.lost = True
-            self.gone.add(channel.key)
-            dropped = gate.drop()
-        log.warning("query %s: task %s on %s was lost (%s); %d held rows dropped, its units replayed",
-                    self.query_id, channel.key, channel.url, clip(error, 200), dropped)
-        self.dispatcher.task_lost(channel, clip(error, 300))
-
-    def _worker_lost(self, url: str) -> bool:
-        """Whether ``url`` is lost (dead, or no ``health`` answer in time) and may be recovered from."""
-        with self._probing:
-            if url in self.lost_urls:
-                return True
-            if len(self.lost_urls) >= self.options.retries or not set(self.urls) - self.lost_urls - {url}:
-                return False  # no retries left, or no worker would be left to replay on
-            timeout = min(PROBE_TIMEOUT_S, self.options.connect_timeout)
-            if not probe_lost([url], self.options.security, timeout):
-                return False
-            self.lost_urls.add(url)
-            return True
-
-    def _replace(self, ins: ReplaceTask) -> None:
-        """Open a task with the lost one's feed partitions on the least loaded surviving worker."""
-        try:
-            old = self.by_key[ins.task]
-            stage = self.plan.head
-            survivors = [u for u in self.urls if u not in self.lost_urls]
-            if not survivors:
-                raise WorkerUnavailableError(
-                    f"task {old.key} on {old.url} was lost ({ins.reason}) and no worker is left to replay its units on",
-                    worker_url=old.url,
-                    stage_key=old.key,
-                )
-            with self._lock:
-                load = Counter(c.url for c in self.by_stage[stage.stage_id] if c.key not in self.gone)
-                url = min(survivors, key=lambda u: load[u])
-                task = len(self.bound[stage.stage_id])
-                self.bound[stage.stage_id].append(url)
-                counts = {stage.stage_id: task + 1}
-                header = self._header(stage, task, task + 1, self._task_plan(stage, task, counts), self.assigned[old.key])
-                channel = self._channel(header, self.assigned[old.key])
-                self.by_stage[stage.stage_id].append(channel)
-                self.channels.append(channel)
-            self.ex.attempts.append(Attempt(self.query_id, (old.url,), ins.reason, replayed=ins.units, task=old.key, replaced_by=url))
-            self.dispatcher.replace(old.key, channel)
-        except FlightExecError as exc:
-            self.fail(exc)
-            return
-        threading.Thread(target=self._start_replacement, args=(channel,), name=f"replace-{channel.key}", daemon=True).start()
-
-    def _start_replacement(self, channel: TaskChannel) -> None:
-        try:
-            channel.open(self.clients.get(channel.url))
-            channel.wait_ready(self.options.connect_timeout, time.monotonic() + self.options.admission_wait)
-            self._check_schema(channel)
-        except FlightExecError as exc:
-            self._channel_error(channel, exc)
-            return
-        self.dispatcher.task_ready(channel)
-        self._read_output(channel)
-
     # ------------------------------------------------------------ results
 
     def _read_output(self, channel: TaskChannel) -> None:
-        if self.tagged:
-            self._read_tagged(channel)
+        if self.replay is not None and self.tagged:
+            self.replay.read(channel)
             return
         ticket = protocol_pb2.Ticket(
             stage_key=channel.header.stage_key, partition_start=0, partition_end=1, query_secret=self.secret
@@ -493,34 +399,6 @@ class Run:
             # The task's own error frame says more than the broken stream: give it a moment.
             channel.done.wait(2.0)
             self.fail(channel.error or translate_flight_error(exc, channel.url, channel.key))
-
-    def _read_tagged(self, channel: TaskChannel) -> None:
-        """A recoverable head task's stream: each unit's rows go to the caller once the unit is complete."""
-        gate = self.gates[channel.key]
-        ticket = protocol_pb2.Ticket(
-            stage_key=channel.header.stage_key, partition_start=0, partition_end=1, query_secret=self.secret
-        )
-        try:
-            for batch in read_stream(self.clients.get(channel.url), ticket.SerializeToString()):
-                with gate.lock:
-                    if gate.lost or self.failed.is_set() or not self._hand_over(channel, *gate.feed(batch)):
-                        return
-            with gate.lock:
-                if gate.lost or self.failed.is_set() or not self._hand_over(channel, *gate.end()):
-                    return
-                self.dispatcher.output_read(channel)
-            _offer(self.results, (_DONE, channel), self.failed)
-        except ProtocolError as exc:
-            self.fail(WorkerError(str(exc), worker_url=channel.url, stage_key=channel.key))
-        except (pa.ArrowException, OSError) as exc:
-            channel.done.wait(2.0)
-            self._lost(channel, channel.error or translate_flight_error(exc, channel.url, channel.key))
-
-    def _hand_over(self, channel: TaskChannel, rows: list[pa.RecordBatch], units: list[int]) -> bool:
-        """Complete units' rows to the caller (False: the query is over); the state machine learns they are delivered."""
-        if units:
-            self.dispatcher.units_done(channel, units)
-        return all(_offer(self.results, batch, self.failed) for batch in rows)
 
     def _batches(self) -> Iterator[pa.RecordBatch]:
         pending = len(self.by_stage[self.plan.head.stage_id])
@@ -552,7 +430,7 @@ class Run:
         self.dispatcher.result_complete()
         deadline = time.monotonic() + self.options.connect_timeout
         for channel in self.channels:
-            if channel.key in self.gone:
+            if self.replay is not None and channel.key in self.replay.gone:
                 continue  # lost, and replaced (or its output was all read first)
             if not channel.done.wait(max(0.0, deadline - time.monotonic())):
                 self.fail(WorkerError("the worker did not end the task after its output was read", worker_url=channel.url, stage_key=channel.key))
@@ -568,7 +446,7 @@ class Run:
             self._finish()
 
     def _finish(self) -> None:
-        with self._lock:
+        with self.lock:
             if self._finished:
                 return
             self._finished = True

@@ -134,6 +134,8 @@ class _Slot:
     credit: int = 0
     end_sent: bool = False
     stats: SlotStats = field(default_factory=lambda: SlotStats("", 0, ""))
+    replay: deque[Item] = field(default_factory=deque)
+    """A lost exclusive task's units, for its replacement alone: sent before the source's queue."""
 
 
 @dataclass(eq=False)
@@ -142,7 +144,8 @@ class _Task:
     url: str
     slots: list[_Slot] = field(default_factory=list)
     ready: bool = True  # a replacement's is False until TaskReady: nothing goes to it before
-    recoverable: bool = False  # its rows say their unit: its units are tracked until delivered
+    recoverable: bool = False  # its units are tracked until delivered, and replayed if it is lost
+    exclusive: bool = False  # its replacement alone replays them (a retained output, read by partition)
     outstanding: dict[int, tuple[_Slot, Item]] = field(default_factory=dict)
     """A recoverable task's units sent and not yet delivered, by id, in the order sent."""
     read: bool = False  # a recoverable task's output was read to its end
@@ -197,9 +200,14 @@ class FeedState:
         self.sources.append(_Source(feed_id, shared))
         return len(self.sources) - 1
 
-    def add_task(self, key: str, url: str, *, recoverable: bool = False) -> None:
-        """``recoverable``: the task tags its rows with their unit (``UnitsDone``, ``TaskLost`` apply)."""
-        self.tasks[key] = _Task(key, url, recoverable=recoverable)
+    def add_task(self, key: str, url: str, *, recoverable: bool = False, exclusive: bool = False) -> None:
+        """``recoverable``: a lost task's undelivered units are replayed (``UnitsDone``, ``TaskLost``).
+
+        ``exclusive``: they are replayed by its replacement alone, every unit it was sent (no
+        ``UnitsDone`` comes): its output is retained and read as one partition, which the
+        replacement must make again whole.
+        """
+        self.tasks[key] = _Task(key, url, recoverable=recoverable or exclusive, exclusive=exclusive)
 
     def add_slot(self, key: str, source_id: int, partition: int) -> None:
         """Task ``key`` reads ``source_id`` as its feed partition ``partition`` (its number on the wire)."""
@@ -367,7 +375,11 @@ class FeedState:
             for item in items:
                 if item.preferred is not None:  # its wait for that worker is over
                     item.preferred = None
-            source.queue.extendleft(reversed(items))
+            if not task.exclusive:
+                source.queue.extendleft(reversed(items))
+        if task.exclusive:
+            for slot in task.slots:
+                slot.replay.extend(item for s, item in task.outstanding.values() if s is slot)
         units = len(task.outstanding)
         task.outstanding.clear()
         for source in sources.values():
@@ -378,9 +390,10 @@ class FeedState:
 
     def _task_replaced(self, event: TaskReplaced, out: list[Instruction]) -> None:
         lost = self.tasks[event.lost]
-        task = self.tasks[event.task] = _Task(event.task, event.url, ready=False, recoverable=lost.recoverable)
+        task = self.tasks[event.task] = _Task(event.task, event.url, ready=False, recoverable=lost.recoverable, exclusive=lost.exclusive)
         for old in lost.slots:
             slot = _Slot(old.source, task, task.key, old.partition, stats=SlotStats(old.source.feed_id, old.partition, task.key))
+            slot.replay, old.replay = old.replay, deque()
             old.source.slots.append(slot)
             old.source.urls.add(task.url)
             task.slots.append(slot)
@@ -420,9 +433,13 @@ class FeedState:
         queue = source.queue
         for slot in slots:
             owner = slot.owner
-            if not (slot.credit and queue) or owner.closed or slot.end_sent or not owner.ready or (owner.busy and not ready):
+            if not (slot.credit and (queue or slot.replay)) or owner.closed or slot.end_sent or not owner.ready or (owner.busy and not ready):
                 continue
-            items = self._take(slot, min(slot.credit, self.max_frame), owner.url, now)
+            n = min(slot.credit, self.max_frame)
+            if slot.replay:
+                items = [slot.replay.popleft() for _ in range(min(n, len(slot.replay)))]
+            else:
+                items = self._take(slot, n, owner.url, now)
             if not items:
                 continue
             if owner.recoverable:
@@ -439,7 +456,7 @@ class FeedState:
         # nothing from the last pump too), each after the last units it was sent.
         if source.ended and not queue:
             for slot in source.slots:
-                if not slot.end_sent and not slot.owner.closed and slot.owner.ready:
+                if not slot.end_sent and not slot.owner.closed and slot.owner.ready and not slot.replay:
                     slot.end_sent = True
                     out.append(SendFeedEnd(slot.task, source.feed_id, slot.partition))
 

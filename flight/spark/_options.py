@@ -19,7 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -55,14 +55,21 @@ def _json(text: str, option: str) -> object:
 
 
 def encode_head(
-    partitions: list[tuple[str, bytes]], schema: pa.Schema, query_id: str, security_files: SecurityFiles | None = None
+    partitions: list[tuple[str, bytes]],
+    schema: pa.Schema,
+    query_id: str,
+    security_files: SecurityFiles | None = None,
+    workers: Sequence[str] = (),
 ) -> dict[str, str]:
+    """``workers``: every worker of the query, where a lost head task's replacement may be found."""
     items = [{"url": url, "ticket": b64(ticket)} for url, ticket in partitions]
     opts = {
         "partitions": b64(json.dumps(items).encode()),
         "schema": b64(schema.serialize().to_pybytes()),
         "query_id": query_id,
     }
+    if workers:
+        opts["head_workers"] = json.dumps(list(workers))
     if security_files is not None and security_files.to_dict():
         opts["security_files"] = json.dumps(security_files.to_dict())
     return opts
@@ -107,6 +114,8 @@ class HeadOptions:
     schema: pa.Schema
     query_id: str
     security_files: SecurityFiles = field(default_factory=SecurityFiles)
+    workers: tuple[str, ...] = ()
+    """Every worker of the query: where a lost head task's replacement is looked for."""
 
 
 @dataclass(frozen=True)
@@ -140,7 +149,10 @@ def decode_options(options: Mapping[str, str]) -> HeadOptions | PlanOptions:
             raise PlanError("flight data source: option 'partitions' needs option 'schema' (base64 Arrow IPC schema)")
         schema = decode_schema(_unb64(options["schema"], "schema"), "schema")
         parts = [(str(i["url"]), _unb64(i["ticket"], "partitions")) for i in items]
-        return HeadOptions(parts, schema, str(options.get("query_id") or "?"), _security_files(options))
+        workers = _json(options.get("head_workers") or "[]", "head_workers")
+        if not isinstance(workers, list) or not all(isinstance(w, str) for w in workers):
+            raise PlanError("flight data source: option 'head_workers' must be a JSON list of worker URLs")
+        return HeadOptions(parts, schema, str(options.get("query_id") or "?"), _security_files(options), tuple(workers))
     if options.get("plan") is not None:
         plan = plan_pb2.StagePlan()
         try:

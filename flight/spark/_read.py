@@ -108,7 +108,8 @@ def start_read(
     register(spark)
     detached = DistributedExec(query, resolver, options, **overrides).start_detached(retain)  # type: ignore[arg-type]
     try:
-        opts = encode_head([(p.url, p.ticket) for p in detached.partitions], detached.schema, detached.query_id, security_files)
+        partitions = [(p.url, p.ticket) for p in detached.partitions]
+        opts = encode_head(partitions, detached.schema, detached.query_id, security_files, detached.workers)
         df = spark.read.format(FORMAT).options(**opts).load()
     except BaseException:
         detached.close()

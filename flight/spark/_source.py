@@ -10,21 +10,30 @@ each batch to the Arrow schema Spark checks the first batch against.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.flight as fl
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from flight._proto import protocol_pb2
 from flight.clients import read_stream, translate_flight_error
+from flight.errors import WorkerError, WorkerUnavailableError
+from flight.protocol import error_info_of
 from flight.security import SecurityFiles, connect
 from flight.spark._options import Assignment, HeadOptions, PlanOptions, decode_options
 from flight.spark._schema import Conformer, arrow_schema, spark_schema
 from flight.spark._stage_task import run_stage_task
 from flight.spark._workers import Workers
 
-__all__ = ["READ_ONCE_HINT", "FlightDataSource", "HeadPartition", "StageTaskPartition"]
+__all__ = ["READ_ONCE_HINT", "FlightDataSource", "HeadPartition", "StageTaskPartition", "find_replacement"]
+
+log = logging.getLogger(__name__)
 
 READ_ONCE_HINT = (
     "A DataFrame from flight.spark.read() streams the result of a query that runs once. Its partitions "
@@ -44,6 +53,8 @@ class HeadPartition(InputPartition):
     ticket: bytes
     query_id: str
     security_files: SecurityFiles = field(default_factory=SecurityFiles)
+    workers: tuple[str, ...] = ()
+    """Every worker of the query: if ``url``'s is lost, the driver replaces the task on one of them."""
 
     def __post_init__(self) -> None:
         self.value = self.index
@@ -86,7 +97,10 @@ class FlightReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         spec = self.spec
         if isinstance(spec, HeadOptions):
-            return [HeadPartition(i, url, ticket, spec.query_id, spec.security_files) for i, (url, ticket) in enumerate(spec.partitions)]
+            return [
+                HeadPartition(i, url, ticket, spec.query_id, spec.security_files, spec.workers)
+                for i, (url, ticket) in enumerate(spec.partitions)
+            ]
         tasks = len(spec.assign)
         return [
             StageTaskPartition(i, tasks, spec.plan, spec.assign[i], spec.workers, spec.connect_timeout) for i in range(tasks)
@@ -107,16 +121,95 @@ class FlightReader(DataSourceReader):
 
 
 def _read_head(p: HeadPartition) -> Iterator[pa.RecordBatch]:
+    """The partition's rows; if its worker is gone before the first row, from the task that replaced it.
+
+    The driver replaces a retained head task whose worker is lost with one of the same stage key
+    on another worker of the query (``coordinator/replay.py``, mode "task"), which makes the
+    lost output again whole. A Spark task (a retry, usually) that cannot reach the first worker
+    looks for it there. Once rows were yielded, the error goes up: Spark retries the task, and the
+    retry reads the partition from its start.
+    """
     where = f"head partition {p.index} of flight query {p.query_id}"
+    yielded = False
     try:
-        client = connect(p.url, p.security_files.load())
+        for batch in _read_at(p, p.url):
+            yielded = True
+            yield batch
+        return
+    except WorkerError as exc:
+        if yielded or not isinstance(exc, WorkerUnavailableError) or len(p.workers) < 2:
+            raise _explained(exc, where) from exc
+        lost = exc
+    url = find_replacement(p.ticket, [u for u in p.workers if u != p.url], p.security_files, RELOCATE_S)
+    if url is None:
+        raise _explained(lost, where)
+    log.info("%s: worker %s is lost; reading its replacement on %s", where, p.url, url)
+    try:
+        yield from _read_at(p, url)
+    except WorkerError as exc:
+        raise _explained(exc, where) from exc
+
+
+RELOCATE_S = 60.0
+"""How long a Spark task looks for a lost head task's replacement among the query's workers."""
+
+
+def _read_at(p: HeadPartition, url: str) -> Iterator[pa.RecordBatch]:
+    try:
+        client = connect(url, p.security_files.load())
     except (pa.ArrowException, OSError) as exc:
-        raise translate_flight_error(exc, p.url) from exc
+        raise translate_flight_error(exc, url) from exc
     try:
         yield from read_stream(client, p.ticket)
     except (pa.ArrowException, OSError) as exc:
-        error = translate_flight_error(exc, p.url)
-        cause = error.cause
-        raise type(error)(f"cannot read {where}: {cause}. {READ_ONCE_HINT}", worker_url=p.url, cause=cause) from exc
+        raise translate_flight_error(exc, url) from exc
     finally:
         client.close()
+
+
+def _explained(error: WorkerError, where: str) -> WorkerError:
+    cause = error.cause
+    return type(error)(f"cannot read {where}: {cause}. {READ_ONCE_HINT}", worker_url=error.worker_url, cause=cause)
+
+
+def find_replacement(ticket: bytes, urls: list[str], files: SecurityFiles, within: float) -> str | None:
+    """The first of ``urls`` whose worker serves ``ticket``, asked all at once, for up to ``within`` seconds.
+
+    A worker without the task answers NOT_FOUND after its ``--get-wait`` (it waits for the task
+    to appear), so one round also waits for a replacement still being made.
+    """
+    if not urls:
+        return None
+    deadline = time.monotonic() + within
+    pool = ThreadPoolExecutor(len(urls), thread_name_prefix="flight-relocate")
+    try:
+        while time.monotonic() < deadline:
+            futures = {pool.submit(_serves, url, ticket, files): url for url in urls}
+            try:
+                for done in as_completed(futures, timeout=max(0.0, deadline - time.monotonic())):
+                    if done.result():
+                        return futures[done]
+            except TimeoutError:
+                return None
+            time.sleep(0.2)
+        return None
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _serves(url: str, ticket: bytes, files: SecurityFiles) -> bool:
+    """Whether the worker at ``url`` has the task ``ticket`` names (it starts streaming it)."""
+    try:
+        with connect(url, files.load()) as client:
+            reader = client.do_get(fl.Ticket(ticket))
+            try:
+                reader.read_chunk()
+            except StopIteration:
+                pass
+            reader.cancel()
+            return True
+    except (pa.ArrowException, OSError) as exc:
+        info = error_info_of(exc)
+        if info is None or info.code != protocol_pb2.ERROR_CODE_NOT_FOUND:
+            log.debug("looking for a replacement on %s: %s", url, exc)
+        return False
