@@ -20,6 +20,7 @@ from flight.coordinator.channel import TaskChannel
 from flight.errors import TaskCancelledError
 
 if TYPE_CHECKING:
+    from flight.coordinator.recovery import Attempt
     from flight.coordinator.run import Run
 
 __all__ = ["DetachedQuery", "HeadPartition"]
@@ -84,6 +85,11 @@ class DetachedQuery:
         finally:
             self._run._finish()
             self._done.set()
+
+    @property
+    def attempts(self) -> list[Attempt]:
+        """The workers it lost so far, and what replaced their head tasks (``DistributedExec.attempts``)."""
+        return list(self._run.ex.attempts)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the query ended: every head partition read (read once), or released (retained).

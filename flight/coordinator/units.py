@@ -61,8 +61,8 @@ class UnitGate:
         if n == 1 or (ids[0] == ids[n - 1] and pc.all(pc.equal(ids, ids[0])).as_py()):
             runs = [(0, n)]
         else:
-            changes = pc.indices_nonzero(pc.not_equal(ids.slice(1), ids.slice(0, n - 1))).to_pylist()
-            starts = [0] + [c + 1 for c in changes]
+            changes = pc.indices_nonzero(pc.not_equal(ids.slice(1), ids.slice(0, n - 1)))
+            starts = [0] + [int(c) + 1 for c in changes.to_pylist() if c is not None]
             runs = list(zip(starts, starts[1:] + [n]))
         for start, end in runs:
             unit = ids[start].as_py()

@@ -476,7 +476,7 @@ def _unit_rows(env: Env, feed_id: str, partitions: list[int], tag: bool = False)
         inbox = env.inputs.inbox(feed_id, partition)
         while units := inbox.take(UNITS_PER_BATCH):
             env.delay(len(units))
-            columns = [pa.array([u.body for u in units], pa.binary())]
+            columns: list[pa.Array] = [pa.array([u.body for u in units], pa.binary())]
             if tag:
                 columns.append(pa.array([u.id for u in units], pa.uint64()))
             yield pa.record_batch(columns, names=["unit", UNIT_COLUMN][: len(columns)])

@@ -31,10 +31,9 @@ __all__ = ["tagged_task"]
 def tagged_task(plan: plan_pb2.StagePlan, env: Env) -> pa.RecordBatchReader:
     """The task's output, unit after unit, each row with its ``WorkUnit.id`` as a last column."""
     chain, below, field = unit_chain(plan.root)
-    kind = below.WhichOneof("kind")
-    if kind != "feed_scan":
+    if (found := below.WhichOneof("kind")) != "feed_scan":
         raise ProtocolError(
-            f"header.options.tag_units needs a plan of filters and projections over one feed scan; {field} is {kind or 'empty'}",
+            f"header.options.tag_units needs a plan of filters and projections over one feed scan; {field} is {found or 'empty'}",
             field="header.options.tag_units",
         )
     source = feed_scan_reader(below.feed_scan, env, f"{field}.feed_scan", tag=True)

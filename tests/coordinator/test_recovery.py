@@ -12,10 +12,13 @@ import os
 import random
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from support import running_tasks, tpch_test_files, wait_until
 
@@ -105,6 +108,131 @@ def test_a_frozen_worker_is_left_behind_within_the_heartbeat_bound(files: dict[s
         assert [a.lost for a in ex.attempts] == [(url,)]
 
 
+# ---------------------------------------------------------------- streaming scans: unit-level replay
+
+STREAM_ROWS = 2_000_000
+STREAM_FILES = 40
+
+
+@pytest.fixture(scope="module")
+def stream_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """2M rows in 40 Parquet files: a unique ``id``, a value, a string."""
+    root = tmp_path_factory.mktemp("stream")
+    per = STREAM_ROWS // STREAM_FILES
+    rng = random.Random(5)
+    paths = []
+    for i in range(STREAM_FILES):
+        ids = pa.array(range(i * per, (i + 1) * per), pa.int64())
+        values = pa.array([rng.random() for _ in range(per)], pa.float64())
+        path = root / f"part-{i:02d}.parquet"
+        pq.write_table(pa.table({"id": ids, "v": values, "s": pc.cast(pc.multiply(ids, 7), pa.string())}), path, row_group_size=per // 2)
+        paths.append(path)
+    return paths
+
+
+class SharedFiles(flight.WorkUnitFeedProvider):
+    """The files as one shared queue: each goes to whichever task has credit."""
+
+    shared = True
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.paths = paths
+
+    def feed(self, partition: int, ctx: flight.FeedContext) -> Iterator[flight.WorkUnit]:
+        for path in self.paths:
+            yield flight.file_unit(str(path))
+
+
+def streaming_query(paths: list[Path], shared: bool) -> flight.Query:
+    schema = pq.read_schema(paths[0])
+    scan = flight.read_parquet(SharedFiles(paths), schema=schema) if shared else flight.read_parquet(paths)
+    return scan.filter(flight.col("v") >= 0.25).select("id", "s", w=flight.col("v") * 2)
+
+
+def streaming_answer(paths: list[Path]) -> pa.Table:
+    """DuckDB's answer to ``streaming_query``: the oracle."""
+    con = duckdb.connect()
+    try:
+        files = ", ".join(f"'{p}'" for p in paths)
+        return con.sql(f"SELECT id, s, v * 2 AS w FROM read_parquet([{files}]) WHERE v >= 0.25").to_arrow_table()
+    finally:
+        con.close()
+
+
+def assert_exactly(got: pa.Table, expected: pa.Table) -> None:
+    """The same multiset of rows: no row lost, none twice (``id`` is unique in the source)."""
+    assert got.num_rows == expected.num_rows, f"{got.num_rows} rows, expected {expected.num_rows}"
+    assert pc.count_distinct(got["id"]).as_py() == got.num_rows, "a row reached the caller twice"
+    checksums = [(pc.sum(t["id"]).as_py(), round(pc.sum(t["w"]).as_py(), 3)) for t in (got, expected)]
+    assert checksums[0] == checksums[1]
+    assert got.select(expected.column_names).sort_by("id").equals(expected.sort_by("id"))
+
+
+def read_with_a_kill(reader: pa.RecordBatchReader, kill: Callable[[], None], after_rows: int) -> pa.Table:
+    """Read ``reader`` to its end, calling ``kill`` once ``after_rows`` rows reached this caller."""
+    batches, rows, killed = [], 0, False
+    for batch in reader:
+        batches.append(batch)
+        rows += batch.num_rows
+        if not killed and rows >= after_rows:
+            kill()
+            killed = True
+    assert killed, "the query ended before the worker was hit"
+    return pa.Table.from_batches(batches, reader.schema)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shared", [False, True], ids=["partitioned", "shared-queue"])
+def test_a_streaming_scan_survives_a_worker_killed_after_rows_reached_the_caller(
+    shared: bool, stream_files: list[Path], data_roots: list[Path]
+) -> None:
+    rng = random.Random(11 + shared)
+    expected = streaming_answer(stream_files)
+    with cluster_with_slow_victim(data_roots, 1) as cluster:
+        url = cluster.urls[1]
+        ex = flight.DistributedExec(streaming_query(stream_files, shared), cluster.urls)
+        reader = ex.execute()
+        got = read_with_a_kill(reader, lambda: cluster.processes[1].send_signal(signal.SIGKILL), rng.randrange(1, 400_000))
+    assert_exactly(got, expected)
+    assert [a.lost for a in ex.attempts] == [(url,)] and ex.attempts[0].replayed is not None, ex.explain()
+    shown = ex.explain(analyze=True)
+    assert "Recovered from losing workers" in shown and url in shown
+    assert url not in ex.bound[ex.stage.stage_id], "a lost task was not replaced"
+
+
+@pytest.mark.slow
+def test_a_streaming_scan_survives_a_frozen_worker_within_the_heartbeat_bound(stream_files: list[Path], data_roots: list[Path]) -> None:
+    files = stream_files[:12]
+    expected = streaming_answer(files)
+    with cluster_with_slow_victim(data_roots, 1) as cluster:
+        victim, url = cluster.processes[1], cluster.urls[1]
+        ex = flight.DistributedExec(streaming_query(files, shared=False), cluster.urls, heartbeat=0.25, peer_timeout=1.5)
+        try:
+            got = read_with_a_kill(ex.execute(), lambda: victim.send_signal(signal.SIGSTOP), 1)
+        finally:
+            victim.send_signal(signal.SIGCONT)
+    assert_exactly(got, expected)
+    assert [a.lost for a in ex.attempts] == [(url,)] and ex.attempts[0].replayed is not None
+
+
+@pytest.mark.slow
+def test_a_streaming_scan_that_loses_more_workers_than_its_retries_fails_naming_them(
+    stream_files: list[Path], data_roots: list[Path]
+) -> None:
+    with flight.LocalCluster(3, data_roots=data_roots, per_worker_args=[["--unit-delay-ms", SLOW_MS]] * 3) as cluster:
+        ex = flight.DistributedExec(streaming_query(stream_files[:12], shared=False), cluster.urls, retries=1)
+        reader = ex.execute()
+
+        def kill_two() -> None:
+            cluster.processes[0].send_signal(signal.SIGKILL)
+            cluster.processes[1].send_signal(signal.SIGKILL)
+
+        with pytest.raises(flight.WorkerUnavailableError) as info:
+            read_with_a_kill(reader, kill_two, 1)
+    assert info.value.worker_url in cluster.urls[:2]
+    assert len(ex.attempts) <= 1
+
+
 class Slow(flight.WorkUnitFeedProvider):
     def feed(self, partition: int, ctx: flight.FeedContext) -> Iterator[bytes]:
         for i in range(400):
@@ -120,7 +248,7 @@ def test_a_worker_lost_after_rows_reached_the_caller_is_named_and_the_error_says
         reader = ex.execute()
         assert reader.read_next_batch().num_rows > 0
         cluster.processes[1].send_signal(signal.SIGKILL)
-        with pytest.raises(flight.RetryableError, match="after .* rows had reached the caller") as info:
+        with pytest.raises(flight.RetryableError, match=r"after .* rows had reached the caller") as info:
             reader.read_all()
         assert info.value.worker_url == cluster.urls[1]
         assert ex.attempts == []

@@ -1,4 +1,4 @@
-"""The SparkSession of the Spark tests: one JVM, local[2], loopback only, no UI."""
+"""The SparkSession of the Spark tests: one JVM per module, local[2] unless said, loopback only, no UI."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ if TYPE_CHECKING:
 
 
 @contextmanager
-def spark_session(tmp: Path) -> Iterator[SparkSession]:
-    """Start a local[2] SparkSession whose Python workers run this interpreter; stop it on exit."""
+def spark_session(tmp: Path, master: str = "local[2]") -> Iterator[SparkSession]:
+    """Start a local SparkSession (``local[2]``: no task retries) whose Python workers run this
+    interpreter; stop it on exit."""
     pyspark = pytest.importorskip("pyspark", reason="the Spark tests need the spark extra: pip install -e '.[dev,spark]'")
     del pyspark
     from pyspark.sql import SparkSession
@@ -27,7 +28,7 @@ def spark_session(tmp: Path) -> Iterator[SparkSession]:
         mp.setenv("PYSPARK_PYTHON", sys.executable)
         mp.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
         spark = (
-            SparkSession.builder.master("local[2]")
+            SparkSession.builder.master(master)
             .appName("flight-exec tests")
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
