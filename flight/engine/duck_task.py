@@ -35,7 +35,7 @@ def _first_error(errors: list[BaseException], batches: Iterator[pa.RecordBatch])
 
 
 class _Inputs(Protocol):
-    """What a task offers (``pipeline.TaskInputs``), typed loosely to avoid an import cycle."""
+    """What a task offers (``scan.TaskInputs``), typed loosely to avoid an import cycle."""
 
     task_number: int
 

@@ -21,7 +21,8 @@ import pyarrow.acero as ac
 from flight._proto import plan_pb2
 from flight.arrow_types import UNIT_COLUMN
 from flight.compute.relational import native_reader
-from flight.engine.pipeline import Env, feed_scan_reader, filter_node, project_node
+from flight.engine.pipeline import filter_node, project_node
+from flight.engine.scan import Env, feed_scan_reader
 from flight.errors import ProtocolError
 from flight.protocol import unit_chain
 

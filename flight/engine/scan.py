@@ -1,0 +1,152 @@
+"""What a task's pipeline reads from: its inputs (``TaskInputs``), and its feeds' units as rows.
+
+Apart from ``pipeline.py`` (which compiles operators) because both the pipeline and the
+tagged, one-unit-at-a-time path (``tagged.py``) read feeds the same way: units taken from
+the task's inboxes one by one, each read by its reader, conformed to the declared schema.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import pyarrow as pa
+
+from flight._proto import plan_pb2
+from flight.arrow_types import UNIT_COLUMN, UNITS_READER, normalize_schema
+from flight.compute.relational import native_reader
+from flight.engine.confine import DataRoots
+from flight.engine.readers import PathRefused, ReaderContext, UnitReadError, conform, get_reader
+from flight.errors import ProtocolError
+from flight.protocol import decode_schema
+
+__all__ = ["UNITS_PER_BATCH", "Env", "InboxLike", "ReceivedUnitLike", "TaskInputs", "feed_scan_reader", "scan_schema"]
+
+UNITS_PER_BATCH = 4096
+
+
+class ReceivedUnitLike(Protocol):
+    @property
+    def body(self) -> bytes: ...
+
+    @property
+    def id(self) -> int: ...
+
+    def done(self) -> None: ...
+
+
+class InboxLike(Protocol):
+    def take(self, most: int = 1) -> Sequence[ReceivedUnitLike]: ...
+
+
+class TaskInputs(Protocol):
+    """What a task offers its pipeline's sources."""
+
+    @property
+    def task_number(self) -> int: ...
+
+    def feed_partitions(self, feed_id: str) -> list[int]: ...
+
+    def inbox(self, feed_id: str, partition: int) -> InboxLike: ...
+
+    def input_batches(self) -> Iterable[pa.RecordBatch]: ...
+
+    def read_partitions(self, producers: list[tuple[str, bytes]], start: int, end: int) -> Iterator[pa.RecordBatch]:
+        """Partitions [start, end) of every producer task (another stage's output)."""
+        ...
+
+
+def scan_schema(scan: plan_pb2.FeedScan, field: str) -> pa.Schema:
+    """The schema a FeedScan produces: declared, normalised, projected."""
+    schema = normalize_schema(decode_schema(scan.schema, f"{field}.schema"))
+    if scan.columns:
+        missing = [c for c in scan.columns if c not in schema.names]
+        if missing:
+            raise ProtocolError(f"{field}.columns names {missing}, not in the scan's schema {schema.names}", field=f"{field}.columns")
+        schema = pa.schema([schema.field(c) for c in scan.columns])
+    return schema
+
+
+@dataclass(frozen=True)
+class Env:
+    """What compiling a task's operators needs: its inputs and the worker's settings."""
+
+    inputs: TaskInputs
+    batch_rows: int
+    unit_delay_s: float
+    roots: DataRoots
+    schemas: dict[str, pa.Schema] = dataclasses.field(default_factory=dict)
+    """Every operator's output schema by its field path, filled in by ``_compile``."""
+
+    def delay(self, units: int) -> None:
+        if self.unit_delay_s > 0:
+            time.sleep(self.unit_delay_s * units)
+
+
+def feed_scan_reader(scan: plan_pb2.FeedScan, env: Env, field: str, *, tag: bool = False) -> pa.RecordBatchReader:
+    """The rows of a feed scan's units, unit after unit; ``tag``: with a last column
+    ``UNIT_COLUMN`` saying each row's ``WorkUnit.id`` (``TaskOptions.tag_units``)."""
+    if not scan.feed.feed_id:
+        raise ProtocolError(f"{field}.feed.feed_id is empty", field=f"{field}.feed.feed_id")
+    feed_id = scan.feed.feed_id
+    schema = scan_schema(scan, field)
+    inputs = env.inputs
+    partitions = inputs.feed_partitions(feed_id)
+    out_schema = schema
+    if tag:
+        if UNIT_COLUMN in schema.names:
+            raise ProtocolError(f"{field}.schema has a column named {UNIT_COLUMN!r}, which is reserved", field=f"{field}.schema")
+        out_schema = schema.append(pa.field(UNIT_COLUMN, pa.uint64()))
+    if scan.reader == UNITS_READER:
+        expected = pa.schema([pa.field("unit", pa.binary())])
+        if not schema.equals(expected):
+            raise ProtocolError(f"{field}: the 'units' reader produces {expected}, not {schema}", field=f"{field}.schema")
+        return native_reader(out_schema, _unit_rows(env, feed_id, partitions, tag))
+    reader = get_reader(scan.reader)
+    if reader is None:
+        raise ProtocolError(f"{field}.reader: no reader named {scan.reader!r} on this worker", field=f"{field}.reader")
+    ctx = ReaderContext(
+        schema=schema, columns=list(scan.columns) or None, options=dict(scan.reader_options), batch_rows=env.batch_rows, roots=env.roots
+    )
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for partition in partitions:
+            inbox = inputs.inbox(feed_id, partition)
+            for n in itertools.count():
+                got = inbox.take(1)
+                if not got:
+                    break
+                unit = got[0]
+                where = f"work unit {n} of feed {feed_id!r} partition {partition}"
+                try:
+                    for batch in reader(unit.body, ctx):
+                        batch = conform(batch, schema, where)
+                        if tag:
+                            batch = batch.append_column(out_schema.field(-1), pa.repeat(pa.scalar(unit.id, pa.uint64()), batch.num_rows))
+                        yield batch
+                except PathRefused as exc:  # keeps its type: the worker reports it as a permission error
+                    raise PathRefused(f"{where}: {exc}") from None
+                except UnitReadError as exc:
+                    raise type(exc)(f"{where}: {exc}") from exc  # keeps PathRefused a PathRefused
+                env.delay(1)
+                unit.done()
+
+    return native_reader(out_schema, batches())
+
+
+def _unit_rows(env: Env, feed_id: str, partitions: list[int], tag: bool = False) -> Iterator[pa.RecordBatch]:
+    """The ``units`` reader: unit bodies as rows, many units per batch (``tag``: and their ids)."""
+    for partition in partitions:
+        inbox = env.inputs.inbox(feed_id, partition)
+        while units := inbox.take(UNITS_PER_BATCH):
+            env.delay(len(units))
+            columns: list[pa.Array] = [pa.array([u.body for u in units], pa.binary())]
+            if tag:
+                columns.append(pa.array([u.id for u in units], pa.uint64()))
+            yield pa.record_batch(columns, names=["unit", UNIT_COLUMN][: len(columns)])
+            for u in units:
+                u.done()
