@@ -8,15 +8,29 @@ coordinator's schemas match what workers emit.
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-__all__ = ["UNITS_READER", "UNIT_COLUMN", "normalize_schema", "normalize_type"]
+__all__ = ["UNITS_READER", "UNIT_COLUMN", "UNIT_TYPE", "normalize_schema", "normalize_type", "unit_tag", "unit_tags"]
 
 UNITS_READER = "units"
 """The built-in reader whose rows are the unit bodies themselves (column ``unit``, binary)."""
 
 UNIT_COLUMN = "__flight_unit"
-"""The hidden last column (uint64, ``WorkUnit.id``) of a task that tags its rows with their
+"""The hidden last column (``UNIT_TYPE``: ``WorkUnit.id``) of a task that tags its rows with their
 work unit (``TaskOptions.tag_units``); the coordinator strips it before the caller sees a row."""
+
+UNIT_TYPE = pa.run_end_encoded(pa.int32(), pa.uint64())
+"""Run-end encoded: a batch of one unit's rows carries one run, a few bytes, not 8 per row."""
+
+
+def unit_tags(ids: pa.Array) -> pa.Array:
+    """Per-row unit ids (uint64) as a ``UNIT_TYPE`` column."""
+    return pc.run_end_encode(ids, run_end_type=pa.int32())  # type: ignore[attr-defined]  # pyarrow-stubs lack it
+
+
+def unit_tag(unit: int, rows: int) -> pa.Array:
+    """A ``UNIT_TYPE`` column of ``rows`` rows, all of unit ``unit``."""
+    return pa.RunEndEncodedArray.from_arrays(pa.array([rows], pa.int32()), pa.array([unit], pa.uint64()))
 
 
 def normalize_type(t: pa.DataType) -> pa.DataType:

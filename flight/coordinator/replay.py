@@ -204,5 +204,5 @@ class Replay:
     def _hand_over(self, channel: TaskChannel, rows: list[pa.RecordBatch], units: list[int]) -> bool:
         """Complete units' rows to the caller (False: the query is over); the state machine learns they are delivered."""
         if units:
-            self.run.dispatcher.units_done(channel, units)
-        return all(_offer(self.run.results, batch, self.run.failed) for batch in rows)
+            self.run.dispatcher.units_done(channel, units)  # a unit not outstanding fails the query here
+        return not self.run.failed.is_set() and all(_offer(self.run.results, batch, self.run.failed) for batch in rows)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from flight._proto import plan_pb2, protocol_pb2
-from flight.arrow_types import UNIT_COLUMN
+from flight.arrow_types import UNIT_COLUMN, UNIT_TYPE
 from flight.clients import ClientPool, read_stream, translate_flight_error
 from flight.coordinator.channel import TaskChannel
 from flight.coordinator.dispatch import FeedDispatcher, Source
@@ -372,7 +372,7 @@ class Run:
     def check_schema(self, channel: TaskChannel) -> None:
         planned = self.plan.head.output_schema
         if self.tagged:
-            planned = planned.append(pa.field(UNIT_COLUMN, pa.uint64()))
+            planned = planned.append(pa.field(UNIT_COLUMN, UNIT_TYPE))
         if channel.output_schema is not None and not channel.output_schema.equals(planned):
             raise WorkerError(
                 f"the worker's output schema {channel.output_schema} differs from the planned {planned}",

@@ -14,11 +14,11 @@ returns; ``tests/coordinator/test_units.py`` checks it without processes.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from flight.arrow_types import UNIT_COLUMN
+from flight.arrow_types import UNIT_COLUMN, UNIT_TYPE
 from flight.errors import ProtocolError
 
 __all__ = ["UnitGate"]
@@ -29,7 +29,9 @@ class UnitGate:
 
     ``lock`` makes a release and a loss exclusive: the reader holds it while it hands a
     unit's rows over and reports the unit done; the loss sets ``lost`` under it, after
-    which nothing more is released.
+    which nothing more is released. Rows of a unit seen again after it was released are
+    caught by the state machine (``UnitsDone`` of a unit no longer outstanding fails the
+    query before those rows are handed over).
     """
 
     def __init__(self, where: str) -> None:
@@ -39,7 +41,6 @@ class UnitGate:
         self.read_all = False  # the task's output ended and everything was released
         self._held: list[pa.RecordBatch] = []
         self._current: int | None = None
-        self._completed: set[int] = set()
 
     @property
     def held_rows(self) -> int:
@@ -47,32 +48,49 @@ class UnitGate:
 
     def feed(self, batch: pa.RecordBatch) -> tuple[list[pa.RecordBatch], list[int]]:
         """Take one tagged batch: the rows now releasable (untagged) and the units they complete."""
-        if batch.num_columns == 0 or batch.schema.names[-1] != UNIT_COLUMN or batch.schema.types[-1] != pa.uint64():
-            raise ProtocolError(f"{self.where}: an output batch has no {UNIT_COLUMN!r} uint64 last column", field=UNIT_COLUMN)
-        ids = batch.column(batch.num_columns - 1)
-        if ids.null_count:
-            raise ProtocolError(f"{self.where}: an output batch has null work unit ids", field=UNIT_COLUMN)
+        units, starts = self._runs(batch)
         rows = batch.select(range(batch.num_columns - 1))
         release: list[pa.RecordBatch] = []
         done: list[int] = []
+        if not units:
+            return release, done
+        if units[0] != self._current:
+            self._complete(release, done)
+            self._current = units[0]
+        if len(units) > 1:  # every unit but the batch's last is complete
+            last = starts[-1]
+            release.extend(self._held)
+            release.append(rows.slice(0, last))
+            done.extend(units[:-1])  # units[0] is the current unit
+            self._held, self._current = [rows.slice(last)], units[-1]
+        else:
+            self._held.append(rows)
+        return release, done
+
+    def _runs(self, batch: pa.RecordBatch) -> tuple[list[int], list[int]]:
+        """The batch's units in order, and where each starts (adjacent runs of one unit merged)."""
+        if batch.num_columns == 0 or batch.schema.names[-1] != UNIT_COLUMN or batch.schema.types[-1] != UNIT_TYPE:
+            raise ProtocolError(f"{self.where}: an output batch has no {UNIT_COLUMN!r} last column of {UNIT_TYPE}", field=UNIT_COLUMN)
         n = batch.num_rows
         if n == 0:
-            return release, done
-        if n == 1 or (ids[0] == ids[n - 1] and pc.all(pc.equal(ids, ids[0])).as_py()):
-            runs = [(0, n)]
-        else:
-            changes = pc.indices_nonzero(pc.not_equal(ids.slice(1), ids.slice(0, n - 1)))
-            starts = [0] + [int(c) + 1 for c in changes.to_pylist() if c is not None]
-            runs = list(zip(starts, starts[1:] + [n]))
-        for start, end in runs:
-            unit = ids[start].as_py()
-            if unit != self._current:
-                self._complete(release, done)
-                if unit in self._completed:
-                    raise ProtocolError(f"{self.where}: rows of work unit {unit} came after a later unit's", field=UNIT_COLUMN)
-                self._current = unit
-            self._held.append(rows.slice(start, end - start))
-        return release, done
+            return [], []
+        tags: Any = batch.column(batch.num_columns - 1)  # a RunEndEncodedArray (pyarrow-stubs lack its methods)
+        first, count = tags.find_physical_offset(), tags.find_physical_length()
+        values = tags.values.slice(first, count)
+        if values.null_count:
+            raise ProtocolError(f"{self.where}: an output batch has null work unit ids", field=UNIT_COLUMN)
+        ends = tags.run_ends.slice(first, count).to_pylist()
+        units: list[int] = []
+        starts: list[int] = []
+        start = 0
+        for unit, end in zip(values.to_pylist(), ends, strict=True):
+            if not units or unit != units[-1]:
+                units.append(unit)
+                starts.append(start)
+            start = min(n, end - tags.offset)
+        if len(set(units)) != len(units):
+            raise ProtocolError(f"{self.where}: a work unit's rows are split by another's in one batch", field=UNIT_COLUMN)
+        return units, starts
 
     def end(self) -> tuple[list[pa.RecordBatch], list[int]]:
         """The task's output ended: the last unit is complete too."""
@@ -94,6 +112,5 @@ class UnitGate:
             return
         release.extend(self._held)
         done.append(self._current)
-        self._completed.add(self._current)
         self._held = []
         self._current = None

@@ -17,7 +17,7 @@ from typing import Protocol
 import pyarrow as pa
 
 from flight._proto import plan_pb2
-from flight.arrow_types import UNIT_COLUMN, UNITS_READER, normalize_schema
+from flight.arrow_types import UNIT_COLUMN, UNIT_TYPE, UNITS_READER, normalize_schema, unit_tag, unit_tags
 from flight.compute.relational import native_reader
 from flight.engine.confine import DataRoots
 from flight.engine.readers import PathRefused, ReaderContext, UnitReadError, conform, get_reader
@@ -100,7 +100,7 @@ def feed_scan_reader(scan: plan_pb2.FeedScan, env: Env, field: str, *, tag: bool
     if tag:
         if UNIT_COLUMN in schema.names:
             raise ProtocolError(f"{field}.schema has a column named {UNIT_COLUMN!r}, which is reserved", field=f"{field}.schema")
-        out_schema = schema.append(pa.field(UNIT_COLUMN, pa.uint64()))
+        out_schema = schema.append(pa.field(UNIT_COLUMN, UNIT_TYPE))
     if scan.reader == UNITS_READER:
         expected = pa.schema([pa.field("unit", pa.binary())])
         if not schema.equals(expected):
@@ -126,7 +126,7 @@ def feed_scan_reader(scan: plan_pb2.FeedScan, env: Env, field: str, *, tag: bool
                     for batch in reader(unit.body, ctx):
                         batch = conform(batch, schema, where)
                         if tag:
-                            batch = batch.append_column(out_schema.field(-1), pa.repeat(pa.scalar(unit.id, pa.uint64()), batch.num_rows))
+                            batch = batch.append_column(out_schema.field(-1), unit_tag(unit.id, batch.num_rows))
                         yield batch
                 except PathRefused as exc:  # keeps its type: the worker reports it as a permission error
                     raise PathRefused(f"{where}: {exc}") from None
@@ -146,7 +146,7 @@ def _unit_rows(env: Env, feed_id: str, partitions: list[int], tag: bool = False)
             env.delay(len(units))
             columns: list[pa.Array] = [pa.array([u.body for u in units], pa.binary())]
             if tag:
-                columns.append(pa.array([u.id for u in units], pa.uint64()))
+                columns.append(unit_tags(pa.array([u.id for u in units], pa.uint64())))
             yield pa.record_batch(columns, names=["unit", UNIT_COLUMN][: len(columns)])
             for u in units:
                 u.done()

@@ -14,12 +14,14 @@ untagged plan's, plus the hidden ``UNIT_COLUMN``.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.acero as ac
+import pyarrow.compute as pc
 
 from flight._proto import plan_pb2
-from flight.arrow_types import UNIT_COLUMN
+from flight.arrow_types import UNIT_COLUMN, UNIT_TYPE, unit_tag, unit_tags
 from flight.compute.relational import native_reader
 from flight.engine.pipeline import filter_node, project_node
 from flight.engine.scan import Env, feed_scan_reader
@@ -38,26 +40,51 @@ def tagged_task(plan: plan_pb2.StagePlan, env: Env) -> pa.RecordBatchReader:
             field="header.options.tag_units",
         )
     source = feed_scan_reader(below.feed_scan, env, f"{field}.feed_scan", tag=True)
-    schema = source.schema
+    # Two compilations of the chain: over the untagged rows (a batch of one unit: the common
+    # case, the tag put back after), and carrying the ids as a plain column (many units a batch).
+    untagged = pa.schema(list(source.schema)[:-1])
+    plain = untagged.append(pa.field(UNIT_COLUMN, pa.uint64()))
     nodes: list[ac.Declaration] = []
+    carry: list[ac.Declaration] = []
     for kind, body, here in reversed(chain):
         if kind == "filter":
-            nodes.append(filter_node(body, schema, here))  # type: ignore[arg-type]
+            nodes.append(filter_node(body, untagged, here))  # type: ignore[arg-type]
+            carry.append(filter_node(body, plain, here))  # type: ignore[arg-type]
         else:
-            node, schema = project_node(body, schema, here, keep=[UNIT_COLUMN])  # type: ignore[arg-type]
+            node, untagged = project_node(body, untagged, here)  # type: ignore[arg-type]
             nodes.append(node)
-    return native_reader(schema, _ordered(source, nodes, schema))
+            node, plain = project_node(body, plain, here, keep=[UNIT_COLUMN])  # type: ignore[arg-type]
+            carry.append(node)
+    schema = untagged.append(pa.field(UNIT_COLUMN, UNIT_TYPE))
+    return native_reader(schema, _ordered(source, nodes, carry, schema))
 
 
-def _ordered(source: pa.RecordBatchReader, nodes: Sequence[ac.Declaration], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+def _run(batch: pa.RecordBatch, nodes: Sequence[ac.Declaration]) -> pa.Table:
+    """``nodes`` over one batch, on this thread."""
+    table_source = ac.Declaration("table_source", ac.TableSourceNodeOptions(pa.Table.from_batches([batch])))
+    return ac.Declaration.from_sequence([table_source, *nodes]).to_table(use_threads=False)
+
+
+def _ordered(
+    source: pa.RecordBatchReader, nodes: Sequence[ac.Declaration], carry: Sequence[ac.Declaration], schema: pa.Schema
+) -> Iterator[pa.RecordBatch]:
     with source:
         for batch in source:
-            if not nodes:
-                if batch.num_rows:
-                    yield batch
+            if not batch.num_rows:
                 continue
-            table_source = ac.Declaration("table_source", ac.TableSourceNodeOptions(pa.Table.from_batches([batch])))
-            out = ac.Declaration.from_sequence([table_source, *nodes]).to_table(use_threads=False)
-            for piece in out.to_batches():
+            if not nodes:
+                yield batch
+                continue
+            tags: Any = batch.column(batch.num_columns - 1)  # a RunEndEncodedArray (pyarrow-stubs lack its methods)
+            if tags.find_physical_length() == 1:  # one unit: compute untagged, tag the result
+                unit = tags.values[tags.find_physical_offset()].as_py()
+                out = _run(batch.select(range(batch.num_columns - 1)), nodes)
+                pieces = [piece.append_column(schema.field(-1), unit_tag(unit, piece.num_rows)) for piece in out.to_batches()]
+            else:  # many units: the ids ride along as a plain column, encoded again after
+                decoded = pc.run_end_decode(tags)  # type: ignore[attr-defined]  # pyarrow-stubs lack it
+                out = _run(batch.set_column(batch.num_columns - 1, UNIT_COLUMN, decoded), carry)
+                last = out.num_columns - 1
+                pieces = [p.set_column(last, schema.field(-1), unit_tags(p.column(last))) for p in out.to_batches()]
+            for piece in pieces:
                 if piece.num_rows:
-                    yield piece.cast(schema) if not piece.schema.equals(schema) else piece
+                    yield piece if piece.schema.equals(schema) else piece.cast(schema)
