@@ -149,6 +149,7 @@ class _Task:
     outstanding: dict[int, tuple[_Slot, Item]] = field(default_factory=dict)
     """A recoverable task's units sent and not yet delivered, by id, in the order sent."""
     read: bool = False  # a recoverable task's output was read to its end
+    lost: bool = False
     busy: bool = False  # its sender has units to write: more wait in the queue until SenderIdle
     finished: bool = False
     closed: bool = False  # half-closed or cancelled: nothing more goes to it
@@ -359,12 +360,12 @@ class FeedState:
 
     def _task_lost(self, event: TaskLost, out: list[Instruction]) -> None:
         task = self.tasks.get(event.task)
-        if task is None or task.read:
-            return  # everything it had to give was delivered
+        if task is None or task.read or task.lost:
+            return  # everything it had to give was delivered, or its loss was handled
         if not task.recoverable or task.closed:
             self._fail(f"task {task.key} on {task.url} was lost: {event.reason}", task.url, out)
             return
-        task.closed = True
+        task.closed = task.lost = True
         out.append(CancelTask(task.key, event.reason))
         back: dict[int, list[Item]] = {}  # by source: the lost units, in the order they were sent
         for slot, item in task.outstanding.values():
@@ -377,10 +378,11 @@ class FeedState:
                     item.preferred = None
             if not task.exclusive:
                 source.queue.extendleft(reversed(items))
-        if task.exclusive:
-            for slot in task.slots:
-                slot.replay.extend(item for s, item in task.outstanding.values() if s is slot)
         units = len(task.outstanding)
+        if task.exclusive:  # what it was sent, then what it had still to replay (a lost replacement's)
+            for slot in task.slots:
+                units += len(slot.replay)
+                slot.replay = deque([*(item for s, item in task.outstanding.values() if s is slot), *slot.replay])
         task.outstanding.clear()
         for source in sources.values():
             source.urls = {s.owner.url for s in source.slots if not s.owner.closed}

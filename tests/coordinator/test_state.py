@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-import pytest
 import hypothesis
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -586,6 +586,40 @@ def test_a_replacement_gets_its_feed_end_only_once_ready() -> None:
     assert state.handle(TaskReady("r0", 1.0)) == [SendFeedEnd("r0", "f", 0)]
 
 
+def test_an_exclusive_task_is_replayed_whole_by_its_replacement_alone_in_the_order_sent() -> None:
+    # A retained output (a Spark read) is read by partition: the replacement makes it again whole,
+    # every unit t0 was sent, and t1 (with credit) takes none of them.
+    state = FeedState(max_frame=8, buffer=100, affinity_wait=WAIT)
+    src = state.add_source("f", shared=True)
+    for i, url in enumerate((A, B)):
+        state.add_task(f"t{i}", url, exclusive=True)
+        state.add_slot(f"t{i}", src, i)
+    state.handle(StartSending(0.0))
+    state.handle(UnitsFound(src, units(6), 0.0))
+    assert sent_ids(state.handle(CreditGranted("t0", "f", 0, 4, 0.0))) == [0, 1, 2, 3]
+    state.handle(UnitsDone("t0", (0,), 0.5))  # never sent for a retained output; ignored if it were
+    assert state.handle(TaskLost("t0", "gone", 1.0))[-1] == ReplaceTask("t0", "gone", 3)
+    assert sent_ids(state.handle(CreditGranted("t1", "f", 1, 8, 1.0))) == [4, 5]  # not t0's
+    state.handle(TaskReplaced("t0", "r0", C, 1.0))
+    state.handle(TaskReady("r0", 1.0))
+    assert sent_ids(state.handle(CreditGranted("r0", "f", 0, 2, 1.0))) == [1, 2]
+    # The replacement is lost half-way through its replay: the next one gets what it was sent, then the rest.
+    assert state.handle(TaskLost("r0", "gone again", 2.0))[-1] == ReplaceTask("r0", "gone again", 3)
+    state.handle(TaskReplaced("r0", "r1", B, 2.0))
+    state.handle(TaskReady("r1", 2.0))
+    assert sent_ids(state.handle(CreditGranted("r1", "f", 0, 8, 2.0))) == [1, 2, 3]
+    assert state.failed is None
+
+
+def test_a_second_loss_of_the_same_task_changes_nothing() -> None:
+    state = recoverable_shared()
+    state.handle(UnitsFound(0, units(2), 0.0))
+    state.handle(CreditGranted("t0", "f", 0, 2, 0.0))
+    assert state.handle(TaskLost("t0", "gone", 1.0))[-1] == ReplaceTask("t0", "gone", 2)
+    assert state.handle(TaskLost("t0", "gone", 1.5)) == []  # the channel and the DoGet both saw it
+    assert state.failed is None
+
+
 def test_a_task_lost_after_its_output_was_read_is_ignored() -> None:
     state = recoverable_shared()
     state.handle(UnitsFound(0, units(2), 0.0))
@@ -886,9 +920,11 @@ def test_with_tasks_lost_and_replaced_every_unit_is_delivered_exactly_once(data:
             if done:
                 world.read_out(data.draw(st.sampled_from(done)))
         elif kind == "lose" and losses < 4:
+            # Mostly a task with units in flight; or one read to its end (its loss is ignored); or any.
+            pick = data.draw(st.integers(0, 4))
             holding = [t for t in world.live() if world.undelivered(t)]
-            # Mostly a task with units in flight; any other (one read to its end too: its loss is ignored).
-            candidates = holding if holding and data.draw(st.integers(0, 3)) else world.live()
+            done = [t for t in world.live() if t in world.read]
+            candidates = holding if pick < 3 and holding else done if pick == 3 and done else world.live()
             if candidates:
                 losses += 1
                 world.apply(TaskLost(data.draw(st.sampled_from(candidates)), "worker gone", world.now))
@@ -901,12 +937,29 @@ def test_with_tasks_lost_and_replaced_every_unit_is_delivered_exactly_once(data:
         elif kind == "tick":
             world.apply(Tick(world.now))
 
-    # Drain: discovery ends, the driver replaces and readies, tasks grant credit, senders idle,
-    # workers deliver everything and their outputs are read to the end.
     world.now += 1.0  # every affinity wait is over
     for src in sources:
         if src not in world.discovery_over:
             world.apply(DiscoveryEnded(src, world.now))
+    if data.draw(st.booleans(), label="late loss"):
+        # The ready tasks take everything, with credit to spare, and are told their feeds ended; then
+        # one holding units is lost: its shared-queue units may go to its replacement only.
+        for task in world.live():
+            for slot in world.task_slots[task]:
+                world.apply(CreditGranted(*slot, len(world.found) + 1, world.now))
+        for _ in range(len(world.found) + 1):
+            for task in world.live():
+                world.apply(SenderIdle(task, world.now))
+        holding = [t for t in world.live() if world.undelivered(t)]
+        if holding:
+            world.apply(TaskLost(data.draw(st.sampled_from(holding)), "worker gone", world.now))
+            for task in world.live():
+                for slot in world.task_slots[task]:
+                    world.apply(CreditGranted(*slot, len(world.found) + 1, world.now))
+                world.apply(SenderIdle(task, world.now))
+
+    # Drain: the driver replaces and readies, tasks grant credit, senders idle, workers deliver
+    # everything and their outputs are read to the end.
     for _ in range(200):
         while world.to_replace:
             world.replace(A)
