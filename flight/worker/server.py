@@ -274,7 +274,10 @@ class WorkerServer(fl.FlightServerBase):
         except (FlightExecError, UnitReadError, pa.ArrowException, OSError) as exc:
             task.failure = self._fail(task, sender, exc)
         except Exception as exc:
-            log.warning("task %s: unexpected %s", task.key, type(exc).__name__, exc_info=True)
+            if task.cancelled.is_set():  # the engine's own way of stopping (DuckDB's InterruptException): expected
+                log.debug("task %s: stopped by its cancel: %s", task.key, type(exc).__name__)
+            else:
+                log.warning("task %s: unexpected %s", task.key, type(exc).__name__, exc_info=True)
             task.failure = self._fail(task, sender, exc)
 
     def _read_partitions(
