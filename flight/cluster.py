@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -46,7 +46,10 @@ class LocalCluster:
     """Start ``n_workers`` worker processes; stop them on exit, even after an exception.
 
     ``data_roots``: the directories the workers may read files under (``--data-root``, each
-    resolved by the worker); a missing one makes the workers fail to start.
+    resolved by the worker), or store prefixes (``s3://bucket/prefix``); a missing directory
+    makes the workers fail to start. ``fs_options``: how they reach object stores
+    (``--fs-option``, docs/storage.md); ``env``: variables added to their environment (a
+    store's credentials, say, which then never appear on a command line).
     """
 
     def __init__(
@@ -62,6 +65,8 @@ class LocalCluster:
         grace: float = 5.0,
         secure: bool = False,
         mtls: bool = False,
+        fs_options: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         if n_workers < 1:
             raise ValueError("a LocalCluster needs at least one worker")
@@ -72,7 +77,9 @@ class LocalCluster:
             self._secrets = tempfile.TemporaryDirectory(prefix="flight-exec-secrets-")
             secure_args, self.security = _throwaway_credentials(Path(self._secrets.name), mtls)
         self.n_workers = n_workers
-        self.data_roots = [os.path.abspath(d) for d in data_roots]
+        # Store prefixes (s3://bucket/prefix) stay as they are; directories become absolute.
+        self.data_roots = [os.fspath(d) if "://" in os.fspath(d) else os.path.abspath(d) for d in data_roots]
+        self._env = dict(env or {})
         # The workers share this machine: together their engines may use the share one worker would.
         share = int(physical_memory() * DEFAULT_MEMORY_FRACTION / n_workers) >> 20
         memory = [] if any(a.startswith("--memory-limit") for a in worker_args) else ["--memory-limit", f"{share}MB"]
@@ -85,6 +92,7 @@ class LocalCluster:
             + [a for m in extensions for a in ("--extension", m)]
             + [a for d in self.data_roots for a in ("--data-root", d)]
             + secure_args
+            + [a for k, v in (fs_options or {}).items() for a in ("--fs-option", f"{k}={v}")]
             + list(worker_args)
         )
         self._per_worker = per_worker_args
@@ -100,7 +108,7 @@ class LocalCluster:
                 extra = list(self._per_worker[i]) if self._per_worker else []
                 cmd = [sys.executable, "-m", "flight.worker", "--host", "127.0.0.1", "--port", "0",
                        "--log-level", self._log_level, "--grace", str(self._grace), *self._args, *extra]
-                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, **self._env, "PYTHONUNBUFFERED": "1"})
                 self.processes.append(proc)
             self.urls = [self._wait_listening(p) for p in self.processes]
         except BaseException:

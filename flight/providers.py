@@ -9,7 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flight._proto import plan_pb2
+from flight.errors import FlightExecError
 from flight.feed import FeedContext, WorkUnitFeedProvider, file_unit
+from flight.storage import open_input
 
 __all__ = ["FileListProvider"]
 
@@ -38,15 +40,17 @@ class FileListProvider(WorkUnitFeedProvider):
         """From the Parquet footers (read once); unknown for other formats."""
         if self._rows is None and all(p.endswith(".parquet") for p in self.paths):
             try:
-                self._rows = float(sum(pq.ParquetFile(p).metadata.num_rows for p in self.paths))
-            except (OSError, pa.ArrowException):
+                self._rows = float(sum(_footer_rows(p) for p in self.paths))
+            except (OSError, pa.ArrowException, FlightExecError):
                 return None  # a file that cannot be read fails the query where it is read, with its name
         return self._rows
 
     def _units(self) -> Iterator[plan_pb2.FileUnit]:
         for path in self.paths:
             if self.split_row_groups:
-                for rg in range(pq.ParquetFile(path).num_row_groups):
+                with open_input(path) as source:  # the footer only, local or in a store
+                    groups = pq.ParquetFile(source).num_row_groups
+                for rg in range(groups):
                     yield file_unit(path, [rg])
             else:
                 yield file_unit(path)
@@ -55,3 +59,8 @@ class FileListProvider(WorkUnitFeedProvider):
         for i, unit in enumerate(self._units()):
             if i % ctx.partitions == partition:
                 yield unit
+
+
+def _footer_rows(path: str) -> int:
+    with open_input(path) as source:
+        return pq.ParquetFile(source).metadata.num_rows

@@ -29,6 +29,14 @@ Decisions:
 
 Extension readers use the same check: ``ReaderContext.open_path(path)`` (or
 ``ctx.roots.check(path)``) returns the path to open, or raises ``PathRefused``.
+
+**Object storage.** A root may be a URI (``--data-root s3://bucket/prefix``): a unit's
+URI passes when it names the same store and bucket and its key lies under the root's,
+compared by ``/``-separated components (``s3://b/data2/x`` is not under
+``s3://b/data``). URIs with ``.`` or ``..`` segments, credentials or options are
+refused before any check (``storage.parse_location``); a ``file://`` URI is a
+local path and meets the directory roots. A URI never meets a directory root, nor
+a path a URI root.
 """
 
 from __future__ import annotations
@@ -37,6 +45,9 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NoReturn
+
+from flight.errors import UnitReadError
+from flight.storage import Location, parse_location
 
 __all__ = ["ANY_PATH", "NO_ROOTS", "REFUSED", "REFUSED_RELATIVE", "DataRoots", "set_worker_roots", "worker_roots"]
 
@@ -56,21 +67,34 @@ class DataRoots:
 
     paths: tuple[str, ...] = ()
     """Real paths (``os.path.realpath``) of existing directories."""
+    locations: tuple[Location, ...] = ()
+    """Prefixes in object stores (``--data-root s3://bucket/prefix``)."""
     unrestricted: bool = False
     """Check nothing: every path is returned as given."""
 
     @classmethod
     def of(cls, dirs: Iterable[str | os.PathLike[str]]) -> DataRoots:
-        """Roots from directory names, resolved now; ``ValueError`` names one that is not a directory."""
+        """Roots from directory names (resolved now) and store prefixes (``s3://bucket/prefix``);
+        ``ValueError`` names one that is not a directory."""
         paths: list[str] = []
+        locations: list[Location] = []
         for d in dirs:
             name = os.fspath(d)
+            try:
+                parsed = parse_location(name) if name else name
+            except UnitReadError as exc:
+                raise ValueError(f"data root {name!r}: {exc}") from None
+            if isinstance(parsed, Location):
+                if parsed not in locations:
+                    locations.append(parsed)
+                continue
+            name = parsed
             real = os.path.realpath(name) if name else ""
             if not real or not os.path.isdir(real):
                 raise ValueError(f"data root {name!r} is not an existing directory")
             if real not in paths:
                 paths.append(real)
-        return cls(tuple(paths))
+        return cls(tuple(paths), locations=tuple(locations))
 
     def check(self, path: str | os.PathLike[str]) -> str:
         """The path a reader should open for ``path``, or ``PathRefused``.
@@ -78,6 +102,22 @@ class DataRoots:
         ``path`` is resolved with ``os.path.realpath`` (symlinks and ``..``) and must lie inside
         one root; the resolved path is returned. The refusal never depends on whether the file exists.
         """
+        located = self.locate(path)
+        return str(located) if isinstance(located, Location) else located
+
+    def locate(self, path: str | os.PathLike[str]) -> str | Location:
+        """``check``, with a remote file as its ``Location``: a local real path, or a URI under a root.
+
+        ``UnitReadError`` for a URI no worker opens (``storage.parse_location``), ``PathRefused`` otherwise.
+        """
+        name = os.fspath(path)
+        if isinstance(name, str) and "://" in name:
+            parsed = parse_location(name)
+            if isinstance(parsed, Location):
+                if self.unrestricted or any(parsed.within(root) for root in self.locations):
+                    return parsed
+                _refuse(REFUSED)
+            path = parsed
         if self.unrestricted:
             return os.fspath(path)
         try:
@@ -94,7 +134,7 @@ class DataRoots:
 
     def __bool__(self) -> bool:
         """Whether any path can pass."""
-        return self.unrestricted or bool(self.paths)
+        return self.unrestricted or bool(self.paths) or bool(self.locations)
 
 
 def _refuse(message: str) -> NoReturn:

@@ -154,7 +154,7 @@ def _plain_file(body: bytes, ctx: ReaderContext) -> tuple[str, str]:
     if not unit.path:
         return "", ""
     real = ctx.open_path(unit.path)
-    if unit.row_groups or _GLOB & set(real) or "\x00" in real:
+    if unit.row_groups or _GLOB & set(real) or "\x00" in real or "://" in real:  # a URI: pyarrow.fs reads it
         return unit.path, ""
     return unit.path, real
 

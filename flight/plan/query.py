@@ -13,15 +13,16 @@ here, not failures on a worker.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flight._proto import plan_pb2
 from flight.arrow_types import UNITS_READER
-from flight.errors import PlanError
+from flight.errors import FlightExecError, PlanError
 from flight.feed import WorkUnitFeed, WorkUnitFeedProvider
 from flight.plan.agg import Agg
 from flight.plan.expr import Expr, coalesce, col, output_type
@@ -29,6 +30,7 @@ from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, Limit
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, SortNode, UnionNode
 from flight.protocol import encode_schema
 from flight.providers import FileListProvider
+from flight.storage import open_input
 
 __all__ = ["Query", "from_arrow", "from_feed", "map_input", "read_ipc", "read_parquet", "units"]
 
@@ -241,6 +243,18 @@ def _files(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> 
     return [os.fspath(p) for p in items]
 
 
+@contextlib.contextmanager
+def _opened(path: str) -> Iterator[pa.NativeFile]:
+    """A file the coordinator reads for planning (a schema): local, or in a store this process
+    reaches (``flight.configure_storage``, its environment)."""
+    try:
+        source = open_input(path)
+    except (OSError, pa.ArrowException, FlightExecError) as exc:
+        raise PlanError(f"cannot read the schema of {path!r}: {exc}") from None
+    with source:
+        yield source
+
+
 def read_parquet(
     paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | WorkUnitFeedProvider,
     *,
@@ -255,10 +269,11 @@ def read_parquet(
         return from_feed(paths, "parquet", schema, columns=columns)
     files = _files(paths)
     if schema is None:
-        try:
-            schema = pq.read_schema(files[0])
-        except (OSError, pa.ArrowException) as exc:
-            raise PlanError(f"cannot read the schema of {files[0]!r}: {exc}") from exc
+        with _opened(files[0]) as source:
+            try:
+                schema = pq.read_schema(source)
+            except (OSError, pa.ArrowException) as exc:
+                raise PlanError(f"cannot read the schema of {files[0]!r}: {exc}") from exc
     return from_feed(FileListProvider(files, split_row_groups=split_row_groups), "parquet", schema, columns=columns)
 
 
@@ -266,7 +281,7 @@ def read_ipc(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *
     """Arrow IPC (Feather v2) files, memory-mapped on the workers."""
     files = _files(paths)
     try:
-        with pa.memory_map(files[0]) as source:
+        with _opened(files[0]) as source:
             schema = pa.ipc.open_file(source).schema
     except (OSError, pa.ArrowException) as exc:
         raise PlanError(f"cannot read the schema of {files[0]!r}: {exc}") from exc

@@ -30,6 +30,7 @@ from flight.engine.confine import DataRoots, set_worker_roots
 from flight.engine.duck import EngineSettings, configure
 from flight.limits import DEFAULT_MEMORY_FRACTION, parse_size, physical_memory
 from flight.security import Security
+from flight.storage import FileSystems, load_options, set_filesystems
 from flight.worker.auth import ServerSecurity, read_tokens
 from flight.worker.server import WorkerServer
 
@@ -69,9 +70,19 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="DIR",
-        help="the file readers read only under DIR (symlinks and '..' resolved first); repeatable; "
-        "without any, every path a work unit names is refused",
+        help="the file readers read only under DIR (symlinks and '..' resolved first), or under a store's "
+        "prefix (s3://bucket/prefix); repeatable; without any, every path a work unit names is refused",
     )
+    p.add_argument(
+        "--fs-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="how to reach an object store, e.g. s3.endpoint_override=host:port, s3.region=..., s3.scheme=http; "
+        "repeatable (docs/storage.md). Credentials are better left to the environment or --fs-config: "
+        "a command line is visible to every user of the machine",
+    )
+    p.add_argument("--fs-config", metavar="FILE", help="a JSON object of --fs-option keys and values (read at start)")
     p.add_argument("--max-tasks", type=int, default=d.max_tasks, help="tasks running at once; more are refused as busy (default: %(default)s)")
     p.add_argument(
         "--source-threads",
@@ -153,6 +164,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         roots = DataRoots.of(args.data_root)
     except ValueError as exc:
         parser.error(f"--data-root: {exc}")
+    try:
+        filesystems = FileSystems(load_options(args.fs_option, args.fs_config))
+    except ValueError as exc:
+        parser.error(str(exc))
     # Batches that arrive over Flight may sit at any offset; Acero warns on each unless told
     # how to handle them. Copying into aligned memory is the safe choice on every CPU.
     os.environ.setdefault("ACERO_ALIGNMENT_HANDLING", "reallocate")
@@ -189,11 +204,14 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         spill_dir=str(spill_dir),
     )
     set_worker_roots(roots)  # what this process's tasks may read (compile_task's default)
+    set_filesystems(filesystems)  # how its readers reach the stores URIs name
     memory_limit = args.memory_limit or int(physical_memory() * DEFAULT_MEMORY_FRACTION)
     configure(EngineSettings(engine=args.engine, memory_limit=memory_limit, spill_dir=str(spill_dir), threads=args.engine_threads))
     log.info("engine %s, memory limit %d MiB, spilling to %s", args.engine, memory_limit >> 20, spill_dir)
     if roots:
-        log.info("file readers confined to %s", ", ".join(roots.paths))
+        log.info("file readers confined to %s", ", ".join([*roots.paths, *map(str, roots.locations)]))
+        if roots.locations:
+            log.info("object stores: %s", filesystems.describe())
     else:
         log.info("no --data-root: the file readers refuse every path")
     # Stop signals: a do-nothing Python handler (so no thread ever dies of the default action)
