@@ -1,0 +1,204 @@
+"""Object storage: work units that name s3:// URIs, read by real workers from a real S3 server.
+
+The server is moto's standalone server on loopback (``benchmarks/local_s3.py``); the
+workers reach it through their own configuration (``--fs-option``, credentials in their
+environment), the coordinator through ``flight.configure_storage``. Answers are
+compared with DuckDB's over the local copies of the same files.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+from support import tpch_test_files
+
+import flight
+from benchmarks.local_s3 import SECRET_KEY, LocalS3, local_s3
+from benchmarks.tpch_queries import ORDERED, TABLES, compare, duckdb_answer, query
+from flight.engine.confine import DataRoots
+from flight.errors import PermissionDeniedError, TaskFailedError, UnitReadError
+from flight.feed import file_unit
+from flight.providers import FileListProvider
+from flight.storage import FileSystems, Location, configure_storage, load_options, parse_location, set_filesystems
+
+pytest.importorskip("moto", reason="the object-storage tests need moto (the dev extra)")
+
+BUCKET = "flight-storage-tests"
+SF = 0.05
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[LocalS3]:
+    with local_s3() as server:
+        server.bucket(BUCKET)
+        # This process (the coordinator) reaches the store with options of its own.
+        configure_storage({**server.fs_options, "s3.access_key": "flight-test-access", "s3.secret_key": SECRET_KEY})
+        try:
+            yield server
+        finally:
+            set_filesystems(FileSystems())
+
+
+@pytest.fixture(scope="module")
+def local_files() -> dict[str, list[Path]]:
+    return tpch_test_files(SF)
+
+
+@pytest.fixture(scope="module")
+def s3_files(s3: LocalS3, local_files: dict[str, list[Path]]) -> dict[str, list[str]]:
+    return {t: s3.upload(local_files[t], f"{BUCKET}/tpch/{t}") for t in TABLES}
+
+
+@pytest.fixture(scope="module")
+def s3_cluster(s3: LocalS3) -> Iterator[flight.LocalCluster]:
+    roots = [f"s3://{BUCKET}/tpch", f"s3://{BUCKET}/misc", "s3://flight-no-such-bucket"]
+    with flight.LocalCluster(2, data_roots=roots, fs_options=s3.fs_options, env=s3.env) as cluster:
+        yield cluster
+
+
+@pytest.mark.parametrize("n", [1, 3, 6], ids=lambda n: f"q{n}")
+def test_tpch_queries_read_from_s3_match_duckdb_over_the_local_copies(
+    n: int, s3_files: dict[str, list[str]], local_files: dict[str, list[Path]], s3_cluster: flight.LocalCluster
+) -> None:
+    got = flight.DistributedExec(query(n, s3_files), s3_cluster.urls).to_table()  # type: ignore[arg-type]
+    difference = compare(got, duckdb_answer(n, local_files), ORDERED.get(n))
+    assert difference is None, f"TPC-H Q{n} from S3 differs from DuckDB over the local files: {difference}"
+
+
+def test_ipc_and_csv_units_are_read_from_s3(s3: LocalS3, s3_cluster: flight.LocalCluster, tmp_path: Path) -> None:
+    table = pa.table({"id": pa.array(range(1000), pa.int64()), "name": pa.array([f"n{i % 7}" for i in range(1000)])})
+    with pa.OSFile(str(tmp_path / "t.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=300)
+    pacsv.write_csv(table, tmp_path / "t.csv")
+    ipc_uri, csv_uri = s3.upload([tmp_path / "t.arrow", tmp_path / "t.csv"], f"{BUCKET}/misc")
+    got = flight.DistributedExec(flight.read_ipc([ipc_uri]), s3_cluster.urls).to_table()
+    assert got.sort_by("id").equals(table)
+    csv = flight.from_feed(FileListProvider([csv_uri]), "csv", table.schema)
+    assert flight.DistributedExec(csv, s3_cluster.urls).to_table().sort_by("id").equals(table)
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [f"s3://{BUCKET}/elsewhere/x.parquet", f"s3://{BUCKET}/tpch2/x.parquet", "s3://another-bucket/tpch/x.parquet", "/etc/passwd"],
+    ids=["other-prefix", "sibling-prefix", "other-bucket", "local-path"],
+)
+def test_a_file_outside_the_store_roots_is_refused(uri: str, s3_cluster: flight.LocalCluster) -> None:
+    scan = flight.read_parquet([uri], schema=pa.schema([("a", pa.int64())]))
+    with pytest.raises(PermissionDeniedError, match="rule: data roots"):
+        flight.DistributedExec(scan, s3_cluster.urls).to_table()
+
+
+@pytest.mark.parametrize(
+    "uri, why",
+    [
+        (f"s3://AKIDLEAK:{SECRET_KEY}@{BUCKET}/tpch/x.parquet", "may not carry credentials"),
+        (f"s3://{BUCKET}/tpch/x.parquet?endpoint_override=127.0.0.1:1", "may not carry options"),
+        (f"s3://{BUCKET}/tpch/../misc/x.parquet", "'..' are not allowed"),
+        ("ftp://host/tpch/x.parquet", "not one this worker reads"),
+    ],
+    ids=["credentials", "options", "dot-dot", "scheme"],
+)
+def test_a_uri_a_worker_will_not_open_is_refused_without_echoing_secrets(uri: str, why: str, s3_cluster: flight.LocalCluster) -> None:
+    scan = flight.from_feed(FileListProvider([uri]), "parquet", pa.schema([("a", pa.int64())]))
+    with pytest.raises(TaskFailedError, match=why) as info:
+        flight.DistributedExec(scan, s3_cluster.urls).to_table()
+    assert SECRET_KEY not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "uri, why",
+    [(f"s3://{BUCKET}/tpch/missing.parquet", "no such object"), ("s3://flight-no-such-bucket/x.parquet", "no such object")],
+    ids=["object", "bucket"],
+)
+def test_a_missing_object_or_bucket_is_named(uri: str, why: str, s3_cluster: flight.LocalCluster) -> None:
+    scan = flight.read_parquet([uri], schema=pa.schema([("a", pa.int64())]))
+    with pytest.raises(TaskFailedError, match=why) as info:
+        flight.DistributedExec(scan, s3_cluster.urls).to_table()
+    assert uri in str(info.value) and SECRET_KEY not in str(info.value)
+
+
+def test_an_unreachable_store_is_a_clear_error_and_says_what_to_check(s3: LocalS3, s3_files: dict[str, list[str]]) -> None:
+    closed = {**s3.fs_options, "s3.endpoint_override": "127.0.0.1:9", "s3.max_attempts": "1"}  # the discard port: nothing listens
+    with flight.LocalCluster(1, data_roots=[f"s3://{BUCKET}/tpch"], fs_options=closed, env=s3.env) as cluster:
+        scan = flight.read_parquet(s3_files["nation"])
+        with pytest.raises(TaskFailedError, match="did not answer: check the worker's endpoint") as info:
+            flight.DistributedExec(scan, cluster.urls).to_table()
+    assert SECRET_KEY not in str(info.value)
+
+
+def test_credentials_reach_no_plan_unit_or_explain(s3_files: dict[str, list[str]], s3_cluster: flight.LocalCluster) -> None:
+    ex = flight.DistributedExec(query(6, s3_files), s3_cluster.urls)  # type: ignore[arg-type]
+    ex.to_table()
+    assert SECRET_KEY not in ex.explain(analyze=True)
+    for stage in ex.plan.stages:
+        assert SECRET_KEY.encode() not in stage.root.to_proto().SerializeToString()
+    units = [file_unit(u).SerializeToString() for u in s3_files["lineitem"]]
+    assert all(SECRET_KEY.encode() not in u for u in units)
+
+
+def test_a_worker_configuration_is_described_with_its_secrets_masked() -> None:
+    shown = FileSystems({"s3.region": "eu-west-1", "s3.secret_key": SECRET_KEY, "s3.access_key": "AKID"}).describe()
+    assert "s3.region=eu-west-1" in shown and SECRET_KEY not in shown and "AKID" not in shown
+
+
+# ---------------------------------------------------------------- without a server
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("s3://b/k/x.parquet", Location("s3", "b", "k/x.parquet")),
+        ("s3://b//k/./x", None),
+        ("gs://b/k", Location("gcs", "b", "k")),
+        ("abfss://c@acct.dfs.core.windows.net/k", Location("abfs", "c@acct.dfs.core.windows.net", "k")),
+        ("hdfs://nn:8020/data/x", Location("hdfs", "nn:8020", "data/x")),
+        ("file:///tmp/x.parquet", "/tmp/x.parquet"),
+        ("/tmp/x.parquet", "/tmp/x.parquet"),
+    ],
+)
+def test_locations_are_parsed_and_normalized(text: str, expected: Location | str | None) -> None:
+    if expected is None:
+        with pytest.raises(UnitReadError, match="not allowed"):
+            parse_location(text)
+    else:
+        assert parse_location(text) == expected
+
+
+def test_a_store_root_admits_keys_under_it_by_components() -> None:
+    roots = DataRoots.of(["s3://b/data", "s3://whole"])
+    assert roots.locate("s3://b/data/x.parquet") == Location("s3", "b", "data/x.parquet")
+    assert roots.locate("s3://whole/any/thing") == Location("s3", "whole", "any/thing")
+    for refused in ("s3://b/data2/x", "s3://b/dat", "s3://c/data/x", "gs://b/data/x"):
+        with pytest.raises(flight.UnitReadError, match="rule: data roots"):
+            roots.locate(refused)
+
+
+def test_filesystem_options_are_checked_when_the_worker_starts(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown filesystem option 's3.endpoint'"):
+        load_options(["s3.endpoint=x"])
+    with pytest.raises(ValueError, match="must be true or false"):
+        FileSystems({"s3.anonymous": "maybe"})
+    config = tmp_path / "fs.json"
+    config.write_text('{"s3.region": "eu-west-1", "s3.anonymous": true}')
+    assert load_options(["s3.region=us-east-2"], config) == {"s3.region": "us-east-2", "s3.anonymous": "true"}
+    bad = subprocess.run(
+        [sys.executable, "-m", "flight.worker", "--port", "0", "--data-root", "s3://b/../x"], capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode == 2 and "--data-root" in bad.stderr and "'..' are not allowed" in bad.stderr
+
+
+def test_a_parquet_footer_is_read_through_the_coordinators_store(s3: LocalS3, s3_files: dict[str, list[str]]) -> None:
+    """Planning reads schemas and row counts itself: through ``configure_storage``, not the workers."""
+    scan = flight.read_parquet(s3_files["orders"])
+    local = pq.read_schema(tpch_test_files(SF)["orders"][0])
+    assert scan.schema.names == local.names
+    assert FileListProvider(s3_files["orders"]).estimated_rows() == sum(
+        pq.ParquetFile(f).metadata.num_rows for f in tpch_test_files(SF)["orders"]
+    )
