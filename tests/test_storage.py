@@ -181,7 +181,7 @@ def test_a_store_root_admits_keys_under_it_by_components() -> None:
 
 
 def test_filesystem_options_are_checked_when_the_worker_starts(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="unknown filesystem option 's3.endpoint'"):
+    with pytest.raises(ValueError, match=r"unknown filesystem option 's3\.endpoint'"):
         load_options(["s3.endpoint=x"])
     with pytest.raises(ValueError, match="must be true or false"):
         FileSystems({"s3.anonymous": "maybe"})
