@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,12 +48,14 @@ class LocalS3:
 
     def upload(self, files: Sequence[str | os.PathLike[str]], prefix: str) -> list[str]:
         """Copy local ``files`` under ``prefix`` (``bucket/dir``); their ``s3://`` URIs, in order."""
-        uris = []
-        for f in files:
-            key = f"{prefix.rstrip('/')}/{Path(f).name}"
-            pafs.copy_files(os.fspath(f), key, destination_filesystem=self.fs)
-            uris.append(f"s3://{key}")
-        return uris
+        keys = [f"{prefix.rstrip('/')}/{Path(f).name}" for f in files]
+
+        def put(pair: tuple[str | os.PathLike[str], str]) -> None:
+            pafs.copy_files(os.fspath(pair[0]), pair[1], destination_filesystem=self.fs)
+
+        with ThreadPoolExecutor(8) as pool:  # one request each: in parallel
+            list(pool.map(put, zip(files, keys, strict=True)))
+        return [f"s3://{k}" for k in keys]
 
 
 @contextmanager

@@ -35,9 +35,10 @@ from flight.local import run_local
 from flight.plan import agg
 from flight.plan.expr import Expr, call, coalesce, col, if_else, lit
 from flight.plan.query import Query, from_arrow, from_feed, map_input, read_ipc, read_parquet, units
-from flight.providers import FileListProvider
+from flight.providers import FileListProvider, ListingProvider
 from flight.resolver import FileWorkerResolver, PollingWorkerResolver, StaticWorkerResolver, WorkerResolver
 from flight.security import Security
+from flight.storage import configure_storage
 
 __all__ = [
     "DefaultTaskEstimator",
@@ -52,6 +53,7 @@ __all__ = [
     "FileWorkerResolver",
     "FlightExecError",
     "InvalidTaskError",
+    "ListingProvider",
     "LocalCluster",
     "PermissionDeniedError",
     "PlanError",
@@ -87,6 +89,7 @@ __all__ = [
     "call",
     "coalesce",
     "col",
+    "configure_storage",
     "file_unit",
     "from_arrow",
     "from_feed",

@@ -1,7 +1,8 @@
-"""Ready-made work-unit providers for the common case: a known list of files."""
+"""Ready-made work-unit providers: a known list of files, and a store's prefix listed as the query runs."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from collections.abc import Iterator, Sequence
 
@@ -10,10 +11,10 @@ import pyarrow.parquet as pq
 
 from flight._proto import plan_pb2
 from flight.errors import FlightExecError
-from flight.feed import FeedContext, WorkUnitFeedProvider, file_unit
-from flight.storage import open_input
+from flight.feed import FeedContext, Unit, WorkUnit, WorkUnitFeedProvider, file_unit
+from flight.storage import Location, open_input, parse_location, process_filesystems
 
-__all__ = ["FileListProvider"]
+__all__ = ["FileListProvider", "ListingProvider"]
 
 
 class FileListProvider(WorkUnitFeedProvider):
@@ -64,3 +65,68 @@ class FileListProvider(WorkUnitFeedProvider):
 def _footer_rows(path: str) -> int:
     with open_input(path) as source:
         return pq.ParquetFile(source).metadata.num_rows
+
+
+class ListingProvider(WorkUnitFeedProvider):
+    """The files under a prefix (``s3://bucket/events/``, a local directory), listed while the query runs.
+
+    A shared queue: each file found goes to whichever task has credit, while the listing goes
+    on, so the first rows arrive before the last page is listed. ``pattern`` is a glob
+    (``fnmatch``) matched against each file's path below the prefix (``*`` spans ``/``).
+    ``split_row_groups`` makes a unit of each row group, from the file's footer, read by the
+    coordinator as it lists. The coordinator lists with its own store configuration
+    (``flight.configure_storage``, its environment); the workers read with theirs.
+    """
+
+    shared = True
+
+    def __init__(self, prefix: str, pattern: str = "*", *, split_row_groups: bool = False, page_size: int = 1000) -> None:
+        where = parse_location(prefix)
+        self.prefix = prefix
+        self.location = where if isinstance(where, Location) else Location("", "", os.path.abspath(where))
+        self.pattern = pattern
+        self.split_row_groups = split_row_groups
+        self.page_size = page_size
+        self.pages = 0  # listed so far (this execution's)
+
+    def files(self) -> Iterator[tuple[str, int]]:
+        """Each matching file's path (a URI for a store) and size, in listing order."""
+        self.pages = 0
+        if not self.location.scheme:
+            yield from self._local()
+            return
+        root = self.location.key + "/" if self.location.key else ""
+        for page in process_filesystems().listing(self.location, self.page_size):
+            self.pages += 1
+            for found, size in page:
+                if fnmatch.fnmatchcase(found.key[len(root):], self.pattern):
+                    yield str(found), size
+
+    def _local(self) -> Iterator[tuple[str, int]]:
+        base = self.location.key
+        for top, dirs, names in os.walk(base):
+            dirs.sort()
+            self.pages += 1
+            for name in sorted(names):
+                path = os.path.join(top, name)
+                if fnmatch.fnmatchcase(os.path.relpath(path, base).replace(os.sep, "/"), self.pattern):
+                    yield path, os.path.getsize(path)
+
+    def feed(self, partition: int, ctx: FeedContext) -> Iterator[WorkUnit]:
+        for path, size in self.files():
+            if ctx.is_cancelled():
+                return
+            if self.split_row_groups:
+                with open_input(path) as source:
+                    meta = pq.ParquetFile(source).metadata
+                for rg in range(meta.num_row_groups):
+                    group = meta.row_group(rg)
+                    yield Unit(file_unit(path, [rg]), rows=group.num_rows, bytes=group.total_byte_size)
+            else:
+                yield Unit(file_unit(path), bytes=size)
+
+    def first(self) -> str | None:
+        """The first matching file (planning reads its schema), or None."""
+        for path, _ in self.files():
+            return path
+        return None

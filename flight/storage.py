@@ -30,7 +30,7 @@ import json
 import os
 import threading
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -264,12 +264,90 @@ class FileSystems:
         except (OSError, pa.ArrowException) as exc:
             raise UnitReadError(f"cannot open {str(location)!r}: {describe(exc)}") from None
 
+    def listing(self, prefix: Location, page_size: int = 1000) -> Iterator[list[tuple[Location, int]]]:
+        """The files under ``prefix`` (with their sizes), a page at a time, as the store gives them.
+
+        S3 with ``boto3`` installed: ``ListObjectsV2`` pages of ``page_size`` keys, each
+        yielded as it arrives. Otherwise pyarrow lists the whole of one directory level at
+        a time (it offers no paging), which still streams a partitioned layout.
+        """
+        if prefix.scheme == "s3" and _has_boto3():
+            yield from self._s3_pages(prefix, page_size)
+            return
+        fs = self.filesystem(prefix)
+        pending = [prefix]
+        while pending:
+            level = pending.pop(0)
+            try:
+                infos = fs.get_file_info(pafs.FileSelector(level.fs_path, allow_not_found=True))
+            except (OSError, pa.ArrowException) as exc:
+                raise UnitReadError(f"cannot list {str(level)!r}: {describe(exc)}") from None
+            page = []
+            for info in sorted(infos, key=lambda i: i.path):
+                child = Location(prefix.scheme, prefix.authority, _key_of(prefix, info.path))
+                if info.type == pafs.FileType.Directory:
+                    pending.append(child)
+                elif info.type == pafs.FileType.File:
+                    page.append((child, int(info.size or 0)))
+            if page:
+                yield page
+
+    def _s3_pages(self, prefix: Location, page_size: int) -> Iterator[list[tuple[Location, int]]]:
+        import boto3  # the s3 extra: page-by-page listing
+        import botocore.exceptions
+
+        kw = self._kwargs.get("s3", {})
+        endpoint = kw.get("endpoint_override")
+        if endpoint and "://" not in str(endpoint):
+            endpoint = f"{kw.get('scheme', 'https')}://{endpoint}"
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint or None,
+            region_name=str(kw.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"),
+            aws_access_key_id=kw.get("access_key"),
+            aws_secret_access_key=kw.get("secret_key"),
+            aws_session_token=kw.get("session_token"),
+        )
+        key = prefix.key + "/" if prefix.key else ""
+        try:
+            pages = client.get_paginator("list_objects_v2").paginate(
+                Bucket=prefix.authority, Prefix=key, PaginationConfig={"PageSize": page_size}
+            )
+            for page in pages:
+                found = [
+                    (Location("s3", prefix.authority, obj["Key"]), int(obj["Size"]))
+                    for obj in page.get("Contents", [])
+                    if not obj["Key"].endswith("/")
+                ]
+                if found:
+                    yield found
+        except botocore.exceptions.ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            words = {"NoSuchBucket": "no such bucket", "AccessDenied": "access denied: check the credentials for this store"}
+            raise UnitReadError(f"cannot list {str(prefix)!r}: {words.get(code, 'the store refused the listing')}") from None
+        except botocore.exceptions.BotoCoreError:
+            raise UnitReadError(f"cannot list {str(prefix)!r}: the store did not answer: check the endpoint for it") from None
+
     def info(self, location: Location) -> Any:
         """The object's ``FileInfo`` (type ``NotFound`` when there is none)."""
         try:
             return self.filesystem(location).get_file_info(location.fs_path)
         except (OSError, pa.ArrowException) as exc:
             raise UnitReadError(f"cannot look at {str(location)!r}: {describe(exc)}") from None
+
+
+def _key_of(prefix: Location, fs_path: str) -> str:
+    """The key of a path ``pyarrow.fs`` listed under ``prefix``'s store."""
+    head = prefix.fs_path[: len(prefix.fs_path) - len(prefix.key)].rstrip("/")
+    return fs_path[len(head):].lstrip("/") if fs_path.startswith(head) else fs_path.lstrip("/")
+
+
+def _has_boto3() -> bool:
+    try:
+        import boto3  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def describe(exc: BaseException) -> str:

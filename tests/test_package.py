@@ -14,12 +14,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 EXPECTED_API = {
     "DefaultTaskEstimator", "DiscoverySample", "TaskEstimate", "TaskEstimator", "Unit",
-    "DistributedExec", "ExecOptions", "Expr", "FeedContext", "FeedError", "FeedStats", "FileListProvider",
+    "DistributedExec", "ExecOptions", "Expr", "FeedContext", "FeedError", "FeedStats", "FileListProvider", "ListingProvider",
     "FileWorkerResolver", "FlightExecError", "InvalidTaskError", "LocalCluster", "PlanError",
     "PollingWorkerResolver", "PermissionDeniedError", "ProtocolError", "QueryTimeoutError", "Query", "QueryMetrics", "ReaderContext", "ResolverError",
     "RetryableError", "Security", "StaticWorkerResolver", "TaskCancelledError", "TaskFailedError", "TaskStats", "UnauthenticatedError", "UnitReadError",
     "VersionMismatchError", "WorkUnit", "WorkUnitFeed", "WorkUnitFeedProvider", "WorkerError", "WorkerOptions",
-    "WorkerResolver", "WorkerBusyError", "WorkerUnavailableError", "__version__", "agg", "call", "coalesce", "col", "file_unit",
+    "WorkerResolver", "WorkerBusyError", "WorkerUnavailableError", "__version__", "agg", "call", "coalesce", "col", "configure_storage", "file_unit",
     "from_arrow", "from_feed", "if_else", "lit", "map_batches", "map_input", "read_ipc", "read_parquet",
     "register_reader", "run_local", "units",
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -146,6 +147,74 @@ def test_credentials_reach_no_plan_unit_or_explain(s3_files: dict[str, list[str]
 def test_a_worker_configuration_is_described_with_its_secrets_masked() -> None:
     shown = FileSystems({"s3.region": "eu-west-1", "s3.secret_key": SECRET_KEY, "s3.access_key": "AKID"}).describe()
     assert "s3.region=eu-west-1" in shown and SECRET_KEY not in shown and "AKID" not in shown
+
+
+# ---------------------------------------------------------------- listing a prefix as the query runs
+
+LISTED = 1000
+
+
+@pytest.fixture(scope="module")
+def listed_prefix(s3: LocalS3, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """1,000 small Parquet objects under one prefix (ids 10*i .. 10*i+9), and one that is not Parquet."""
+    local = tmp_path_factory.mktemp("listed")
+    for i in range(LISTED):
+        pq.write_table(pa.table({"id": pa.array(range(10 * i, 10 * i + 10), pa.int64())}), local / f"part-{i:04d}.parquet")
+    (local / "_SUCCESS").write_bytes(b"")
+    s3.upload(sorted(local.iterdir()), f"{BUCKET}/misc/listed")
+    return f"s3://{BUCKET}/misc/listed/"
+
+
+class PausedListing(flight.ListingProvider):
+    """Lists as ``ListingProvider`` does, but waits after its first page until ``go`` is set."""
+
+    def __init__(self, prefix: str, go: threading.Event) -> None:
+        super().__init__(prefix, "*.parquet", page_size=100)
+        self.go = go
+        self.pages_when_rows_arrived: int | None = None
+
+    def files(self) -> Iterator[tuple[str, int]]:
+        for path, size in super().files():
+            if self.pages > 1:
+                self.go.wait(60)
+            yield path, size
+
+
+@pytest.mark.slow
+def test_a_prefix_is_listed_page_by_page_and_rows_arrive_before_the_listing_ends(
+    listed_prefix: str, s3_cluster: flight.LocalCluster
+) -> None:
+    go = threading.Event()
+    listing = PausedListing(listed_prefix, go)
+    scan = flight.read_parquet(listing, schema=pa.schema([("id", pa.int64())]))
+    reader = flight.DistributedExec(scan, s3_cluster.urls).execute()
+    first = reader.read_next_batch()  # the listing is held after its first page of 100 keys
+    assert first.num_rows > 0 and listing.pages == 2, "rows arrived only after the listing went on"
+    go.set()
+    ids = pa.Table.from_batches([first, *reader])["id"]
+    assert sorted(ids.to_pylist()) == list(range(10 * LISTED))  # every object once; _SUCCESS left out
+    assert listing.pages == 11  # 1,001 keys in pages of 100
+
+
+@pytest.mark.slow
+def test_read_parquet_of_a_prefix_lists_it_and_reads_the_first_file_for_its_schema(
+    listed_prefix: str, s3_cluster: flight.LocalCluster
+) -> None:
+    scan = flight.read_parquet(listed_prefix)
+    assert scan.schema.names == ["id"]
+    got = flight.DistributedExec(scan.filter(flight.col("id") < 25), s3_cluster.urls).to_table()
+    assert sorted(got["id"].to_pylist()) == list(range(25))
+    with pytest.raises(flight.PlanError, match="no file under"):
+        flight.read_parquet(f"s3://{BUCKET}/misc/nothing-here/")
+
+
+def test_a_local_directory_is_listed_the_same_way(tmp_path: Path) -> None:
+    for i in range(3):
+        (tmp_path / f"d{i}").mkdir()
+        pq.write_table(pa.table({"x": [i]}), tmp_path / f"d{i}" / "f.parquet")
+    listing = flight.ListingProvider(str(tmp_path), "*.parquet")
+    assert [p for p, _ in listing.files()] == [str(tmp_path / f"d{i}" / "f.parquet") for i in range(3)]
+    assert sorted(flight.run_local(flight.read_parquet(str(tmp_path))).read_all().column("x").to_pylist()) == [0, 1, 2]
 
 
 # ---------------------------------------------------------------- without a server

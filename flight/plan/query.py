@@ -29,7 +29,7 @@ from flight.plan.expr import Expr, coalesce, col, output_type
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, LimitNode, Node, ProjectNode, ValuesNode
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, SortNode, UnionNode
 from flight.protocol import encode_schema
-from flight.providers import FileListProvider
+from flight.providers import FileListProvider, ListingProvider
 from flight.storage import open_input
 
 __all__ = ["Query", "from_arrow", "from_feed", "map_input", "read_ipc", "read_parquet", "units"]
@@ -243,6 +243,11 @@ def _files(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> 
     return [os.fspath(p) for p in items]
 
 
+def _is_prefix(path: str) -> bool:
+    """A prefix to list: a URI or path ending in ``/``, or a local directory."""
+    return path.endswith("/") or ("://" not in path and os.path.isdir(path))
+
+
 @contextlib.contextmanager
 def _opened(path: str) -> Iterator[pa.NativeFile]:
     """A file the coordinator reads for planning (a schema): local, or in a store this process
@@ -261,12 +266,24 @@ def read_parquet(
     schema: pa.Schema | None = None,
     columns: Sequence[str] | None = None,
     split_row_groups: bool = False,
+    pattern: str = "*.parquet",
 ) -> Query:
-    """Parquet files: a list of paths, or a provider yielding ``file_unit``s (then ``schema`` is needed)."""
+    """Parquet files: a list of paths or URIs; a prefix (``s3://bucket/events/``, a directory),
+    listed while the query runs (``ListingProvider``, files matching ``pattern``); or a provider
+    yielding ``file_unit``s (then ``schema`` is needed)."""
     if isinstance(paths, WorkUnitFeedProvider):
         if schema is None:
             raise PlanError("read_parquet(provider) needs schema=: files are only discovered at run time")
         return from_feed(paths, "parquet", schema, columns=columns)
+    if isinstance(paths, (str, os.PathLike)) and _is_prefix(os.fspath(paths)):
+        listing = ListingProvider(os.fspath(paths), pattern, split_row_groups=split_row_groups)
+        if schema is None:
+            first = listing.first()
+            if first is None:
+                raise PlanError(f"no file under {os.fspath(paths)!r} matches {pattern!r}: give schema= to read it anyway")
+            with _opened(first) as source:
+                schema = pq.read_schema(source)
+        return from_feed(listing, "parquet", schema, columns=columns)
     files = _files(paths)
     if schema is None:
         with _opened(files[0]) as source:
