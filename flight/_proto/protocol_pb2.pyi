@@ -643,6 +643,38 @@ class FeedMetrics(_message.Message):
 Global___FeedMetrics: _TypeAlias = FeedMetrics  # noqa: Y015
 
 @_typing.final
+class ScanMetrics(_message.Message):
+    """Parquet row groups a task's readers read, and those a filter's statistics let them skip."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROW_GROUPS_READ_FIELD_NUMBER: _builtins.int
+    ROW_GROUPS_SKIPPED_FIELD_NUMBER: _builtins.int
+    BYTES_READ_FIELD_NUMBER: _builtins.int
+    BYTES_SKIPPED_FIELD_NUMBER: _builtins.int
+    row_groups_read: _builtins.int
+    row_groups_skipped: _builtins.int
+    bytes_read: _builtins.int
+    """the row groups' total_byte_size (uncompressed), read"""
+    bytes_skipped: _builtins.int
+    """and skipped"""
+    def __init__(
+        self,
+        *,
+        row_groups_read: _builtins.int = ...,
+        row_groups_skipped: _builtins.int = ...,
+        bytes_read: _builtins.int = ...,
+        bytes_skipped: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_read", b"bytes_read", "bytes_skipped", b"bytes_skipped", "row_groups_read", b"row_groups_read", "row_groups_skipped", b"row_groups_skipped"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScanMetrics: _TypeAlias = ScanMetrics  # noqa: Y015
+
+@_typing.final
 class TaskMetrics(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -657,6 +689,7 @@ class TaskMetrics(_message.Message):
     BYTES_IN_FIELD_NUMBER: _builtins.int
     BYTES_IN_LOCAL_FIELD_NUMBER: _builtins.int
     ENGINE_FIELD_NUMBER: _builtins.int
+    SCAN_FIELD_NUMBER: _builtins.int
     worker_url: _builtins.str
     rows_out: _builtins.int
     batches_out: _builtins.int
@@ -673,6 +706,10 @@ class TaskMetrics(_message.Message):
     def stage_key(self) -> Global___StageKey: ...
     @_builtins.property
     def feeds(self) -> _containers.RepeatedCompositeFieldContainer[Global___FeedMetrics]: ...
+    @_builtins.property
+    def scan(self) -> Global___ScanMetrics:
+        """what its Parquet readers read and skipped (pyarrow's readers; DuckDB's own reads are not counted)"""
+
     def __init__(
         self,
         *,
@@ -687,10 +724,11 @@ class TaskMetrics(_message.Message):
         bytes_in: _builtins.int = ...,
         bytes_in_local: _builtins.int = ...,
         engine: _builtins.str = ...,
+        scan: Global___ScanMetrics | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["stage_key", b"stage_key"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["scan", b"scan", "stage_key", b"stage_key"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches_out", b"batches_out", "bytes_in", b"bytes_in", "bytes_in_local", b"bytes_in_local", "bytes_out", b"bytes_out", "elapsed_nanos", b"elapsed_nanos", "engine", b"engine", "feeds", b"feeds", "rows_in", b"rows_in", "rows_out", b"rows_out", "stage_key", b"stage_key", "worker_url", b"worker_url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches_out", b"batches_out", "bytes_in", b"bytes_in", "bytes_in_local", b"bytes_in_local", "bytes_out", b"bytes_out", "elapsed_nanos", b"elapsed_nanos", "engine", b"engine", "feeds", b"feeds", "rows_in", b"rows_in", "rows_out", b"rows_out", "scan", b"scan", "stage_key", b"stage_key", "worker_url", b"worker_url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

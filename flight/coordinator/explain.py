@@ -57,6 +57,7 @@ def _stage(ex: DistributedExec, stage: StageSpec, urls: list[str], metrics: dict
                 f"  | rows in {m.rows_in}, out {m.rows_out}; {m.batches_out} batches; "
                 f"{m.bytes_in} bytes in ({m.bytes_in_local} local), {m.bytes_out} out; {units} units; {m.elapsed_s * 1000:.1f} ms"
                 + (f"; {m.engine}" if m.engine else "")
+                + (f"; {scan}" if (scan := m.describe_scan()) else "")
             )
         lines.append(line)
     lines += ["  " + line for line in stage.root.explain_lines()]

@@ -58,6 +58,19 @@ class TaskStats:
     bytes_in_local: int = 0
     engine: str = ""
     """What computed the task: ``duckdb`` or ``acero`` (docs/engine.md)."""
+    row_groups_read: int = 0
+    row_groups_skipped: int = 0
+    """Parquet row groups its readers read, and skipped by a filter's statistics (pyarrow's readers)."""
+    scan_bytes_read: int = 0
+    scan_bytes_skipped: int = 0
+
+    def describe_scan(self) -> str:
+        """``row groups 2/100 read (1.2 of 80.0 MB)``, or "" when its readers read no row group."""
+        total = self.row_groups_read + self.row_groups_skipped
+        if not total:
+            return ""
+        mb = (self.scan_bytes_read / 1e6, (self.scan_bytes_read + self.scan_bytes_skipped) / 1e6)
+        return f"row groups {self.row_groups_read}/{total} read ({mb[0]:.1f} of {mb[1]:.1f} MB)"
 
     @classmethod
     def from_proto(cls, m: protocol_pb2.TaskMetrics, url: str) -> TaskStats:
@@ -73,6 +86,10 @@ class TaskStats:
             m.bytes_in,
             m.bytes_in_local,
             clip(m.engine, 16),  # a peer's text, shown by explain(): kept short
+            m.scan.row_groups_read,
+            m.scan.row_groups_skipped,
+            m.scan.bytes_read,
+            m.scan.bytes_skipped,
         )
 
 

@@ -15,9 +15,11 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from flight._proto import plan_pb2
 from flight.engine.duck_task import _ENGINE_ERRORS, UNITS, _kind, _Task
+from flight.engine.pipeline import prune_of
 from flight.engine.readers import PathRefused, ReaderContext, UnitReadError, conform, read_parquet
 
 _GLOB = frozenset("*?[{")
@@ -70,6 +72,20 @@ def _fragment_scan(op: plan_pb2.Operator, path: str) -> tuple[plan_pb2.FeedScan,
     return _chain(op, path)
 
 
+def _prune(op: plan_pb2.Operator, path: str, scan_path: str) -> pc.Expression | None:
+    """The predicate of the filter right above the fragment's scan (``…filter.input`` is the scan),
+    for the pyarrow reader to skip row groups with; DuckDB prunes the files it reads itself."""
+    if not scan_path.endswith(".filter.input"):
+        return None
+    node, rest = op, scan_path[len(path):].removesuffix(".input").split(".")[1:]
+    try:
+        for name in rest:
+            node = getattr(node, name)
+        return prune_of(node, f"{scan_path.removesuffix('.input')}.predicate")  # type: ignore[arg-type]
+    except AttributeError:
+        return None
+
+
 def _fragment(
     task: _Task, op: plan_pb2.Operator, path: str, text: str, builds: list[tuple[str, str]], schema: pa.Schema | None = None
 ) -> Iterator[pa.RecordBatch]:
@@ -84,7 +100,8 @@ def _fragment(
     scan, scan_path = found
     schema = schema if schema is not None else task.schemas[path]
     ctx = ReaderContext(schema=task.schemas[scan_path], columns=list(scan.columns) or None, roots=task.roots,
-                        batch_rows=task.batch_rows, options=dict(scan.reader_options))
+                        batch_rows=task.batch_rows, options=dict(scan.reader_options),
+                        prune=_prune(op, path, scan_path), scan=getattr(task.inputs, "scan_stats", None))
     feed_id = scan.feed.feed_id
     cur = task.cursor()
     if builds:

@@ -38,7 +38,7 @@ from flight.ipc import read_ipc_stream
 from flight.limits import MAX_OUTPUT_PARTITIONS, MAX_PRODUCERS, check_count, clip
 from flight.protocol import decode_schema
 
-__all__ = ["compile_task", "filter_node", "limit_batches", "project_node", "source_threads"]
+__all__ = ["compile_task", "filter_node", "limit_batches", "project_node", "prune_of", "source_threads"]
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +220,13 @@ def _compile_op(op: plan_pb2.Operator, env: Env, field: str) -> tuple[ac.Declara
             table = table.schema.empty_table()
         return ac.Declaration("table_source", ac.TableSourceNodeOptions(table)), table.schema
     if kind == "filter":
-        child, schema = _compile(op.filter.input, env, f"{here}.input")
+        below = op.filter.input
+        if below.WhichOneof("kind") == "feed_scan":  # the readers may skip what the filter excludes
+            reader = feed_scan_reader(below.feed_scan, env, f"{here}.input.feed_scan", prune=prune_of(op.filter, f"{here}.predicate"))
+            child, schema = _source(reader), reader.schema
+            env.schemas[f"{here}.input"] = schema
+        else:
+            child, schema = _compile(below, env, f"{here}.input")
         return ac.Declaration.from_sequence([child, filter_node(op.filter, schema, here)]), schema
     if kind == "project":
         child, schema = _compile(op.project.input, env, f"{here}.input")
@@ -271,6 +277,14 @@ def _compile_op(op: plan_pb2.Operator, env: Env, field: str) -> tuple[ac.Declara
         batches = (conform(b, schema, f"stage {rd.stage_id} output") for b in rows)
         return _source(native_reader(schema, batches)), schema
     raise ProtocolError(f"{field}: operator {kind!r} is not supported by this worker", field=here)
+
+
+def prune_of(flt: plan_pb2.Filter, field: str) -> pc.Expression | None:
+    """A filter's predicate for the scan below it to skip data with (None if it cannot be had)."""
+    try:
+        return to_pyarrow(flt.predicate, field)
+    except ProtocolError:
+        return None  # the filter node reports it
 
 
 def filter_node(flt: plan_pb2.Filter, schema: pa.Schema, here: str) -> ac.Declaration:

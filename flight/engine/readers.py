@@ -30,6 +30,7 @@ the caller (``work unit N of feed 'F' partition P``).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
@@ -38,21 +39,27 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from google.protobuf.message import DecodeError
 
-from flight._proto import plan_pb2
+from flight._proto import plan_pb2, protocol_pb2
 from flight.arrow_types import UNITS_READER
 from flight.engine.confine import NO_ROOTS, DataRoots
 from flight.errors import UnitReadError
 from flight.storage import FileSystems, Location, describe, process_filesystems
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "DataRoots",
     "PathRefused",
     "Reader",
     "ReaderContext",
+    "ScanStats",
     "UnitReadError",
     "conform",
     "get_reader",
@@ -70,6 +77,28 @@ class PathRefused(UnitReadError):
     """
 
 
+class ScanStats:
+    """What a task's Parquet readers read, and what a filter let them skip (``TaskMetrics.scan``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # a task's several scans may read at once
+        self.row_groups_read = self.row_groups_skipped = self.bytes_read = self.bytes_skipped = 0
+
+    def add(self, read: int, skipped: int, bytes_read: int, bytes_skipped: int) -> None:
+        with self._lock:
+            self.row_groups_read += read
+            self.row_groups_skipped += skipped
+            self.bytes_read += bytes_read
+            self.bytes_skipped += bytes_skipped
+
+    def to_proto(self) -> protocol_pb2.ScanMetrics:
+        with self._lock:
+            return protocol_pb2.ScanMetrics(
+                row_groups_read=self.row_groups_read, row_groups_skipped=self.row_groups_skipped,
+                bytes_read=self.bytes_read, bytes_skipped=self.bytes_skipped,
+            )
+
+
 @dataclass(frozen=True)
 class ReaderContext:
     schema: pa.Schema
@@ -80,6 +109,11 @@ class ReaderContext:
     """Where this worker may read files; the default, no roots, refuses every path."""
     files: FileSystems | None = None
     """The stores URIs are opened in; None: this process's (``storage.process_filesystems()``)."""
+    prune: pc.Expression | None = None
+    """The filter right above the scan, if any: the Parquet reader skips the row groups whose
+    statistics show no row can pass it (the filter itself still runs above)."""
+    scan: ScanStats | None = None
+    """Where the Parquet reader counts row groups read and skipped (the task's)."""
 
     def open_path(self, path: str | os.PathLike[str]) -> str:
         """The path to open for the file a unit names, or ``PathRefused`` (the one check every file reader makes).
@@ -204,13 +238,44 @@ def read_parquet(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
             pf = pq.ParquetFile(ctx.filesystems().open_input_file(where), pre_buffer=True)
         else:
             pf = pq.ParquetFile(real)
-        groups = list(unit.row_groups) or None
-        if groups and max(groups) >= pf.num_row_groups:
-            raise UnitReadError(f"file {unit.path!r} has {pf.num_row_groups} row groups, not {max(groups) + 1}")
+        named = list(unit.row_groups)
+        if named and max(named) >= pf.num_row_groups:
+            raise UnitReadError(f"file {unit.path!r} has {pf.num_row_groups} row groups, not {max(named) + 1}")
+        groups = _row_groups(pf, named or list(range(pf.num_row_groups)), where, ctx)
+        if not groups:
+            return
         # use_threads=False: this runs on a pool thread already; decoding must not wait on the pool itself.
         yield from pf.iter_batches(batch_size=ctx.batch_rows, row_groups=groups, columns=ctx.columns, use_threads=False)
     except (OSError, pa.ArrowException) as exc:
         raise _cannot_read("Parquet", unit.path, real, exc) from None
+
+
+def _row_groups(pf: pq.ParquetFile, groups: list[int], where: str | Location, ctx: ReaderContext) -> list[int]:
+    """The row groups to read: ``groups`` less those whose statistics exclude ``ctx.prune``; counted."""
+    keep = groups
+    if ctx.prune is not None and groups and ctx.options.get("prune", "true") != "false":
+        keep = _surviving(groups, where, ctx) or []
+    if ctx.scan is not None:
+        meta = pf.metadata
+        size = {g: meta.row_group(g).total_byte_size for g in groups}
+        kept = set(keep)
+        ctx.scan.add(len(keep), len(groups) - len(keep), sum(size[g] for g in keep), sum(v for g, v in size.items() if g not in kept))
+    return keep
+
+
+def _surviving(groups: list[int], where: str | Location, ctx: ReaderContext) -> list[int] | None:
+    """``groups`` that may hold a row passing ``ctx.prune``, by the footer's statistics (Arrow's
+    dataset fragments); all of them when the predicate cannot be checked against statistics."""
+    try:
+        if isinstance(where, Location):
+            fs, path = ctx.filesystems().filesystem(where), where.fs_path
+        else:
+            fs, path = pafs.LocalFileSystem(), where
+        fragment = pads.ParquetFileFormat().make_fragment(path, filesystem=fs, row_groups=groups)
+        return [rg.id for rg in fragment.subset(ctx.prune).row_groups]  # type: ignore[attr-defined]  # a ParquetFileFragment (stubs: Fragment)
+    except (pa.ArrowException, OSError, TypeError, ValueError) as exc:  # a type statistics cannot meet: read all
+        log.debug("row-group pruning skipped: %s", type(exc).__name__)
+        return groups
 
 
 _MAPS: OrderedDict[tuple[str, int, int], pa.MemoryMappedFile] = OrderedDict()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from flight._proto import plan_pb2
 from flight.arrow_types import UNIT_COLUMN, UNIT_TYPE, UNITS_READER, normalize_schema, unit_tag, unit_tags
@@ -87,9 +88,12 @@ class Env:
             time.sleep(self.unit_delay_s * units)
 
 
-def feed_scan_reader(scan: plan_pb2.FeedScan, env: Env, field: str, *, tag: bool = False) -> pa.RecordBatchReader:
+def feed_scan_reader(
+    scan: plan_pb2.FeedScan, env: Env, field: str, *, tag: bool = False, prune: pc.Expression | None = None
+) -> pa.RecordBatchReader:
     """The rows of a feed scan's units, unit after unit; ``tag``: with a last column
-    ``UNIT_COLUMN`` saying each row's ``WorkUnit.id`` (``TaskOptions.tag_units``)."""
+    ``UNIT_COLUMN`` saying each row's ``WorkUnit.id`` (``TaskOptions.tag_units``); ``prune``:
+    the filter above the scan, which readers may use to skip data (Parquet row groups)."""
     if not scan.feed.feed_id:
         raise ProtocolError(f"{field}.feed.feed_id is empty", field=f"{field}.feed.feed_id")
     feed_id = scan.feed.feed_id
@@ -110,7 +114,8 @@ def feed_scan_reader(scan: plan_pb2.FeedScan, env: Env, field: str, *, tag: bool
     if reader is None:
         raise ProtocolError(f"{field}.reader: no reader named {scan.reader!r} on this worker", field=f"{field}.reader")
     ctx = ReaderContext(
-        schema=schema, columns=list(scan.columns) or None, options=dict(scan.reader_options), batch_rows=env.batch_rows, roots=env.roots
+        schema=schema, columns=list(scan.columns) or None, options=dict(scan.reader_options), batch_rows=env.batch_rows,
+        roots=env.roots, prune=prune, scan=getattr(inputs, "scan_stats", None),
     )
 
     def batches() -> Iterator[pa.RecordBatch]:

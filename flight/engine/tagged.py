@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from flight._proto import plan_pb2
 from flight.arrow_types import UNIT_COLUMN, UNIT_TYPE, unit_tag, unit_tags
 from flight.compute.relational import native_reader
-from flight.engine.pipeline import filter_node, project_node
+from flight.engine.pipeline import filter_node, project_node, prune_of
 from flight.engine.scan import Env, feed_scan_reader
 from flight.errors import ProtocolError
 from flight.protocol import unit_chain
@@ -39,7 +39,8 @@ def tagged_task(plan: plan_pb2.StagePlan, env: Env) -> pa.RecordBatchReader:
             f"header.options.tag_units needs a plan of filters and projections over one feed scan; {field} is {found or 'empty'}",
             field="header.options.tag_units",
         )
-    source = feed_scan_reader(below.feed_scan, env, f"{field}.feed_scan", tag=True)
+    prune = prune_of(chain[-1][1], chain[-1][2] + ".predicate") if chain and chain[-1][0] == "filter" else None  # type: ignore[arg-type]
+    source = feed_scan_reader(below.feed_scan, env, f"{field}.feed_scan", tag=True, prune=prune)
     # Two compilations of the chain: over the untagged rows (a batch of one unit: the common
     # case, the tag put back after), and carrying the ids as a plain column (many units a batch).
     untagged = pa.schema(list(source.schema)[:-1])

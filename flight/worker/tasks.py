@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from flight._proto import plan_pb2, protocol_pb2
 from flight.engine.partition import split_by_hash
+from flight.engine.readers import ScanStats
 from flight.errors import ProtocolError, TaskCancelledError, TaskFailedError
 from flight.ipc import check_batch
 from flight.protocol import format_stage_key
@@ -61,6 +62,7 @@ class Task:
         self.cancel_reason = ""
         self._on_cancel: list[Callable[[], None]] = []
         self.engine = ""  # what computes the task, set by the pipeline once it starts (metrics)
+        self.scan_stats = ScanStats()  # its Parquet readers' row groups read and skipped (metrics)
         self.error: BaseException | None = None  # what stopped the task from outside (bad frame)
         self.failure: Exception | None = None  # the Flight error the exchange ends with
         self.finished = False
@@ -194,6 +196,7 @@ class Task:
             elapsed_nanos=int((time.perf_counter() - self.started) * 1e9),
             feeds=[inbox.metrics() for inbox in self.inboxes.values()],
             engine=self.engine,
+            scan=self.scan_stats.to_proto(),
         )
 
     @property
