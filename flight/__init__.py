@@ -31,6 +31,7 @@ from flight.errors import (
 )
 from flight.estimate import DefaultTaskEstimator, DiscoverySample, TaskEstimate, TaskEstimator
 from flight.feed import FeedContext, Unit, WorkUnit, WorkUnitFeed, WorkUnitFeedProvider, file_unit
+from flight.iceberg import read_iceberg
 from flight.local import run_local
 from flight.plan import agg
 from flight.plan.expr import Expr, call, coalesce, col, if_else, lit
@@ -97,6 +98,7 @@ __all__ = [
     "lit",
     "map_batches",
     "map_input",
+    "read_iceberg",
     "read_ipc",
     "read_parquet",
     "register_reader",

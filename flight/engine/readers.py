@@ -30,13 +30,14 @@ the caller (``work unit N of feed 'F' partition P``).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -389,6 +390,48 @@ def read_csv(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
         raise UnitReadError(f"cannot read CSV file {unit.path!r}: {_csv_why(exc, real, ctx)}") from None
 
 
+def read_iceberg(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
+    """An Iceberg data file (Parquet): its columns matched to the scan's by field id, not by name.
+
+    ``ctx.options["field_ids"]`` (JSON: column name → Iceberg field id) comes from the
+    coordinator's table schema (``flight.iceberg``). A renamed column is found by its id; a
+    column added after the file was written reads as nulls; a promoted type is cast.
+    """
+    unit = _file_unit(body)
+    try:
+        ids = {str(k): int(v) for k, v in json.loads(ctx.options.get("field_ids", "")).items()}
+    except (ValueError, TypeError, AttributeError):
+        raise UnitReadError("the iceberg reader needs the reader option field_ids (a JSON object of column name to field id)") from None
+    where = ctx.locate(unit.path)
+    real = str(where)
+    try:
+        source = ctx.filesystems().open_input_file(where) if isinstance(where, Location) else real
+        pf = pq.ParquetFile(source, pre_buffer=isinstance(where, Location))
+        in_file: dict[int, str] = {}
+        for f in pf.schema_arrow:
+            if f.metadata and b"PARQUET:field_id" in f.metadata:
+                in_file[int(f.metadata[b"PARQUET:field_id"])] = f.name
+        if not in_file:
+            raise UnitReadError(f"data file {unit.path!r} has no Parquet field ids (a table needing a name mapping is not read yet)")
+        wanted = ctx.columns or ctx.schema.names
+        read = [in_file[ids[name]] for name in wanted if ids.get(name) in in_file]
+        groups = _row_groups(pf, list(range(pf.num_row_groups)), where, replace(ctx, prune=None))
+        for batch in pf.iter_batches(batch_size=ctx.batch_rows, row_groups=groups, columns=read, use_threads=False):
+            columns = []
+            for name in wanted:
+                target = ctx.schema.field(name).type
+                fid = ids.get(name)
+                if fid in in_file:
+                    column = batch.column(in_file[fid])
+                    columns.append(column if column.type == target else column.cast(target))
+                else:
+                    columns.append(pa.nulls(batch.num_rows, target))
+            yield pa.RecordBatch.from_arrays(columns, names=list(wanted))
+    except (OSError, pa.ArrowException) as exc:
+        raise _cannot_read("Parquet", unit.path, real, exc) from None
+
+
 register_reader("parquet", read_parquet)
+register_reader("iceberg", read_iceberg)
 register_reader("ipc", read_ipc)
 register_reader("csv", read_csv)
