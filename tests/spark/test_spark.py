@@ -362,6 +362,28 @@ def test_a_dataframe_of_files_feeds_a_query(spark, files, cluster: flight.LocalC
     assert ex.metrics is not None and sum(f.units for f in ex.metrics.feeds) == len(files["lineitem"])
 
 
+def test_objects_in_a_store_read_and_feed_the_same_way(spark, files, data_roots) -> None:  # type: ignore[no-untyped-def]
+    """flight.spark.read and feed_from_dataframe with s3:// units: nothing changes on the Spark side."""
+    from benchmarks.local_s3 import ACCESS_KEY, SECRET_KEY, local_s3
+    from flight.storage import FileSystems, configure_storage, set_filesystems
+
+    pytest.importorskip("moto", reason="needs moto (the dev extra)")
+    with local_s3() as s3:
+        s3.bucket("flight-spark-tests")
+        uris = s3.upload(files["orders"], "flight-spark-tests/orders")
+        configure_storage({**s3.fs_options, "s3.access_key": ACCESS_KEY, "s3.secret_key": SECRET_KEY})
+        try:
+            with flight.LocalCluster(2, data_roots=["s3://flight-spark-tests/orders"], fs_options=s3.fs_options, env=s3.env) as c:
+                with fs.start_read(spark, flight.read_parquet(uris).select("o_orderkey"), c.urls) as handle:
+                    keys = sorted(r.o_orderkey for r in handle.df.collect())
+                assert keys == sorted(pq.read_table(files["orders"], columns=["o_orderkey"])["o_orderkey"].to_pylist())
+                feed = fs.feed_from_dataframe(spark.createDataFrame([(u,) for u in uris], "uri string"), "uri", unit=flight.file_unit)
+                q = flight.read_parquet(feed, schema=pq.read_schema(files["orders"][0])).aggregate([], n=agg.count_all())
+                assert flight.DistributedExec(q, c.urls).to_table()["n"].to_pylist() == [len(keys)]
+        finally:
+            set_filesystems(FileSystems())
+
+
 def test_the_dataframe_feed_streams_rather_than_collects(spark) -> None:  # type: ignore[no-untyped-def]
     from pyspark.sql.functions import udf
 
