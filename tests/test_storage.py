@@ -144,6 +144,25 @@ def test_credentials_reach_no_plan_unit_or_explain(s3_files: dict[str, list[str]
     assert all(SECRET_KEY.encode() not in u for u in units)
 
 
+def test_a_workers_log_never_shows_its_store_secret(s3: LocalS3, s3_files: dict[str, list[str]]) -> None:
+    """The secret on the worker's own command line (the least safe place) still reaches no log line."""
+    options = [f"--fs-option={k}={v}" for k, v in s3.fs_options.items()]
+    cmd = [sys.executable, "-m", "flight.worker", "--port", "0", "--log-level", "DEBUG", "--data-root", f"s3://{BUCKET}/tpch",
+           *options, "--fs-option", "s3.access_key=flight-test-access", "--fs-option", f"s3.secret_key={SECRET_KEY}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().split(" on ")[-1].strip()
+        assert flight.DistributedExec(flight.read_parquet(s3_files["nation"]), [url]).to_table().num_rows == 25
+        with pytest.raises(TaskFailedError):
+            missing = flight.read_parquet([f"s3://{BUCKET}/tpch/gone.parquet"], schema=pa.schema([("a", pa.int64())]))
+            flight.DistributedExec(missing, [url]).to_table()
+    finally:
+        proc.terminate()
+        _, log = proc.communicate(timeout=30)
+    assert "s3.secret_key=***" in log and SECRET_KEY not in log
+
+
 def test_a_worker_configuration_is_described_with_its_secrets_masked() -> None:
     shown = FileSystems({"s3.region": "eu-west-1", "s3.secret_key": SECRET_KEY, "s3.access_key": "AKID"}).describe()
     assert "s3.region=eu-west-1" in shown and SECRET_KEY not in shown and "AKID" not in shown
