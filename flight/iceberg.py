@@ -12,9 +12,11 @@ files' statistics only prune).
 What is refused, with a clear error: data files with delete files (position or equality
 deletes, which other engines write; ``pyiceberg`` itself deletes by rewriting files, which
 reads fine), files without Parquet field ids (a name mapping), and non-Parquet data files.
-What ``pyiceberg`` 0.12 does not offer: streaming the manifests — ``plan_files`` reads
-every surviving manifest before it returns, so discovery starts once planning is done.
-See docs/storage.md, "Iceberg".
+Streaming the plan: ``pyiceberg``'s ``plan_files`` reads every surviving manifest before it
+returns, so here each data manifest is planned on its own (with the snapshot's delete
+manifests, so delete files are still found), and its files go out before the next manifest
+is read: the first rows arrive after one manifest, not all of them (``stream_manifests``;
+``benchmarks/micro/iceberg.py``). See docs/storage.md, "Iceberg".
 """
 
 from __future__ import annotations
@@ -88,10 +90,13 @@ class IcebergProvider(WorkUnitFeedProvider):
 
     shared = True
 
-    def __init__(self, table: Any, *, filter: Expr | None = None, snapshot_id: int | None = None) -> None:
+    def __init__(
+        self, table: Any, *, filter: Expr | None = None, snapshot_id: int | None = None, stream_manifests: bool = True
+    ) -> None:
         self.table = table
         self.filter = filter
         self.snapshot_id = snapshot_id
+        self.stream_manifests = stream_manifests
 
     def scan(self) -> Any:
         from pyiceberg.expressions import AlwaysTrue
@@ -106,8 +111,27 @@ class IcebergProvider(WorkUnitFeedProvider):
         total = snapshot.summary.get("total-records")
         return float(total) if total is not None else None
 
+    def tasks(self) -> Iterator[Any]:
+        """The scan's ``FileScanTask``s, a data manifest at a time (or all planned first)."""
+        scan = self.scan()
+        snapshot = scan.snapshot()
+        if not self.stream_manifests or snapshot is None:
+            yield from scan.plan_files()
+            return
+        from pyiceberg.manifest import ManifestContent
+        from pyiceberg.table import ManifestGroupPlanner
+
+        planner = ManifestGroupPlanner(scan.table_metadata, scan.io, scan.row_filter, scan.case_sensitive, scan.options)
+        manifests = snapshot.manifests(scan.io)
+        deletes = [m for m in manifests if m.content == ManifestContent.DELETES]
+        for manifest in manifests:
+            if manifest.content == ManifestContent.DATA:
+                yield from planner.plan_files([manifest, *deletes])
+
     def feed(self, partition: int, ctx: FeedContext) -> Iterator[Unit]:
-        for task in self.scan().plan_files():
+        for task in self.tasks():
+            if ctx.is_cancelled():
+                return
             data = task.file
             if task.delete_files:
                 raise PlanError(

@@ -141,6 +141,16 @@ def test_columns_and_a_catalog_identifier(lake: Lake) -> None:
     same(got, lake.table.scan(selected_fields=("id", "note")).to_arrow())
 
 
+def test_planning_a_manifest_at_a_time_finds_what_pyiceberg_plans(lake: Lake) -> None:
+    from flight.iceberg import IcebergProvider
+
+    where = flight.col("category") == "a"
+    for snapshot in (None, lake.before):
+        streamed = IcebergProvider(lake.table, filter=where, snapshot_id=snapshot)
+        planned = lake.table.scan(row_filter=EqualTo("category", "a"), snapshot_id=snapshot).plan_files()
+        assert sorted(t.file.file_path for t in streamed.tasks()) == sorted(t.file.file_path for t in planned)
+
+
 def test_the_filter_to_pyiceberg_keeps_every_row_the_filter_keeps() -> None:
     from flight.iceberg import iceberg_filter
 
