@@ -9,6 +9,7 @@ from flight.config import ExecOptions, WorkerOptions
 from flight.coordinator.exec import DistributedExec
 from flight.coordinator.map import map_batches
 from flight.coordinator.metrics import FeedStats, QueryMetrics, TaskStats
+from flight.delta import read_delta
 from flight.engine.readers import ReaderContext, register_reader
 from flight.errors import (
     FeedError,
@@ -98,6 +99,7 @@ __all__ = [
     "lit",
     "map_batches",
     "map_input",
+    "read_delta",
     "read_iceberg",
     "read_ipc",
     "read_parquet",

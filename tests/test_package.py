@@ -20,7 +20,7 @@ EXPECTED_API = {
     "RetryableError", "Security", "StaticWorkerResolver", "TaskCancelledError", "TaskFailedError", "TaskStats", "UnauthenticatedError", "UnitReadError",
     "VersionMismatchError", "WorkUnit", "WorkUnitFeed", "WorkUnitFeedProvider", "WorkerError", "WorkerOptions",
     "WorkerResolver", "WorkerBusyError", "WorkerUnavailableError", "__version__", "agg", "call", "coalesce", "col", "configure_storage", "file_unit",
-    "from_arrow", "from_feed", "if_else", "lit", "map_batches", "map_input", "read_iceberg", "read_ipc", "read_parquet",
+    "from_arrow", "from_feed", "if_else", "lit", "map_batches", "map_input", "read_delta", "read_iceberg", "read_ipc", "read_parquet",
     "register_reader", "run_local", "units",
 }
 

@@ -964,22 +964,56 @@ class FileUnit(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class PartitionValuesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     PATH_FIELD_NUMBER: _builtins.int
     ROW_GROUPS_FIELD_NUMBER: _builtins.int
+    PARTITION_VALUES_FIELD_NUMBER: _builtins.int
+    NULL_PARTITIONS_FIELD_NUMBER: _builtins.int
     path: _builtins.str
     @_builtins.property
     def row_groups(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """parquet only; empty means all"""
+
+    @_builtins.property
+    def partition_values(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Columns the file does not hold, constant for all its rows (a Delta table's partition
+        columns), as text; the parquet reader casts each to the scan's type. Absent key: no value.
+        """
+
+    @_builtins.property
+    def null_partitions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Partition columns whose value is null for this file."""
 
     def __init__(
         self,
         *,
         path: _builtins.str = ...,
         row_groups: _abc.Iterable[_builtins.int] | None = ...,
+        partition_values: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        null_partitions: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "row_groups", b"row_groups"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["null_partitions", b"null_partitions", "partition_values", b"partition_values", "path", b"path", "row_groups", b"row_groups"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

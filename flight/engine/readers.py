@@ -245,10 +245,36 @@ def read_parquet(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
         groups = _row_groups(pf, named or list(range(pf.num_row_groups)), where, ctx)
         if not groups:
             return
+        constants = _constants(unit, ctx)
+        wanted = list(ctx.columns or ctx.schema.names)
+        columns = [c for c in wanted if c not in constants] if constants else ctx.columns
         # use_threads=False: this runs on a pool thread already; decoding must not wait on the pool itself.
-        yield from pf.iter_batches(batch_size=ctx.batch_rows, row_groups=groups, columns=ctx.columns, use_threads=False)
+        batches = pf.iter_batches(batch_size=ctx.batch_rows, row_groups=groups, columns=columns, use_threads=False)
+        if not constants:
+            yield from batches
+            return
+        for batch in batches:
+            arrays = [pa.repeat(constants[n], batch.num_rows) if n in constants else batch.column(n) for n in wanted]  # type: ignore[call-overload]  # a Scalar: pyarrow-stubs want a Python value
+            yield pa.RecordBatch.from_arrays(arrays, names=wanted)
     except (OSError, pa.ArrowException) as exc:
         raise _cannot_read("Parquet", unit.path, real, exc) from None
+
+
+def _constants(unit: plan_pb2.FileUnit, ctx: ReaderContext) -> dict[str, pa.Scalar]:
+    """The unit's partition values (columns its file does not hold), typed as the scan's columns."""
+    out: dict[str, pa.Scalar] = {}
+    names = set(ctx.schema.names)
+    for name, text in unit.partition_values.items():
+        if name in names:
+            target = ctx.schema.field(name).type
+            try:
+                out[name] = pa.scalar(text, pa.string()).cast(target)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                raise UnitReadError(f"the partition value of column {name!r} does not convert to {target}") from None
+    for name in unit.null_partitions:
+        if name in names:
+            out[name] = pa.scalar(None, ctx.schema.field(name).type)
+    return out
 
 
 def _row_groups(pf: pq.ParquetFile, groups: list[int], where: str | Location, ctx: ReaderContext) -> list[int]:
