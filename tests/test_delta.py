@@ -43,7 +43,8 @@ def table(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, fligh
 
 def same(got: pa.Table, expected: pa.Table) -> None:
     expected = expected.select(got.column_names)
-    expected = expected.cast(pa.schema([pa.field(f.name, pa.string() if f.type in (pa.large_string(), pa.string_view()) else f.type) for f in expected.schema]))
+    plain = [pa.field(f.name, pa.string() if f.type in (pa.large_string(), pa.string_view()) else f.type) for f in expected.schema]
+    expected = expected.cast(pa.schema(plain))
     assert got.sort_by("id").equals(expected.sort_by("id")), f"{got.num_rows} rows, expected {expected.num_rows}"
 
 
