@@ -254,7 +254,7 @@ class FileSystems:
         try:
             return fs.open_input_file(location.fs_path)
         except (OSError, pa.ArrowException) as exc:
-            raise UnitReadError(f"cannot open {str(location)!r}: {describe(exc)}") from None
+            raise UnitReadError(f"cannot open {str(location)!r}: {describe(exc)}{self._no_credentials(location, exc)}") from None
 
     def open_input_stream(self, location: Location) -> pa.NativeFile:
         """A sequential stream (CSV)."""
@@ -262,7 +262,19 @@ class FileSystems:
         try:
             return fs.open_input_stream(location.fs_path)
         except (OSError, pa.ArrowException) as exc:
-            raise UnitReadError(f"cannot open {str(location)!r}: {describe(exc)}") from None
+            raise UnitReadError(f"cannot open {str(location)!r}: {describe(exc)}{self._no_credentials(location, exc)}") from None
+
+    def _no_credentials(self, location: Location, exc: BaseException) -> str:
+        """A hint when an S3 request failed (not for a missing object) and this process has no credentials
+        in sight: its requests went out unsigned. (pyarrow's default chain may still find some: a hint.)"""
+        if location.scheme != "s3" or isinstance(exc, FileNotFoundError):
+            return ""
+        kw = self._kwargs.get("s3", {})
+        if kw.get("access_key") or kw.get("anonymous") or kw.get("role_arn"):
+            return ""
+        if any(os.environ.get(v) for v in _AWS_CREDENTIAL_SOURCES) or Path("~/.aws/credentials").expanduser().exists():
+            return ""
+        return " (this worker has no S3 credentials: set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY in its environment, or --fs-config)"
 
     def listing(self, prefix: Location, page_size: int = 1000) -> Iterator[list[tuple[Location, int]]]:
         """The files under ``prefix`` (with their sizes), a page at a time, as the store gives them.
@@ -334,6 +346,13 @@ class FileSystems:
             return self.filesystem(location).get_file_info(location.fs_path)
         except (OSError, pa.ArrowException) as exc:
             raise UnitReadError(f"cannot look at {str(location)!r}: {describe(exc)}") from None
+
+
+_AWS_CREDENTIAL_SOURCES = (
+    "AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+)
+"""Where AWS's default credential chain looks, besides ``~/.aws/credentials`` and instance metadata."""
 
 
 def _key_of(prefix: Location, fs_path: str) -> str:

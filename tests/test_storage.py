@@ -8,9 +8,13 @@ compared with DuckDB's over the local copies of the same files.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -132,6 +136,47 @@ def test_an_unreachable_store_is_a_clear_error_and_says_what_to_check(s3: LocalS
         with pytest.raises(TaskFailedError, match="did not answer: check the worker's endpoint") as info:
             flight.DistributedExec(scan, cluster.urls).to_table()
     assert SECRET_KEY not in str(info.value)
+
+
+@contextlib.contextmanager
+def s3_with_auth() -> Iterator[str]:
+    """moto's server in its own process, checking credentials (none are valid): its ``host:port``."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"}
+    cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with socket.socket() as s, contextlib.suppress(OSError):
+                s.connect(("127.0.0.1", port))
+                break
+            time.sleep(0.05)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.parametrize(
+    "env, why",
+    [
+        ({"AWS_EC2_METADATA_DISABLED": "true"}, "this worker has no S3 credentials: set AWS_ACCESS_KEY_ID"),
+        ({"AWS_ACCESS_KEY_ID": "nobody", "AWS_SECRET_ACCESS_KEY": "wrong-secret-never-shown"}, "access denied: check the worker's credentials"),
+    ],
+    ids=["missing", "wrong"],
+)
+def test_missing_or_wrong_credentials_are_named_as_such(env: dict[str, str], why: str, tmp_path: Path) -> None:
+    env = {**env, "HOME": str(tmp_path)}  # no ~/.aws/credentials of the machine's
+    with s3_with_auth() as endpoint:
+        options = {"s3.endpoint_override": endpoint, "s3.scheme": "http", "s3.region": "us-east-1", "s3.max_attempts": "1"}
+        with flight.LocalCluster(1, data_roots=["s3://locked/data"], fs_options=options, env=env) as cluster:
+            scan = flight.read_parquet(["s3://locked/data/x.parquet"], schema=pa.schema([("a", pa.int64())]))
+            with pytest.raises(TaskFailedError, match=why) as info:
+                flight.DistributedExec(scan, cluster.urls).to_table()
+    assert "s3://locked/data/x.parquet" in str(info.value) and "wrong-secret" not in str(info.value)
 
 
 def test_credentials_reach_no_plan_unit_or_explain(s3_files: dict[str, list[str]], s3_cluster: flight.LocalCluster) -> None:
