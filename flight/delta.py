@@ -30,6 +30,7 @@ from flight.errors import PlanError
 from flight.feed import FeedContext, Unit, WorkUnitFeedProvider
 from flight.plan.expr import Expr
 from flight.plan.query import Query, from_feed
+from flight.plan.terms import comparison, conjuncts
 
 __all__ = ["DeltaProvider", "read_delta"]
 
@@ -94,9 +95,10 @@ class DeltaProvider(WorkUnitFeedProvider):
         return pa.table(self.table.get_add_actions(flatten=True))
 
     def _kept(self, actions: pa.Table) -> list[bool]:
-        """Which files may hold a row passing the filter: its conjuncts over partition columns only."""
+        """Which files may hold a row passing the filter: its conjuncts over partition columns, on the
+        files' partition values; its comparisons of other columns with constants, on their statistics."""
         keep = [True] * actions.num_rows
-        if self.filter is None or not self.partition_columns:
+        if self.filter is None:
             return keep
         values = pa.table(
             {
@@ -106,8 +108,11 @@ class DeltaProvider(WorkUnitFeedProvider):
                 for p in self.partition_columns
             }
         )
-        for conjunct in _conjuncts(self.filter):
+        for conjunct in conjuncts(self.filter):
+            if not conjunct.referenced_fields():
+                continue  # a constant: the rows' filter decides
             if not conjunct.referenced_fields() <= set(self.partition_columns):
+                keep = [k and m for k, m in zip(keep, _by_statistics(conjunct, actions), strict=True)]
                 continue
             try:
                 mask = _evaluate(conjunct, values)
@@ -152,35 +157,36 @@ def _file_uri(table: str, path: str, uris: list[str]) -> str:
     return table.rstrip("/") + "/" + relative
 
 
-def _conjuncts(expr: Expr) -> list[Expr]:
-    """The top-level AND terms of ``expr``."""
-    proto = expr.to_proto()
-    root = proto.nodes[-1]
-    if root.WhichOneof("kind") == "call" and root.call.function in ("and", "and_kleene"):
-        return [c for arg in root.call.args for c in _conjuncts(_subtree(proto, arg))]
-    return [expr]
+def _by_statistics(conjunct: Expr, actions: pa.Table) -> list[bool]:
+    """Which files may hold a row passing ``conjunct`` (a column compared with a constant), by the
+    log's per-file ``min.*``/``max.*``; every file for any other conjunct, or missing statistics."""
+    found = comparison(conjunct.to_proto().nodes, len(conjunct.to_proto().nodes) - 1)
+    everything = [True] * actions.num_rows
+    if found is None:
+        return everything
+    name, op, value = found
+    if f"min.{name}" not in actions.column_names or f"max.{name}" not in actions.column_names:
+        return everything
+    lows, highs = actions.column(f"min.{name}").to_pylist(), actions.column(f"max.{name}").to_pylist()
+    out = []
+    for low, high in zip(lows, highs, strict=True):
+        try:
+            out.append(_may_hold(op, value, low, high))
+        except TypeError:  # a constant of another type than the statistics: no pruning
+            out.append(True)
+    return out
 
 
-def _subtree(proto: plan_pb2.Expression, index: int) -> Expr:
-    """The expression rooted at node ``index`` of ``proto`` (post-order), on its own."""
-    order: list[int] = []
-
-    def visit(i: int) -> None:
-        node = proto.nodes[i]
-        if node.WhichOneof("kind") == "call":
-            for arg in node.call.args:
-                visit(arg)
-        order.append(i)
-
-    visit(index)
-    renumber = {old: new for new, old in enumerate(order)}
-    out = plan_pb2.Expression()
-    for old in order:
-        node = out.nodes.add()
-        node.CopyFrom(proto.nodes[old])
-        if node.WhichOneof("kind") == "call":
-            node.call.args[:] = [renumber[a] for a in node.call.args]
-    return Expr.from_proto(out)
+def _may_hold(op: str, value: Any, low: Any, high: Any) -> bool:
+    if low is None or high is None:
+        return True
+    if op == "equal":
+        return bool(low <= value <= high)
+    if op in ("greater", "greater_equal"):
+        return bool(high > value if op == "greater" else high >= value)
+    if op in ("less", "less_equal"):
+        return bool(low < value if op == "less" else low <= value)
+    return True  # not_equal: any file may hold another value
 
 
 def _evaluate(expr: Expr, table: pa.Table) -> list[Any]:

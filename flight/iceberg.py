@@ -27,13 +27,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from flight._proto import plan_pb2
 from flight.arrow_types import normalize_schema
 from flight.errors import PlanError
 from flight.feed import FeedContext, Unit, WorkUnitFeedProvider, file_unit
-from flight.ipc import read_ipc_stream
 from flight.plan.expr import Expr
 from flight.plan.query import Query, from_feed
+from flight.plan.terms import comparison, field_name, set_values
 
 __all__ = ["ICEBERG_READER", "IcebergProvider", "iceberg_filter", "read_iceberg"]
 
@@ -146,14 +145,13 @@ class IcebergProvider(WorkUnitFeedProvider):
 # ------------------------------------------------------------------ the filter, for pruning
 
 _COMPARE = {
-    "equal": ("EqualTo", "EqualTo"),
-    "not_equal": ("NotEqualTo", "NotEqualTo"),
-    "less": ("LessThan", "GreaterThan"),
-    "less_equal": ("LessThanOrEqual", "GreaterThanOrEqual"),
-    "greater": ("GreaterThan", "LessThan"),
-    "greater_equal": ("GreaterThanOrEqual", "LessThanOrEqual"),
+    "equal": "EqualTo",
+    "not_equal": "NotEqualTo",
+    "less": "LessThan",
+    "less_equal": "LessThanOrEqual",
+    "greater": "GreaterThan",
+    "greater_equal": "GreaterThanOrEqual",
 }
-"""A comparison, and its mirror when the literal is on the left."""
 
 
 def iceberg_filter(expr: Expr) -> Any:
@@ -185,50 +183,15 @@ def iceberg_filter(expr: Expr) -> Any:
         if fn == "invert" and len(args) == 1:
             a, exact = convert(args[0])
             return (ice.Not(a), True) if a is not None and exact else (None, False)
-        if fn in ("is_null", "is_valid") and len(args) == 1 and (name := _field(nodes, args[0])) is not None:
+        if fn in ("is_null", "is_valid") and len(args) == 1 and (name := field_name(nodes, args[0])) is not None:
             return (ice.IsNull(name) if fn == "is_null" else ice.NotNull(name)), True
-        if fn == "is_in" and len(args) == 1 and (name := _field(nodes, args[0])) is not None:
-            values = _set_values(call.options)
+        if fn == "is_in" and len(args) == 1 and (name := field_name(nodes, args[0])) is not None:
+            values = set_values(call.options)
             return (ice.In(name, values), True) if values else (None, False)
-        if fn in _COMPARE and len(args) == 2:
-            left, right = _field(nodes, args[0]), _field(nodes, args[1])
-            if left is not None and (value := _literal(nodes, args[1])) is not None:
-                return getattr(ice, _COMPARE[fn][0])(left, value), True
-            if right is not None and (value := _literal(nodes, args[0])) is not None:
-                return getattr(ice, _COMPARE[fn][1])(right, value), True
+        if (found := comparison(nodes, i)) is not None:
+            name, op, value = found
+            return getattr(ice, _COMPARE[op])(name, value), True
         return None, False
 
     converted, _ = convert(len(nodes) - 1)
     return converted if converted is not None else ice.AlwaysTrue()
-
-
-def _field(nodes: Any, i: int) -> str | None:
-    node = nodes[i]
-    return node.field.name if node.WhichOneof("kind") == "field" else None
-
-
-def _literal(nodes: Any, i: int) -> Any:
-    node = nodes[i]
-    if node.WhichOneof("kind") != "literal":
-        return None
-    lit: plan_pb2.Literal = node.literal
-    which = lit.WhichOneof("value")
-    if which is None or which == "binary_value":
-        return None
-    if which == "arrow":
-        try:
-            value = read_ipc_stream(lit.arrow, "literal").column(0).to_pylist()[0]
-        except Exception:  # noqa: BLE001 - a literal we cannot read is no reason to prune
-            return None
-        return value if isinstance(value, (int, float, str)) or hasattr(value, "isoformat") else None
-    return getattr(lit, which)
-
-
-def _set_values(options: plan_pb2.FunctionOptions) -> list[Any]:
-    if options.WhichOneof("kind") != "set_lookup":
-        return []
-    try:
-        values = read_ipc_stream(options.set_lookup.value_set, "value_set").column(0).to_pylist()
-    except Exception:  # noqa: BLE001
-        return []
-    return [v for v in values if v is not None]

@@ -73,6 +73,15 @@ def test_a_filter_on_partition_columns_prunes_files_and_filters_rows(table: tupl
     assert ex.metrics is not None and 0 < ex.metrics.units < len(DeltaTable(uri).file_uris())
 
 
+def test_a_filter_on_other_columns_prunes_files_by_their_statistics(table: tuple[str, flight.LocalCluster]) -> None:
+    uri, cluster = table
+    ex = flight.DistributedExec(flight.read_delta(uri, filter=flight.col("id") >= 250), cluster.urls)
+    got = ex.to_table()
+    t = DeltaTable(uri).to_pyarrow_table()
+    same(got, t.filter(pa.compute.field("id") >= 250))
+    assert ex.metrics is not None and 0 < ex.metrics.units < len(DeltaTable(uri).file_uris())  # only the third append's
+
+
 def test_a_table_with_deletion_vectors_is_refused(tmp_path: Path) -> None:
     uri = str(tmp_path / "dv")
     write_deltalake(uri, rows(0, 10), configuration={"delta.enableDeletionVectors": "true"})
