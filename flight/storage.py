@@ -168,34 +168,38 @@ class Location:
 def parse_location(text: str) -> Location | str:
     """A remote file's ``Location``, or the local path ``text`` names (``file://`` URIs become paths).
 
-    ``UnitReadError`` for a URI this worker will not open: an unknown scheme, credentials or
-    options in it, no bucket, or ``.``/``..`` segments in its key.
+    ``UnitReadError`` for a URI this worker will not open: control characters in it (an
+    SDK may cut a path at a NUL and then resolve ``..``), credentials or options in it, an
+    unknown scheme, no bucket, or ``.``/``..`` segments in its key. Errors quote the URI
+    without its userinfo, query or fragment: those may hold secrets.
     """
     if "://" not in text:
         return text
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
+        raise UnitReadError("a URI may not contain control characters")
     try:
         parts = urllib.parse.urlsplit(text)
+        authority = parts.netloc
     except ValueError:
-        raise UnitReadError(f"{_short(text)!r} is not a valid URI") from None
+        raise UnitReadError(f"a {text.partition(':')[0][:20]!r} URI that does not parse") from None
+    if "@" in authority and (":" in authority.rpartition("@")[0] or parts.scheme.lower() not in ("abfs", "abfss")):
+        raise UnitReadError("a URI may not carry credentials; the worker's configuration sets them")
+    shown = _short(urllib.parse.urlunsplit((parts.scheme, authority, parts.path, "", "")))
+    if parts.query or parts.fragment:
+        raise UnitReadError(f"{shown!r}: a URI may not carry options; the worker's configuration sets them")
     scheme = parts.scheme.lower()
     if scheme == "file":
-        if parts.netloc not in ("", "localhost"):
-            raise UnitReadError(f"{_short(text)!r}: a file:// URI names no host")
+        if authority not in ("", "localhost"):
+            raise UnitReadError(f"{shown!r}: a file:// URI names no host")
         return urllib.parse.unquote(parts.path)
     scheme = _ALIASES.get(scheme, scheme)
     if scheme not in OPTIONS:
-        raise UnitReadError(f"{_short(text)!r}: the scheme {parts.scheme!r} is not one this worker reads ({', '.join(SCHEMES)}, file)")
-    if parts.query or parts.fragment:
-        raise UnitReadError(f"{_short(text)!r}: a URI may not carry options; the worker's configuration sets them")
-    authority = parts.netloc
+        raise UnitReadError(f"{shown!r}: the scheme {parts.scheme[:20]!r} is not one this worker reads ({', '.join(SCHEMES)}, file)")
     if not authority:
-        raise UnitReadError(f"{_short(text)!r}: the URI names no bucket or host")
-    userinfo = authority.rpartition("@")[0] if "@" in authority else ""
-    if ":" in userinfo or (userinfo and scheme != "abfs"):
-        raise UnitReadError("a URI may not carry credentials; the worker's configuration sets them")
+        raise UnitReadError(f"{shown!r}: the URI names no bucket or host")
     segments = [s for s in parts.path.split("/") if s != ""]
     if any(s in (".", "..") for s in segments):
-        raise UnitReadError(f"{_short(text)!r}: '.' and '..' are not allowed in a URI's path")
+        raise UnitReadError(f"{shown!r}: '.' and '..' are not allowed in a URI's path")
     return Location(scheme, authority, "/".join(segments))
 
 

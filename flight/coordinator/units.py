@@ -75,6 +75,10 @@ class UnitGate:
         if n == 0:
             return [], []
         tags: Any = batch.column(batch.num_columns - 1)  # a RunEndEncodedArray (pyarrow-stubs lack its methods)
+        try:
+            tags.validate(full=True)  # a peer's run ends: increasing, within the values (cheap: one run per unit)
+        except pa.ArrowInvalid:
+            raise ProtocolError(f"{self.where}: an output batch's work unit tags are malformed", field=UNIT_COLUMN) from None
         first, count = tags.find_physical_offset(), tags.find_physical_length()
         values = tags.values.slice(first, count)
         if values.null_count:

@@ -248,6 +248,11 @@ def read_parquet(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
         constants = _constants(unit, ctx)
         wanted = list(ctx.columns or ctx.schema.names)
         columns = [c for c in wanted if c not in constants] if constants else ctx.columns
+        if constants:
+            have = set(pf.schema_arrow.names)
+            for c in columns or ():
+                if c not in have:
+                    raise UnitReadError(f"column {c!r} is missing (it has {sorted(have)})")
         # use_threads=False: this runs on a pool thread already; decoding must not wait on the pool itself.
         batches = pf.iter_batches(batch_size=ctx.batch_rows, row_groups=groups, columns=columns, use_threads=False)
         if not constants:
@@ -424,10 +429,7 @@ def read_iceberg(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
     column added after the file was written reads as nulls; a promoted type is cast.
     """
     unit = _file_unit(body)
-    try:
-        ids = {str(k): int(v) for k, v in json.loads(ctx.options.get("field_ids", "")).items()}
-    except (ValueError, TypeError, AttributeError):
-        raise UnitReadError("the iceberg reader needs the reader option field_ids (a JSON object of column name to field id)") from None
+    ids = _field_ids(ctx.options.get("field_ids", ""))
     where = ctx.locate(unit.path)
     real = str(where)
     try:
@@ -435,8 +437,9 @@ def read_iceberg(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
         pf = pq.ParquetFile(source, pre_buffer=isinstance(where, Location))
         in_file: dict[int, str] = {}
         for f in pf.schema_arrow:
-            if f.metadata and b"PARQUET:field_id" in f.metadata:
-                in_file[int(f.metadata[b"PARQUET:field_id"])] = f.name
+            text = (f.metadata or {}).get(b"PARQUET:field_id", b"")
+            if text.isdigit():
+                in_file[int(text)] = f.name
         if not in_file:
             raise UnitReadError(f"data file {unit.path!r} has no Parquet field ids (a table needing a name mapping is not read yet)")
         wanted = ctx.columns or ctx.schema.names
@@ -448,13 +451,36 @@ def read_iceberg(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
                 target = ctx.schema.field(name).type
                 fid = ids.get(name)
                 if fid in in_file:
-                    column = batch.column(in_file[fid])
-                    columns.append(column if column.type == target else column.cast(target))
+                    columns.append(_as_type(batch.column(in_file[fid]), target, name))
                 else:
                     columns.append(pa.nulls(batch.num_rows, target))
             yield pa.RecordBatch.from_arrays(columns, names=list(wanted))
     except (OSError, pa.ArrowException) as exc:
         raise _cannot_read("Parquet", unit.path, real, exc) from None
+
+
+def _field_ids(text: str) -> dict[str, int]:
+    """The ``field_ids`` option: a JSON object of column name to a non-negative integer id."""
+    why = "the iceberg reader needs the reader option field_ids (a JSON object of column name to field id)"
+    try:
+        loaded = json.loads(text)
+    except (ValueError, RecursionError):
+        raise UnitReadError(why) from None
+    if not isinstance(loaded, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31 for v in loaded.values()
+    ):
+        raise UnitReadError(why)
+    return {str(k): v for k, v in loaded.items()}
+
+
+def _as_type(column: pa.Array, target: pa.DataType, name: str) -> pa.Array:
+    """A data file's column as the table's type (a promotion); a clear error when it is not one."""
+    if column.type == target:
+        return column
+    try:
+        return column.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise UnitReadError(f"column {name!r} is {column.type} in the data file, which does not become {target}") from None
 
 
 register_reader("parquet", read_parquet)
