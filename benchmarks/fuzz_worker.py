@@ -508,7 +508,8 @@ def task_header(key: Any, plan: Any, feeds: Sequence[Any] = (), window: int = 0,
 
 
 def file_unit(path: str) -> bytes:
-    return ser(L.FileUnit(path=path))
+    # Partition values for columns the scan does not have: ignored by the reader, but there for mutations to reach.
+    return ser(L.FileUnit(path=path, partition_values={"zone": "7"}, null_partitions=["region"]))
 
 
 def values_op(table: pa.Table) -> Any:
@@ -654,6 +655,9 @@ def make_seed(kind: str, template: str, qid: str, window: int = 4, compression: 
     header = task_header(stage_key(qid), plan, feeds, window=window, compression=compression)
     if template == "identity" and kind != "exchange":
         header.options.retain_output = True  # a retained output (a detached query's head): read any number of times
+    taggable = (kind in ("parquet", "csv", "ipc") and template in ("filter", "project")) or (kind, template) == ("units", "filter_len")
+    if taggable:
+        header.options.tag_units = True  # rows tagged with their unit (unit-level recovery): one unit at a time
     seed = Seed(kind, template, header, units, max(window, len(UNIT_BODIES)), kind == "exchange")
     if seed.is_map:
         table = data_table(30)
@@ -1718,7 +1722,7 @@ def member_frame(m: Mutator, seed: Seed) -> bytes:
     frame = P.CoordinatorFrame()
     pair = m.rng.choice(list(seed.units) or [("files", 0)])
     if member == "units":
-        frame.units.CopyFrom(P.WorkUnitBatch(feed_id=pair[0], partition=pair[1], units=[P.WorkUnit(body=b) for b in seed.units.get(pair, [])]))
+        frame.units.CopyFrom(P.WorkUnitBatch(feed_id=pair[0], partition=pair[1], units=[P.WorkUnit(body=b, id=i) for i, b in enumerate(seed.units.get(pair, []))]))
     elif member == "feed_end":
         frame.feed_end.CopyFrom(P.FeedEnd(feed_id=pair[0], partition=pair[1]))
     elif member == "cancel":
