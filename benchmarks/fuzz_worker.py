@@ -1722,7 +1722,8 @@ def member_frame(m: Mutator, seed: Seed) -> bytes:
     frame = P.CoordinatorFrame()
     pair = m.rng.choice(list(seed.units) or [("files", 0)])
     if member == "units":
-        frame.units.CopyFrom(P.WorkUnitBatch(feed_id=pair[0], partition=pair[1], units=[P.WorkUnit(body=b, id=i) for i, b in enumerate(seed.units.get(pair, []))]))
+        units = [P.WorkUnit(body=b, id=i) for i, b in enumerate(seed.units.get(pair, []))]
+        frame.units.CopyFrom(P.WorkUnitBatch(feed_id=pair[0], partition=pair[1], units=units))
     elif member == "feed_end":
         frame.feed_end.CopyFrom(P.FeedEnd(feed_id=pair[0], partition=pair[1]))
     elif member == "cancel":
