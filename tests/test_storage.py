@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
-from support import tpch_test_files
+from support import tpch_test_files, wait_until
 
 import flight
 from benchmarks.local_s3 import SECRET_KEY, LocalS3, local_s3
@@ -138,6 +137,11 @@ def test_an_unreachable_store_is_a_clear_error_and_says_what_to_check(s3: LocalS
     assert SECRET_KEY not in str(info.value)
 
 
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 @contextlib.contextmanager
 def s3_with_auth() -> Iterator[str]:
     """moto's server in its own process, checking credentials (none are valid): its ``host:port``."""
@@ -148,12 +152,7 @@ def s3_with_auth() -> Iterator[str]:
     cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with socket.socket() as s, contextlib.suppress(OSError):
-                s.connect(("127.0.0.1", port))
-                break
-            time.sleep(0.05)
+        wait_until(lambda: _listening(port), timeout=30.0, what="moto's server to listen")
         yield f"127.0.0.1:{port}"
     finally:
         proc.terminate()
