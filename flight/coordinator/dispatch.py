@@ -26,14 +26,13 @@ from dataclasses import dataclass, field
 
 from flight._proto import protocol_pb2
 from flight.coordinator.channel import TaskChannel
-from flight.coordinator.state import (
+from flight.coordinator.events import (
     Abort,
     CancelTask,
     CreditGranted,
     DiscoveryEnded,
     Event,
     FailQuery,
-    FeedState,
     HalfClose,
     Instruction,
     Item,
@@ -43,7 +42,6 @@ from flight.coordinator.state import (
     SenderIdle,
     SendFeedEnd,
     SendUnits,
-    SlotStats,
     StartSending,
     TaskFinished,
     TaskLost,
@@ -53,6 +51,7 @@ from flight.coordinator.state import (
     UnitsDone,
     UnitsFound,
 )
+from flight.coordinator.state import FeedState, SlotStats
 from flight.estimate import DiscoverySample
 from flight.feed import FeedContext, LatencyStats, Unit, WorkUnit, WorkUnitFeed, now_ns, unit_bytes
 from flight.resolver import normalize_url

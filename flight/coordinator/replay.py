@@ -35,10 +35,10 @@ import pyarrow as pa
 from flight._proto import protocol_pb2
 from flight.clients import read_stream, translate_flight_error
 from flight.coordinator.channel import TaskChannel
+from flight.coordinator.events import ReplaceTask
 from flight.coordinator.recovery import PROBE_TIMEOUT_S, Attempt, may_retry, probe_lost
 from flight.coordinator.results import DONE as _DONE
 from flight.coordinator.results import offer as _offer
-from flight.coordinator.state import ReplaceTask
 from flight.coordinator.units import UnitGate
 from flight.errors import FlightExecError, ProtocolError, WorkerError, WorkerUnavailableError
 from flight.limits import clip

@@ -66,34 +66,7 @@ from flight.coordinator.events import (
     WorkerLost,
 )
 
-__all__ = [
-    "Abort",
-    "CancelTask",
-    "CreditGranted",
-    "DiscoveryEnded",
-    "Event",
-    "FailQuery",
-    "FeedState",
-    "HalfClose",
-    "Instruction",
-    "Item",
-    "OutputRead",
-    "ReplaceTask",
-    "ResultComplete",
-    "SendFeedEnd",
-    "SendUnits",
-    "SenderIdle",
-    "SlotStats",
-    "StartSending",
-    "TaskFinished",
-    "TaskLost",
-    "TaskReady",
-    "TaskReplaced",
-    "Tick",
-    "UnitsDone",
-    "UnitsFound",
-    "WorkerLost",
-]
+__all__ = ["FeedState", "SlotStats"]
 
 
 # ------------------------------------------------------------------- state

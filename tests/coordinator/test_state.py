@@ -18,13 +18,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flight.coordinator.state import (
+from flight.coordinator.events import (
     Abort,
     CancelTask,
     CreditGranted,
     DiscoveryEnded,
     FailQuery,
-    FeedState,
     HalfClose,
     Instruction,
     Item,
@@ -44,6 +43,7 @@ from flight.coordinator.state import (
     UnitsFound,
     WorkerLost,
 )
+from flight.coordinator.state import FeedState
 
 A, B, C = "grpc://a:1", "grpc://b:1", "grpc://c:1"
 WAIT = 0.05
