@@ -42,14 +42,13 @@ from dataclasses import dataclass, field, replace
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
-import pyarrow.dataset as pads
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from google.protobuf.message import DecodeError
 
-from flight._proto import plan_pb2, protocol_pb2
+from flight._proto import plan_pb2
 from flight.arrow_types import UNITS_READER
 from flight.engine.confine import NO_ROOTS, DataRoots
+from flight.engine.pruning import ScanStats, row_groups
 from flight.errors import UnitReadError
 from flight.storage import FileSystems, Location, describe, process_filesystems
 
@@ -76,28 +75,6 @@ class PathRefused(UnitReadError):
     The message names the rule only (``confine.REFUSED``): never whether the file exists, nor
     where the path resolves to. The worker reports it as a permission error.
     """
-
-
-class ScanStats:
-    """What a task's Parquet readers read, and what a filter let them skip (``TaskMetrics.scan``)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()  # a task's several scans may read at once
-        self.row_groups_read = self.row_groups_skipped = self.bytes_read = self.bytes_skipped = 0
-
-    def add(self, read: int, skipped: int, bytes_read: int, bytes_skipped: int) -> None:
-        with self._lock:
-            self.row_groups_read += read
-            self.row_groups_skipped += skipped
-            self.bytes_read += bytes_read
-            self.bytes_skipped += bytes_skipped
-
-    def to_proto(self) -> protocol_pb2.ScanMetrics:
-        with self._lock:
-            return protocol_pb2.ScanMetrics(
-                row_groups_read=self.row_groups_read, row_groups_skipped=self.row_groups_skipped,
-                bytes_read=self.bytes_read, bytes_skipped=self.bytes_skipped,
-            )
 
 
 @dataclass(frozen=True)
@@ -242,7 +219,7 @@ def read_parquet(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
         named = list(unit.row_groups)
         if named and max(named) >= pf.num_row_groups:
             raise UnitReadError(f"file {unit.path!r} has {pf.num_row_groups} row groups, not {max(named) + 1}")
-        groups = _row_groups(pf, named or list(range(pf.num_row_groups)), where, ctx)
+        groups = row_groups(pf, named or list(range(pf.num_row_groups)), where, ctx)
         if not groups:
             return
         constants = _constants(unit, ctx)
@@ -280,34 +257,6 @@ def _constants(unit: plan_pb2.FileUnit, ctx: ReaderContext) -> dict[str, pa.Scal
         if name in names:
             out[name] = pa.scalar(None, ctx.schema.field(name).type)
     return out
-
-
-def _row_groups(pf: pq.ParquetFile, groups: list[int], where: str | Location, ctx: ReaderContext) -> list[int]:
-    """The row groups to read: ``groups`` less those whose statistics exclude ``ctx.prune``; counted."""
-    keep = groups
-    if ctx.prune is not None and groups and ctx.options.get("prune", "true") != "false":
-        keep = _surviving(groups, where, ctx) or []
-    if ctx.scan is not None:
-        meta = pf.metadata
-        size = {g: meta.row_group(g).total_byte_size for g in groups}
-        kept = set(keep)
-        ctx.scan.add(len(keep), len(groups) - len(keep), sum(size[g] for g in keep), sum(v for g, v in size.items() if g not in kept))
-    return keep
-
-
-def _surviving(groups: list[int], where: str | Location, ctx: ReaderContext) -> list[int] | None:
-    """``groups`` that may hold a row passing ``ctx.prune``, by the footer's statistics (Arrow's
-    dataset fragments); all of them when the predicate cannot be checked against statistics."""
-    try:
-        if isinstance(where, Location):
-            fs, path = ctx.filesystems().filesystem(where), where.fs_path
-        else:
-            fs, path = pafs.LocalFileSystem(), where
-        fragment = pads.ParquetFileFormat().make_fragment(path, filesystem=fs, row_groups=groups)
-        return [rg.id for rg in fragment.subset(ctx.prune).row_groups]  # type: ignore[attr-defined]  # a ParquetFileFragment (stubs: Fragment)
-    except (pa.ArrowException, OSError, TypeError, ValueError) as exc:  # a type statistics cannot meet: read all
-        log.debug("row-group pruning skipped: %s", type(exc).__name__)
-        return groups
 
 
 _MAPS: OrderedDict[tuple[str, int, int], pa.MemoryMappedFile] = OrderedDict()
@@ -444,7 +393,7 @@ def read_iceberg(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
             raise UnitReadError(f"data file {unit.path!r} has no Parquet field ids (a table needing a name mapping is not read yet)")
         wanted = ctx.columns or ctx.schema.names
         read = [in_file[ids[name]] for name in wanted if ids.get(name) in in_file]
-        groups = _row_groups(pf, list(range(pf.num_row_groups)), where, replace(ctx, prune=None))
+        groups = row_groups(pf, list(range(pf.num_row_groups)), where, replace(ctx, prune=None))
         for batch in pf.iter_batches(batch_size=ctx.batch_rows, row_groups=groups, columns=read, use_threads=False):
             columns = []
             for name in wanted:

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from flight._proto import plan_pb2, protocol_pb2
 from flight.engine.partition import split_by_hash
-from flight.engine.readers import ScanStats
+from flight.engine.pruning import ScanStats
 from flight.errors import ProtocolError, TaskCancelledError, TaskFailedError
 from flight.ipc import check_batch
 from flight.protocol import format_stage_key
