@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Self
 
-from flight._proto import protocol_pb2
 from flight.coordinator.channel import TaskChannel
 from flight.errors import TaskCancelledError
 
@@ -44,15 +43,7 @@ class DetachedQuery:
         self.schema = run.plan.head.output_schema
         self.workers = tuple(run.urls)  # where a lost head task's replacement may be (``replay.py``)
         head = run.by_stage[run.plan.head.stage_id]
-        self.partitions = [
-            HeadPartition(
-                c.url,
-                protocol_pb2.Ticket(
-                    stage_key=c.header.stage_key, partition_start=0, partition_end=1, query_secret=run.secret
-                ).SerializeToString(),
-            )
-            for c in head
-        ]
+        self.partitions = [HeadPartition(c.url, run.head_ticket(c)) for c in head]
         self._done = threading.Event()
         self._released = threading.Event()
         self._deadline = time.monotonic() + retain

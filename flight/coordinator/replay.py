@@ -184,9 +184,8 @@ class Replay:
         """A tagged head task's stream: each unit's rows go to the caller once the unit is complete."""
         run = self.run
         gate = self.gates[channel.key]
-        ticket = protocol_pb2.Ticket(stage_key=channel.header.stage_key, partition_start=0, partition_end=1, query_secret=run.secret)
         try:
-            for batch in read_stream(run.clients.get(channel.url), ticket.SerializeToString()):
+            for batch in read_stream(run.clients.get(channel.url), run.head_ticket(channel)):
                 with gate.lock:
                     if gate.lost or run.failed.is_set() or not self._hand_over(channel, *gate.feed(batch)):
                         return

@@ -382,15 +382,19 @@ class Run:
 
     # ------------------------------------------------------------ results
 
+    def head_ticket(self, channel: TaskChannel) -> bytes:
+        """The DoGet ticket of a head task's one output partition (the query's secret inside)."""
+        return protocol_pb2.Ticket(
+            stage_key=channel.header.stage_key, partition_start=0, partition_end=1, query_secret=self.secret
+        ).SerializeToString()
+
     def _read_output(self, channel: TaskChannel) -> None:
         if self.replay is not None and self.tagged:
             self.replay.read(channel)
             return
-        ticket = protocol_pb2.Ticket(
-            stage_key=channel.header.stage_key, partition_start=0, partition_end=1, query_secret=self.secret
-        )
+        ticket = self.head_ticket(channel)
         try:
-            for batch in read_stream(self.clients.get(channel.url), ticket.SerializeToString()):
+            for batch in read_stream(self.clients.get(channel.url), ticket):
                 if not _offer(self.results, batch, self.failed):
                     return
             if not self.failed.is_set():
