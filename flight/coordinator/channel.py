@@ -131,18 +131,24 @@ class TaskChannel:
             if self.queued.is_set() and queued_until is not None and time.monotonic() < queued_until:
                 end = queued_until
                 continue
-            self.abort("the worker did not answer")
+            error: WorkerError
             if self.queued.is_set():
-                raise WorkerBusyError(
+                error = WorkerBusyError(
                     f"worker {self.url} kept task {self.key} waiting for capacity past the admission wait",
                     worker_url=self.url,
                     stage_key=self.key,
                 )
-            raise WorkerUnavailableError(
-                f"worker {self.url} did not accept task {self.key} within {deadline_s:g}s",
-                worker_url=self.url,
-                stage_key=self.key,
-            )
+            else:
+                error = WorkerUnavailableError(
+                    f"worker {self.url} did not accept task {self.key} within {deadline_s:g}s",
+                    worker_url=self.url,
+                    stage_key=self.key,
+                )
+            # The cause, recorded before the abort: the cancellation the abort brings back is its consequence,
+            # and must not reach the query's error handler first.
+            self._fail(error)
+            self.abort("the worker did not answer")
+            raise error
         if not self.ready.is_set():
             raise self.error or TaskFailedError(
                 "the worker closed the exchange without accepting the task", worker_url=self.url, stage_key=self.key
