@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flight._proto import plan_pb2
+from flight.engine.decode import decode_threads
 from flight.engine.duck_task import _ENGINE_ERRORS, UNITS, _kind, _Task
 from flight.engine.pipeline import prune_of
 from flight.engine.readers import PathRefused, ReaderContext, UnitReadError, conform, read_parquet
@@ -101,7 +102,7 @@ def _fragment(
     schema = schema if schema is not None else task.schemas[path]
     ctx = ReaderContext(schema=task.schemas[scan_path], columns=list(scan.columns) or None, roots=task.roots,
                         batch_rows=task.batch_rows, options=dict(scan.reader_options),
-                        prune=_prune(op, path, scan_path), scan=getattr(task.inputs, "scan_stats", None))
+                        prune=_prune(op, path, scan_path), scan=getattr(task.inputs, "scan_stats", None), decode_threads=decode_threads())
     feed_id = scan.feed.feed_id
     cur = task.cursor()
     if builds:

@@ -48,6 +48,7 @@ from google.protobuf.message import DecodeError
 from flight._proto import plan_pb2
 from flight.arrow_types import UNITS_READER
 from flight.engine.confine import NO_ROOTS, DataRoots
+from flight.engine.decode import row_group_batches
 from flight.engine.pruning import ScanStats, row_groups
 from flight.errors import UnitReadError
 from flight.storage import FileSystems, Location, describe, process_filesystems
@@ -92,6 +93,8 @@ class ReaderContext:
     statistics show no row can pass it (the filter itself still runs above)."""
     scan: ScanStats | None = None
     """Where the Parquet reader counts row groups read and skipped (the task's)."""
+    decode_threads: int = 1
+    """How many row groups of one Parquet unit the readers decode at once (``flight.engine.decode``)."""
 
     def open_path(self, path: str | os.PathLike[str]) -> str:
         """The path to open for the file a unit names, or ``PathRefused`` (the one check every file reader makes).
@@ -126,6 +129,10 @@ class ReaderContext:
 
 
 Reader = Callable[[bytes, ReaderContext], Iterable[pa.RecordBatch]]
+
+REMOTE_READS = 4
+"""Row groups of one Parquet unit in a store read at once, even on one core: on the loopback S3
+server a unit of 14 row groups read in 2.85 s with 8, 2.93 s with 4, 3.21 s with 1."""
 
 
 _READERS: dict[str, Reader] = {}
@@ -211,11 +218,7 @@ def read_parquet(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
     where = ctx.locate(unit.path)
     real = str(where)
     try:
-        if isinstance(where, Location):
-            # Ranged reads of a store: the column chunks a row group needs, fetched together.
-            pf = pq.ParquetFile(ctx.filesystems().open_input_file(where), pre_buffer=True)
-        else:
-            pf = pq.ParquetFile(real)
+        pf, reopen = _open_parquet(where, ctx)
         named = list(unit.row_groups)
         if named and max(named) >= pf.num_row_groups:
             raise UnitReadError(f"file {unit.path!r} has {pf.num_row_groups} row groups, not {max(named) + 1}")
@@ -230,8 +233,7 @@ def read_parquet(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
             for c in columns or ():
                 if c not in have:
                     raise UnitReadError(f"column {c!r} is missing (it has {sorted(have)})")
-        # use_threads=False: this runs on a pool thread already; decoding must not wait on the pool itself.
-        batches = pf.iter_batches(batch_size=ctx.batch_rows, row_groups=groups, columns=columns, use_threads=False)
+        batches = row_group_batches(pf, reopen, groups, columns, ctx.batch_rows, _decode_threads(where, ctx))
         if not constants:
             yield from batches
             return
@@ -240,6 +242,24 @@ def read_parquet(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
             yield pa.RecordBatch.from_arrays(arrays, names=wanted)
     except (OSError, pa.ArrowException) as exc:
         raise _cannot_read("Parquet", unit.path, real, exc) from None
+
+
+def _decode_threads(where: str | Location, ctx: ReaderContext) -> int:
+    """Row groups decoded at once: the task's cores, and at least ``REMOTE_READS`` in a store,
+    where a thread mostly waits for its ranged reads (requests in flight, not cores)."""
+    return max(ctx.decode_threads, REMOTE_READS) if isinstance(where, Location) else ctx.decode_threads
+
+
+def _open_parquet(where: str | Location, ctx: ReaderContext) -> tuple[pq.ParquetFile, Callable[[], pq.ParquetFile]]:
+    """The unit's file, and how a decoding thread opens its own reader of it over the same footer."""
+    if isinstance(where, Location):
+        # Ranged reads of a store: the column chunks a row group needs, fetched together. The
+        # handle is shared: ReadAt is safe from several threads (Parquet's own threaded reads rely on it).
+        handle = ctx.filesystems().open_input_file(where)
+        pf = pq.ParquetFile(handle, pre_buffer=True)
+        return pf, lambda: pq.ParquetFile(handle, metadata=pf.metadata, pre_buffer=True)
+    pf = pq.ParquetFile(where)
+    return pf, lambda: pq.ParquetFile(where, metadata=pf.metadata)
 
 
 def _constants(unit: plan_pb2.FileUnit, ctx: ReaderContext) -> dict[str, pa.Scalar]:
@@ -382,8 +402,7 @@ def read_iceberg(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
     where = ctx.locate(unit.path)
     real = str(where)
     try:
-        source = ctx.filesystems().open_input_file(where) if isinstance(where, Location) else real
-        pf = pq.ParquetFile(source, pre_buffer=isinstance(where, Location))
+        pf, reopen = _open_parquet(where, ctx)
         in_file: dict[int, str] = {}
         for f in pf.schema_arrow:
             text = (f.metadata or {}).get(b"PARQUET:field_id", b"")
@@ -394,7 +413,7 @@ def read_iceberg(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
         wanted = ctx.columns or ctx.schema.names
         read = [in_file[ids[name]] for name in wanted if ids.get(name) in in_file]
         groups = row_groups(pf, list(range(pf.num_row_groups)), where, replace(ctx, prune=None))
-        for batch in pf.iter_batches(batch_size=ctx.batch_rows, row_groups=groups, columns=read, use_threads=False):
+        for batch in row_group_batches(pf, reopen, groups, read, ctx.batch_rows, _decode_threads(where, ctx)):
             columns = []
             for name in wanted:
                 target = ctx.schema.field(name).type

@@ -21,6 +21,7 @@ from flight._proto import plan_pb2
 from flight.arrow_types import UNIT_COLUMN, UNIT_TYPE, UNITS_READER, normalize_schema, unit_tag, unit_tags
 from flight.compute.relational import native_reader
 from flight.engine.confine import DataRoots
+from flight.engine.decode import decode_threads
 from flight.engine.readers import PathRefused, ReaderContext, UnitReadError, conform, get_reader
 from flight.errors import ProtocolError
 from flight.protocol import decode_schema
@@ -115,7 +116,7 @@ def feed_scan_reader(
         raise ProtocolError(f"{field}.reader: no reader named {scan.reader!r} on this worker", field=f"{field}.reader")
     ctx = ReaderContext(
         schema=schema, columns=list(scan.columns) or None, options=dict(scan.reader_options), batch_rows=env.batch_rows,
-        roots=env.roots, prune=prune, scan=getattr(inputs, "scan_stats", None),
+        roots=env.roots, prune=prune, decode_threads=decode_threads(), scan=getattr(inputs, "scan_stats", None),
     )
 
     def batches() -> Iterator[pa.RecordBatch]:
