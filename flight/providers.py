@@ -21,10 +21,13 @@ class FileListProvider(WorkUnitFeedProvider):
     """Files dealt round-robin over the feed's partitions (one per task by default).
 
     With ``split_row_groups`` a Parquet file becomes one unit per row group,
-    so a few large files still spread over many tasks.
+    so a few large files still spread over many tasks; given a number of bytes, only the files
+    larger than that are split (``splits``).
     """
 
-    def __init__(self, paths: Sequence[str | os.PathLike[str]], *, split_row_groups: bool = False, partitions: int | None = None) -> None:
+    def __init__(
+        self, paths: Sequence[str | os.PathLike[str]], *, split_row_groups: bool | int = False, partitions: int | None = None
+    ) -> None:
         self.paths = [os.fspath(p) for p in paths]
         self.split_row_groups = split_row_groups
         self._partitions = partitions
@@ -48,18 +51,29 @@ class FileListProvider(WorkUnitFeedProvider):
 
     def _units(self) -> Iterator[plan_pb2.FileUnit]:
         for path in self.paths:
-            if self.split_row_groups:
-                with open_input(path) as source:  # the footer only, local or in a store
-                    groups = pq.ParquetFile(source).num_row_groups
-                for rg in range(groups):
-                    yield file_unit(path, [rg])
-            else:
+            if not self.split_row_groups:
                 yield file_unit(path)
+                continue
+            with open_input(path) as source:  # the footer only, local or in a store
+                if splits(self.split_row_groups, source.size()):
+                    groups = pq.ParquetFile(source).num_row_groups
+                    yield from (file_unit(path, [rg]) for rg in range(groups))
+                else:
+                    yield file_unit(path)
 
     def feed(self, partition: int, ctx: FeedContext) -> Iterator[plan_pb2.FileUnit]:
         for i, unit in enumerate(self._units()):
             if i % ctx.partitions == partition:
                 yield unit
+
+
+def splits(split_row_groups: bool | int, size: int) -> bool:
+    """Whether a file of ``size`` bytes becomes one unit per row group: ``True`` every file,
+    ``False`` none, a number of bytes the files larger than that (their footers are read
+    by the coordinator; a smaller file is one unit, its footer left to the task)."""
+    if isinstance(split_row_groups, bool):
+        return split_row_groups
+    return size > split_row_groups
 
 
 def _footer_rows(path: str) -> int:
@@ -74,13 +88,14 @@ class ListingProvider(WorkUnitFeedProvider):
     on, so the first rows arrive before the last page is listed. ``pattern`` is a glob
     (``fnmatch``) matched against each file's path below the prefix (``*`` spans ``/``).
     ``split_row_groups`` makes a unit of each row group, from the file's footer, read by the
-    coordinator as it lists. The coordinator lists with its own store configuration
+    coordinator as it lists; given a number of bytes, only of the files larger than that
+    (their sizes come with the listing, so smaller files cost no extra request). The coordinator lists with its own store configuration
     (``flight.configure_storage``, its environment); the workers read with theirs.
     """
 
     shared = True
 
-    def __init__(self, prefix: str, pattern: str = "*", *, split_row_groups: bool = False, page_size: int = 1000) -> None:
+    def __init__(self, prefix: str, pattern: str = "*", *, split_row_groups: bool | int = False, page_size: int = 1000) -> None:
         where = parse_location(prefix)
         self.prefix = prefix
         self.location = where if isinstance(where, Location) else Location("", "", os.path.abspath(where))
@@ -116,7 +131,7 @@ class ListingProvider(WorkUnitFeedProvider):
         for path, size in self.files():
             if ctx.is_cancelled():
                 return
-            if self.split_row_groups:
+            if splits(self.split_row_groups, size):
                 with open_input(path) as source:
                     meta = pq.ParquetFile(source).metadata
                 for rg in range(meta.num_row_groups):

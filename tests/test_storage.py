@@ -28,7 +28,7 @@ from benchmarks.local_s3 import SECRET_KEY, LocalS3, local_s3
 from benchmarks.tpch_queries import ORDERED, TABLES, compare, duckdb_answer, query
 from flight.engine.confine import DataRoots
 from flight.errors import PermissionDeniedError, TaskFailedError, UnitReadError
-from flight.feed import file_unit
+from flight.feed import FeedContext, file_unit
 from flight.providers import FileListProvider
 from flight.storage import FileSystems, Location, configure_storage, load_options, parse_location, set_filesystems
 
@@ -278,6 +278,23 @@ def test_a_local_directory_is_listed_the_same_way(tmp_path: Path) -> None:
     listing = flight.ListingProvider(str(tmp_path), "*.parquet")
     assert [p for p, _ in listing.files()] == [str(tmp_path / f"d{i}" / "f.parquet") for i in range(3)]
     assert sorted(flight.run_local(flight.read_parquet(str(tmp_path))).read_all().column("x").to_pylist()) == [0, 1, 2]
+
+
+def test_only_files_larger_than_a_size_are_split_into_row_group_units(tmp_path: Path) -> None:
+    small, large = tmp_path / "small.parquet", tmp_path / "large.parquet"
+    pq.write_table(pa.table({"x": list(range(100))}), small, row_group_size=10)
+    pq.write_table(pa.table({"x": list(range(100, 100_100))}), large, row_group_size=10_000)
+    threshold = (small.stat().st_size + large.stat().st_size) // 2
+    ctx = FeedContext(query_id="q", feed_id="f", partition=0, partitions=1)
+
+    def units(provider: flight.WorkUnitFeedProvider) -> list[tuple[str, list[int]]]:
+        return [(u.path, list(u.row_groups)) for u in (getattr(x, "body", x) for x in provider.feed(0, ctx))]
+
+    want = [(str(large), [g]) for g in range(10)] + [(str(small), [])]
+    assert units(flight.ListingProvider(str(tmp_path), "*.parquet", split_row_groups=threshold)) == want
+    assert units(FileListProvider([large, small], split_row_groups=threshold)) == want
+    got = flight.run_local(flight.read_parquet(str(tmp_path), split_row_groups=threshold)).read_all()
+    assert sorted(got["x"].to_pylist()) == sorted(pq.read_table(small)["x"].to_pylist() + pq.read_table(large)["x"].to_pylist())
 
 
 # ---------------------------------------------------------------- without a server

@@ -265,12 +265,16 @@ def read_parquet(
     *,
     schema: pa.Schema | None = None,
     columns: Sequence[str] | None = None,
-    split_row_groups: bool = False,
+    split_row_groups: bool | int = False,
     pattern: str = "*.parquet",
 ) -> Query:
     """Parquet files: a list of paths or URIs; a prefix (``s3://bucket/events/``, a directory),
     listed while the query runs (``ListingProvider``, files matching ``pattern``); or a provider
-    yielding ``file_unit``s (then ``schema`` is needed)."""
+    yielding ``file_unit``s (then ``schema`` is needed).
+
+    ``split_row_groups``: one unit per row group (from each file's footer, read by the
+    coordinator) rather than per file; a number of bytes splits only the larger files
+    (``split_row_groups=256 << 20``)."""
     if isinstance(paths, WorkUnitFeedProvider):
         if schema is None:
             raise PlanError("read_parquet(provider) needs schema=: files are only discovered at run time")
