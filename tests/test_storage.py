@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 from support import tpch_test_files, wait_until
@@ -269,6 +270,31 @@ def test_read_parquet_of_a_prefix_lists_it_and_reads_the_first_file_for_its_sche
     assert sorted(got["id"].to_pylist()) == list(range(25))
     with pytest.raises(flight.PlanError, match="no file under"):
         flight.read_parquet(f"s3://{BUCKET}/misc/nothing-here/")
+
+
+class VanishingListing(flight.ListingProvider):
+    """Lists as ``ListingProvider`` does, and deletes one object from the store just after listing it."""
+
+    def __init__(self, prefix: str, victim: str, fs: pafs.FileSystem) -> None:
+        super().__init__(prefix, "*.parquet")
+        self.victim, self.fs = victim, fs
+
+    def files(self) -> Iterator[tuple[str, int]]:
+        for path, size in super().files():
+            if path == self.victim:
+                self.fs.delete_file(path.removeprefix("s3://"))
+            yield path, size
+
+
+def test_an_object_that_vanished_after_it_was_listed_is_named(s3: LocalS3, s3_cluster: flight.LocalCluster, tmp_path: Path) -> None:
+    for i in range(3):
+        pq.write_table(pa.table({"id": [i]}), tmp_path / f"v{i}.parquet")
+    uris = s3.upload(sorted(tmp_path.iterdir()), f"{BUCKET}/misc/vanishing")
+    listing = VanishingListing(f"s3://{BUCKET}/misc/vanishing/", uris[1], s3.fs)
+    scan = flight.read_parquet(listing, schema=pa.schema([("id", pa.int64())]))
+    with pytest.raises(TaskFailedError, match="no such object") as info:
+        flight.DistributedExec(scan, s3_cluster.urls).to_table()
+    assert uris[1] in str(info.value) and SECRET_KEY not in str(info.value)
 
 
 def test_a_local_directory_is_listed_the_same_way(tmp_path: Path) -> None:
