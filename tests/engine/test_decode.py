@@ -29,19 +29,32 @@ def path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return p
 
 
-def batches(path: Path, groups: list[int], threads: int, columns: list[str] | None = None, rows: int = 700) -> list[pa.RecordBatch]:
+def batches(path: Path, groups: list[int], threads: int, columns: list[str] | None, chunk: int, rows: int = 700) -> list[pa.RecordBatch]:
     pf = pq.ParquetFile(path)
-    return list(row_group_batches(pf, lambda: pq.ParquetFile(path, metadata=pf.metadata), groups, columns, rows, threads))
+    return list(row_group_batches(pf, lambda: pq.ParquetFile(path, metadata=pf.metadata), groups, columns, rows, threads, chunk))
 
 
 def oracle(path: Path, groups: list[int], columns: list[str] | None = None) -> pa.Table:
     return pq.ParquetFile(path).read_row_groups(groups, columns=columns)
 
 
+def three_groups(path: Path) -> int:
+    """A chunk size of about 3 of the file's row groups."""
+    return 3 * pq.ParquetFile(path).metadata.row_group(0).total_byte_size
+
+
+def test_chunks_are_runs_of_consecutive_sizes_under_the_limit() -> None:
+    assert decode.chunks([], 10) == []
+    assert decode.chunks([4, 4, 4, 4, 4], 10) == [(0, 2), (2, 4), (4, 5)]
+    assert decode.chunks([30, 1, 1, 30], 10) == [(0, 1), (1, 3), (3, 4)]  # a larger one alone
+    assert decode.chunks([5, 5], 10) == [(0, 2)]
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["row-groups", "chunks"])
 @pytest.mark.parametrize("threads", [1, 2, 4, 64])
 @pytest.mark.parametrize("groups", [list(range(GROUPS)), [3], [20, 2, 11, 5], []], ids=["all", "one", "unordered", "none"])
-def test_row_groups_come_in_the_order_asked_whatever_the_threads(path: Path, threads: int, groups: list[int]) -> None:
-    got = batches(path, groups, threads, columns=["k", "s"])
+def test_row_groups_come_in_the_order_asked_whatever_the_threads(path: Path, threads: int, groups: list[int], chunked: bool) -> None:
+    got = batches(path, groups, threads, ["k", "s"], three_groups(path) if chunked else 0)
     assert all(b.num_rows <= 700 for b in got)
     want = oracle(path, groups, ["k", "s"])
     assert pa.Table.from_batches(got, schema=want.schema).equals(want)
@@ -63,6 +76,19 @@ def test_a_reader_closed_early_leaves_no_decoding_thread(path: Path) -> None:
     assert first.equals(oracle(path, [0]).to_batches(max_chunksize=100)[0])
     it.close()
     assert not [t for t in threading.enumerate() if t.name.startswith("parquet-decode")]
+
+
+def test_each_decoding_thread_opens_its_own_reader(path: Path) -> None:
+    pf = pq.ParquetFile(path)
+    opened: list[pq.ParquetFile] = []
+
+    def reopen() -> pq.ParquetFile:
+        opened.append(pq.ParquetFile(path, metadata=pf.metadata))
+        return opened[-1]
+
+    got = list(row_group_batches(pf, reopen, list(range(GROUPS)), None, 10_000, 2))
+    assert pa.Table.from_batches(got).equals(oracle(path, list(range(GROUPS))))
+    assert 1 <= len(opened) <= 2 and all(f is not pf for f in opened)
 
 
 def test_a_failing_row_group_fails_the_reader(path: Path) -> None:
