@@ -7,6 +7,7 @@ output types (so the coordinator's schemas are the workers' schemas).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -17,8 +18,10 @@ import pyarrow.compute as pc
 __all__ = [
     "JOIN_TYPES",
     "aggregate_decl",
+    "aggregate_schema",
     "empty_source",
     "join_decl",
+    "join_schema",
     "native_reader",
     "output_schema",
     "sort_decl",
@@ -104,3 +107,52 @@ def empty_source(schema: pa.Schema) -> ac.Declaration:
 def output_schema(decl: ac.Declaration) -> pa.Schema:
     """What ``decl`` produces, found by running it (over empty sources)."""
     return decl.to_table(use_threads=False).schema
+
+
+def join_schema(
+    left: pa.Schema, right: pa.Schema, join_type: str, left_keys: Sequence[str], right_keys: Sequence[str], right_suffix: str
+) -> pa.Schema:
+    """What a hash join of ``left`` and ``right`` produces: Acero's own answer over empty inputs,
+    remembered per process (``_remembered``)."""
+    lk, rk = _key(left), _key(right)
+    if len(lk) + len(rk) > _MAX_KEY_BYTES:
+        return output_schema(join_decl(empty_source(left), empty_source(right), join_type, left_keys, right_keys, right_suffix))
+    return _join_schema(lk, rk, join_type, tuple(left_keys), tuple(right_keys), right_suffix)
+
+
+def aggregate_schema(schema: pa.Schema, keys: Sequence[str], calls: Sequence[tuple[str, str, str]]) -> pa.Schema:
+    """What ``aggregate_decl`` over ``schema`` produces, remembered the same way."""
+    key = _key(schema)
+    if len(key) > _MAX_KEY_BYTES:
+        return output_schema(aggregate_decl(empty_source(schema), keys, calls))
+    return _aggregate_schema(key, tuple(keys), tuple((f, c, n) for f, c, n in calls))
+
+
+# Why remembered: every task of a stage, and every query of the same shape, asks the same
+# question, and running even an empty Acero plan costs milliseconds on a worker whose other
+# tasks hold the GIL and its thread pools (profiled: 6 ms per join on TPC-H Q3's workers).
+# Errors are not remembered (``lru_cache`` keeps only results); keys are the schemas' IPC bytes,
+# metadata included, so a remembered schema is exactly what Acero returned for the same input.
+# Schemas a peer chose may be large: only small ones are remembered, so the memory is bounded.
+_MAX_KEY_BYTES = 16 << 10
+
+
+def _key(schema: pa.Schema) -> bytes:
+    return schema.serialize().to_pybytes()
+
+
+@functools.lru_cache(maxsize=1024)
+def _join_schema(
+    left: bytes, right: bytes, join_type: str, left_keys: tuple[str, ...], right_keys: tuple[str, ...], right_suffix: str
+) -> pa.Schema:
+    decl = join_decl(empty_source(_schema(left)), empty_source(_schema(right)), join_type, left_keys, right_keys, right_suffix)
+    return output_schema(decl)
+
+
+@functools.lru_cache(maxsize=1024)
+def _aggregate_schema(schema: bytes, keys: tuple[str, ...], calls: tuple[tuple[str, str, str], ...]) -> pa.Schema:
+    return output_schema(aggregate_decl(empty_source(_schema(schema)), keys, calls))
+
+
+def _schema(data: bytes) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(data))

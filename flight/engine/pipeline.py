@@ -22,10 +22,10 @@ from flight.compute.expressions import bind, to_pyarrow
 from flight.compute.relational import (
     JOIN_TYPES,
     aggregate_decl,
-    empty_source,
+    aggregate_schema,
     join_decl,
+    join_schema,
     native_reader,
-    output_schema,
     sort_decl,
     union_batches,
 )
@@ -336,7 +336,7 @@ def _aggregate(agg: plan_pb2.Aggregate, env: Env, here: str) -> tuple[ac.Declara
             _check_columns([a.column], schema, f"{where}.column")
         calls.append((a.function, a.column, a.name))
     try:
-        out = output_schema(aggregate_decl(empty_source(schema), agg.keys, calls))
+        out = aggregate_schema(schema, agg.keys, calls)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
         raise ProtocolError(f"{here} does not fit its input: {exc}", field=here) from exc
     return aggregate_decl(child, agg.keys, calls), out
@@ -353,7 +353,7 @@ def _hash_join(join: plan_pb2.HashJoin, env: Env, here: str) -> tuple[ac.Declara
     _check_columns(join.right_keys, rs, f"{here}.right_keys")
     args = (join.join_type, join.left_keys, join.right_keys, join.right_suffix)
     try:
-        out = output_schema(join_decl(empty_source(ls), empty_source(rs), *args))
+        out = join_schema(ls, rs, *args)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
         raise ProtocolError(f"{here} does not fit its inputs: {exc}", field=here) from exc
     return join_decl(left, right, *args), out

@@ -15,7 +15,7 @@ import pyarrow.acero as ac
 
 from flight._proto import plan_pb2
 from flight.compute.expressions import to_pyarrow
-from flight.compute.relational import aggregate_decl, empty_source, join_decl, output_schema
+from flight.compute.relational import aggregate_decl, empty_source, join_schema, output_schema
 from flight.errors import PlanError
 from flight.plan.expr import Expr, output_type
 from flight.plan.nodes import Node
@@ -156,9 +156,8 @@ class JoinNode(Node):
                 raise PlanError(
                     f"join: key {lk!r} ({lt}) and {rk!r} ({rt}) have different types; cast one side first"
                 )
-        decl = join_decl(empty_source(ls), empty_source(rs), self.join_type, self.left_keys, self.right_keys, self.right_suffix)
         try:
-            self._schema = output_schema(decl)
+            self._schema = join_schema(ls, rs, self.join_type, self.left_keys, self.right_keys, self.right_suffix)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             raise PlanError(f"join on {self.left_keys} = {self.right_keys}: {exc}") from exc
 

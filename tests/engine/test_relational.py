@@ -20,11 +20,14 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.acero as ac
 import pyarrow.parquet as pq
 import pytest
+from support import Data, table_rows
+from support import run_setup as run
+from support import write_parts as _write
 
 import flight
-from support import Data, run_setup as run, table_rows, write_parts as _write
 from flight import agg, col, if_else, lit
 
 UNREACHABLE = ["grpc://127.0.0.1:1"]
@@ -678,3 +681,27 @@ def test_sum_of_a_string_column_is_a_plan_error(data: Data) -> None:
 def test_mean_of_a_string_column_is_a_plan_error(data: Data) -> None:
     message = _plan_error(lambda: data.read("G").aggregate("g", avg=agg.mean("tag")))
     assert "aggregate" in message and "tag" in message, message
+
+
+def test_join_and_aggregate_schemas_are_acero_s_and_remembered() -> None:
+    from flight.compute import relational as rel
+
+    ls = pa.schema([("k", pa.int64()), ("v", pa.float64())])
+    rs = pa.schema([("k", pa.int64()), ("v", pa.string()), ("d", pa.date32())])
+    acero = ac.Declaration(
+        "hashjoin",
+        ac.HashJoinNodeOptions("left outer", ["k"], ["k"], output_suffix_for_right="_r"),
+        inputs=[ac.Declaration("table_source", ac.TableSourceNodeOptions(ls.empty_table())),
+                ac.Declaration("table_source", ac.TableSourceNodeOptions(rs.empty_table()))],
+    ).to_table().schema
+    before = rel._join_schema.cache_info().hits
+    assert rel.join_schema(ls, rs, "left outer", ["k"], ["k"], "_r") == acero
+    assert rel.join_schema(ls, rs, "left outer", ["k"], ["k"], "_r") == acero
+    assert rel._join_schema.cache_info().hits == before + 1
+    assert rel.join_schema(ls, rs, "left semi", ["k"], ["k"], "_r") == ls  # another question, another answer
+    agg = rel.aggregate_schema(ls, ["k"], [("sum", "v", "s"), ("count_all", "", "n")])
+    assert agg == pa.schema([("k", pa.int64()), ("s", pa.float64()), ("n", pa.int64())])  # Acero puts keys first
+    wide = pa.schema([(f"c{i:05d}", pa.int64()) for i in range(3000)])  # too large to be remembered
+    size = rel._aggregate_schema.cache_info().currsize
+    assert rel.aggregate_schema(wide, ["c00000"], [("count_all", "", "n")]).names == ["c00000", "n"]
+    assert rel._aggregate_schema.cache_info().currsize == size
