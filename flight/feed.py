@@ -110,6 +110,11 @@ class WorkUnitFeedProvider(abc.ABC):
 
     shared: bool = False
 
+    repeatable: bool = False
+    """Whether two reads of this feed in one query see the same units (a fixed list of files).
+    The planner may then read it twice to make a join cheaper: a semi or anti join whose build
+    side is much larger first reduces that side to the keys this side has."""
+
     def estimated_rows(self) -> float | None:
         """Rows the feed will produce, if known cheaply at planning (sizes upper stages and broadcasts)."""
         return None

@@ -276,9 +276,14 @@ class _Planner:
                 return _Frag(ordered, 1, out_rows, right.feeds + left.feeds, right.reads + left.reads, left.leaf or right.leaf)
             merged = JoinNode(left.node, right.node, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "local")
             return _Frag(merged, 1, out_rows, left.feeds + right.feeds, left.reads + right.reads, left.leaf or right.leaf)
+        reduced = semi and self.reduces(node, left, right)
+        if reduced:
+            right = self.reduced(node, left)
         distinct = self.distinct_keys(right, node) if semi else None
         if distinct is not None:
             right = distinct
+            if reduced and left.rows is not None and right.rows is not None:
+                right.rows = min(right.rows, left.rows)  # no more distinct keys than the probe side has rows
         # Broadcasting copies the build side into every probe task: worth it when that side is small,
         # and not larger than the side that would otherwise be shuffled.
         right_bytes = _bytes(right)
@@ -326,6 +331,31 @@ class _Planner:
         )
         return ProjectNode(joined, [(n, col(n)) for n in node.schema.names])
 
+    def reduces(self, node: JoinNode, left: _Frag, right: _Frag) -> bool:
+        """Whether a semi or anti join's build side should first be reduced to the probe side's keys.
+
+        Only whether a build key occurs among the probe side's keys matters, so the build rows
+        whose key the probe side lacks can go before the build side's distinct keys are made and
+        moved (TPC-H Q4: 1.4 million lineitem keys against 57,000 orders). It costs a second
+        read of the probe side, so only when that side is estimated at least ``_REDUCE_RATIO``
+        times smaller, small enough to broadcast, and read from repeatable feeds (the second
+        read must see the rows the first does, or keys would be missed).
+        """
+        if left.rows is None or right.rows is None or left.reads or right.tasks == 1:
+            return False
+        keys_bytes = left.rows * row_width(pa.schema([left.node.schema.field(k) for k in node.left_keys]))
+        return left.rows * _REDUCE_RATIO <= right.rows and keys_bytes <= self.options.broadcast_bytes and _repeatable(node.left)
+
+    def reduced(self, node: JoinNode, left: _Frag) -> _Frag:
+        """``node``'s build side semi-joined with a second read of its probe side, on the keys."""
+        reducer = JoinNode(node.right, node.left, node.right_keys, node.left_keys, "left semi", node.right_suffix)
+        frag = self.build(reducer)
+        self.rewrites.append(
+            f"{_join_text(node)}: the build side is first reduced to the keys the probe side has "
+            f"({_size_text(left)}, read a second time for it)"
+        )
+        return frag
+
     def distinct_keys(self, f: _Frag, node: JoinNode) -> _Frag | None:
         """A semi or anti join's build side as its distinct keys, computed in the tasks that produce it.
 
@@ -358,6 +388,16 @@ class _Planner:
 
 _SWAPPED = {"inner": "inner", "left outer": "right outer", "right outer": "left outer", "full outer": "full outer"}
 """Join types whose sides may swap (Acero builds the right side), and the type after the swap."""
+
+_REDUCE_RATIO = 10.0
+"""How much larger (in rows) a semi or anti join's build side must be estimated than its probe
+side before the planner reduces it with the probe side's keys (``_Planner.reduces``)."""
+
+
+def _repeatable(node: Node) -> bool:
+    """Whether reading ``node`` again in the same query gives the same rows: every feed it scans is."""
+    return all(n.feed.inner().repeatable for n in node.walk() if isinstance(n, FeedScanNode))
+
 
 _DISTINCT_FRACTION = 0.1
 """The fraction of a semi join's build-side rows estimated to be distinct keys (as for a grouped aggregate)."""

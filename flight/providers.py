@@ -22,8 +22,10 @@ class FileListProvider(WorkUnitFeedProvider):
 
     With ``split_row_groups`` a Parquet file becomes one unit per row group,
     so a few large files still spread over many tasks; given a number of bytes, only the files
-    larger than that are split (``splits``).
+    larger than that are split (``splits``). Repeatable: a second read lists the same files.
     """
+
+    repeatable = True
 
     def __init__(
         self, paths: Sequence[str | os.PathLike[str]], *, split_row_groups: bool | int = False, partitions: int | None = None

@@ -30,15 +30,19 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from support import Data
+from support import run_setup as run
+from support import table_rows as rows
+from support import write_parts as _write
 
 import flight
-from support import Data, run_setup as run, table_rows as rows, write_parts as _write
 from flight import agg, col, lit
 from flight.compute.expressions import to_pyarrow
 from flight.plan.nodes import FeedScanNode, FilterNode, Node, ProjectNode
 from flight.plan.optimize import conjuncts, derive_side_filter, disjuncts, push_filters
 from flight.plan.relnodes import AggregateNode, JoinNode, ShuffleReadNode
 from flight.planner import PlannerOptions, QueryPlan, plan_query
+from flight.providers import FileListProvider
 
 # (id, workers, DistributedExec options)
 ONE = ("1w", 1, {})
@@ -79,11 +83,20 @@ def _right(n: int = 300) -> pa.Table:
     )
 
 
+def _big(n: int = 20_000) -> pa.Table:
+    """A build side 40 times the left's rows: keys 0..299 (a third of them the left's), duplicated, some null."""
+    return pa.table(
+        {
+            "bk": pa.array([None if i % 17 == 0 else (i * 31) % 300 for i in range(n)], pa.int64()),
+            "w": pa.array([(i * 7) % 100 for i in range(n)], pa.int64()),
+        }
+    )
+
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Data]:
     root = tmp_path_factory.mktemp("optimize")
-    paths = {"L": _write(_left(), root, "L", 4), "R": _write(_right(), root, "R", 3)}
+    paths = {"L": _write(_left(), root, "L", 4), "R": _write(_right(), root, "R", 3), "B": _write(_big(), root, "B", 4)}
     con = duckdb.connect()
     for name, files in paths.items():
         con.register(name, pa.concat_tables(pq.read_table(p) for p in files))
@@ -430,6 +443,43 @@ def test_semi_anti_join_with_duplicate_and_null_build_keys(cluster: flight.Local
     assert_rows(got, data.sql(sql))
     if setup[1] > 1:
         assert any(isinstance(s.root, AggregateNode) and s.root.partial and not s.root.calls for s in ex.stages)
+
+
+REDUCED = "the build side is first reduced to the keys the probe side has"
+
+
+class OnceOnly(FileListProvider):
+    """Files whose second read might differ (as a paginated API's would): not repeatable."""
+
+    repeatable = False
+
+
+@pytest.mark.parametrize("how", ["semi", "anti"])
+def test_a_much_larger_build_side_is_first_reduced_to_the_probe_sides_keys(data: Data, how: str) -> None:
+    q = data.read("L").filter(col("v") < 90).join(data.read("B").filter(col("w") > 5), left_on="k", right_on="bk", how=how)
+    p = plan(q, broadcast_bytes=1 << 30)
+    assert any(REDUCED in r for r in p.rewrites), p.rewrites
+    outer = next(j for j in nodes(p, JoinNode) if j.join_type == f"left {how}" and "id" in j.schema.names)
+    build = p.stage(outer.right.stage_id).root  # type: ignore[attr-defined]
+    assert isinstance(build, AggregateNode) and build.partial and build.keys == ["bk"]
+    (reducer,) = [j for j in nodes(p, JoinNode) if j is not outer]
+    assert reducer.join_type == "left semi" and reducer.left_keys == ["bk"] and reducer.right_keys == ["k"]
+    # Not when the probe side's feed may change between two reads, nor when the sides are alike.
+    once = flight.read_parquet(OnceOnly(data.paths["L"]), schema=data.read("L").schema).filter(col("v") < 90)
+    assert not any(REDUCED in r for r in plan(once.join(data.read("B"), left_on="k", right_on="bk", how=how)).rewrites)
+    alike = data.read("L").join(data.read("R"), left_on="k", right_on="rk", how=how)
+    assert not any(REDUCED in r for r in plan(alike, broadcast_bytes=1 << 30).rewrites)
+
+
+@pytest.mark.parametrize("setup", [pytest.param(SHUFFLE, id=SHUFFLE[0]), pytest.param(BROADCAST, id=BROADCAST[0])])
+@pytest.mark.parametrize("how", ["semi", "anti"])
+def test_reduced_semi_and_anti_joins_match_duckdb(cluster: flight.LocalCluster, data: Data, how: str, setup: tuple) -> None:
+    q = data.read("L").filter(col("v") < 90).join(data.read("B").filter(col("w") > 5), left_on="k", right_on="bk", how=how)
+    got, ex = run(cluster, setup, q)
+    exists = "EXISTS" if how == "semi" else "NOT EXISTS"
+    assert_rows(got, data.sql(f"SELECT l.* FROM L l WHERE l.v < 90 AND {exists} (SELECT 1 FROM B b WHERE b.w > 5 AND b.bk = l.k)"))
+    # Reducing broadcasts the probe side's keys: not with broadcasts off (the shuffle setup).
+    assert any(REDUCED in r for r in ex.plan.rewrites) == (setup is BROADCAST)
 
 
 @pytest.mark.parametrize("setup", SETUPS)
