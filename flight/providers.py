@@ -7,11 +7,11 @@ import os
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from flight._proto import plan_pb2
 from flight.errors import FlightExecError
 from flight.feed import FeedContext, Unit, WorkUnit, WorkUnitFeedProvider, file_unit
+from flight.footers import parquet_metadata
 from flight.storage import Location, open_input, parse_location, process_filesystems
 
 __all__ = ["FileListProvider", "ListingProvider"]
@@ -56,12 +56,13 @@ class FileListProvider(WorkUnitFeedProvider):
             if not self.split_row_groups:
                 yield file_unit(path)
                 continue
-            with open_input(path) as source:  # the footer only, local or in a store
-                if splits(self.split_row_groups, source.size()):
-                    groups = pq.ParquetFile(source).num_row_groups
-                    yield from (file_unit(path, [rg]) for rg in range(groups))
-                else:
-                    yield file_unit(path)
+            with open_input(path) as source:  # its size only, local or in a store
+                size = source.size()
+            if splits(self.split_row_groups, size):
+                groups = parquet_metadata(path).num_row_groups  # the footer only
+                yield from (file_unit(path, [rg]) for rg in range(groups))
+            else:
+                yield file_unit(path)
 
     def feed(self, partition: int, ctx: FeedContext) -> Iterator[plan_pb2.FileUnit]:
         for i, unit in enumerate(self._units()):
@@ -79,8 +80,7 @@ def splits(split_row_groups: bool | int, size: int) -> bool:
 
 
 def _footer_rows(path: str) -> int:
-    with open_input(path) as source:
-        return pq.ParquetFile(source).metadata.num_rows
+    return parquet_metadata(path).num_rows
 
 
 class ListingProvider(WorkUnitFeedProvider):
@@ -134,8 +134,7 @@ class ListingProvider(WorkUnitFeedProvider):
             if ctx.is_cancelled():
                 return
             if splits(self.split_row_groups, size):
-                with open_input(path) as source:
-                    meta = pq.ParquetFile(source).metadata
+                meta = parquet_metadata(path)
                 for rg in range(meta.num_row_groups):
                     group = meta.row_group(rg)
                     yield Unit(file_unit(path, [rg]), rows=group.num_rows, bytes=group.total_byte_size)

@@ -24,6 +24,7 @@ from flight._proto import plan_pb2
 from flight.arrow_types import UNITS_READER
 from flight.errors import FlightExecError, PlanError
 from flight.feed import WorkUnitFeed, WorkUnitFeedProvider
+from flight.footers import parquet_metadata
 from flight.plan.agg import Agg
 from flight.plan.expr import Expr, coalesce, col, output_type
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, LimitNode, Node, ProjectNode, ValuesNode
@@ -290,11 +291,10 @@ def read_parquet(
         return from_feed(listing, "parquet", schema, columns=columns)
     files = _files(paths)
     if schema is None:
-        with _opened(files[0]) as source:
-            try:
-                schema = pq.read_schema(source)
-            except (OSError, pa.ArrowException) as exc:
-                raise PlanError(f"cannot read the schema of {files[0]!r}: {exc}") from exc
+        try:
+            schema = parquet_metadata(files[0]).schema.to_arrow_schema()
+        except (OSError, pa.ArrowException, FlightExecError) as exc:
+            raise PlanError(f"cannot read the schema of {files[0]!r}: {exc}") from None
     return from_feed(FileListProvider(files, split_row_groups=split_row_groups), "parquet", schema, columns=columns)
 
 
