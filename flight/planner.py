@@ -40,6 +40,7 @@ from flight.plan.cost import row_width, selectivity
 from flight.plan.expr import Expr, col, if_else, lit
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, LimitNode, Node, ProjectNode, ValuesNode
 from flight.plan.optimize import conjuncts, prune_columns, push_filters
+from flight.plan.ranges import range_selectivity
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, ShuffleReadNode, SortNode, UnionNode
 
 __all__ = ["FeedPlan", "PlannerOptions", "QueryPlan", "StageSpec", "plan_query"]
@@ -173,7 +174,7 @@ class _Planner:
             raise PlanError("a plan reading exchange input is a map stage: run it with flight.map_batches or flight.spark.flight_map")
         if isinstance(node, FilterNode):
             f = self.build(node.input)
-            rows = None if f.rows is None else f.rows * selectivity(node.predicate.to_proto())
+            rows = None if f.rows is None else f.rows * _filter_selectivity(node)
             return self.wrap(f, FilterNode(f.node, node.predicate, node.origins), rows)
         if isinstance(node, ProjectNode):
             f = self.build(node.input)
@@ -392,6 +393,16 @@ _SWAPPED = {"inner": "inner", "left outer": "right outer", "right outer": "left 
 _REDUCE_RATIO = 10.0
 """How much larger (in rows) a semi or anti join's build side must be estimated than its probe
 side before the planner reduces it with the probe side's keys (``_Planner.reduces``)."""
+
+
+def _filter_selectivity(node: FilterNode) -> float:
+    """The fraction of rows ``node`` keeps: from its source's column ranges when it filters a scan
+    whose provider knows them (``column_range``, Parquet footers), else by the textbook defaults."""
+    if isinstance(node.input, FeedScanNode):
+        column_range = getattr(node.input.feed.inner(), "column_range", None)
+        if column_range is not None:
+            return range_selectivity(node.predicate, column_range)
+    return selectivity(node.predicate.to_proto())
 
 
 def _repeatable(node: Node) -> bool:

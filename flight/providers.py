@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
 from collections.abc import Iterator, Sequence
 
@@ -12,6 +13,7 @@ from flight._proto import plan_pb2
 from flight.errors import FlightExecError
 from flight.feed import FeedContext, Unit, WorkUnit, WorkUnitFeedProvider, file_unit
 from flight.footers import parquet_metadata
+from flight.plan.ranges import as_number
 from flight.storage import Location, open_input, parse_location, process_filesystems
 
 __all__ = ["FileListProvider", "ListingProvider"]
@@ -34,6 +36,7 @@ class FileListProvider(WorkUnitFeedProvider):
         self.split_row_groups = split_row_groups
         self._partitions = partitions
         self._rows: float | None = None
+        self._ranges: dict[str, tuple[float, float] | None] = {}
 
     def partitions(self) -> int | None:
         """As asked, else one per file: a task with no file to read would only cost a task's start
@@ -50,6 +53,13 @@ class FileListProvider(WorkUnitFeedProvider):
             except (OSError, pa.ArrowException, FlightExecError):
                 return None  # a file that cannot be read fails the query where it is read, with its name
         return self._rows
+
+    def column_range(self, name: str) -> tuple[float, float] | None:
+        """The least and greatest value of column ``name`` over every row group (``ranges.as_number``
+        values), from the Parquet footers; None when a footer lacks them or they are not numbers."""
+        if name not in self._ranges:
+            self._ranges[name] = _column_range(self.paths, name)
+        return self._ranges[name]
 
     def _units(self) -> Iterator[plan_pb2.FileUnit]:
         for path in self.paths:
@@ -77,6 +87,30 @@ def splits(split_row_groups: bool | int, size: int) -> bool:
     if isinstance(split_row_groups, bool):
         return split_row_groups
     return size > split_row_groups
+
+
+def _column_range(paths: list[str], name: str) -> tuple[float, float] | None:
+    if not paths or not all(p.endswith(".parquet") for p in paths):
+        return None
+    low, high = math.inf, -math.inf
+    try:
+        for path in paths:
+            meta = parquet_metadata(path)
+            names = [meta.schema.column(i).path for i in range(meta.num_columns)]
+            if name not in names:
+                return None
+            index = names.index(name)
+            for g in range(meta.num_row_groups):
+                stats = meta.row_group(g).column(index).statistics
+                if stats is None or not stats.has_min_max:
+                    return None
+                lo, hi = as_number(stats.min), as_number(stats.max)
+                if lo is None or hi is None:
+                    return None
+                low, high = min(low, lo), max(high, hi)
+    except (OSError, pa.ArrowException, FlightExecError, ValueError):
+        return None  # a file that cannot be read fails the query where it is read, with its name
+    return (low, high) if low <= high else None
 
 
 def _footer_rows(path: str) -> int:
