@@ -41,7 +41,7 @@ import pyarrow as pa
 
 from flight._proto import plan_pb2
 from flight.engine.confine import DataRoots
-from flight.engine.duck_task import _ENGINE_ERRORS, _Task
+from flight.engine.duck_task import _ENGINE_ERRORS, _Task, stream
 from flight.engine.duck_translate import _Translator
 from flight.engine.readers import conform
 from flight.engine.sql import Untranslatable
@@ -190,7 +190,7 @@ def worth_it(root: plan_pb2.Operator) -> bool:
 
 def _results(task: _Task, relation: duckdb.DuckDBPyRelation, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     try:
-        for batch in relation.to_arrow_reader(task.batch_rows):
+        for batch in stream(relation, task.batch_rows):
             if batch.num_rows:
                 yield conform(batch, schema, "the engine's output")
     except _ENGINE_ERRORS as exc:

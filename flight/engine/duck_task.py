@@ -25,6 +25,24 @@ UNITS = "\x00units\x00"
 
 
 
+def stream(relation: duckdb.DuckDBPyRelation, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """``relation``'s result through the Arrow C stream interface, in batches of at most ``batch_rows``.
+
+    Why not ``relation.to_arrow_reader``: it holds the GIL for much of the query. Measured with a
+    thread that only sleeps 0.5 ms at a time beside three TPC-H Q1 partial aggregates on one
+    engine thread: 24 stalls over 3 ms, 133 ms in all, with ``to_arrow_reader``; 3 stalls, 12 ms,
+    through the C stream, which was also a little faster. On a worker those stalls are its other
+    tasks' starts, its gRPC handlers and its shuffle reads waiting.
+    """
+    with pa.RecordBatchReader.from_stream(relation) as reader:
+        for batch in reader:
+            if batch.num_rows <= batch_rows:
+                yield batch
+            else:  # DuckDB's batches are 131,072 rows: zero-copy slices of the size asked
+                for start in range(0, batch.num_rows, batch_rows):
+                    yield batch.slice(start, batch_rows)
+
+
 def _first_error(errors: list[BaseException], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     try:
         yield from batches

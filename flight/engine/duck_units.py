@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from flight._proto import plan_pb2
 from flight.engine.decode import decode_threads
-from flight.engine.duck_task import _ENGINE_ERRORS, UNITS, _kind, _Task
+from flight.engine.duck_task import _ENGINE_ERRORS, UNITS, _kind, _Task, stream
 from flight.engine.pipeline import prune_of
 from flight.engine.readers import PathRefused, ReaderContext, UnitReadError, conform, read_parquet
 
@@ -183,7 +183,7 @@ def _files(
     """The fragment over whole Parquet files, one query; a failure names the file that causes it."""
     source = "read_parquet([" + ", ".join("'" + real.replace("'", "''") + "'" for _, _, real in files) + "])"
     try:
-        for batch in cur.sql(text.replace(UNITS, source)).to_arrow_reader(task.batch_rows):
+        for batch in stream(cur.sql(text.replace(UNITS, source)), task.batch_rows):
             if batch.num_rows:
                 yield conform(batch, schema, files[0][0] if len(files) == 1 else "a fragment's output")
     except _ENGINE_ERRORS as exc:
@@ -204,7 +204,7 @@ def _pyarrow_unit(
     name = "__flight_unit"
     cur.register(name, task.guarded(ctx.schema, (conform(b, ctx.schema, where) for b in read_parquet(body, ctx))))
     try:
-        for batch in cur.sql(text.replace(UNITS, name)).to_arrow_reader(task.batch_rows):
+        for batch in stream(cur.sql(text.replace(UNITS, name)), task.batch_rows):
             if batch.num_rows:
                 yield conform(batch, schema, where)
     except _ENGINE_ERRORS as exc:
