@@ -37,6 +37,7 @@ from flight.errors import PlanError
 from flight.estimate import TaskEstimate
 from flight.feed import WorkUnitFeed
 from flight.plan.cost import row_width, selectivity
+from flight.plan.eager import eager_aggregates
 from flight.plan.expr import Expr, col, if_else, lit
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, LimitNode, Node, ProjectNode, ValuesNode
 from flight.plan.optimize import conjuncts, prune_columns, push_filters
@@ -439,7 +440,11 @@ def plan_query(root: Node, max_tasks: int, options: PlannerOptions | None = None
     if max_tasks < 1:
         raise PlanError("the resolver returned no worker URLs; start workers or check the resolver's source")
     planner = _Planner(max_tasks, options or PlannerOptions())
-    frag = planner.build(prune_columns(push_filters(root)))
+    pushed = push_filters(root)
+    if max_tasks > 1:  # what it saves is rows moved between tasks
+        pushed, notes = eager_aggregates(pushed)
+        planner.rewrites.extend(notes)
+    frag = planner.build(prune_columns(pushed))
     planner.cut(frag, "head")
     stages = planner.stages
     for stage in stages:

@@ -38,6 +38,7 @@ from support import write_parts as _write
 import flight
 from flight import agg, col, lit
 from flight.compute.expressions import to_pyarrow
+from flight.plan.agg import Agg
 from flight.plan.nodes import FeedScanNode, FilterNode, Node, ProjectNode
 from flight.plan.optimize import conjuncts, derive_side_filter, disjuncts, push_filters
 from flight.plan.relnodes import AggregateNode, JoinNode, ShuffleReadNode
@@ -629,3 +630,43 @@ def test_derived_filter_is_implied_by_the_original(seed: int) -> None:
         assert derived.referenced_fields() <= columns
         also = kept.filter(to_pyarrow(derived.to_proto()))
         assert also.num_rows == kept.num_rows, f"{derived!r} is not implied by {pred!r}"
+
+
+# ---------------------------------------------------------------- eager aggregation
+
+EAGER = "computed on the right side first"
+
+
+def _eager_query(data: Data, how: str, calls: dict[str, Agg]) -> flight.Query:
+    left = data.read("L").select("k", "v")
+    right = data.read("R").select("rk", "n", "rid")
+    return left.join(right, left_on="k", right_on="rk", how=how).aggregate(["k"], **calls)
+
+
+@pytest.mark.parametrize("setup", [pytest.param(SHUFFLE, id=SHUFFLE[0]), pytest.param(BROADCAST, id=BROADCAST[0])])
+@pytest.mark.parametrize("how", ["left", "inner"])
+def test_an_aggregate_by_the_join_keys_is_computed_before_the_join(cluster: flight.LocalCluster, data: Data, how: str, setup: tuple) -> None:
+    # Null and duplicate keys on both sides: each left row of a key meets that key's right rows.
+    calls = {"c": agg.count("n"), "total": agg.sum("n"), "lo": agg.min("rid"), "hi": agg.max("n")}
+    q = _eager_query(data, how, calls)
+    got, ex = run(cluster, setup, q)
+    assert any(EAGER in r for r in ex.plan.rewrites), ex.plan.rewrites
+    join = _SQL_JOIN[how]
+    sql = f"SELECT l.k, count(r.n), sum(r.n), min(r.rid), max(r.n) FROM L l {join} R r ON l.k = r.rk GROUP BY l.k"
+    assert_rows(got, data.sql(sql))
+    early = [a for a in nodes(ex.plan, AggregateNode) if a.keys == ["rk"]]
+    assert early, "the right side is aggregated by its keys"
+
+
+def test_eager_aggregation_only_where_it_is_exact(data: Data) -> None:
+    assert any(EAGER in r for r in plan(_eager_query(data, "left", {"c": agg.count("n")})).rewrites)
+    for calls in ({"n": agg.count_all()}, {"m": agg.mean("n")}, {"d": agg.count_distinct("n")}, {"lv": agg.sum("v")}):
+        assert not any(EAGER in r for r in plan(_eager_query(data, "left", calls)).rewrites), calls
+    # Other keys than the join's, another join type, shared column names, one task: left as written.
+    left, right = data.read("L").select("k", "v"), data.read("R").select("rk", "n")
+    by_v = left.join(right, left_on="k", right_on="rk", how="left").aggregate(["v"], c=agg.count("n"))
+    full = left.join(right, left_on="k", right_on="rk", how="full").aggregate(["k"], c=agg.count("n"))
+    shared = data.read("L").join(data.read("R"), left_on="k", right_on="rk", how="left").aggregate(["k"], c=agg.count("n"))
+    for q in (by_v, full, shared):
+        assert not any(EAGER in r for r in plan(q).rewrites)
+    assert not any(EAGER in r for r in plan(_eager_query(data, "left", {"c": agg.count("n")}), tasks=1).rewrites)
