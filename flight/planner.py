@@ -36,6 +36,7 @@ from flight._proto import plan_pb2
 from flight.errors import PlanError
 from flight.estimate import TaskEstimate
 from flight.feed import WorkUnitFeed
+from flight.plan.colocate import EXACT, range_files, rows_read, split_points
 from flight.plan.cost import row_width, selectivity
 from flight.plan.eager import eager_aggregates
 from flight.plan.expr import Expr, col, if_else, lit
@@ -77,6 +78,9 @@ class StageSpec:
     task_count: int = 0  # fixed at planning, or at execution for a shared-queue leaf
     estimate: TaskEstimate | None = None
     notes: list[str] = field(default_factory=list)
+    task_roots: list[Node] | None = None
+    """A co-located stage's per-task operators (``root`` with each scan's key range); its task count
+    is then fixed: task t must read key range t."""
 
     @property
     def output_schema(self) -> pa.Schema:
@@ -138,11 +142,14 @@ class _Frag:
     feeds: list[FeedPlan] = field(default_factory=list)
     reads: list[ShuffleReadNode] = field(default_factory=list)
     leaf: bool = False  # sized by its feeds rather than by rows
+    ranges: dict[str, tuple[str, pa.DataType, list[int]]] = field(default_factory=dict)
+    """Co-located scans: feed id -> (key column, its type, boundaries); task t keeps key range t."""
 
 
 class _Planner:
-    def __init__(self, max_tasks: int, options: PlannerOptions) -> None:
+    def __init__(self, max_tasks: int, options: PlannerOptions, colocate: bool = True) -> None:
         self.max_tasks = max_tasks
+        self.colocate = colocate
         self.options = options
         self.stages: list[StageSpec] = []
         self.feed_ids: set[str] = set()
@@ -157,6 +164,9 @@ class _Planner:
         stage_id = len(self.stages)
         spec = StageSpec(stage_id, frag.node, frag.tasks, frag.feeds, frag.reads, output_mode=mode, output_keys=keys or [])
         spec.task_count = frag.tasks
+        if frag.ranges:
+            spec.task_roots = [_in_range(frag.node, frag.ranges, t) for t in range(frag.tasks)]
+            spec.notes.append(f"co-located: {frag.tasks} tasks, each reading one key range of every scan (fixed count)")
         self.stages.append(spec)
         read_mode = {"hash": "hash", "round_robin": "hash", "gather": "gather", "broadcast": "broadcast", "head": "gather"}[mode]
         return ShuffleReadNode(stage_id, frag.node.schema, read_mode)
@@ -194,7 +204,7 @@ class _Planner:
 
     @staticmethod
     def wrap(f: _Frag, node: Node, rows: float | None) -> _Frag:
-        return _Frag(node, f.tasks, rows, f.feeds, f.reads, f.leaf)
+        return _Frag(node, f.tasks, rows, f.feeds, f.reads, f.leaf, f.ranges)
 
     def scan(self, node: FeedScanNode) -> _Frag:
         provider = node.feed.inner()
@@ -278,6 +288,9 @@ class _Planner:
                 return _Frag(ordered, 1, out_rows, right.feeds + left.feeds, right.reads + left.reads, left.leaf or right.leaf)
             merged = JoinNode(left.node, right.node, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "local")
             return _Frag(merged, 1, out_rows, left.feeds + right.feeds, left.reads + right.reads, left.leaf or right.leaf)
+        placed = self.colocated(node, left, right, out_rows, swappable)
+        if placed is not None:
+            return placed
         reduced = semi and self.reduces(node, left, right)
         if reduced:
             right = self.reduced(node, left)
@@ -297,14 +310,14 @@ class _Planner:
                 self.rewrites.append(f"{_join_text(node)}: the build side is reduced to its distinct keys {node.right_keys} before it is broadcast")
             read = self.cut(right, "broadcast")
             merged = JoinNode(left.node, read, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "broadcast")
-            return _Frag(merged, left.tasks, out_rows, left.feeds, left.reads + [read], left.leaf)
+            return _Frag(merged, left.tasks, out_rows, left.feeds, left.reads + [read], left.leaf, left.ranges)
         left_small = left.rows is not None and left_bytes <= min(self.options.broadcast_bytes, right_bytes or float("inf"))
         if left_small and node.join_type == "inner" and swappable:
             # An inner join is symmetric: broadcast the small left side into the right side's tasks,
             # then put the columns back in the order the query asked for.
             read = self.cut(left, "broadcast")
             ordered = self.swapped(node, left.node, right.node, "broadcast", left, right, left_read=read)
-            return _Frag(ordered, right.tasks, out_rows, right.feeds, right.reads + [read], right.leaf)
+            return _Frag(ordered, right.tasks, out_rows, right.feeds, right.reads + [read], right.leaf, right.ranges)
         if distinct is not None:
             self.rewrites.append(f"{_join_text(node)}: the build side is reduced to its distinct keys {node.right_keys} before it is shuffled")
         tasks = self.upper_tasks(rows)
@@ -315,6 +328,56 @@ class _Planner:
             return self.consumer(ordered, tasks, out_rows, [lread, rread])
         merged = JoinNode(lread, rread, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "shuffle")
         return self.consumer(merged, tasks, out_rows, [lread, rread])
+
+    def colocated(self, node: JoinNode, left: _Frag, right: _Frag, rows: float | None, swappable: bool) -> _Frag | None:
+        """The join in place, each task reading one range of the first join key on both sides,
+        when each side scans one list of Parquet files whose footers bound that key
+        (``flight.plan.colocate``)."""
+        if not self.colocate or self.max_tasks < 2 or node.join_type not in _KEPT_UNMATCHED:
+            return None
+        if node.join_type in ("left semi", "left anti") and _smaller(left, right):
+            return None  # the engine would build the larger side: reducing it first moves less (``reduces``)
+        sides = []
+        for f, key, keeps in ((left, node.left_keys[0], "left"), (right, node.right_keys[0], "right")):
+            if not f.leaf or len(f.feeds) != 1 or f.feeds[0].shared or f.ranges or any(r.mode != "broadcast" for r in f.reads):
+                return None
+            traced = _key_scan(f.node, key)
+            if traced is None or traced[0].feed.feed_id != f.feeds[0].feed.feed_id or traced[0].reader != "parquet":
+                return None
+            scan, column = traced
+            if not pa.types.is_integer(scan.schema.field(column).type):
+                return None
+            key_ranges = getattr(f.feeds[0].feed.inner(), "key_ranges", None)
+            ranges = key_ranges(column) if key_ranges is not None else None
+            if not ranges or any(max(abs(r.low), abs(r.high)) > EXACT for r in ranges):
+                return None
+            if keeps in _KEPT_UNMATCHED[node.join_type] and any(r.nulls for r in ranges):
+                return None  # its null-keyed rows must come out, and no range reads them
+            sides.append((f, scan, column, ranges))
+        points = split_points(sides[0][3] + sides[1][3], self.max_tasks)
+        if points is None:
+            return None
+        for _, _, _, ranges in sides:  # keys spread over every file (not clustered): a shuffle reads less
+            if rows_read(ranges, points) > _COLOCATE_READ * sum(r.rows for r in ranges):
+                return None
+        tasks = len(points) + 1
+        feeds = []
+        bounds: dict[str, tuple[str, pa.DataType, list[int]]] = {}
+        for f, scan, column, ranges in sides:
+            feed = f.feeds[0].feed
+            grouped = feed.inner().grouped(range_files(ranges, points))  # type: ignore[attr-defined]  # key_ranges had it
+            feeds.append(FeedPlan(WorkUnitFeed(grouped, feed.feed_id), tasks))
+            bounds[feed.feed_id] = (column, scan.schema.field(column).type, points)
+        self.rewrites.append(
+            f"{_join_text(node)}: co-located, nothing shuffled: the Parquet footers bound {sides[0][2]!r} and "
+            f"{sides[1][2]!r}, so task t reads key range t of both sides (boundaries {points})"
+        )
+        reads = left.reads + right.reads
+        if swappable and _smaller(left, right):
+            ordered = self.swapped(node, left.node, right.node, "co-located", left, right)
+            return _Frag(ordered, tasks, rows, feeds, reads, leaf=True, ranges=bounds)
+        merged = JoinNode(left.node, right.node, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "co-located")
+        return _Frag(merged, tasks, rows, feeds, reads, leaf=True, ranges=bounds)
 
     def swapped(
         self, node: JoinNode, left: Node, right: Node, strategy: str, lf: _Frag, rf: _Frag, left_read: Node | None = None
@@ -415,6 +478,66 @@ _DISTINCT_FRACTION = 0.1
 """The fraction of a semi join's build-side rows estimated to be distinct keys (as for a grouped aggregate)."""
 
 
+_COLOCATE_READ = 1.1
+"""A co-located join may read at most this many times each side's rows in all (row groups that
+straddle a key boundary are read by two tasks); beyond, the keys are not clustered enough."""
+
+_KEPT_UNMATCHED = {
+    "inner": (), "left semi": (), "left outer": ("left",), "left anti": ("left",),
+    "right outer": ("right",), "full outer": ("left", "right"),
+}
+"""Join types a co-located join may run, and the sides whose rows come out even unmatched
+(a null key among them would be lost: no key range reads it)."""
+
+
+def _in_range(node: Node, ranges: dict[str, tuple[str, pa.DataType, list[int]]], task: int) -> Node:
+    """``node`` with a filter keeping key range ``task`` right above each scan named in ``ranges``."""
+    if isinstance(node, FeedScanNode):
+        if node.feed.feed_id not in ranges:
+            return node
+        column, kind, points = ranges[node.feed.feed_id]
+        terms = []
+        if task > 0:
+            terms.append(col(column) >= lit(points[task - 1], kind))
+        if task < len(points):
+            terms.append(col(column) < lit(points[task], kind))
+        predicate = terms[0] if len(terms) == 1 else terms[0] & terms[1]
+        return FilterNode(node, predicate, tuple(f"keeps key range {task} of a co-located join" for _ in terms))
+    changes: dict[str, object] = {}
+    for name in ("input", "left", "right"):
+        child = getattr(node, name, None)
+        if isinstance(child, Node):
+            changes[name] = _in_range(child, ranges, task)
+    if isinstance(node, UnionNode):
+        changes["inputs"] = [_in_range(c, ranges, task) for c in node.inputs]
+    return replace(node, **changes) if changes else node  # type: ignore[type-var]
+
+
+def _key_scan(node: Node, name: str) -> tuple[FeedScanNode, str] | None:
+    """The feed scan column ``name`` comes from unchanged (through filters, renames and joins),
+    or None when it is computed or comes from another stage."""
+    while True:
+        if isinstance(node, FeedScanNode):
+            return (node, name) if name in node.schema.names else None
+        if isinstance(node, FilterNode):
+            node = node.input
+        elif isinstance(node, ProjectNode):
+            expr = dict(node.exprs).get(name)
+            source = None if expr is None else expr.column_name()
+            if source is None:
+                return None
+            node, name = node.input, source
+        elif isinstance(node, JoinNode):
+            if name in node.left.schema.names:
+                node = node.left
+            elif name in node.right.schema.names and node.join_type not in ("left semi", "left anti"):
+                node = node.right
+            else:
+                return None
+        else:
+            return None
+
+
 def _bytes(f: _Frag) -> float | None:
     return None if f.rows is None else f.rows * row_width(f.node.schema)
 
@@ -435,11 +558,14 @@ def _size_text(f: _Frag) -> str:
     return "?" if f.rows is None or size is None else f"~{f.rows:,.0f} rows, {size / (1 << 20):,.1f} MiB"
 
 
-def plan_query(root: Node, max_tasks: int, options: PlannerOptions | None = None) -> QueryPlan:
-    """Cut ``root`` into stages; the head stage (what the caller reads) comes last."""
+def plan_query(root: Node, max_tasks: int, options: PlannerOptions | None = None, *, colocate: bool = True) -> QueryPlan:
+    """Cut ``root`` into stages; the head stage (what the caller reads) comes last.
+
+    ``colocate=False``: no co-located joins, for callers that run ``StageSpec.root`` as it is in
+    every task (their tasks would not keep to their key ranges)."""
     if max_tasks < 1:
         raise PlanError("the resolver returned no worker URLs; start workers or check the resolver's source")
-    planner = _Planner(max_tasks, options or PlannerOptions())
+    planner = _Planner(max_tasks, options or PlannerOptions(), colocate)
     pushed = push_filters(root)
     if max_tasks > 1:  # what it saves is rows moved between tasks
         pushed, notes = eager_aggregates(pushed)

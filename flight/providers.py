@@ -13,10 +13,11 @@ from flight._proto import plan_pb2
 from flight.errors import FlightExecError
 from flight.feed import FeedContext, Unit, WorkUnit, WorkUnitFeedProvider, file_unit
 from flight.footers import parquet_metadata
+from flight.plan.colocate import FileRange
 from flight.plan.ranges import as_number
 from flight.storage import Location, open_input, parse_location, process_filesystems
 
-__all__ = ["FileListProvider", "ListingProvider"]
+__all__ = ["FileGroups", "FileListProvider", "ListingProvider"]
 
 
 class FileListProvider(WorkUnitFeedProvider):
@@ -37,6 +38,7 @@ class FileListProvider(WorkUnitFeedProvider):
         self._partitions = partitions
         self._rows: float | None = None
         self._ranges: dict[str, tuple[float, float] | None] = {}
+        self._file_ranges: dict[str, list[FileRange] | None] = {}
 
     def partitions(self) -> int | None:
         """As asked, else one per file: a task with no file to read would only cost a task's start
@@ -61,23 +63,65 @@ class FileListProvider(WorkUnitFeedProvider):
             self._ranges[name] = _column_range(self.paths, name)
         return self._ranges[name]
 
-    def _units(self) -> Iterator[plan_pb2.FileUnit]:
-        for path in self.paths:
-            if not self.split_row_groups:
-                yield file_unit(path)
-                continue
-            with open_input(path) as source:  # its size only, local or in a store
-                size = source.size()
-            if splits(self.split_row_groups, size):
-                groups = parquet_metadata(path).num_row_groups  # the footer only
-                yield from (file_unit(path, [rg]) for rg in range(groups))
-            else:
-                yield file_unit(path)
+    def key_ranges(self, name: str) -> list[FileRange] | None:
+        """Per file, the least and greatest value of column ``name`` (over its row groups) and its
+        rows, from the Parquet footers: what a co-located join groups files by
+        (``flight.plan.colocate``). None when any footer lacks them or they are not numbers."""
+        if name not in self._file_ranges:
+            self._file_ranges[name] = _file_ranges(self.paths, name)
+        return self._file_ranges[name]
+
+    def grouped(self, groups: Sequence[Sequence[str]]) -> FileGroups:
+        """These files in fixed groups, one feed partition each (a co-located join's key ranges)."""
+        return FileGroups(self, groups)
+
+    def file_units(self, path: str) -> Iterator[plan_pb2.FileUnit]:
+        """The units of one file: the whole file, or one per row group when it is split."""
+        if not self.split_row_groups:
+            yield file_unit(path)
+            return
+        with open_input(path) as source:  # its size only, local or in a store
+            size = source.size()
+        if splits(self.split_row_groups, size):
+            groups = parquet_metadata(path).num_row_groups  # the footer only
+            yield from (file_unit(path, [rg]) for rg in range(groups))
+        else:
+            yield file_unit(path)
 
     def feed(self, partition: int, ctx: FeedContext) -> Iterator[plan_pb2.FileUnit]:
-        for i, unit in enumerate(self._units()):
-            if i % ctx.partitions == partition:
-                yield unit
+        i = 0
+        for path in self.paths:
+            for unit in self.file_units(path):
+                if i % ctx.partitions == partition:
+                    yield unit
+                i += 1
+
+
+class FileGroups(WorkUnitFeedProvider):
+    """The files of a ``FileListProvider`` in fixed groups, group ``p`` being feed partition ``p``.
+
+    The planner makes one for each side of a co-located join, so that the task owning partition
+    ``p`` of one side owns partition ``p`` of the other: the files whose keys can meet.
+    """
+
+    repeatable = True
+
+    def __init__(self, files: FileListProvider, groups: Sequence[Sequence[str]]) -> None:
+        self.files = files
+        self.groups = [list(g) for g in groups]
+
+    def partitions(self) -> int | None:
+        return len(self.groups)
+
+    def estimated_rows(self) -> float | None:
+        return self.files.estimated_rows()
+
+    def column_range(self, name: str) -> tuple[float, float] | None:
+        return self.files.column_range(name)
+
+    def feed(self, partition: int, ctx: FeedContext) -> Iterator[plan_pb2.FileUnit]:
+        for path in self.groups[partition]:
+            yield from self.files.file_units(path)
 
 
 def splits(split_row_groups: bool | int, size: int) -> bool:
@@ -90,9 +134,18 @@ def splits(split_row_groups: bool | int, size: int) -> bool:
 
 
 def _column_range(paths: list[str], name: str) -> tuple[float, float] | None:
+    found = [f for f in _file_ranges(paths, name) or [] if f.rows > 0]
+    if not found:
+        return None
+    low, high = min(f.low for f in found), max(f.high for f in found)
+    return (low, high) if low <= high else None
+
+
+def _file_ranges(paths: list[str], name: str) -> list[FileRange] | None:
+    """Each file's range of column ``name`` over its row groups, or None if any is unknown."""
     if not paths or not all(p.endswith(".parquet") for p in paths):
         return None
-    low, high = math.inf, -math.inf
+    out = []
     try:
         for path in paths:
             meta = parquet_metadata(path)
@@ -100,6 +153,8 @@ def _column_range(paths: list[str], name: str) -> tuple[float, float] | None:
             if name not in names:
                 return None
             index = names.index(name)
+            low, high, nulls = math.inf, -math.inf, False
+            groups = []
             for g in range(meta.num_row_groups):
                 stats = meta.row_group(g).column(index).statistics
                 if stats is None or not stats.has_min_max:
@@ -108,9 +163,16 @@ def _column_range(paths: list[str], name: str) -> tuple[float, float] | None:
                 if lo is None or hi is None:
                     return None
                 low, high = min(low, lo), max(high, hi)
+                groups.append((lo, hi, float(meta.row_group(g).num_rows)))
+                nulls = nulls or stats.null_count is None or stats.null_count > 0
+            if meta.num_rows == 0:
+                low = high = 0.0  # no rows: read once, widening no range (rows=0 says so)
+            elif not low <= high:
+                return None
+            out.append(FileRange(path, low, high, float(meta.num_rows), nulls, tuple(groups)))
     except (OSError, pa.ArrowException, FlightExecError, ValueError):
         return None  # a file that cannot be read fails the query where it is read, with its name
-    return (low, high) if low <= high else None
+    return out
 
 
 def _footer_rows(path: str) -> int:

@@ -146,6 +146,8 @@ class Run:
 
     def _size(self, stage: StageSpec, workers: int) -> int:
         """A stage's task count: planned, or estimated now from a shared feed's first units."""
+        if stage.task_roots is not None:
+            return len(stage.task_roots)  # co-located: task t reads key range t, on whichever worker
         if not stage.sized_at_execution:
             return max(1, min(stage.task_count, workers))
         estimator = self.ex.estimator
@@ -167,7 +169,7 @@ class Run:
         """
         consumer_tasks = counts[stage.consumer] if stage.consumer is not None else 1
         plan = plan_pb2.StagePlan(
-            root=stage.root.to_proto(),
+            root=(stage.root if stage.task_roots is None else stage.task_roots[task]).to_proto(),
             output=stage.output_spec(consumer_tasks),
             output_schema=encode_schema(stage.output_schema),
         )

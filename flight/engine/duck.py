@@ -43,6 +43,7 @@ from flight._proto import plan_pb2
 from flight.engine.confine import DataRoots
 from flight.engine.duck_task import _ENGINE_ERRORS, _Task, stream
 from flight.engine.duck_translate import _Translator
+from flight.engine.duck_units import whole_feeds
 from flight.engine.readers import conform
 from flight.engine.sql import Untranslatable
 from flight.limits import clip
@@ -147,26 +148,54 @@ def run_duckdb(
         raise Untranslatable("nothing to compute that DuckDB does better: Acero streams it batch by batch")
     task = _Task(inputs, schemas, roots, batch_rows, delay, scan_reader, _database(roots))  # type: ignore[arg-type]
     try:
-        translator = _Translator(task)
+        # Joined scans (a co-located join's sides) are one query over all of each side's files:
+        # DuckDB then picks the build side and reads every file itself.
+        translator = _Translator(task, whole=parquet_scans(plan.root) > 1)
         text = translator.relation(plan.root, "plan.root")
         out_schema = schemas["plan.root"]
         if translator.root_fragment is not None:  # the whole stage is one unit fragment: its output is the task's
             reader = pa.RecordBatchReader.from_batches(out_schema, _closing(task, translator.root_fragment))
         else:
+            bound = text
+            for name, build in reversed(translator.builds):  # outer builds first: their text names inner ones
+                bound = bound.replace(name, f"({build})")
+            for feed in translator.feeds:  # bound over empty stand-ins; the files are known when the units are
+                bound = bound.replace(feed.token, task.source(schemas[feed.path], iter([])))
             cur = task.cursor()
             for name, source in task.sources.items():
                 cur.register(name, source)
             try:
-                relation = cur.sql(text)  # parses and binds: a refusal here is a translation gap, not a task failure
+                relation = cur.sql(bound)  # parses and binds: a refusal here is a translation gap, not a task failure
             except duckdb.Error as exc:
                 raise Untranslatable(f"DuckDB does not bind the translated plan: {clip(str(exc).split(chr(10), 1)[0], 300)}") from None
-            reader = pa.RecordBatchReader.from_batches(out_schema, _closing(task, _results(task, relation, out_schema)))
+            if translator.feeds:
+                batches = whole_feeds(task, cur, translator.feeds, translator.builds, text, out_schema)
+            else:
+                batches = _results(task, relation, out_schema)
+            reader = pa.RecordBatchReader.from_batches(out_schema, _closing(task, batches))
     except BaseException:
         task.close()
         raise
     if on_cancel is not None:
         on_cancel(task.interrupt)
     return reader
+
+
+def parquet_scans(root: plan_pb2.Operator) -> int:
+    """How many Parquet feed scans the stage has."""
+    count, stack = 0, [root]
+    while stack:
+        op = stack.pop()
+        kind = op.WhichOneof("kind")
+        if kind == "feed_scan":
+            count += op.feed_scan.reader == "parquet"
+        elif kind == "union":
+            stack.extend(op.union.inputs)
+        elif kind == "hash_join":
+            stack.extend((op.hash_join.left, op.hash_join.right))
+        elif kind is not None and hasattr(getattr(op, kind), "input"):
+            stack.append(getattr(op, kind).input)
+    return count
 
 
 def worth_it(root: plan_pb2.Operator) -> bool:

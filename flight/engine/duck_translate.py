@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from flight._proto import plan_pb2
 from flight.engine.duck_task import UNITS, _Task
-from flight.engine.duck_units import _fragment, _fragment_scan
+from flight.engine.duck_units import WholeFeed, _fragment, _fragment_scan
 from flight.engine.readers import conform
 from flight.engine.sql import Untranslatable, column_list, expression_sql, ident, sql_type
 from flight.ipc import read_ipc_stream
@@ -18,16 +18,27 @@ from flight.ipc import read_ipc_stream
 class _Translator:
     """Operators → SQL text over the task's sources (see the module docstring)."""
 
-    def __init__(self, task: _Task) -> None:
+    def __init__(self, task: _Task, whole: bool = False) -> None:
         self.task = task
         self.aliases = itertools.count()
         self.root_fragment: Iterator[pa.RecordBatch] | None = None
+        self.whole = whole
+        self.feeds: list[WholeFeed] = []
+        self.builds: list[tuple[str, str]] = []
+        """``whole``: each join's right side, made a table before the query (inner ones first), so that
+        DuckDB orders the joins by true sizes; (name, query)."""
+        """``whole``: the stage is one query, each Parquet scan reading all of its task's units at once
+        (``duck_units.whole_feeds``); these are its scans, their tokens filled in when the units are here."""
 
     def sub(self, op: plan_pb2.Operator, path: str) -> str:
         """``op`` as a FROM item: a parenthesised query with an alias."""
         return f"({self.relation(op, path)}) AS t{next(self.aliases)}"
 
     def relation(self, op: plan_pb2.Operator, path: str) -> str:
+        if self.whole:
+            if op.WhichOneof("kind") == "feed_scan" and op.feed_scan.reader == "parquet":
+                return self.whole_scan(op.feed_scan, path)
+            return self.operator(op, path)
         if _fragment_scan(op, path) is None:
             if op.WhichOneof("kind") == "aggregate":
                 merged = self.local_partial(op, path)
@@ -92,6 +103,13 @@ class _Translator:
             return self.join(op.hash_join, here, schema)
         raise Untranslatable(f"operator {kind}")
 
+    def whole_scan(self, scan: plan_pb2.FeedScan, path: str) -> str:
+        feed = WholeFeed(scan, path, f"__flight_units_{next(self.task.names)}__")
+        self.feeds.append(feed)
+        schema = self.task.schemas[path]
+        items = ", ".join(f"CAST({ident(f.name)} AS {sql_type(f.type)}) AS {ident(f.name)}" for f in schema)
+        return f"SELECT {items} FROM {feed.token}"
+
     def local_partial(self, op: plan_pb2.Operator, path: str) -> str | None:
         """An aggregate over a unit fragment, split here as the planner splits one across stages:
         a partial aggregate per work unit (inside the fragment's query), merged by this query.
@@ -154,7 +172,12 @@ class _Translator:
         return f"SELECT {', '.join(items)} FROM {self.sub(agg.input, f'{here}.input')}{group}"
 
     def right_side(self, join: plan_pb2.HashJoin, here: str) -> str:
-        return f"({self.relation(join.right, f'{here}.right')})"
+        text = self.relation(join.right, f"{here}.right")
+        if not self.whole:
+            return f"({text})"
+        name = f"__flight_whole_build_{next(self.task.names)}__"
+        self.builds.append((name, text))
+        return name
 
     def join(self, join: plan_pb2.HashJoin, here: str, schema: pa.Schema) -> str:
         left = self.task.schemas[f"{here}.left"]

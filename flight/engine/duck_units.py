@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import duckdb
@@ -134,6 +136,114 @@ def _fragment(
         task.delay(len(got))
         for _, unit in got:
             unit.done()
+
+
+@dataclass(frozen=True)
+class WholeFeed:
+    """A Parquet scan of a stage run as one query: ``token`` in the query's text stands for the scan's
+    files until its units are all here."""
+
+    scan: plan_pb2.FeedScan
+    path: str
+    token: str
+
+
+def whole_feeds(
+    task: _Task,
+    cur: duckdb.DuckDBPyConnection,
+    feeds: list[WholeFeed],
+    builds: list[tuple[str, str]],
+    text: str,
+    schema: pa.Schema,
+) -> Iterator[pa.RecordBatch]:
+    """The stage's query once every scan's units have arrived, each scan reading all its files.
+
+    Plain local files are read by DuckDB (``read_parquet([...])``, in parallel, pruned by the
+    query's filters); a scan with other units (row groups, a store's URIs) is read by pyarrow
+    through a stream. Units are credited as they are taken, so a window smaller than a task's
+    files does not hold the feed back.
+    """
+    taken: list[Any] = []
+    files: list[tuple[str, str, str]] = []
+    # Other stages' rows (broadcasts) become tables first: DuckDB orders the joins by their true sizes.
+    for name in list(task.sources):
+        pattern = re.compile(re.escape(name) + r"(?![0-9A-Za-z_])")
+        if not any(pattern.search(t) for t in [text, *(b for _, b in builds)]):
+            continue
+        table = f"{name}_table"
+        try:
+            cur.execute(f"CREATE TEMP TABLE {table} AS SELECT * FROM {name}")
+        except _ENGINE_ERRORS as exc:
+            raise task.failure(exc) from None
+        text = pattern.sub(table, text)
+        builds = [(n, pattern.sub(table, b)) for n, b in builds]
+    for feed in feeds:
+        ctx = ReaderContext(schema=task.schemas[feed.path], columns=list(feed.scan.columns) or None, roots=task.roots,
+                            batch_rows=task.batch_rows, options=dict(feed.scan.reader_options),
+                            scan=getattr(task.inputs, "scan_stats", None), decode_threads=decode_threads())
+        feed_id = feed.scan.feed.feed_id
+        plain: list[tuple[str, str, str]] = []
+        others: list[tuple[str, bytes]] = []
+        count = itertools.count()
+        for got in _unit_batches(task, feed_id):
+            for partition, unit in got:
+                where = f"work unit {next(count)} of feed {feed_id!r} partition {partition}"
+                try:
+                    path, real = _plain_file(unit.body, ctx)
+                except PathRefused as exc:
+                    raise PathRefused(f"{where}: {exc}") from None
+                if real:
+                    plain.append((where, path, real))
+                else:
+                    others.append((where, unit.body))
+                taken.append(unit)
+        if plain and not others:
+            source = "read_parquet([" + ", ".join("'" + real.replace("'", "''") + "'" for _, _, real in plain) + "])"
+            files += plain
+        else:  # pyarrow reads every unit of this scan (or there are none)
+            units = [(w, _file_body(p)) for w, p, _ in plain] + others
+            name = task.source(ctx.schema, _pyarrow_units(units, ctx))
+            cur.register(name, task.sources[name])
+            source = name
+        text = text.replace(feed.token, source)
+        builds = [(n, b.replace(feed.token, source)) for n, b in builds]
+    try:
+        for name, build in builds:  # inner ones first
+            cur.execute(f"CREATE TEMP TABLE {name} AS {build}")
+        for batch in stream(cur.sql(text), task.batch_rows):
+            if batch.num_rows:
+                yield conform(batch, schema, "the stage's output")
+    except _ENGINE_ERRORS as exc:
+        if task.error is not None or _kind(exc) in ("interrupt", "memory") or not files:
+            raise task.failure(exc) from None
+        _blame(cur, files, exc)
+        raise task.failure(exc) from None
+    task.delay(len(taken))
+    for unit in taken:
+        unit.done()
+
+
+def _file_body(path: str) -> bytes:
+    return plan_pb2.FileUnit(path=path).SerializeToString()
+
+
+def _pyarrow_units(units: list[tuple[str, bytes]], ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
+    for where, body in units:
+        try:
+            for batch in read_parquet(body, ctx):
+                yield conform(batch, ctx.schema, where)
+        except UnitReadError as exc:
+            raise type(exc)(f"{where}: {exc}") from None
+
+
+def _blame(cur: duckdb.DuckDBPyConnection, files: list[tuple[str, str, str]], exc: BaseException) -> None:
+    """Raise ``UnitReadError`` naming the first of ``files`` DuckDB cannot read, if one is."""
+    for where, path, real in files:
+        quoted = "'" + real.replace("'", "''") + "'"
+        try:
+            cur.execute(f"SELECT count(*) FROM read_parquet({quoted})")
+        except _ENGINE_ERRORS as one:
+            raise UnitReadError(f"{where}: cannot read Parquet file {path!r}: {_why(one, real)}") from None
 
 
 def _unit_batches(task: _Task, feed_id: str) -> Iterator[list[tuple[int, Any]]]:

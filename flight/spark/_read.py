@@ -156,7 +156,7 @@ def plan_options(query: Query, tasks: int = 2) -> dict[str, str]:
     """
     if tasks < 1:
         raise PlanError(f"plan_options: tasks must be at least 1, not {tasks}")
-    qplan = plan_query(query.node, tasks)
+    qplan = plan_query(query.node, tasks, colocate=False)
     if len(qplan.stages) != 1:
         raise PlanError(
             f"plan_options: this query needs {len(qplan.stages)} stages (it aggregates, joins, sorts or limits across "

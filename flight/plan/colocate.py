@@ -1,0 +1,111 @@
+"""Co-located joins: when the Parquet footers bound each file's join keys, split the key line instead of shuffling.
+
+Why: tables written in key order (TPC-H's orders and lineitem by order key; any table an Iceberg
+sort order or a Hive bucketing clusters) keep each key in one or two files, and the footers
+say which. Cut the key line into one range per task; task ``t`` reads, of both sides, only the
+files whose ``[min, max]`` meets its range, and keeps only the rows whose key lies in it (a
+filter on the scan, so the engine skips the row groups outside it). Every key is then in one
+task's range, so a row has all its matches in its own task: the join needs no shuffle and no
+broadcast (Spark calls this a storage-partitioned join). A file that straddles a boundary is
+read by two tasks, each keeping its own rows.
+
+The ranges partition the whole line (the first is open below, the last above), so every row
+with a key is read exactly once whatever the footers say; a row whose key is null is read by
+none, which an inner or semi join never misses, and which the planner only allows for a side
+whose footers count no nulls otherwise (``FileRange.nulls``). Decisions only; the footers are
+read by ``FileListProvider.key_ranges``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["EXACT", "FileRange", "range_files", "rows_read", "split_points"]
+
+EXACT = float(1 << 53)
+"""Integer keys beyond this are not all exact as floats: such files are never co-located."""
+
+
+@dataclass(frozen=True)
+class FileRange:
+    """One file of one side: its key range (``ranges.as_number`` values), rows, and whether any
+    row group may hold a null key (counted nulls, or no count)."""
+
+    path: str
+    low: float
+    high: float
+    rows: float = 1.0
+    nulls: bool = True
+    groups: tuple[tuple[float, float, float], ...] = ()
+    """Its row groups' (low, high, rows), when known: what a reader keeping one range skips."""
+
+
+def _below(files: Sequence[FileRange], x: float) -> float:
+    """Rows estimated below ``x``, each file's rows spread evenly over its range."""
+    total = 0.0
+    for f in files:
+        if f.high < x:
+            total += f.rows
+        elif f.low < x:
+            total += f.rows * (x - f.low) / max(f.high - f.low, 1.0)
+    return total
+
+
+def split_points(files: Sequence[FileRange], tasks: int) -> list[int] | None:
+    """``tasks - 1`` increasing integer boundaries cutting ``files`` (both sides) into ranges of
+    near-equal rows; each boundary is a file's lowest key where one is close, so fewer files
+    straddle two ranges. None when the files do not spread over that many distinct keys."""
+    live = [f for f in files if f.rows > 0]
+    if tasks < 2 or not live:
+        return None
+    total = sum(f.rows for f in live)
+    lows = sorted({f.low for f in live})[1:]
+    lo, hi = min(f.low for f in live), max(f.high for f in live)
+    points: list[int] = []
+    for k in range(1, tasks):
+        want = total * k / tasks
+        a, b = lo, hi
+        for _ in range(64):  # bisection on a monotone function
+            mid = (a + b) / 2
+            if _below(live, mid) < want:
+                a = mid
+            else:
+                b = mid
+        x = b
+        near = [c for c in lows if abs(_below(live, c) - want) <= total / (4 * tasks)]
+        if near:
+            x = min(near, key=lambda c: abs(_below(live, c) - want))
+        point = int(x)
+        if point <= (points[-1] if points else lo) or point > hi:
+            return None
+        points.append(point)
+    return points
+
+
+def range_files(files: Sequence[FileRange], points: Sequence[int]) -> list[list[str]]:
+    """Per range (``points`` cut ``len(points) + 1`` of them), the files whose keys may fall in it:
+    range ``t`` holds the keys ``k`` with ``points[t-1] <= k < points[t]``. A file of no rows
+    (no range) goes to the first, so it is still read once."""
+    bounds = [-float("inf"), *points, float("inf")]
+    out: list[list[str]] = [[] for _ in range(len(points) + 1)]
+    for f in files:
+        if f.rows == 0:
+            out[0].append(f.path)
+            continue
+        for t in range(len(out)):
+            if f.high >= bounds[t] and f.low < bounds[t + 1]:
+                out[t].append(f.path)
+    return out
+
+
+def rows_read(files: Sequence[FileRange], points: Sequence[int]) -> float:
+    """Rows the tasks read in all, each skipping the row groups outside its range: one read of
+    every row when no row group straddles a boundary, more as more do."""
+    bounds = [-float("inf"), *points, float("inf")]
+    total = 0.0
+    for f in files:
+        parts = f.groups or ((f.low, f.high, f.rows),)
+        for low, high, rows in parts:
+            total += rows * sum(1 for t in range(len(bounds) - 1) if high >= bounds[t] and low < bounds[t + 1])
+    return total
