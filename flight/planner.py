@@ -11,7 +11,9 @@ must cross workers:
   hash shuffle of both sides on the keys; an inner or outer join whose left side
   is estimated smaller swaps its sides (the smaller side builds the hash table),
   and a semi or anti join's build side is reduced to its distinct keys in the
-  tasks that produce it, before it crosses the network;
+  tasks that produce it, before it crosses the network; a join of two lists of
+  Parquet files clustered by the key runs in place, task t reading key range t
+  of both sides (``flight.plan.colocate``);
 * sort → sort (with fetch for a top-k) in every task, then one task merges;
   limit → a local limit in every task, then the final limit in one task;
 * union → every input shuffled round-robin into the union's tasks.
