@@ -120,10 +120,7 @@ def _fragment(
         files: list[tuple[str, str, str]] = []
         for partition, unit in got:
             where = f"work unit {next(count)} of feed {feed_id!r} partition {partition}"
-            try:
-                path, real = _plain_file(unit.body, ctx)
-            except PathRefused as exc:
-                raise PathRefused(f"{where}: {exc}") from None
+            path, real = _unit_file(unit.body, ctx, where)
             if real:
                 files.append((where, path, real))
                 continue
@@ -188,10 +185,7 @@ def whole_feeds(
         for got in _unit_batches(task, feed_id):
             for partition, unit in got:
                 where = f"work unit {next(count)} of feed {feed_id!r} partition {partition}"
-                try:
-                    path, real = _plain_file(unit.body, ctx)
-                except PathRefused as exc:
-                    raise PathRefused(f"{where}: {exc}") from None
+                path, real = _unit_file(unit.body, ctx, where)
                 if real:
                     plain.append((where, path, real))
                 else:
@@ -269,6 +263,14 @@ def _unit_batches(task: _Task, feed_id: str) -> Iterator[list[tuple[int, Any]]]:
 
 UNITS_PER_QUERY = 64
 """Most work units one fragment query reads."""
+
+
+def _unit_file(body: bytes, ctx: ReaderContext, where: str) -> tuple[str, str]:
+    """``_plain_file``, a refused path named by the unit it came in (``where``)."""
+    try:
+        return _plain_file(body, ctx)
+    except PathRefused as exc:
+        raise PathRefused(f"{where}: {exc}") from None
 
 
 def _plain_file(body: bytes, ctx: ReaderContext) -> tuple[str, str]:
