@@ -38,7 +38,7 @@ from flight._proto import plan_pb2
 from flight.errors import PlanError
 from flight.estimate import TaskEstimate
 from flight.feed import WorkUnitFeed
-from flight.plan.colocate import EXACT, range_files, rows_read, split_points
+from flight.plan.colocate import EXACT, range_files, rows_read, split_points, straddled
 from flight.plan.cost import row_width, selectivity
 from flight.plan.eager import eager_aggregates
 from flight.plan.expr import Expr, col, if_else, lit
@@ -144,8 +144,8 @@ class _Frag:
     feeds: list[FeedPlan] = field(default_factory=list)
     reads: list[ShuffleReadNode] = field(default_factory=list)
     leaf: bool = False  # sized by its feeds rather than by rows
-    ranges: dict[str, tuple[str, pa.DataType, list[int]]] = field(default_factory=dict)
-    """Co-located scans: feed id -> (key column, its type, boundaries); task t keeps key range t."""
+    ranges: dict[str, _KeyRanges] = field(default_factory=dict)
+    """Co-located scans by feed id: task t keeps key range t."""
 
 
 class _Planner:
@@ -169,6 +169,12 @@ class _Planner:
         if frag.ranges:
             spec.task_roots = [_in_range(frag.node, frag.ranges, t) for t in range(frag.tasks)]
             spec.notes.append(f"co-located: {frag.tasks} tasks, each reading one key range of every scan (fixed count)")
+            for feed_id, r in frag.ranges.items():
+                cut = [t for t, s in enumerate(r.straddled) if s]
+                spec.notes.append(
+                    f"{feed_id}: tasks {cut} filter {r.column!r} to their range (a file there straddles a boundary)"
+                    if cut else f"{feed_id}: no file straddles a boundary, so no task filters {r.column!r}"
+                )
         self.stages.append(spec)
         read_mode = {"hash": "hash", "round_robin": "hash", "gather": "gather", "broadcast": "broadcast", "head": "gather"}[mode]
         return ShuffleReadNode(stage_id, frag.node.schema, read_mode)
@@ -337,8 +343,6 @@ class _Planner:
         (``flight.plan.colocate``)."""
         if not self.colocate or self.max_tasks < 2 or node.join_type not in _KEPT_UNMATCHED:
             return None
-        if node.join_type in ("left semi", "left anti") and _smaller(left, right):
-            return None  # the engine would build the larger side: reducing it first moves less (``reduces``)
         sides = []
         for f, key, keeps in ((left, node.left_keys[0], "left"), (right, node.right_keys[0], "right")):
             if not f.leaf or len(f.feeds) != 1 or f.feeds[0].shared or f.ranges or any(r.mode != "broadcast" for r in f.reads):
@@ -364,12 +368,12 @@ class _Planner:
                 return None
         tasks = len(points) + 1
         feeds = []
-        bounds: dict[str, tuple[str, pa.DataType, list[int]]] = {}
+        bounds: dict[str, _KeyRanges] = {}
         for f, scan, column, ranges in sides:
             feed = f.feeds[0].feed
             grouped = feed.inner().grouped(range_files(ranges, points))  # type: ignore[attr-defined]  # key_ranges had it
             feeds.append(FeedPlan(WorkUnitFeed(grouped, feed.feed_id), tasks))
-            bounds[feed.feed_id] = (column, scan.schema.field(column).type, points)
+            bounds[feed.feed_id] = _KeyRanges(column, scan.schema.field(column).type, points, straddled(ranges, points))
         self.rewrites.append(
             f"{_join_text(node)}: co-located, nothing shuffled: the Parquet footers bound {sides[0][2]!r} and "
             f"{sides[1][2]!r}, so task t reads key range t of both sides (boundaries {points})"
@@ -492,12 +496,26 @@ _KEPT_UNMATCHED = {
 (a null key among them would be lost: no key range reads it)."""
 
 
-def _in_range(node: Node, ranges: dict[str, tuple[str, pa.DataType, list[int]]], task: int) -> Node:
-    """``node`` with a filter keeping key range ``task`` right above each scan named in ``ranges``."""
+@dataclass(frozen=True)
+class _KeyRanges:
+    """One co-located scan's key ranges: task t keeps the rows of ``column`` in range t."""
+
+    column: str
+    kind: pa.DataType
+    points: list[int]
+    """The boundaries: range t is ``points[t-1] <= key < points[t]``."""
+    straddled: list[bool]
+    """Per range, whether a file its task reads holds keys outside it (else the task needs no filter)."""
+
+
+def _in_range(node: Node, ranges: dict[str, _KeyRanges], task: int) -> Node:
+    """``node`` with a filter keeping key range ``task`` right above each scan named in ``ranges``
+    whose files for that task hold keys outside it."""
     if isinstance(node, FeedScanNode):
-        if node.feed.feed_id not in ranges:
+        if node.feed.feed_id not in ranges or not ranges[node.feed.feed_id].straddled[task]:
             return node
-        column, kind, points = ranges[node.feed.feed_id]
+        r = ranges[node.feed.feed_id]
+        column, kind, points = r.column, r.kind, r.points
         terms = []
         if task > 0:
             terms.append(col(column) >= lit(points[task - 1], kind))

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["EXACT", "FileRange", "range_files", "rows_read", "split_points"]
+__all__ = ["EXACT", "FileRange", "range_files", "rows_read", "split_points", "straddled"]
 
 EXACT = float(1 << 53)
 """Integer keys beyond this are not all exact as floats: such files are never co-located."""
@@ -52,10 +52,17 @@ def _below(files: Sequence[FileRange], x: float) -> float:
     return total
 
 
+def _straddling(files: Sequence[FileRange], x: float) -> float:
+    """Rows of the files a boundary at ``x`` cuts (some of their keys below it, some not)."""
+    return sum(f.rows for f in files if f.low < x <= f.high)
+
+
 def split_points(files: Sequence[FileRange], tasks: int) -> list[int] | None:
     """``tasks - 1`` increasing integer boundaries cutting ``files`` (both sides) into ranges of
-    near-equal rows; each boundary is a file's lowest key where one is close, so fewer files
-    straddle two ranges. None when the files do not spread over that many distinct keys."""
+    near-equal rows. Each boundary is a file's lowest key where one is close, the one that cuts
+    the fewest rows of other files: a side no boundary cuts needs no range filter (``straddled``),
+    and the engine then sees its true size (DuckDB guesses a filter keeps a fifth, and may build a
+    semi join on the larger side for it). None when the files do not spread over that many keys."""
     live = [f for f in files if f.rows > 0]
     if tasks < 2 or not live:
         return None
@@ -75,7 +82,7 @@ def split_points(files: Sequence[FileRange], tasks: int) -> list[int] | None:
         x = b
         near = [c for c in lows if abs(_below(live, c) - want) <= total / (4 * tasks)]
         if near:
-            x = min(near, key=lambda c: abs(_below(live, c) - want))
+            x = min(near, key=lambda c: (_straddling(live, c), abs(_below(live, c) - want)))
         point = int(x)
         if point <= (points[-1] if points else lo) or point > hi:
             return None
@@ -109,3 +116,20 @@ def rows_read(files: Sequence[FileRange], points: Sequence[int]) -> float:
         for low, high, rows in parts:
             total += rows * sum(1 for t in range(len(bounds) - 1) if high >= bounds[t] and low < bounds[t + 1])
     return total
+
+
+def straddled(files: Sequence[FileRange], points: Sequence[int]) -> list[bool]:
+    """Per range, whether any file read for it (``range_files``) holds keys outside it: only then
+    must its task filter that side to its range. A file wholly inside one range is read by that
+    range's task alone, so its rows need no filter; its null keys (no range has them) pass, which
+    only a side whose unmatched rows come out could notice, and the planner co-locates such a side
+    only when its footers count no nulls."""
+    bounds = [-float("inf"), *points, float("inf")]
+    out = [False] * (len(points) + 1)
+    for f in files:
+        if f.rows == 0:
+            continue
+        for t in range(len(out)):
+            if f.high >= bounds[t] and f.low < bounds[t + 1] and (f.low < bounds[t] or f.high >= bounds[t + 1]):
+                out[t] = True
+    return out

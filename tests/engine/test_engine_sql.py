@@ -17,6 +17,7 @@ from decimal import Decimal
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from flight.engine.sql import Untranslatable, expression_sql, ident, literal
@@ -116,3 +117,56 @@ def test_a_string_literal_cannot_end_the_query() -> None:
     table = pa.table({"s": ["x", "a' OR '1'='1"]})
     got = duckdb_evaluate(col("s") == lit("a' OR '1'='1"), table)
     assert got.to_pylist() == [False, True]
+
+
+def _kept_by_duckdb(expr: Expr, table: pa.Table = TABLE) -> list[int]:
+    msg = roundtrip(expr).to_proto()
+    text = expression_sql(msg, table.schema, "predicate", predicate=True)
+    con = duckdb.connect()
+    con.register("t", table.append_column("__row", pa.array(range(table.num_rows), pa.int64())))
+    return sorted(r for (r,) in con.sql(f"SELECT __row FROM t WHERE {text}").fetchall())
+
+
+def _kept(mask: object) -> list[int]:
+    """The rows a filter keeps: those where the mask (pyarrow.compute's result) is true."""
+    if isinstance(mask, pa.Scalar):
+        mask = pa.array([mask.as_py()] * TABLE.num_rows, pa.bool_())
+    return [i for i, v in enumerate(mask.to_pylist()) if v is True]  # type: ignore[attr-defined]
+
+
+BOOLEAN_CASES = [c for c in CASES if c[0] not in DECLINED and pa.types.is_boolean(duckdb_evaluate(c[1]).type)]
+
+
+@pytest.mark.parametrize(("name", "expr", "oracle"), BOOLEAN_CASES, ids=[c[0] for c in BOOLEAN_CASES])
+def test_a_predicate_keeps_the_rows_pyarrow_keeps(name: str, expr: Expr, oracle: Callable[[], object]) -> None:
+    assert _kept_by_duckdb(expr) == _kept(oracle()), name
+
+
+_S, _B, _T = TABLE.column("s"), TABLE.column("b"), TABLE.column("t")
+
+
+def _isin(values: list[object], column: pa.ChunkedArray = _S, skip_nulls: bool = False) -> pa.ChunkedArray:
+    return pc.is_in(column, value_set=pa.array(values, pa.string()), skip_nulls=skip_nulls)
+
+
+@pytest.mark.parametrize(
+    ("expr", "oracle"),
+    [
+        (col("s").isin(["apple", "cherry pie"]), lambda: _isin(["apple", "cherry pie"])),
+        (col("s").isin(["apple", None]), lambda: _isin(["apple", None])),
+        (col("s").isin(["apple", None], skip_nulls=True), lambda: _isin(["apple", None], skip_nulls=True)),
+        (~col("s").isin(["apple", "cherry pie"]), lambda: pc.invert(_isin(["apple", "cherry pie"]))),
+        (col("s").isin(["apple"]) | col("b"), lambda: pc.or_kleene(_isin(["apple"]), _B)),
+        (col("s").isin(["apple"]) & col("b"), lambda: pc.and_kleene(_isin(["apple"]), _B)),
+        (
+            (col("s").isin(["apple"]) & col("b")) | ~col("t").isin(["x"]),
+            lambda: pc.or_kleene(pc.and_kleene(_isin(["apple"]), _B), pc.invert(_isin(["x"], _T))),
+        ),
+        (col("s").isin(["apple"]) == col("b"), lambda: pc.equal(_isin(["apple"]), _B)),
+    ],
+    ids=["plain", "null_in_set", "skip_nulls", "negated", "or", "and", "nested", "compared"],
+)
+def test_is_in_in_a_predicate_keeps_the_rows_pyarrow_keeps(expr: Expr, oracle: Callable[[], pa.ChunkedArray]) -> None:
+    """Where a predicate's null and false both drop the row, ``is_in`` may be DuckDB's plain IN
+    (pushed into Parquet scans); under NOT or a comparison it keeps pyarrow's never-null meaning."""
+    assert _kept_by_duckdb(expr) == _kept(oracle())

@@ -12,7 +12,7 @@ import pytest
 
 import flight
 from flight import agg, col
-from flight.plan.colocate import FileRange, range_files, rows_read, split_points
+from flight.plan.colocate import FileRange, range_files, rows_read, split_points, straddled
 from flight.planner import plan_query
 
 # ------------------------------------------------------------------ decisions
@@ -22,6 +22,21 @@ def test_split_points_balance_rows_and_prefer_file_starts() -> None:
     files = [FileRange(f"f{i}", i * 100, i * 100 + 99, 100) for i in range(4)]
     assert split_points(files, 2) == [200]  # a file's first key: no file straddles
     assert split_points(files, 4) == [100, 200, 300]
+
+
+def test_a_boundary_cuts_the_smaller_side_where_the_sides_disagree() -> None:
+    # TPC-H's shape: lineitem (4x the rows) and orders, files starting a few keys apart.
+    big = [FileRange(f"l{i}", i * 1000 - (i > 0) * 9, (i + 1) * 1000 - 10, 400) for i in range(4)]
+    small = [FileRange(f"o{i}", i * 1000, (i + 1) * 1000 - 1, 100) for i in range(4)]
+    (point,) = split_points(big + small, 2)
+    assert point == 1991  # l2's start: no lineitem file straddles, one orders file does
+    assert straddled(big, [point]) == [False, False] and straddled(small, [point]) == [True, True]
+
+
+def test_straddled_says_which_ranges_need_a_filter() -> None:
+    files = [FileRange("a", 0, 99, 10), FileRange("b", 100, 250, 10), FileRange("empty", 0, 0, 0)]
+    assert straddled(files, [100, 200]) == [False, True, True]  # b spans ranges 1 and 2
+    assert straddled(files, [100, 300]) == [False, False, False]
 
 
 def test_split_points_refuse_too_few_keys() -> None:
