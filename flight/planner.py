@@ -46,6 +46,7 @@ from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, Limit
 from flight.plan.optimize import conjuncts, prune_columns, push_filters
 from flight.plan.ranges import range_selectivity
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, ShuffleReadNode, SortNode, UnionNode
+from flight.plan.replicate import replicate_small_broadcasts
 
 __all__ = ["FeedPlan", "PlannerOptions", "QueryPlan", "StageSpec", "plan_query"]
 
@@ -56,6 +57,9 @@ class PlannerOptions:
     """A join's right side estimated below this is broadcast instead of shuffled."""
     rows_per_task: int = 250_000
     """Upper stages get one task per this many estimated input rows (at most one per worker)."""
+    replicate_rows: int = 500_000
+    """A broadcast into a co-located stage whose files hold at most this many rows is read by every
+    task of that stage instead (``flight.plan.replicate``)."""
 
 
 @dataclass(frozen=True)
@@ -592,7 +596,7 @@ def plan_query(root: Node, max_tasks: int, options: PlannerOptions | None = None
         planner.rewrites.extend(notes)
     frag = planner.build(prune_columns(pushed))
     planner.cut(frag, "head")
-    stages = planner.stages
+    stages = replicate_small_broadcasts(planner.stages, planner.options.replicate_rows, planner.rewrites)
     for stage in stages:
         for read in stage.reads:
             stages[read.stage_id].consumer = stage.stage_id

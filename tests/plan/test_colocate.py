@@ -13,7 +13,7 @@ import pytest
 import flight
 from flight import agg, col
 from flight.plan.colocate import FileRange, range_files, rows_read, split_points, straddled
-from flight.planner import plan_query
+from flight.planner import PlannerOptions, plan_query
 
 # ------------------------------------------------------------------ decisions
 
@@ -86,7 +86,11 @@ def tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]:
     li = pa.table({"lk": pa.array(lkeys, pa.int64()), "qty": pa.array([i % 50 for i in range(len(lkeys))], pa.int64())})
     nulls = pa.table({"nk": pa.array([None if i % 97 == 0 else k for i, k in enumerate(okeys)], pa.int64()),
                       "v": pa.array(range(len(okeys)), pa.int64())})
+    prios = pa.table({"p": pa.array(range(5), pa.int32()), "region": pa.array([p % 2 for p in range(5)], pa.int64())})
+    regions = pa.table({"r": pa.array([0, 1], pa.int64()), "rname": ["even", "odd"]})
     return {
+        "d": _write(root / "d", "d", prios, 2, 3),
+        "r": _write(root / "r", "r", regions, 2, 1),
         "o": _write(root / "o", "o", o, 5, 1000),
         "l": _write(root / "l", "l", li, 7, 1500),
         "n": _write(root / "n", "n", nulls, 5, 1000),
@@ -123,8 +127,6 @@ def test_joins_of_clustered_files_run_in_place_and_match_duckdb(
         sql = f"SELECT o.*, l.* FROM o {_SQL[how]} l ON ok = lk"
     assert _rows(ex.to_table()) == _rows(_duck(tables).sql(sql).arrow())
     plan = ex.explain()
-    if how in ("semi", "anti"):
-        return  # the build side is larger: the planner reduces it instead (``colocated``)
     assert "co-located" in plan, plan
     assert "Broadcast" not in plan and "HashRead" not in plan.split("co-located")[1].split("Stage")[0]
 
@@ -140,6 +142,33 @@ def test_an_aggregate_over_a_co_located_join_matches_duckdb(cluster: flight.Loca
     want = _duck(tables).sql("SELECT prio, count(*) AS n, sum(qty) AS total FROM l JOIN o ON lk = ok WHERE qty < 40 GROUP BY prio").arrow()
     assert _rows(got) == _rows(want)
     assert any("co-located" in r for r in ex.plan.rewrites)
+
+
+def test_small_broadcasts_into_a_co_located_stage_are_read_by_each_task(
+    cluster: flight.LocalCluster, tables: dict[str, list[Path]]
+) -> None:
+    """``d ⋈ r`` (two small file lists, a broadcast chain of two stages) joined to a co-located join
+    is read whole by each of its tasks instead: no stage waits for another, and the rows are exact."""
+    dims = flight.read_parquet(tables["d"]).join(flight.read_parquet(tables["r"]), left_on="region", right_on="r")
+    q = (
+        flight.read_parquet(tables["l"])
+        .join(flight.read_parquet(tables["o"]), left_on="lk", right_on="ok")
+        .join(dims, left_on="prio", right_on="p")
+        .aggregate(["rname"], n=agg.count_all(), total=agg.sum("qty"))
+    )
+    ex = flight.DistributedExec(q, cluster.urls)
+    want = _duck(tables).sql(
+        "SELECT rname, count(*) AS n, sum(qty) AS total FROM l JOIN o ON lk = ok JOIN d ON prio = p JOIN r ON region = r GROUP BY rname"
+    ).arrow()
+    assert _rows(ex.to_table()) == _rows(want)
+    assert sum("is read by every task of co-located stage" in r for r in ex.plan.rewrites) == 1
+    leaf = ex.plan.stages[0]
+    assert leaf.task_roots is not None and not leaf.reads  # dims inlined: it reads no other stage
+    assert [s.stage_id for s in ex.plan.stages] == list(range(len(ex.plan.stages)))
+    assert "replicated" in ex.explain() and "BroadcastRead" not in ex.explain()
+    # Above the row limit they stay broadcasts (two stages of their own).
+    kept = plan_query(q.node, 2, PlannerOptions(replicate_rows=0))
+    assert len(kept.stages) == len(ex.plan.stages) + 2 and not any("is read by every task" in r for r in kept.rewrites)
 
 
 def test_null_keys_on_a_kept_side_are_not_co_located(cluster: flight.LocalCluster, tables: dict[str, list[Path]]) -> None:
