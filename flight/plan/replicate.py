@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from flight.feed import WorkUnitFeed
 from flight.plan.nodes import FeedScanNode, FilterNode, Node, ProjectNode
 from flight.plan.relnodes import JoinNode, ShuffleReadNode, UnionNode
-from flight.providers import FileGroups, FileListProvider
+from flight.providers import FileListProvider
 
 if TYPE_CHECKING:
     from flight.planner import FeedPlan, StageSpec
@@ -33,8 +33,6 @@ __all__ = ["replicate_small_broadcasts"]
 
 def replicate_small_broadcasts(stages: list[StageSpec], max_rows: float, rewrites: list[str]) -> list[StageSpec]:
     """``stages`` with each qualifying broadcast into a co-located stage read by that stage instead."""
-    from flight.planner import FeedPlan  # the planner imports this module
-
     by_id = {s.stage_id: s for s in stages}
     gone: set[int] = set()
     for stage in stages:
@@ -49,7 +47,7 @@ def replicate_small_broadcasts(stages: list[StageSpec], max_rows: float, rewrite
                 continue
             root, feeds, ids = _inlined(producer, by_id)
             inline[read.stage_id] = root
-            stage.feeds.extend(FeedPlan(WorkUnitFeed(_every_file(f, tasks), f.feed.feed_id), tasks) for f in feeds)
+            stage.feeds.extend(_replicated_feed(f, tasks) for f in feeds)
             gone.update(ids)
             rewrites.append(
                 f"stage {read.stage_id} (a broadcast of ~{rows:,.0f} rows of files) is read by every task of "
@@ -67,22 +65,34 @@ def replicate_small_broadcasts(stages: list[StageSpec], max_rows: float, rewrite
 
 def _rows(stage: StageSpec, by_id: dict[int, StageSpec], max_rows: float) -> float | None:
     """The rows ``stage`` and the broadcasts it reads scan, if it may be inlined and they are few enough."""
-    if stage.output_mode != "broadcast" or stage.task_roots is not None or not stage.feeds:
+    if stage.output_mode != "broadcast" or stage.task_roots is not None:
         return None
-    if any(not _per_row(n) for n in stage.root.walk()):
+    return _replicable_rows(stage.root, stage.feeds, stage.reads, max_rows, by_id)
+
+
+def _replicable_rows(
+    root: Node, feeds: list[FeedPlan], reads: list[ShuffleReadNode], max_rows: float, by_id: dict[int, StageSpec] | None = None
+) -> float | None:
+    """The rows the operators ``root`` (over ``feeds``, reading ``reads``) scan, when every task of a
+    co-located stage may compute them whole: only per-row operators over Parquet file lists, at most
+    ``max_rows`` rows, reading only broadcasts (that qualify in turn, when ``by_id`` has them)."""
+    if not feeds or any(not _per_row(n) for n in root.walk()):
         return None
     total = 0.0
-    for f in stage.feeds:
+    for f in feeds:
         provider = f.feed.inner()
         rows = provider.estimated_rows() if isinstance(provider, FileListProvider) and not f.shared else None
         if rows is None:
             return None
         total += rows
-    for read in stage.reads:
-        inner = _rows(by_id[read.stage_id], by_id, max_rows) if read.mode == "broadcast" else None
-        if inner is None:
+    for read in reads:
+        if read.mode != "broadcast":
             return None
-        total += inner
+        if by_id is not None:
+            inner = _rows(by_id[read.stage_id], by_id, max_rows)
+            if inner is None:
+                return None
+            total += inner
     return total if total <= max_rows else None
 
 
@@ -105,11 +115,13 @@ def _inlined(stage: StageSpec, by_id: dict[int, StageSpec]) -> tuple[Node, list[
     return _substitute(stage.root, inline), feeds, ids
 
 
-def _every_file(plan: FeedPlan, tasks: int) -> FileGroups:
-    """The feed's files, all of them in each of ``tasks`` partitions."""
+def _replicated_feed(plan: FeedPlan, tasks: int) -> FeedPlan:
+    """The feed (a ``FileListProvider``'s) with all its files in each of ``tasks`` partitions."""
+    from flight.planner import FeedPlan  # the planner imports this module
+
     provider = plan.feed.inner()
-    assert isinstance(provider, FileListProvider)  # _rows checked
-    return provider.grouped([provider.paths] * tasks)
+    assert isinstance(provider, FileListProvider)  # _replicable_rows checked
+    return FeedPlan(WorkUnitFeed(provider.grouped([provider.paths] * tasks), plan.feed.feed_id), tasks)
 
 
 def _substitute(node: Node, inline: dict[int, Node]) -> Node:
