@@ -17,6 +17,7 @@ taking group t; the stages left are numbered again from 0.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -124,24 +125,31 @@ def _replicated_feed(plan: FeedPlan, tasks: int) -> FeedPlan:
     return FeedPlan(WorkUnitFeed(provider.grouped([provider.paths] * tasks), plan.feed.feed_id), tasks)
 
 
-def _substitute(node: Node, inline: dict[int, Node]) -> Node:
-    """``node`` with each read of a stage in ``inline`` replaced by that stage's operators."""
-    if isinstance(node, ShuffleReadNode):
-        return inline.get(node.stage_id, node)
+def _with_children(node: Node, change: Callable[[Node], Node]) -> Node:
+    """``node`` with ``change`` applied to each child (the same object when none changed)."""
     changes: dict[str, object] = {}
     for name in ("input", "left", "right"):
         child = getattr(node, name, None)
         if isinstance(child, Node):
-            new = _substitute(child, inline)
+            new = change(child)
             if new is not child:
                 changes[name] = new
     if isinstance(node, UnionNode):
-        inputs = [_substitute(c, inline) for c in node.inputs]
+        inputs = [change(c) for c in node.inputs]
         if any(a is not b for a, b in zip(inputs, node.inputs)):
             changes["inputs"] = inputs
-    if isinstance(node, JoinNode) and any(isinstance(getattr(node, side), ShuffleReadNode) for side in changes):
+    if isinstance(node, JoinNode) and any(
+        isinstance(getattr(node, side), ShuffleReadNode) and not isinstance(changes[side], ShuffleReadNode) for side in changes
+    ):
         changes["strategy"] = node.strategy.replace("broadcast", "replicated")
     return replace(node, **changes) if changes else node  # type: ignore[type-var]
+
+
+def _substitute(node: Node, inline: dict[int, Node]) -> Node:
+    """``node`` with each read of a stage in ``inline`` replaced by that stage's operators."""
+    if isinstance(node, ShuffleReadNode):
+        return inline.get(node.stage_id, node)
+    return _with_children(node, lambda child: _substitute(child, inline))
 
 
 def _renumbered(stages: list[StageSpec]) -> list[StageSpec]:
@@ -153,14 +161,7 @@ def _renumbered(stages: list[StageSpec]) -> list[StageSpec]:
     def renumber(node: Node) -> Node:
         if isinstance(node, ShuffleReadNode):
             return replace(node, stage_id=new[node.stage_id])
-        changes: dict[str, object] = {}
-        for name in ("input", "left", "right"):
-            child = getattr(node, name, None)
-            if isinstance(child, Node):
-                changes[name] = renumber(child)
-        if isinstance(node, UnionNode):
-            changes["inputs"] = [renumber(c) for c in node.inputs]
-        return replace(node, **changes) if changes else node  # type: ignore[type-var]
+        return _with_children(node, renumber)
 
     for s in stages:
         s.stage_id = new[s.stage_id]
