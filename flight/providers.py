@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import fnmatch
+import functools
 import math
 import os
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from flight._proto import plan_pb2
 from flight.errors import FlightExecError
 from flight.feed import FeedContext, Unit, WorkUnit, WorkUnitFeedProvider, file_unit
-from flight.footers import parquet_metadata
+from flight.footers import footer_derived, parquet_metadata
 from flight.plan.colocate import FileRange
 from flight.plan.ranges import as_number
 from flight.storage import Location, open_input, parse_location, process_filesystems
@@ -148,31 +150,38 @@ def _file_ranges(paths: list[str], name: str) -> list[FileRange] | None:
     out = []
     try:
         for path in paths:
-            meta = parquet_metadata(path)
-            names = [meta.schema.column(i).path for i in range(meta.num_columns)]
-            if name not in names:
+            found = footer_derived(path, f"range {name}", functools.partial(_file_range, path, name=name))
+            if found is None:
                 return None
-            index = names.index(name)
-            low, high, nulls = math.inf, -math.inf, False
-            groups = []
-            for g in range(meta.num_row_groups):
-                stats = meta.row_group(g).column(index).statistics
-                if stats is None or not stats.has_min_max:
-                    return None
-                lo, hi = as_number(stats.min), as_number(stats.max)
-                if lo is None or hi is None:
-                    return None
-                low, high = min(low, lo), max(high, hi)
-                groups.append((lo, hi, float(meta.row_group(g).num_rows)))
-                nulls = nulls or stats.null_count is None or stats.null_count > 0
-            if meta.num_rows == 0:
-                low = high = 0.0  # no rows: read once, widening no range (rows=0 says so)
-            elif not low <= high:
-                return None
-            out.append(FileRange(path, low, high, float(meta.num_rows), nulls, tuple(groups)))
+            out.append(found)
     except (OSError, pa.ArrowException, FlightExecError, ValueError):
         return None  # a file that cannot be read fails the query where it is read, with its name
     return out
+
+
+def _file_range(path: str, meta: pq.FileMetaData, *, name: str) -> FileRange | None:
+    """One file's range of column ``name`` from its footer (None: a row group's statistics lack it)."""
+    names = [meta.schema.column(i).path for i in range(meta.num_columns)]
+    if name not in names:
+        return None
+    index = names.index(name)
+    low, high, nulls = math.inf, -math.inf, False
+    groups = []
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(index).statistics
+        if stats is None or not stats.has_min_max:
+            return None
+        lo, hi = as_number(stats.min), as_number(stats.max)
+        if lo is None or hi is None:
+            return None
+        low, high = min(low, lo), max(high, hi)
+        groups.append((lo, hi, float(meta.row_group(g).num_rows)))
+        nulls = nulls or stats.null_count is None or stats.null_count > 0
+    if meta.num_rows == 0:
+        low = high = 0.0  # no rows: read once, widening no range (rows=0 says so)
+    elif not low <= high:
+        return None
+    return FileRange(path, low, high, float(meta.num_rows), nulls, tuple(groups))
 
 
 def _footer_rows(path: str) -> int:

@@ -46,3 +46,24 @@ def test_large_footers_are_not_kept_and_the_cache_is_bounded(tmp_path: Path, mon
 def test_a_missing_file_is_an_error_naming_it(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"nothing\.parquet"):
         footers.parquet_metadata(str(tmp_path / "nothing.parquet"))
+
+
+def test_what_is_derived_from_a_footer_is_remembered_with_it_and_read_again_after_a_rewrite(tmp_path: Path) -> None:
+    path = tmp_path / "f.parquet"
+    pq.write_table(pa.table({"x": list(range(10))}), path)
+    calls: list[int] = []
+
+    def rows(meta: pq.FileMetaData) -> int:
+        calls.append(meta.num_rows)
+        return meta.num_rows
+
+    assert footers.footer_derived(str(path), "rows", rows) == 10 == pq.read_metadata(path).num_rows
+    assert footers.footer_derived(str(path), "rows", rows) == 10 and calls == [10]  # remembered
+    with pytest.raises(ZeroDivisionError):  # a failure is not remembered
+        footers.footer_derived(str(path), "broken", lambda meta: 1 // 0)
+    assert footers.footer_derived(str(path), "broken", lambda meta: 7) == 7
+    pq.write_table(pa.table({"x": list(range(25))}), path)
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert footers.footer_derived(str(path), "rows", rows) == 25 == pq.read_metadata(path).num_rows
+    assert calls == [10, 25]

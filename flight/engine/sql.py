@@ -24,10 +24,9 @@ from collections.abc import Sequence
 from decimal import Decimal
 
 import pyarrow as pa
-from pyarrow import acero
 
 from flight._proto import plan_pb2
-from flight.compute.expressions import _ipc_column, _literal, to_pyarrow_nodes
+from flight.compute.expressions import _ipc_column, _literal, bound_types, referenced_fields, to_pyarrow_nodes
 
 __all__ = ["MAX_SQL_NODES", "Untranslatable", "expression_sql", "ident", "literal", "sql_type"]
 
@@ -134,11 +133,9 @@ def node_types(msg: plan_pb2.Expression, schema: pa.Schema, field: str) -> list[
     """The type of every node of ``msg`` over ``schema``, as Acero binds them (one run over no rows)."""
     if len(msg.nodes) == 1 and msg.nodes[0].WhichOneof("kind") == "field":
         return [schema.field(msg.nodes[0].field.name).type]  # a column passed through
-    exprs = to_pyarrow_nodes(msg, field)
-    source = acero.Declaration("table_source", acero.TableSourceNodeOptions(schema.empty_table()))
-    project = acero.Declaration("project", acero.ProjectNodeOptions(exprs, [f"n{i}" for i in range(len(exprs))]))
-    out = acero.Declaration.from_sequence([source, project]).to_table().schema
-    return list(out.types)
+    used = referenced_fields(msg)
+    narrow = pa.schema([f for f in schema if f.name in used])  # the answer does not depend on the others
+    return bound_types("nodes", msg, narrow, lambda: to_pyarrow_nodes(msg, field))
 
 
 def expression_sql(

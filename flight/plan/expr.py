@@ -64,9 +64,10 @@ class Expr:
     ``==`` that returns an ``Expr``. Use ``equals`` for structural equality.
     """
 
-    __slots__ = ("_flat", "_node")
+    __slots__ = ("_fields", "_flat", "_node")
     _node: Node
     _flat: plan_pb2.Expression | None
+    _fields: frozenset[str] | None
     __hash__ = None  # type: ignore[assignment]
 
     def __init__(self, msg: plan_pb2.Expression) -> None:
@@ -78,12 +79,14 @@ class Expr:
             raise TypeError(f"Expr wraps a plan_pb2.Expression, not {msg.__class__.__name__}.")
         object.__setattr__(self, "_node", unflatten(msg))
         object.__setattr__(self, "_flat", None)
+        object.__setattr__(self, "_fields", None)
 
     @classmethod
     def _of(cls, node: Node) -> Expr:
         self = object.__new__(cls)
         object.__setattr__(self, "_node", node)
         object.__setattr__(self, "_flat", None)
+        object.__setattr__(self, "_fields", None)
         return self
 
     def __setattr__(self, name: str, value: object) -> NoReturn:
@@ -129,7 +132,11 @@ class Expr:
 
     def referenced_fields(self) -> set[str]:
         """The names of every column the expression reads."""
-        return referenced_fields(self._node)
+        fields = self._fields
+        if fields is None:  # walked once: the planner asks each expression many times
+            fields = frozenset(referenced_fields(self._node))
+            object.__setattr__(self, "_fields", fields)
+        return set(fields)
 
     def column_name(self) -> str | None:
         """The column's name if the expression is a bare column reference (``col(name)``), else None."""

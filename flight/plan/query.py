@@ -24,7 +24,7 @@ from flight._proto import plan_pb2
 from flight.arrow_types import UNITS_READER
 from flight.errors import FlightExecError, PlanError
 from flight.feed import WorkUnitFeed, WorkUnitFeedProvider
-from flight.footers import parquet_metadata
+from flight.footers import footer_derived
 from flight.plan.agg import Agg
 from flight.plan.expr import Expr, coalesce, col, output_type
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, LimitNode, Node, ProjectNode, ValuesNode
@@ -292,7 +292,7 @@ def read_parquet(
     files = _files(paths)
     if schema is None:
         try:
-            schema = parquet_metadata(files[0]).schema.to_arrow_schema()
+            schema = footer_derived(files[0], "arrow schema", lambda meta: meta.schema.to_arrow_schema())
         except (OSError, pa.ArrowException, FlightExecError) as exc:
             raise PlanError(f"cannot read the schema of {files[0]!r}: {exc}") from None
     return from_feed(FileListProvider(files, split_row_groups=split_row_groups), "parquet", schema, columns=columns)

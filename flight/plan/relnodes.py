@@ -11,11 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.acero as ac
 
 from flight._proto import plan_pb2
-from flight.compute.expressions import to_pyarrow
-from flight.compute.relational import aggregate_decl, empty_source, join_schema, output_schema
+from flight.compute.relational import aggregate_schema, join_schema
 from flight.errors import PlanError
 from flight.plan.expr import Expr, output_type
 from flight.plan.nodes import Node
@@ -61,11 +59,11 @@ class AggregateNode(Node):
                 except PlanError as exc:
                     raise PlanError(f"aggregate {c.name}: {exc}") from exc
         exprs, names_in = self._arguments()
-        source = empty_source(schema)
-        project = ac.Declaration("project", ac.ProjectNodeOptions([to_pyarrow(e.to_proto()) for e in exprs], names_in))
-        decl = aggregate_decl(ac.Declaration.from_sequence([source, project]), self.keys, self._calls())
+        # What Acero's project makes of the arguments (nullable fields, no metadata), each type
+        # bound once per process (output_type), then the aggregate's own answer, remembered too.
+        projected = pa.schema([pa.field(n, output_type(e, schema)) for e, n in zip(exprs, names_in)])
         try:
-            self._schema = output_schema(decl)
+            self._schema = aggregate_schema(projected, self.keys, self._calls())
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             raise PlanError(f"aggregate: {exc}") from exc
 

@@ -810,3 +810,46 @@ def test_lookup() -> None:
     assert lookup("round") == FunctionSpec("round", "round", 1, 1, False)
     with pytest.raises(ValueError, match="'eval' is not an allowed function"):
         lookup("eval")
+
+
+def test_bound_types_are_acero_s_remembered_and_bounded_and_errors_are_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``bound_types`` answers as an Acero project over no rows does (the oracle), decodes a
+    message once per schema, never remembers a failure, and keeps at most ``_BOUND_MAX`` answers."""
+    from flight.compute import expressions as ex
+
+    monkeypatch.setattr(ex, "_BOUND", type(ex._BOUND)())
+    monkeypatch.setattr(ex, "_BOUND_MAX", 2)
+    expr = (col("a") + lit(1.5)).to_proto()
+    decoded = []
+
+    def decode() -> list[pc.Expression]:
+        decoded.append(1)
+        return [to_pyarrow(expr)]
+
+    ints, strings = pa.schema([("a", pa.int32())]), pa.schema([("a", pa.string())])
+    oracle = acero.Declaration.from_sequence([
+        acero.Declaration("table_source", acero.TableSourceNodeOptions(ints.empty_table())),
+        acero.Declaration("project", acero.ProjectNodeOptions([to_pyarrow(expr)], ["x"])),
+    ]).to_table().schema.field(0).type
+    assert ex.bound_types("root", expr, ints, decode) == [oracle]
+    assert ex.bound_types("root", expr, ints, decode) == [oracle] and len(decoded) == 1  # remembered
+    for _ in range(2):  # over strings it does not bind, and the refusal is not remembered
+        with pytest.raises(pa.ArrowNotImplementedError):
+            ex.bound_types("root", expr, strings, decode)
+    assert len(decoded) == 3
+    ex.bound_types("nodes", expr, ints, lambda: to_pyarrow_nodes_of(expr))
+    ex.bound_types("root", expr, pa.schema([("a", pa.int64())]), decode)
+    assert len(ex._BOUND) == 2
+
+
+def to_pyarrow_nodes_of(msg: plan_pb2.Expression) -> list[pc.Expression]:
+    from flight.compute.expressions import to_pyarrow_nodes
+
+    return to_pyarrow_nodes(msg)
+
+
+def test_referenced_fields_are_walked_once_and_handed_out_as_a_fresh_set() -> None:
+    e = col("a") + col("b") * col("a")
+    first = e.referenced_fields()
+    first.add("zzz")
+    assert e.referenced_fields() == {"a", "b"} == referenced_fields(e.to_proto())

@@ -707,3 +707,32 @@ def test_join_and_aggregate_schemas_are_acero_s_and_remembered() -> None:
     size = rel._aggregate_schema.cache_info().currsize
     assert rel.aggregate_schema(wide, ["c00000"], [("count_all", "", "n")]).names == ["c00000", "n"]
     assert rel._aggregate_schema.cache_info().currsize == size
+
+
+def test_an_aggregate_s_schema_is_what_acero_makes_of_the_same_plan() -> None:
+    """The planner types an aggregate from its arguments' types (remembered binds) and the remembered
+    aggregate schema; the oracle is Acero running the project and the aggregate over no rows."""
+    import pyarrow.compute as pc
+
+    schema = pa.schema([
+        pa.field("k", pa.string(), nullable=False), ("d", pa.decimal128(12, 2)), ("i", pa.int32()), ("f", pa.float32()),
+        ("t", pa.date32()),
+    ], metadata={b"origin": b"test"})
+    q = flight.from_arrow(schema.empty_table()).aggregate(
+        ["k"], s=agg.sum(col("d") * col("d")), m=agg.mean(col("i")), n=agg.count_all(),
+        c=agg.count(col("f")), lo=agg.min(col("t")), hi=agg.max(col("i") + col("f")), cd=agg.count_distinct(col("k")),
+    )
+    oracle = ac.Declaration.from_sequence([
+        ac.Declaration("table_source", ac.TableSourceNodeOptions(schema.empty_table())),
+        ac.Declaration("project", ac.ProjectNodeOptions(
+            [pc.field("k"), pc.multiply_checked(pc.field("d"), pc.field("d")), pc.field("i"),
+             pc.field("f"), pc.field("t"), pc.add_checked(pc.field("i"), pc.field("f"))],
+            ["k", "a1", "a2", "a3", "a4", "a5"])),
+        ac.Declaration("aggregate", ac.AggregateNodeOptions(
+            [("a1", "hash_sum", None, "s"), ("a2", "hash_mean", None, "m"), ([], "hash_count_all", None, "n"),
+             ("a3", "hash_count", pc.CountOptions("only_valid"), "c"), ("a4", "hash_min", None, "lo"),
+             ("a5", "hash_max", None, "hi"), ("k", "hash_count_distinct", pc.CountOptions("only_valid"), "cd")],
+            keys=["k"])),
+    ]).to_table().schema
+    assert q.schema == oracle and not q.schema.metadata
+    assert flight.from_arrow(schema.empty_table()).aggregate([], n=agg.count_all()).schema == pa.schema([("n", pa.int64())])
