@@ -7,8 +7,11 @@ exceptions into the most specific ``WorkerError``.
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -28,7 +31,7 @@ from flight.errors import (
 from flight.protocol import error_info_of, format_stage_key, status_message
 from flight.security import Security, connect
 
-__all__ = ["ClientPool", "error_from_info", "health_check", "read_stream", "translate_flight_error"]
+__all__ = ["ClientPool", "error_from_info", "health_check", "read_stream", "shared_pool", "translate_flight_error"]
 
 log = logging.getLogger(__name__)
 
@@ -79,30 +82,43 @@ def translate_flight_error(exc: BaseException, url: str, stage_key: str = "") ->
 
 
 class ClientPool:
-    """One FlightClient per worker URL (clients are thread-safe), for a query or a worker's life.
+    """One FlightClient per worker URL (clients are thread-safe), for a worker's life or a process's.
 
-    Every client presents ``security``'s credentials (``flight.security.connect``).
+    Every client presents ``security``'s credentials (``flight.security.connect``). At most
+    ``max_clients`` are kept: the longest unused is let go (a query still using it keeps it
+    alive until it is done; pyarrow closes a client nothing refers to).
     """
 
-    def __init__(self, security: Security | None = None) -> None:
+    def __init__(self, security: Security | None = None, max_clients: int = 256) -> None:
         self._security = security
-        self._clients: dict[str, fl.FlightClient] = {}
+        self._clients: OrderedDict[str, fl.FlightClient] = OrderedDict()
+        self._max = max_clients
         self._lock = threading.Lock()
 
     def get(self, url: str) -> fl.FlightClient:
         with self._lock:
             client = self._clients.get(url)
-            if client is None:
-                try:
-                    client = connect(url, self._security)
-                except (pa.ArrowException, OSError) as exc:
-                    raise translate_flight_error(exc, url) from exc
-                self._clients[url] = client
+            if client is not None:
+                self._clients.move_to_end(url)
+                return client
+            try:
+                client = connect(url, self._security)
+            except (pa.ArrowException, OSError) as exc:
+                raise translate_flight_error(exc, url) from exc
+            self._clients[url] = client
+            while len(self._clients) > self._max:
+                self._clients.popitem(last=False)
             return client
+
+    def forget(self, url: str) -> None:
+        """Let go of ``url``'s client (its worker was unreachable): the next ``get`` connects anew,
+        rather than wait out the gRPC channel's reconnect backoff."""
+        with self._lock:
+            self._clients.pop(url, None)
 
     def close(self) -> None:
         with self._lock:
-            clients, self._clients = list(self._clients.values()), {}
+            clients, self._clients = list(self._clients.values()), OrderedDict()
         for client in clients:
             try:
                 client.close()
@@ -136,3 +152,34 @@ def health_check(url: str, timeout: float, security: Security | None = None) -> 
     if [r.body.to_pybytes() for r in results] != [b"ok"]:
         return WorkerUnavailableError(f"worker {url} answered the health check with {results!r}", worker_url=url)
     return None
+
+
+def shared_pool(security: Security | None = None) -> ClientPool:
+    """This process's clients for ``security``: every query of the process uses them.
+
+    Why: a client is a gRPC channel, and a new channel connects (TCP, HTTP/2) on its first
+    call; a query's tasks opened on fresh clients waited 0.6-0.9 ms more each (TPC-H Q6,
+    three tasks). Kept per credentials (``Security`` compares by value), so a query never
+    calls with another's token or certificate, and per process: a forked child (a Spark
+    Python worker) makes its own rather than use channels it inherited.
+    """
+    key = (os.getpid(), security or Security())
+    with _shared_lock:
+        pool = _SHARED.get(key)
+        if pool is None:
+            pool = _SHARED[key] = ClientPool(security)
+        return pool
+
+
+_SHARED: dict[tuple[int, Security], ClientPool] = {}
+_shared_lock = threading.Lock()
+
+
+@atexit.register
+def _close_shared() -> None:
+    """Close the kept clients before the interpreter winds down (gRPC objects alive then complain)."""
+    with _shared_lock:
+        pools = [p for (pid, _), p in _SHARED.items() if pid == os.getpid()]
+        _SHARED.clear()
+    for pool in pools:
+        pool.close()

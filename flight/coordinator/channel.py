@@ -20,6 +20,7 @@ from flight._proto import protocol_pb2
 from flight.clients import error_from_info, translate_flight_error
 from flight.errors import FlightExecError, ProtocolError, TaskFailedError, WorkerBusyError, WorkerError, WorkerUnavailableError
 from flight.protocol import decode_schema, decode_worker_frame, format_stage_key, status_message
+from flight.threads import spawn
 
 __all__ = ["TaskChannel"]
 
@@ -85,8 +86,7 @@ class TaskChannel:
         # One thread started here; the reader starts the heartbeats. Starting a thread waits for it to
         # run, about 0.8 ms on a busy coordinator, and a query's channels are opened one after
         # another: a second start here delayed the last of TPC-H Q5's 12 tasks by about 10 ms.
-        self._reading = threading.Thread(target=self._read, name=f"channel-{self.key}", daemon=True)
-        self._reading.start()
+        spawn(self._read, name=f"channel-{self.key}")
 
     def _keep_alive(self) -> None:
         """Heartbeats to the worker, and the watch for a worker that went silent.
@@ -245,7 +245,7 @@ class TaskChannel:
 
     def _read(self) -> None:
         assert self._reader is not None
-        threading.Thread(target=self._keep_alive, name=f"beat-{self.key}", daemon=True).start()
+        spawn(self._keep_alive, name=f"beat-{self.key}")
         try:
             while True:
                 try:

@@ -55,6 +55,7 @@ from flight.coordinator.state import FeedState, SlotStats
 from flight.estimate import DiscoverySample
 from flight.feed import FeedContext, LatencyStats, Unit, WorkUnit, WorkUnitFeed, now_ns, unit_bytes
 from flight.resolver import normalize_url
+from flight.threads import spawn
 
 __all__ = ["FeedDispatcher", "PartitionStats", "Source"]
 
@@ -153,7 +154,7 @@ class FeedDispatcher:
             self._apply_locked(TaskReplaced(lost, channel.key, channel.url, time.monotonic()))
             sending = self._sending and not self.cancelled.is_set()
         if sending:
-            threading.Thread(target=self._send, args=(box,), name=f"send-{channel.key}", daemon=True).start()
+            spawn(self._send, box, name=f"send-{channel.key}")
 
     def task_ready(self, channel: TaskChannel) -> None:
         """A replacement task accepted its header: its units may go out."""
@@ -214,20 +215,20 @@ class FeedDispatcher:
         def start_all() -> None:
             for source in todo:
                 name = f"discover-{source.feed.feed_id}-{source.partition}"
-                threading.Thread(target=self._discover, args=(source,), name=name, daemon=True).start()
+                spawn(self._discover, source, name=name)
 
         if len(todo) == 1:
             start_all()
         elif todo:
-            threading.Thread(target=start_all, name=f"discovery-{self.query_id}", daemon=True).start()
+            spawn(start_all, name=f"discovery-{self.query_id}")
 
     def start_sending(self) -> None:
         with self._cond:
             self._sending = True
             boxes = list(self._boxes.values())
         for box in boxes:
-            threading.Thread(target=self._send, args=(box,), name=f"send-{box.channel.key}", daemon=True).start()
-        threading.Thread(target=self._tick, name=f"feeds-{self.query_id}", daemon=True).start()
+            spawn(self._send, box, name=f"send-{box.channel.key}")
+        spawn(self._tick, name=f"feeds-{self.query_id}")
         self._apply(StartSending(time.monotonic()))
 
     def stop(self, reason: str = "the query ended") -> None:

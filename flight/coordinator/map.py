@@ -28,6 +28,7 @@ from flight.plan.nodes import ExchangeInputNode
 from flight.plan.query import Query
 from flight.protocol import decode_worker_frame, format_stage_key, new_secret
 from flight.security import Security, connect
+from flight.threads import Job, spawn
 
 __all__ = ["map_batches"]
 
@@ -162,10 +163,8 @@ def map_batches(
         except (pa.ArrowException, OSError) as exc:
             log.debug("task %s: sending InputEnd: %s", label, exc)
 
-    thread = threading.Thread(target=upload, name=f"map-upload-{label}", daemon=True)
-    thread.start()
-    beating = threading.Thread(target=beat, name=f"map-beat-{label}", daemon=True)
-    beating.start()
+    thread = spawn(upload, name=f"map-upload-{label}")
+    beating = spawn(beat, name=f"map-beat-{label}")
     finished = False
     try:
         while True:
@@ -209,7 +208,7 @@ def _close(
     writer: fl.FlightStreamWriter,
     reader: fl.FlightStreamReader,
     client: fl.FlightClient,
-    threads: tuple[threading.Thread, threading.Thread],
+    threads: tuple[Job, Job],
     stop: threading.Event,
     label: str,
 ) -> None:

@@ -43,6 +43,7 @@ from flight.coordinator.units import UnitGate
 from flight.errors import FlightExecError, ProtocolError, WorkerError, WorkerUnavailableError
 from flight.limits import clip
 from flight.protocol import format_stage_key, taggable
+from flight.threads import spawn
 
 if TYPE_CHECKING:
     from flight.config import ExecOptions
@@ -163,7 +164,7 @@ class Replay:
         except FlightExecError as exc:
             run.fail(exc)
             return
-        threading.Thread(target=self._start, args=(channel,), name=f"replace-{channel.key}", daemon=True).start()
+        spawn(self._start, channel, name=f"replace-{channel.key}")
 
     def _start(self, channel: TaskChannel) -> None:
         run = self.run

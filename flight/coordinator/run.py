@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from flight._proto import plan_pb2, protocol_pb2
 from flight.arrow_types import UNIT_COLUMN, UNIT_TYPE
-from flight.clients import ClientPool, read_stream, translate_flight_error
+from flight.clients import read_stream, shared_pool, translate_flight_error
 from flight.coordinator.channel import TaskChannel
 from flight.coordinator.dispatch import FeedDispatcher, Source
 from flight.coordinator.headers import task_header
@@ -49,10 +49,12 @@ from flight.errors import (
     TaskCancelledError,
     WorkerBusyError,
     WorkerError,
+    WorkerUnavailableError,
 )
 from flight.planner import StageSpec
 from flight.protocol import COMPRESSION, encode_schema, make_stage_key, new_secret
 from flight.resolver import normalize_url
+from flight.threads import spawn
 
 if TYPE_CHECKING:
     from flight.coordinator.exec import DistributedExec
@@ -97,7 +99,7 @@ class Run:
         self.admitted = False  # every task accepted: from then on any error fails the query
         self.secret = ex.query_secret = new_secret()  # in every header and ticket: the query id alone opens nothing
         self.retries = 0
-        self.clients = ClientPool(self.options.security)
+        self.clients = shared_pool(self.options.security)
         self.results: queue.Queue[object] = queue.Queue(maxsize=max(1, self.options.result_queue_batches))
         self.error: BaseException | None = None
         self.failed = threading.Event()
@@ -133,6 +135,8 @@ class Run:
 
     def fail(self, error: BaseException) -> None:
         """Record the first failure and stop everything; later errors are consequences."""
+        if isinstance(error, WorkerUnavailableError) and error.worker_url:
+            self.clients.forget(error.worker_url)  # a restarted worker gets a fresh connection
         with self.lock:
             if self.error is not None:
                 return
@@ -209,7 +213,7 @@ class Run:
     def start(self) -> Iterator[pa.RecordBatch]:
         self.launch()
         for channel in self.by_stage[self.plan.head.stage_id]:
-            threading.Thread(target=self._read_output, args=(channel,), name=f"doget-{channel.key}", daemon=True).start()
+            spawn(self._read_output, channel, name=f"doget-{channel.key}")
         return self._batches()
 
     def launch(self) -> None:
@@ -335,6 +339,8 @@ class Run:
         if isinstance(error, WorkerBusyError) and not self.admitted:
             return  # wait_ready raises it, and _admit retries
         if self.replay is not None and self.admitted and self.replay.watches(channel):
+            if isinstance(error, WorkerUnavailableError):
+                self.clients.forget(channel.url)
             self.replay.lost(channel, error)
             return
         self.fail(error)
@@ -461,7 +467,6 @@ class Run:
             self._timer.cancel()
         for channel in self.channels:
             channel.finish()
-        self.clients.close()
         self.ex.metrics = QueryMetrics(
             query_id=self.query_id,
             elapsed_s=time.perf_counter() - self.started,

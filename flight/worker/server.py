@@ -54,6 +54,7 @@ from flight.protocol import (
     status_error,
     status_message,
 )
+from flight.threads import Job, spawn
 from flight.worker.admission import INPUT_RESERVE_BYTES, Admission, Capacity, Need
 from flight.worker.auth import MIDDLEWARE_KEY, ServerSecurity, TokenAuth, is_anonymous, same_secret
 from flight.worker.boundary import error_boundary
@@ -188,14 +189,13 @@ class WorkerServer(fl.FlightServerBase):
             task.cancel("rejected")
             raise self._reject(sender, exc, header.stage_key) from None
         log.debug("task %s started (%d feed partitions)", task.key, len(task.inboxes))
-        runner = threading.Thread(target=self._run, args=(task, output, sender), name=f"task-{task.key}", daemon=True)
         interval = clamp(opts.heartbeat_ms or DEFAULT_HEARTBEAT_MS, MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS) / 1000
         ended = threading.Event()
-        beat = threading.Thread(target=heartbeats, args=(sender, ended, interval), name=f"beat-{task.key}", daemon=True)
+        runner: Job | None = None
         try:
             self._send_ready(task, sender)
-            runner.start()
-            beat.start()
+            runner = spawn(self._run, task, output, sender, name=f"task-{task.key}")
+            spawn(heartbeats, sender, ended, interval, name=f"beat-{task.key}")
             # This thread reads the coordinator's side until it half-closes or goes away;
             # the reader is only valid while this handler runs, so it is read nowhere else.
             read_frames(task, reader)
@@ -207,7 +207,7 @@ class WorkerServer(fl.FlightServerBase):
         finally:
             ended.set()
             task.cancel("the task ended")
-            if runner.is_alive():
+            if runner is not None and runner.is_alive():
                 runner.join(timeout=_RUNNER_STOP_S)
             sender.close()
             self.registry.remove(task)

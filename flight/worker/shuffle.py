@@ -20,6 +20,7 @@ from flight._proto import protocol_pb2
 from flight.clients import ClientPool, read_stream
 from flight.errors import FlightExecError, TaskFailedError, WorkerUnavailableError
 from flight.protocol import format_stage_key, status_message
+from flight.threads import spawn
 from flight.worker.auth import same_secret
 from flight.worker.tasks import Task, TaskRegistry
 
@@ -89,10 +90,9 @@ def read_partitions(
         except Exception as exc:  # noqa: BLE001 - anything else must still reach the consumer, or it waits
             offer(TaskFailedError(f"reading task {name} on {url}: {type(exc).__name__}: {exc}"))
 
-    threads = [threading.Thread(target=pump, args=p, name=f"shuffle-{task.key}", daemon=True) for p in producers]
-    for t in threads:
-        t.start()
-    pending = len(threads)
+    pending = len(producers)
+    for p in producers:
+        spawn(pump, *p, name=f"shuffle-{task.key}")
     try:
         while pending:
             try:

@@ -1,0 +1,80 @@
+"""``flight.threads.spawn``: a function on a thread of its own, without waiting for a thread to start.
+
+The oracle is the threading module itself: thread identities, names and ``threading.excepthook``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from support import wait_until
+
+from flight import threads
+
+
+def test_a_spawned_function_runs_with_its_arguments_under_its_name_and_can_be_joined() -> None:
+    seen: list[tuple[str, int]] = []
+    gate = threading.Event()
+
+    def work(a: str, b: int) -> None:
+        gate.wait(10)
+        seen.append((threading.current_thread().name, a, b))  # type: ignore[arg-type]
+
+    job = threads.spawn(work, "x", 2, name="worker-x")
+    assert job.is_alive() and job.name == "worker-x"
+    job.join(0.05)
+    assert job.is_alive() and not seen  # still waiting at the gate
+    gate.set()
+    job.join(10)
+    assert not job.is_alive() and seen == [("worker-x", "x", 2)]
+
+
+def test_an_idle_thread_takes_the_next_function_and_loses_the_last_one_s_name() -> None:
+    threads.spawn(lambda: None, name="first").join(10)
+    wait_until(lambda: any(t.name == "flight-idle" for t in threading.enumerate()), what="an idle pool thread")
+    before = {t.ident for t in threading.enumerate()}
+    idents: list[int | None] = []
+    threads.spawn(lambda: idents.append(threading.get_ident()), name="second").join(10)
+    assert idents and idents[0] in before  # a thread that was already there ran it: no thread was started
+    assert "first" not in {t.name for t in threading.enumerate()}
+
+
+def test_functions_that_wait_for_each_other_all_get_a_thread() -> None:
+    """No bound: 40 functions that each wait until all 40 run would deadlock on a bounded pool."""
+    barrier = threading.Barrier(40, timeout=20)
+    jobs = [threads.spawn(barrier.wait, name=f"b{i}") for i in range(40)]
+    for job in jobs:
+        job.join(30)
+    assert not any(job.is_alive() for job in jobs) and not barrier.broken
+
+
+def test_an_escaping_exception_goes_to_threading_excepthook_and_the_thread_serves_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    caught: list[tuple[type[BaseException], str, str]] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: caught.append((args.exc_type, str(args.exc_value), args.thread.name)))
+
+    def boom() -> None:
+        raise ValueError("bad unit")
+
+    job = threads.spawn(boom, name="boom")
+    job.join(10)
+    assert caught == [(ValueError, "bad unit", "boom")] and not job.is_alive()
+    after = threads.spawn(lambda: None, name="after")
+    after.join(10)
+    assert not after.is_alive()
+
+
+def test_idle_threads_end_after_idle_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(threads, "IDLE_S", 0.2)
+    with threads._POOL._lock:  # threads idle since earlier tests wait again, with the new IDLE_S
+        threads._POOL._ready.notify_all()
+        threads._POOL._wake_starter.notify_all()
+    jobs = [threads.spawn(time.sleep, 0.3, name=f"sleep-{i}") for i in range(6)]  # more than are idle: new threads
+    for job in jobs:
+        job.join(10)
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name in ("flight-idle", "flight-thread-starter")], timeout=15,
+               what="idle pool threads to end")
+    job = threads.spawn(lambda: None, name="later")  # and the pool starts threads again afterwards
+    job.join(10)
+    assert not job.is_alive()
