@@ -253,8 +253,8 @@ class _Planner:
     def aggregate(self, node: AggregateNode) -> _Frag:
         f = self.build(node.input)
         rows = 1.0 if not node.keys else (None if f.rows is None else max(1.0, f.rows * 0.1))
-        if f.tasks == 1:
-            return self.wrap(f, AggregateNode(f.node, node.keys, node.calls, node.label_text), rows)
+        if f.tasks == 1 or node.partial:  # partial: a sunk pre-aggregate (flight.plan.eager), merged above
+            return self.wrap(f, AggregateNode(f.node, node.keys, node.calls, node.label_text, partial=node.partial), rows)
         mode = "hash" if node.keys else "gather"
         tasks = self.upper_tasks(f.rows) if node.keys else 1
         if any(c.function == "count_distinct" for c in node.calls):

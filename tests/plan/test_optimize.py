@@ -674,3 +674,51 @@ def test_eager_aggregation_only_where_it_is_exact(data: Data) -> None:
     for q in (by_v, full, shared):
         assert not any(EAGER in r for r in plan(q).rewrites)
     assert not any(EAGER in r for r in plan(_eager_query(data, "left", {"c": agg.count("n")}), tasks=1).rewrites)
+
+
+SUNK = "pre-aggregated by"
+
+
+def _sunk_query(data: Data, how: str = "inner", lookup: flight.Query | None = None) -> flight.Query:
+    """Sums of the L-R join's columns grouped by a column of B, joined on R's key: B is the lookup."""
+    pairs = data.read("L").select("id", "k", "v").join(data.read("R").select("rid", "rk", "n"), left_on="k", right_on="rk")
+    b = lookup if lookup is not None else data.read("B")
+    return pairs.join(b, left_on="rk", right_on="bk", how=how).aggregate(
+        ["w", "k"], total=agg.sum("v"), c=agg.count("n"), lo=agg.min("id"), hi=agg.max("n")
+    )
+
+
+@pytest.mark.parametrize("setup", [pytest.param(SHUFFLE, id=SHUFFLE[0]), pytest.param(BROADCAST, id=BROADCAST[0])])
+@pytest.mark.parametrize("how", ["left", "inner"])
+def test_an_aggregate_over_a_join_and_a_lookup_is_pre_aggregated_below_the_lookup(
+    cluster: flight.LocalCluster, data: Data, how: str, setup: tuple
+) -> None:
+    # B has ~66 rows per key and null keys, L and R duplicate and null keys: each pre-aggregated
+    # row must count once per B row it meets, as each of its rows did.
+    got, ex = run(cluster, setup, _sunk_query(data, how))
+    assert any(SUNK in r for r in ex.plan.rewrites), ex.plan.rewrites
+    sunk = [a for a in nodes(ex.plan, AggregateNode) if a.label_text == "EagerAggregate"]
+    assert [(a.keys, a.partial) for a in sunk] == [(["k", "rk"], True)], "grouped by what the joins above read, per task"
+    assert isinstance(sunk[0].input, JoinNode) and sunk[0].input.right_keys == ["rk"], "right above the L-R join"
+    sql = (
+        f"SELECT b.w, l.k, sum(l.v), count(r.n), min(l.id), max(r.n) FROM L l JOIN R r ON l.k = r.rk "
+        f"{_SQL_JOIN[how]} B b ON r.rk = b.bk GROUP BY b.w, l.k"
+    )
+    assert_rows(got, data.sql(sql))
+
+
+def test_pre_aggregates_only_below_a_join_beside_a_lookup(data: Data) -> None:
+    assert any(SUNK in r for r in plan(_sunk_query(data)).rewrites)
+    # A filtered lookup may drop most rows: aggregating first would be work for nothing.
+    filtered = _sunk_query(data, lookup=data.read("B").filter(col("w") < 5))
+    # An argument from the lookup side; a mean (no merge); the aggregated side a scan, not a join.
+    other_side = data.read("L").select("id", "k", "v").join(data.read("R").select("rid", "rk", "n"), left_on="k", right_on="rk")
+    other_side = other_side.join(data.read("B"), left_on="rk", right_on="bk").aggregate(["k"], t=agg.sum("w"))
+    mean = data.read("L").select("k", "v").join(data.read("R").select("rk", "n"), left_on="k", right_on="rk")
+    mean = mean.join(data.read("B"), left_on="rk", right_on="bk").aggregate(["w"], m=agg.mean("v"))
+    scan = data.read("L").select("k", "v").join(data.read("B"), left_on="k", right_on="bk").aggregate(["w"], t=agg.sum("v"))
+    for q in (filtered, mean, scan):
+        assert not any(SUNK in r for r in plan(q).rewrites), q.explain()
+    # other_side: the sum reads B's column, so the pre-aggregate may only go onto B's side, a scan.
+    assert not any(SUNK in r for r in plan(other_side).rewrites)
+    assert not any(SUNK in r for r in plan(_sunk_query(data), tasks=1).rewrites)
