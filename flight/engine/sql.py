@@ -319,7 +319,11 @@ def _is_in(call: plan_pb2.Call, arg: str, t: pa.DataType, truthy: bool = False) 
 def _match(fn: str, opts: plan_pb2.MatchSubstringOptions, arg: str) -> str:
     pattern = _string(opts.pattern)
     if fn == "match_like":
-        return f"({arg} {'ILIKE' if opts.ignore_case else 'LIKE'} {pattern} ESCAPE '\\')"
+        # pyarrow's backslash escapes; DuckDB's LIKE has no escape character unless told. ESCAPE
+        # only when the pattern has a backslash: with it, DuckDB matches row by row, without it
+        # '%a%b%' becomes substring searches (TPC-H Q13's orders scan: 153 -> 117 ms).
+        escape = " ESCAPE '\\'" if "\\" in opts.pattern else ""
+        return f"({arg} {'ILIKE' if opts.ignore_case else 'LIKE'} {pattern}{escape})"
     if fn == "match_substring_regex":
         return f"regexp_matches({arg}, {pattern}{', ' + repr('i') if opts.ignore_case else ''})"
     if opts.ignore_case:

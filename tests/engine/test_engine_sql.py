@@ -170,3 +170,19 @@ def test_is_in_in_a_predicate_keeps_the_rows_pyarrow_keeps(expr: Expr, oracle: C
     """Where a predicate's null and false both drop the row, ``is_in`` may be DuckDB's plain IN
     (pushed into Parquet scans); under NOT or a comparison it keeps pyarrow's never-null meaning."""
     assert _kept_by_duckdb(expr) == _kept(oracle())
+
+
+ODD = pa.table({"s": pa.array(["100%", "100", "a_b", "axb", "back\\slash", "back/slash", "%_\\", "", None], pa.string())})
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["%0\\%", "%\\_%", "a_b", "%\\\\%", "back\\\\slash", "%a%b%", "\\%%", "%", "_"],
+)
+@pytest.mark.parametrize("ignore_case", [False, True])
+def test_like_escapes_as_pyarrow_does(pattern: str, ignore_case: bool) -> None:
+    # A backslash escapes the next character in pyarrow's patterns; DuckDB's LIKE is told so only
+    # when the pattern has one (its plain LIKE is faster): both forms must keep pyarrow's rows.
+    got = duckdb_evaluate(col("s").like(pattern, ignore_case=ignore_case), ODD)
+    want = pc.match_like(ODD["s"], pattern, ignore_case=ignore_case)
+    assert got.to_pylist() == want.to_pylist(), pattern
