@@ -141,12 +141,13 @@ def run_duckdb(
     batch_rows: int,
     delay: Callable[[int], None],
     scan_reader: Callable[[plan_pb2.FeedScan, str], pa.RecordBatchReader],
+    read_partitions: Callable[[list[tuple[str, bytes]], int, int], Iterator[pa.RecordBatch]],
     on_cancel: Callable[[Callable[[], None]], None] | None = None,
 ) -> pa.RecordBatchReader:
     """The task's output stream, computed by DuckDB; ``Untranslatable`` if it cannot be (use Acero)."""
     if not worth_it(plan.root):
         raise Untranslatable("nothing to compute that DuckDB does better: Acero streams it batch by batch")
-    task = _Task(inputs, schemas, roots, batch_rows, delay, scan_reader, _database(roots))  # type: ignore[arg-type]
+    task = _Task(inputs, schemas, roots, batch_rows, delay, scan_reader, read_partitions, _database(roots))  # type: ignore[arg-type]
     try:
         # Joined scans (a co-located join's sides) are one query over all of each side's files:
         # DuckDB then picks the build side and reads every file itself.

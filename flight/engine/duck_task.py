@@ -73,6 +73,8 @@ class _Task:
     delay: Callable[[int], None]
     scan_reader: Callable[[plan_pb2.FeedScan, str], pa.RecordBatchReader]
     """The pyarrow reader of a feed scan this module does not fuse (CSV, IPC, extensions, ``units``)."""
+    read_partitions: Callable[[list[tuple[str, bytes]], int, int], Iterator[pa.RecordBatch]]
+    """Other stages' output (``scan.Env.read_partitions``: after what was read ahead)."""
     db: duckdb.DuckDBPyConnection
     """The worker's database (``duck._database``): the task's cursors are its connections."""
     cursors: list[duckdb.DuckDBPyConnection] = field(default_factory=list)

@@ -72,7 +72,7 @@ class _Translator:
             rd = op.shuffle_read
             producers = [(p.url, p.stage_key) for p in rd.producers]
             where = f"stage {rd.stage_id} output"
-            read = task.inputs.read_partitions(producers, rd.partition_start, rd.partition_end)
+            read = task.read_partitions(producers, rd.partition_start, rd.partition_end)
             return f"SELECT * FROM {task.source(schema, (conform(b, schema, where) for b in read))}"
         if kind == "filter":
             child_schema = task.schemas[f"{here}.input"]

@@ -120,3 +120,27 @@ def test_both_engines_answer_alike(cluster: flight.LocalCluster, acero_cluster: 
     acero = flight.DistributedExec(query, acero_cluster.urls).to_table()
     assert duck.schema == acero.schema
     assert duck.to_pylist() == acero.to_pylist()
+
+
+@pytest.mark.parametrize("groups", [7, 20_000], ids=["few", "many"])
+def test_a_stage_over_few_rows_of_other_stages_runs_on_acero(cluster: flight.LocalCluster, tmp_path: Path, groups: int) -> None:
+    # The final aggregate reads the partial aggregates of two tasks: a few rows (Acero: DuckDB's
+    # start would cost more), or more than SMALL_INPUT_ROWS (DuckDB). The answer is the same.
+    n = 60_000
+    table = pa.table({"g": pa.array([i % groups for i in range(n)], pa.int64()), "v": pa.array(range(n), pa.int64())})
+    files = []
+    for i in range(4):
+        path = tmp_path / f"g{groups}-{i}.parquet"
+        pq.write_table(table.slice(i * n // 4, n // 4), path)
+        files.append(path)
+    query = flight.read_parquet(files).aggregate(["g"], s=flight.agg.sum(col("v")), c=flight.agg.count_all())
+    ex = flight.DistributedExec(query, cluster.urls)
+    got = ex.to_table().sort_by("g")
+    want = table.group_by("g").aggregate([("v", "sum"), ("v", "count")]).sort_by("g")
+    assert got["g"].to_pylist() == want["g"].to_pylist()
+    assert got["s"].to_pylist() == want["v_sum"].to_pylist()
+    assert got["c"].to_pylist() == want["v_count"].to_pylist()
+    assert ex.metrics is not None
+    final = [t for t in ex.metrics.tasks if t.rows_in > 0]
+    assert final, "the final aggregate read the partial ones"
+    assert {t.engine for t in final} == {"acero" if groups < 8192 else "duckdb"}, [(t.stage_key, t.rows_in, t.engine) for t in final]
