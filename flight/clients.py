@@ -161,9 +161,9 @@ def shared_pool(security: Security | None = None) -> ClientPool:
     call; a query's tasks opened on fresh clients waited 0.6-0.9 ms more each (TPC-H Q6,
     three tasks). Kept per credentials (``Security`` compares by value), so a query never
     calls with another's token or certificate, and per process: a forked child (a Spark
-    Python worker) makes its own rather than use channels it inherited.
+    Python worker) starts with none rather than use channels it inherited.
     """
-    key = (os.getpid(), security or Security())
+    key = security or Security()
     with _shared_lock:
         pool = _SHARED.get(key)
         if pool is None:
@@ -171,15 +171,24 @@ def shared_pool(security: Security | None = None) -> ClientPool:
         return pool
 
 
-_SHARED: dict[tuple[int, Security], ClientPool] = {}
+_SHARED: dict[Security, ClientPool] = {}
 _shared_lock = threading.Lock()
+
+
+def _forget_inherited() -> None:
+    global _shared_lock
+    _SHARED.clear()  # the parent's channels: its to use and close, not the child's
+    _shared_lock = threading.Lock()  # a parent thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_forget_inherited)
 
 
 @atexit.register
 def _close_shared() -> None:
     """Close the kept clients before the interpreter winds down (gRPC objects alive then complain)."""
     with _shared_lock:
-        pools = [p for (pid, _), p in _SHARED.items() if pid == os.getpid()]
+        pools = list(_SHARED.values())
         _SHARED.clear()
     for pool in pools:
         pool.close()

@@ -19,6 +19,7 @@ a ``threading.Thread`` is (``threading.excepthook``).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -126,6 +127,9 @@ class _Pool:
 
 
 _POOL = _Pool()
+# A forked child (a Spark Python worker) has none of the parent's threads: it starts from an empty
+# pool, or it would queue functions for idle threads that are not there.
+os.register_at_fork(after_in_child=lambda: _Pool.__init__(_POOL))
 
 
 def spawn(target: Callable[..., Any], *args: Any, name: str) -> Job:

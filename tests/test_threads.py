@@ -5,6 +5,7 @@ The oracle is the threading module itself: thread identities, names and ``thread
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -78,3 +79,21 @@ def test_idle_threads_end_after_idle_s(monkeypatch: pytest.MonkeyPatch) -> None:
     job = threads.spawn(lambda: None, name="later")  # and the pool starts threads again afterwards
     job.join(10)
     assert not job.is_alive()
+
+
+def test_a_forked_child_gets_threads_of_its_own() -> None:
+    """A Spark Python worker is a fork: the parent's idle threads are not in the child, so the
+    child must not hand them functions (they would never run)."""
+    threads.spawn(lambda: None, name="warm").join(10)
+    wait_until(lambda: any(t.name == "flight-idle" for t in threading.enumerate()), what="an idle pool thread")
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if a spawned function ran
+        code = 1
+        try:
+            ran = threading.Event()
+            threads.spawn(ran.set, name="in-child")
+            code = 0 if ran.wait(10) else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child's spawned function never ran"

@@ -6,6 +6,7 @@ must survive (its worker stopped and started again at the same address).
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -28,6 +29,21 @@ def test_queries_share_the_clients_of_the_same_credentials_only() -> None:
     a, b = shared_pool(Security(token="token-a")), shared_pool(Security(token="token-b"))
     assert a is not b and a is not plain and shared_pool(Security(token="token-a")) is a
     assert "token-a" not in repr(Security(token="token-a"))
+
+
+def test_a_forked_child_keeps_none_of_its_parent_s_clients() -> None:
+    parent = shared_pool(None)
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if it got a pool of its own, and kept it
+        code = 1
+        try:
+            mine = shared_pool(None)
+            code = 0 if mine is not parent and shared_pool(None) is mine else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child used its parent's pool"
+    assert shared_pool(None) is parent
 
 
 def test_a_pool_keeps_its_newest_clients_and_forgets_an_unreachable_worker_s() -> None:
