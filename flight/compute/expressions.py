@@ -339,11 +339,8 @@ def bind(msg: plan_pb2.Expression, expr: pc.Expression, schema: pa.Schema, field
         raise ProtocolError(f"{field} reads column {clip(missing[0], 200)!r}, which its input does not have ({clip(schema.names, 500)})", field=field)
     if len(msg.nodes) == 1 and msg.nodes[0].WhichOneof("kind") == "field":
         return schema.field(msg.nodes[0].field.name).type  # a column passed through: nothing to bind
-    # Bound over the columns it reads only: over a wide input, binding each expression over
-    # every column would cost columns x expressions.
-    narrow = pa.schema([f for f in schema if f.name in used])
     try:
-        return bound_types("root", msg, narrow, lambda: [expr])[0]
+        return bound_types("root", msg, schema, lambda: [expr])[0]
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, KeyError) as exc:
         raise ProtocolError(f"{field} does not fit its input: {exc}", field=field) from exc
 
@@ -363,6 +360,10 @@ def bound_types(
     Errors are not remembered: a bad expression is bound, and refused, each time.
     ``msg`` must have been decoded (validated) once already; a hit skips ``decode``.
     """
+    # Over the columns it reads only: over a wide input, binding each expression over every
+    # column would cost columns x expressions, and the answer does not depend on the others.
+    used = referenced_fields(msg)
+    schema = pa.schema([f for f in schema if f.name in used])
     wire = msg.SerializeToString(deterministic=True)
     shape = schema.serialize().to_pybytes()
     key = (tag, wire, shape) if len(wire) + len(shape) <= _BOUND_KEY_BYTES else None

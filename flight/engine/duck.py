@@ -45,6 +45,7 @@ from flight.engine.duck_task import _ENGINE_ERRORS, _Task, stream
 from flight.engine.duck_translate import _Translator
 from flight.engine.duck_units import whole_feeds
 from flight.engine.readers import conform
+from flight.engine.scan import operators
 from flight.engine.sql import Untranslatable
 from flight.limits import clip
 
@@ -184,19 +185,7 @@ def run_duckdb(
 
 def parquet_scans(root: plan_pb2.Operator) -> int:
     """How many Parquet feed scans the stage has."""
-    count, stack = 0, [root]
-    while stack:
-        op = stack.pop()
-        kind = op.WhichOneof("kind")
-        if kind == "feed_scan":
-            count += op.feed_scan.reader == "parquet"
-        elif kind == "union":
-            stack.extend(op.union.inputs)
-        elif kind == "hash_join":
-            stack.extend((op.hash_join.left, op.hash_join.right))
-        elif kind is not None and hasattr(getattr(op, kind), "input"):
-            stack.append(getattr(op, kind).input)
-    return count
+    return sum(1 for op in operators(root) if op.WhichOneof("kind") == "feed_scan" and op.feed_scan.reader == "parquet")
 
 
 def worth_it(root: plan_pb2.Operator) -> bool:
@@ -205,17 +194,10 @@ def worth_it(root: plan_pb2.Operator) -> bool:
     Filters and projects over streamed input (map stages, custom readers, shuffle reads) stay
     on Acero, which passes each batch on as it comes (DuckDB gathers ``batch_rows`` rows first).
     """
-    stack = [root]
-    while stack:
-        op = stack.pop()
-        kind = op.WhichOneof("kind")
-        if kind in ("aggregate", "hash_join", "sort") or (kind == "feed_scan" and op.feed_scan.reader == "parquet"):
-            return True
-        if kind == "union":
-            stack.extend(op.union.inputs)
-        elif kind is not None and hasattr(getattr(op, kind), "input"):
-            stack.append(getattr(op, kind).input)
-    return False
+    return any(
+        op.WhichOneof("kind") in ("aggregate", "hash_join", "sort") or (op.WhichOneof("kind") == "feed_scan" and op.feed_scan.reader == "parquet")
+        for op in operators(root)
+    )
 
 
 def _results(task: _Task, relation: duckdb.DuckDBPyRelation, schema: pa.Schema) -> Iterator[pa.RecordBatch]:

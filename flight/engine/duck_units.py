@@ -24,6 +24,7 @@ from flight.engine.decode import decode_threads
 from flight.engine.duck_task import _ENGINE_ERRORS, UNITS, _kind, _Task, stream
 from flight.engine.pipeline import prune_of
 from flight.engine.readers import PathRefused, ReaderContext, UnitReadError, conform, read_parquet
+from flight.engine.scan import operators
 
 _GLOB = frozenset("*?[{")
 """Characters DuckDB reads as a glob in a file name: such files are read by pyarrow."""
@@ -53,19 +54,7 @@ def _scans(op: plan_pb2.Operator) -> bool:
     """Whether ``op`` reads a feed. A join's right side that does not is another stage's output (in a
     leaf stage: a broadcast, small by the planner's estimate), worth building once per work unit;
     one that does is read once, as a source, and joined with the fragment's stream."""
-    stack = [op]
-    while stack:
-        node = stack.pop()
-        kind = node.WhichOneof("kind")
-        if kind == "feed_scan":
-            return True
-        if kind == "union":
-            stack.extend(node.union.inputs)
-        elif kind == "hash_join":
-            stack.extend((node.hash_join.left, node.hash_join.right))
-        elif kind is not None and hasattr(getattr(node, kind), "input"):
-            stack.append(getattr(node, kind).input)
-    return False
+    return any(node.WhichOneof("kind") == "feed_scan" for node in operators(op))
 
 
 def _fragment_scan(op: plan_pb2.Operator, path: str) -> tuple[plan_pb2.FeedScan, str] | None:

@@ -31,7 +31,7 @@ from flight.compute.relational import (
 )
 from flight.engine.confine import DataRoots, worker_roots
 from flight.engine.readers import UnitReadError, conform
-from flight.engine.scan import Env, TaskInputs, feed_scan_reader
+from flight.engine.scan import Env, TaskInputs, feed_scan_reader, operators
 from flight.engine.sql import Untranslatable
 from flight.errors import ProtocolError
 from flight.ipc import read_ipc_stream
@@ -91,23 +91,9 @@ def source_threads(plan: plan_pb2.StagePlan) -> int:
     """
     if plan.root.WhichOneof("kind") == "feed_scan":
         return 0
-    count = 0
-    stack = [plan.root]
-    while stack:
-        op = stack.pop()
-        kind = op.WhichOneof("kind")
-        if kind is None:
-            continue
-        node = getattr(op, kind)
-        if kind in _BLOCKING or (kind == "sort" and op.sort.fetch > 0):
-            count += 1
-        if kind == "union":
-            stack.extend(op.union.inputs)
-        elif kind == "hash_join":
-            stack.extend((op.hash_join.left, op.hash_join.right))
-        elif hasattr(node, "input") and node.HasField("input"):
-            stack.append(node.input)
-    return count
+    return sum(
+        1 for op in operators(plan.root) if op.WhichOneof("kind") in _BLOCKING or (op.WhichOneof("kind") == "sort" and op.sort.fetch > 0)
+    )
 
 
 def compile_task(

@@ -26,7 +26,7 @@ from decimal import Decimal
 import pyarrow as pa
 
 from flight._proto import plan_pb2
-from flight.compute.expressions import _ipc_column, _literal, bound_types, referenced_fields, to_pyarrow_nodes
+from flight.compute.expressions import _ipc_column, _literal, bound_types, to_pyarrow_nodes
 
 __all__ = ["MAX_SQL_NODES", "Untranslatable", "expression_sql", "ident", "literal", "sql_type"]
 
@@ -133,9 +133,7 @@ def node_types(msg: plan_pb2.Expression, schema: pa.Schema, field: str) -> list[
     """The type of every node of ``msg`` over ``schema``, as Acero binds them (one run over no rows)."""
     if len(msg.nodes) == 1 and msg.nodes[0].WhichOneof("kind") == "field":
         return [schema.field(msg.nodes[0].field.name).type]  # a column passed through
-    used = referenced_fields(msg)
-    narrow = pa.schema([f for f in schema if f.name in used])  # the answer does not depend on the others
-    return bound_types("nodes", msg, narrow, lambda: to_pyarrow_nodes(msg, field))
+    return bound_types("nodes", msg, schema, lambda: to_pyarrow_nodes(msg, field))
 
 
 def expression_sql(

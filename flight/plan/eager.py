@@ -63,7 +63,7 @@ def _walk(node: Node, notes: list[str]) -> Node:
             out, where = sunk
             notes.append(
                 f"Aggregate[keys={node.keys}]: pre-aggregated by {where.keys} below the joins above it, "
-                f"right above {_join_label(where.input)}, and merged after them"
+                f"right above {where.input.label()}, and merged after them"
             )
             return out
         eager = _eager(node)
@@ -127,13 +127,6 @@ def _merged(agg: AggregateNode, final: AggregateNode, counts: frozenset[str] = f
         exprs.append((f.name, e))
     out = ProjectNode(final, exprs)
     return out if out.schema.equals(agg.schema) else None
-
-
-def _join_label(node: Node) -> str:
-    if not isinstance(node, JoinNode):
-        return node.label()
-    keys = ", ".join(f"{a}={b}" for a, b in zip(node.left_keys, node.right_keys))
-    return f"HashJoin[{node.join_type}, {keys}]"
 
 
 def _sunk(agg: AggregateNode) -> tuple[Node, AggregateNode] | None:
