@@ -175,9 +175,15 @@ _SHARED: dict[Security, ClientPool] = {}
 _shared_lock = threading.Lock()
 
 
+_INHERITED: list[dict[Security, ClientPool]] = []
+"""The parent's pools, in a forked child: kept, never used. Dropping them would destroy gRPC
+channels the child did not make, which can hang it."""
+
+
 def _forget_inherited() -> None:
-    global _shared_lock
-    _SHARED.clear()  # the parent's channels: its to use and close, not the child's
+    global _SHARED, _shared_lock
+    _INHERITED.append(_SHARED)  # the parent's channels: its to use and close, not the child's
+    _SHARED = {}
     _shared_lock = threading.Lock()  # a parent thread may have held it at the fork
 
 
