@@ -408,6 +408,28 @@ class InputEnd(_message.Message):
 Global___InputEnd: _TypeAlias = InputEnd  # noqa: Y015
 
 @_typing.final
+class Release(_message.Message):
+    """"I let go of this task": the coordinator's release as a frame. The worker frees the task
+    (output nobody read any more is dropped) and ends the call itself, OK after `finished`
+    or CANCELLED before it. Unlike a half-close, it is a write like any other frame: a
+    client whose reader thread may be finishing the call (which half-closes it) never has
+    to half-close from a second thread, which gRPC answers by aborting the process.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Release: _TypeAlias = Release  # noqa: Y015
+
+@_typing.final
 class CoordinatorFrame(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -416,6 +438,7 @@ class CoordinatorFrame(_message.Message):
     CANCEL_FIELD_NUMBER: _builtins.int
     HEARTBEAT_FIELD_NUMBER: _builtins.int
     INPUT_END_FIELD_NUMBER: _builtins.int
+    RELEASE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def units(self) -> Global___WorkUnitBatch: ...
     @_builtins.property
@@ -426,6 +449,8 @@ class CoordinatorFrame(_message.Message):
     def heartbeat(self) -> Global___Heartbeat: ...
     @_builtins.property
     def input_end(self) -> Global___InputEnd: ...
+    @_builtins.property
+    def release(self) -> Global___Release: ...
     def __init__(
         self,
         *,
@@ -434,12 +459,13 @@ class CoordinatorFrame(_message.Message):
         cancel: Global___Cancel | None = ...,
         heartbeat: Global___Heartbeat | None = ...,
         input_end: Global___InputEnd | None = ...,
+        release: Global___Release | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "feed_end", b"feed_end", "frame", b"frame", "heartbeat", b"heartbeat", "input_end", b"input_end", "units", b"units"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "feed_end", b"feed_end", "frame", b"frame", "heartbeat", b"heartbeat", "input_end", b"input_end", "release", b"release", "units", b"units"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "feed_end", b"feed_end", "frame", b"frame", "heartbeat", b"heartbeat", "input_end", b"input_end", "units", b"units"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "feed_end", b"feed_end", "frame", b"frame", "heartbeat", b"heartbeat", "input_end", b"input_end", "release", b"release", "units", b"units"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_frame: _TypeAlias = _typing.Literal["units", "feed_end", "cancel", "heartbeat", "input_end"]  # noqa: Y015
+    _WhichOneofReturnType_frame: _TypeAlias = _typing.Literal["units", "feed_end", "cancel", "heartbeat", "input_end", "release"]  # noqa: Y015
     _WhichOneofArgType_frame: _TypeAlias = _typing.Literal["frame", b"frame"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_frame) -> _WhichOneofReturnType_frame | None: ...
 
@@ -905,6 +931,47 @@ class CancelResult(_message.Message):
 Global___CancelResult: _TypeAlias = CancelResult  # noqa: Y015
 
 @_typing.final
+class ClientLoad(_message.Message):
+    """One client identity's share of a worker: the authenticated name (a token's name, a
+    client certificate's subject) or "anonymous".
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IDENTITY_FIELD_NUMBER: _builtins.int
+    RUNNING_TASKS_FIELD_NUMBER: _builtins.int
+    QUEUED_TASKS_FIELD_NUMBER: _builtins.int
+    RESERVED_BYTES_FIELD_NUMBER: _builtins.int
+    BUFFERED_BYTES_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    identity: _builtins.str
+    running_tasks: _builtins.int
+    queued_tasks: _builtins.int
+    reserved_bytes: _builtins.int
+    """memory its admitted tasks reserved"""
+    buffered_bytes: _builtins.int
+    """what it makes the worker hold now (unread output, units, map input)"""
+    refused: _builtins.int
+    """tasks refused since the worker started"""
+    def __init__(
+        self,
+        *,
+        identity: _builtins.str = ...,
+        running_tasks: _builtins.int = ...,
+        queued_tasks: _builtins.int = ...,
+        reserved_bytes: _builtins.int = ...,
+        buffered_bytes: _builtins.int = ...,
+        refused: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffered_bytes", b"buffered_bytes", "identity", b"identity", "queued_tasks", b"queued_tasks", "refused", b"refused", "reserved_bytes", b"reserved_bytes", "running_tasks", b"running_tasks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClientLoad: _TypeAlias = ClientLoad  # noqa: Y015
+
+@_typing.final
 class WorkerInfo(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -915,6 +982,7 @@ class WorkerInfo(_message.Message):
     DRAINING_FIELD_NUMBER: _builtins.int
     URL_FIELD_NUMBER: _builtins.int
     LOAD_FIELD_NUMBER: _builtins.int
+    CLIENTS_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     protocol_version: _builtins.int
     running_tasks: _builtins.int
@@ -923,6 +991,10 @@ class WorkerInfo(_message.Message):
     url: _builtins.str
     @_builtins.property
     def load(self) -> Global___LoadInfo: ...
+    @_builtins.property
+    def clients(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClientLoad]:
+        """load per identity, busiest first (at most 64)"""
+
     def __init__(
         self,
         *,
@@ -933,10 +1005,11 @@ class WorkerInfo(_message.Message):
         draining: _builtins.bool = ...,
         url: _builtins.str = ...,
         load: Global___LoadInfo | None = ...,
+        clients: _abc.Iterable[Global___ClientLoad] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["load", b"load"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffered_bytes", b"buffered_bytes", "draining", b"draining", "load", b"load", "protocol_version", b"protocol_version", "running_tasks", b"running_tasks", "url", b"url", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffered_bytes", b"buffered_bytes", "clients", b"clients", "draining", b"draining", "load", b"load", "protocol_version", b"protocol_version", "running_tasks", b"running_tasks", "url", b"url", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -159,8 +159,8 @@ class TaskChannel:
     def send(self, frame: protocol_pb2.CoordinatorFrame) -> None:
         data = pa.py_buffer(frame.SerializeToString())
         with self._lock:
-            # No write once the call ended or failed: a failed write makes pyarrow finish the call
-            # from this thread, which must not overlap the reader thread's read (docs/protocol.md §14).
+            # One writer at a time, and none once the call ended or failed or was let go: the
+            # release is the last write (docs/protocol.md §9, "One writer").
             if self._closing or self._writer is None or self.done.is_set() or self.error is not None:
                 return
             try:
@@ -170,34 +170,38 @@ class TaskChannel:
                 log.debug("task %s: sending a frame failed: %s", self.key, exc)
 
     def close(self) -> None:
-        """Let go of the task: the worker frees it once it sees the half-close."""
-        with self._lock:
-            if self._closing or self._writer is None:
-                return
-            self._closing = True
-            try:
-                self._writer.done_writing()
-            except (pa.ArrowException, OSError) as exc:
-                log.debug("task %s: half-close failed: %s", self.key, exc)
+        """Let go of the task: a ``Release`` frame; the worker frees it and ends the call.
+
+        Never a half-close (``done_writing``): the reader thread half-closes the call itself
+        when the worker ends it (pyarrow finishes a call whose read side ended), and two
+        half-closes at once abort the process (docs/protocol.md §9, "One writer").
+        """
+        self._send_last(protocol_pb2.CoordinatorFrame(release=protocol_pb2.Release()))
 
     def abort(self, reason: str) -> None:
-        """Cancel the task: tell the worker why, then cut the exchange.
+        """Cancel the task: tell the worker why and let it go, then cut the exchange.
 
         The lock is only tried for a moment: a write blocked on a frozen worker holds it,
         and cancelling the call (thread-safe in gRPC) is what unblocks that write.
         """
-        if self._lock.acquire(timeout=_LOCK_WAIT_S):
-            try:
-                if not self._closing and self._writer is not None and not self.done.is_set():
-                    self._closing = True
-                    frame = protocol_pb2.CoordinatorFrame(cancel=protocol_pb2.Cancel(reason=reason[:200]))
-                    self._writer.write_metadata(pa.py_buffer(frame.SerializeToString()))
-                    self._writer.done_writing()
-            except (pa.ArrowException, OSError) as exc:
-                log.debug("task %s: sending the cancel failed: %s", self.key, exc)
-            finally:
-                self._lock.release()
+        cancel = protocol_pb2.CoordinatorFrame(cancel=protocol_pb2.Cancel(reason=reason[:200]))
+        self._send_last(cancel, protocol_pb2.CoordinatorFrame(release=protocol_pb2.Release()), wait=_LOCK_WAIT_S)
         self._cancel_call()
+
+    def _send_last(self, *frames: protocol_pb2.CoordinatorFrame, wait: float = -1) -> None:
+        """Write ``frames`` as the channel's last writes: nothing is written after them."""
+        if not self._lock.acquire(timeout=wait):
+            return
+        try:
+            if self._closing or self._writer is None or self.done.is_set():
+                return
+            self._closing = True
+            for frame in frames:
+                self._writer.write_metadata(pa.py_buffer(frame.SerializeToString()))
+        except (pa.ArrowException, OSError) as exc:
+            log.debug("task %s: sending the release failed: %s", self.key, exc)
+        finally:
+            self._lock.release()
 
     def detach(self) -> None:
         """Stop reporting errors: the caller let this task go on purpose (a refused attempt)."""
@@ -213,11 +217,12 @@ class TaskChannel:
                 log.debug("task %s: cancelling the call failed: %s", self.key, exc)
 
     def finish(self) -> None:
-        """Close the writer side for good and release the stream.
+        """Let go of the task and release the stream once its reader has stopped.
 
-        Closing a Flight writer finishes the call, which must not overlap a read on
-        another thread: wait for the reader thread to end (cancelling the call if it
-        does not), and leave the writer to the garbage collector if it never does.
+        Closing a Flight writer finishes the call (a half-close, then reading the status),
+        which must not overlap the reader thread: wait for the reader to end (cancelling
+        the call if the worker does not end it), and leave the writer to the garbage
+        collector if the reader never ends.
         """
         self.close()
         if self._reader is not None and not self.done.wait(_LOCK_WAIT_S):

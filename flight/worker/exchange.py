@@ -83,7 +83,8 @@ def read_frames(task: Task, reader: fl.MetadataRecordBatchReader) -> None:
                     raise ProtocolError(f"task {task.key} is not a map stage but received a record batch", field="data")
                 task.inputs.put(check_batch(chunk.data, f"map input batch {task.inputs.batches}"))
             if chunk.app_metadata is not None and chunk.app_metadata.size:
-                _dispatch(task, decode_coordinator_frame(chunk.app_metadata))
+                if _dispatch(task, decode_coordinator_frame(chunk.app_metadata)):
+                    break  # Release: the coordinator lets go, as a half-close would
     except ProtocolError as exc:
         task.fail(exc)
         return
@@ -110,8 +111,11 @@ def read_frames(task: Task, reader: fl.MetadataRecordBatchReader) -> None:
         task.cancel("released by the coordinator")
 
 
-def _dispatch(task: Task, frame: protocol_pb2.CoordinatorFrame) -> None:
+def _dispatch(task: Task, frame: protocol_pb2.CoordinatorFrame) -> bool:
+    """Act on one frame; True when it was the coordinator's ``Release`` (nothing more is read)."""
     kind = frame.WhichOneof("frame")
+    if kind == "release":
+        return True
     if kind == "units":
         task.inbox(frame.units.feed_id, frame.units.partition).deliver(list(frame.units.units))
     elif kind == "feed_end":
@@ -122,3 +126,4 @@ def _dispatch(task: Task, frame: protocol_pb2.CoordinatorFrame) -> None:
         if task.inputs is None:
             raise ProtocolError(f"task {task.key} is not a map stage but received InputEnd", field="app_metadata.input_end")
         task.inputs.end_with(frame.input_end.rows, frame.input_end.batches)
+    return False
