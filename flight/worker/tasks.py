@@ -55,6 +55,7 @@ class Task:
         self.key = format_stage_key(header.stage_key)
         self.query_id = header.stage_key.query_id
         self.worker_url = worker_url
+        self.client = "anonymous"  # who asked: the caller's authenticated identity (admission, budgets)
         self.started = time.perf_counter()
         self.last_heard = time.monotonic()  # of the coordinator: any message on the exchange
         self.half_closed = False  # the coordinator's side of the exchange ended cleanly
