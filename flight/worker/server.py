@@ -204,6 +204,9 @@ class WorkerServer(fl.FlightServerBase):
             while runner.is_alive() and not task.cancelled.is_set():
                 runner.join(0.5)
             runner.join(_RUNNER_STOP_S)
+            if task.failure is None and task.finished and (task.error is not None or task.called_off):
+                # Stopped after it finished (a bad frame, a Cancel): the call still says so (docs/protocol.md §9).
+                task.failure = self._fail(task, sender, task.error or TaskCancelledError(task.cancel_reason))
         finally:
             ended.set()
             task.cancel("the task ended")
@@ -269,6 +272,8 @@ class WorkerServer(fl.FlightServerBase):
             sender.frame(protocol_pb2.WorkerFrame(finished=task.metrics()))
             if task.output is not None:
                 task.output.wait_drained()
+                if task.error is not None or task.called_off:  # a bad frame or a Cancel after finished
+                    raise task.error or TaskCancelledError(task.cancel_reason)
                 if task.output.all_drained():
                     sender.frame(protocol_pb2.WorkerFrame(drained=protocol_pb2.Drained()))
         except (FlightExecError, UnitReadError, pa.ArrowException, OSError) as exc:

@@ -61,6 +61,7 @@ class Task:
         self.half_closed = False  # the coordinator's side of the exchange ended cleanly
         self.cancelled = threading.Event()
         self.cancel_reason = ""
+        self.called_off = False  # a Cancel frame or the cancel action stopped it (not a release): the call ends CANCELLED
         self._on_cancel: list[Callable[[], None]] = []
         self.engine = ""  # what computes the task, set by the pipeline once it starts (metrics)
         self.scan_stats = ScanStats()  # its Parquet readers' row groups read and skipped (metrics)
@@ -173,6 +174,11 @@ class Task:
         for callback in self._on_cancel:
             callback()
 
+    def call_off(self, reason: str) -> None:
+        """The coordinator (a ``Cancel`` frame) or the ``cancel`` action stops the task, even after it finished."""
+        self.called_off = True
+        self.cancel(reason)
+
     def fail(self, error: BaseException) -> None:
         """Stop the task because of ``error`` (e.g. a malformed frame), which the handler reports."""
         if self.error is None:
@@ -284,7 +290,7 @@ class TaskRegistry:
         """Cancel the tasks of ``query_id`` whose query secret is ``secret``; how many."""
         victims = [t for t in self.tasks() if t.query_id == query_id and same_secret(secret, t.header.query_secret)]
         for task in victims:
-            task.cancel(reason)
+            task.call_off(reason)
         return len(victims)
 
     def buffered_bytes(self) -> int:

@@ -760,6 +760,94 @@ def test_cancel_frame_cancels_and_the_half_close_ends_the_call(P: Protos, client
     wait_until(lambda: info(P, client).running_tasks == 0, "the worker to free the cancelled task")
 
 
+def _finished_leaf(P: Protos, client: fl.FlightClient, tmp_path: Path) -> tuple[Exchange, Any, Path]:
+    """A leaf task over one 40-row file, fed, ended and finished; its output still unread."""
+    (path,) = write_files(tmp_path, count=1)
+    key = new_key(P)
+    ex = Exchange(P, client, header(P, key, P.StagePlan(root=scan(P)), {"files": [0]}).SerializeToString())
+    assert ex.frame().WhichOneof("frame") == "ready"
+    assert ex.frame().WhichOneof("frame") == "credit"
+    ex.send(units=P.WorkUnitBatch(feed_id="files", partition=0, units=[P.WorkUnit(body=P.FileUnit(path=str(path)).SerializeToString())]))
+    ex.send(feed_end=P.FeedEnd(feed_id="files", partition=0))
+    frame = ex.frame()
+    while frame.WhichOneof("frame") in ("credit", "heartbeat"):
+        frame = ex.frame()
+    assert frame.WhichOneof("frame") == "finished", frame
+    return ex, key, path
+
+
+def test_a_unit_after_finished_is_a_protocol_error_not_a_silent_end(P: Protos, client: fl.FlightClient, tmp_path: Path) -> None:
+    # docs/protocol.md §7 and §9: units after their partition's FeedEnd are a protocol error, after
+    # `finished` too: an ErrorInfo names the field and the call ends INVALID_ARGUMENT (never OK).
+    ex, key, path = _finished_leaf(P, client, tmp_path)
+    try:
+        ex.send(units=P.WorkUnitBatch(feed_id="files", partition=0, units=[P.WorkUnit(body=P.FileUnit(path=str(path)).SerializeToString())]))
+        frames: list[Any] = []
+        with pytest.raises(fl.FlightServerError) as raised:  # a bad frame: the worker ends the call without waiting
+            while True:
+                frames.append(ex.frame())
+    finally:
+        ex.close()
+    errors = [f.error for f in frames if f.WhichOneof("frame") == "error"]
+    assert len(errors) == 1, frames
+    assert errors[0].code == P.enum("ErrorCode", "ERROR_CODE_INVALID_ARGUMENT")
+    assert errors[0].field == "app_metadata.units"
+    assert errors[0].stage_key == key
+    assert clean(raised.value).endswith("[field: app_metadata.units]")
+    wait_until(lambda: info(P, client).running_tasks == 0, "the worker to free the task")
+
+
+def test_a_cancel_after_finished_ends_the_call_cancelled(P: Protos, client: fl.FlightClient, tmp_path: Path) -> None:
+    # docs/protocol.md §6 and §9: a Cancel at any time answers ErrorInfo{CANCELLED}, drops the unread
+    # output, and the call ends CANCELLED once the client lets go.
+    ex, key, _ = _finished_leaf(P, client, tmp_path)
+    try:
+        ex.send(cancel=P.Cancel(reason="no longer wanted"))
+        frame = ex.frame()
+        while frame.WhichOneof("frame") in ("heartbeat", "drained"):
+            frame = ex.frame()
+        assert frame.WhichOneof("frame") == "error", frame
+        assert frame.error.code == P.enum("ErrorCode", "ERROR_CODE_CANCELLED")
+        assert "no longer wanted" in frame.error.message and frame.error.stage_key == key
+        ticket = P.Ticket(stage_key=key, partition_start=0, partition_end=1, query_secret=SECRET)
+        with pytest.raises((fl.FlightCancelledError, fl.FlightServerError)):
+            read_doget(P, client, ticket)  # the output was dropped
+        ex.writer.done_writing()
+        with pytest.raises(fl.FlightCancelledError):
+            ex.drain()
+    finally:
+        ex.close()
+    wait_until(lambda: info(P, client).running_tasks == 0, "the worker to free the cancelled task")
+
+
+def test_a_release_frame_frees_a_finished_task_and_ends_the_call_ok(P: Protos, client: fl.FlightClient, tmp_path: Path) -> None:
+    # docs/protocol.md §6: Release is the half-close as a frame; the worker ends the call itself.
+    ex, key, _ = _finished_leaf(P, client, tmp_path)
+    try:
+        ticket = P.Ticket(stage_key=key, partition_start=0, partition_end=1, query_secret=SECRET)
+        _, batches, _ = read_doget(P, client, ticket)
+        assert sum(b.num_rows for b in batches) == 40
+        ex.send(release=P.Release())
+        frames = ex.drain()  # ends OK, without our half-close
+        assert all(f.WhichOneof("frame") in ("heartbeat", "drained") for f in frames), frames
+    finally:
+        ex.close()
+    wait_until(lambda: info(P, client).running_tasks == 0, "the worker to free the released task")
+
+
+def test_a_release_before_finished_cancels_the_task(P: Protos, client: fl.FlightClient) -> None:
+    key = new_key(P)
+    ex = Exchange(P, client, header(P, key, P.StagePlan(root=scan(P)), {"files": [0]}).SerializeToString())
+    try:
+        assert ex.frame().WhichOneof("frame") == "ready"
+        ex.send(release=P.Release())
+        with pytest.raises(fl.FlightCancelledError):
+            ex.drain()
+    finally:
+        ex.close()
+    wait_until(lambda: info(P, client).running_tasks == 0, "the worker to free the released task")
+
+
 def test_expressions_that_do_not_fit_their_input_are_rejected_not_fatal(P: Protos, tmp_path: Path) -> None:
     # Its own worker: pyarrow can crash a process on an expression that does not bind, and a
     # regression here must not take the shared worker (and every later test) down with it.
