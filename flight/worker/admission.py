@@ -10,13 +10,37 @@ The rule that holds for any engine: a task is started only when the worker can
 give it everything it may hold while waiting — one thread per blocking source
 and a memory reservation — and the pool is sized to the capacity, so every
 admitted task stays runnable whatever the others wait for. A task that does not
-fit now waits in a bounded first-come-first-served queue (holding nothing but
-its call) for at most ``Capacity.wait`` seconds; past that, or when the queue is
-full, it is refused as *busy* (retryable, with the worker's load in the
-message). A task that could never fit (more threads than the worker has) is
-refused as too large. Coordinators open a query's tasks worker by worker in one
-global order, so queued tasks can never wait for each other in a cycle
-(``docs/architecture.md``, "Capacity").
+fit now waits in a bounded queue (holding nothing but its call) for at most
+``Capacity.wait`` seconds; past that, or when the queue is full, it is refused
+as *busy* (retryable, with the worker's load in the message). A task that could
+never fit (more threads than the worker has) is refused as too large.
+Coordinators open a query's tasks worker by worker in one global order, so
+queued tasks can never wait for each other in a cycle (``docs/architecture.md``,
+"Capacity").
+
+Fair shares (issue 24). Every task is asked for by an *identity* (the bearer
+token's name, a client certificate's identity, or ``anonymous``) for one query.
+Before, one client that opened tasks and kept them alive doing nothing took all
+``--max-tasks`` slots and the queue, and a second client's query waited until
+it was refused. Now:
+
+* **Turns.** Free capacity goes to waiting tasks identity by identity in
+  round-robin order, and within an identity query by query (first come, first
+  served within a query, so a query's producers still start before its
+  consumers). The next task in turn that does not fit the threads or memory
+  left stops the line (no overtaking: a large task is never starved by small ones).
+* **A cap per identity, always** (``Capacity.per_client``, ``--max-tasks-per-client``):
+  an identity never holds more slots than that, even when nobody else asks. The
+  simpler "cap only while another identity waits" cannot keep its promise: the
+  first client holds every slot before the second arrives, and a task cannot be
+  taken back. With the cap below ``--max-tasks`` (the CLI's default is 3/4 of it
+  on a worker that authenticates callers), a second identity finds free slots at
+  once, whatever the first does. A task of an identity at its cap waits (it is
+  skipped in the turns, it blocks nobody) until one of its own ends.
+* **A queue bound per identity** (``Capacity.client_queue``, ``--max-queued-per-client``):
+  a waiting task holds a gRPC handler thread, so one identity may have only so
+  many waiting; one more is refused as busy at once, naming the limit. With the
+  cap, this bounds the threads one identity can make the worker hold.
 
 No sockets: the Flight handler calls ``admit`` and ``release``; time only
 bounds the wait.
@@ -26,16 +50,36 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from flight._proto import protocol_pb2
 
-__all__ = ["INPUT_RESERVE_BYTES", "Admission", "Capacity", "Need", "Refusal"]
+__all__ = [
+    "ANONYMOUS",
+    "CLIENT_SHARE",
+    "INPUT_RESERVE_BYTES",
+    "MAX_QUEUED_PER_CLIENT",
+    "Admission",
+    "Capacity",
+    "Need",
+    "Refusal",
+    "client_limits",
+]
 
 INPUT_RESERVE_BYTES = 8 << 20
 """Memory reserved per blocking source: what its queue of incoming batches may hold."""
+CLIENT_SHARE = 0.75
+"""``--max-tasks-per-client``'s default on a worker that tells callers apart: this share of ``--max-tasks``."""
+MAX_QUEUED_PER_CLIENT = 16
+"""``--max-queued-per-client``'s default on a worker that tells callers apart."""
+ANONYMOUS = "anonymous"
+"""The one identity of every caller a worker cannot tell apart (no token, no client certificate)."""
+MAX_REPORTED_CLIENTS = 64
+"""``WorkerInfo.clients`` lists at most this many identities, busiest first."""
+_KEPT_CLIENTS = 1024
+"""Idle identities' counts (refusals) are forgotten past this many known identities."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +94,7 @@ class Need:
 
 @dataclass(frozen=True)
 class Capacity:
-    """A worker's limits (``flight-worker --max-tasks / --source-threads / --memory-budget-mb / --queue-*``)."""
+    """A worker's limits (``flight-worker --max-tasks / --source-threads / --memory-budget-mb / --queue-* / --max-*-per-client``)."""
 
     tasks: int
     threads: int
@@ -59,6 +103,30 @@ class Capacity:
     """Tasks that may wait for capacity at once (0: none wait, a task that does not fit is refused)."""
     wait: float = 0.0
     """Seconds a task may wait in the queue before it is refused as busy."""
+    per_client: int = 0
+    """Slots one identity may hold at once (0: ``tasks``, no cap of its own)."""
+    client_queue: int = 0
+    """Tasks one identity may have waiting at once (0: only ``queue`` bounds them)."""
+
+    @property
+    def client_cap(self) -> int:
+        return min(self.per_client or self.tasks, self.tasks)
+
+
+def client_limits(tasks: int, queue: int, identifies_callers: bool, per_client: int | None = None,
+                  queued: int | None = None) -> tuple[int, int]:
+    """``(per_client, client_queue)`` for a ``Capacity``: the values given, else the defaults.
+
+    A worker that tells callers apart (tokens, client certificates) caps each at
+    ``CLIENT_SHARE`` of its tasks and ``MAX_QUEUED_PER_CLIENT`` waiting tasks. One
+    that does not has a single identity, ``anonymous``, for all: a cap of its own
+    would only make the worker smaller, so the defaults are the whole worker.
+    """
+    if identifies_callers:
+        default_cap, default_queue = max(1, int(tasks * CLIENT_SHARE)), MAX_QUEUED_PER_CLIENT
+    else:
+        default_cap, default_queue = tasks, queue
+    return (default_cap if per_client is None else per_client), (default_queue if queued is None else queued)
 
 
 @dataclass(frozen=True)
@@ -69,16 +137,46 @@ class Refusal:
     fits_ever: bool
 
 
+class _Waiter:
+    """One queued task."""
+
+    __slots__ = ("admitted", "allocated", "client", "key", "need", "query")
+
+    def __init__(self, key: str, need: Need, client: str, query: str, allocated: Callable[[], int]) -> None:
+        self.key = key
+        self.need = need
+        self.client = client
+        self.query = query
+        self.allocated = allocated
+        self.admitted = False
+
+
+class _Client:
+    """One identity's share: what it holds, what it waits for, what it was refused."""
+
+    __slots__ = ("queries", "queued", "refused", "running")
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.queued = 0
+        self.refused = 0
+        self.queries: OrderedDict[str, deque[_Waiter]] = OrderedDict()
+        """Its queries with waiting tasks, in turn order (the next in turn first)."""
+
+
 class Admission:
     """Reservations of the running tasks against the worker's capacity, and the queue of those waiting."""
 
     def __init__(self, capacity: Capacity) -> None:
         self.capacity = capacity
-        self._held: dict[str, Need] = {}
+        self._held: dict[str, tuple[Need, str]] = {}
         self._threads = 0
         self._memory = 0
         self._refused = 0
-        self._queue: deque[object] = deque()
+        self._waiting = 0
+        self._clients: dict[str, _Client] = {}
+        self._turns: OrderedDict[str, None] = OrderedDict()
+        """Identities with waiting tasks, in turn order (the next in turn first)."""
         self._lock = threading.Condition()
 
     def admit(
@@ -87,11 +185,13 @@ class Admission:
         need: Need,
         allocated: Callable[[], int] = lambda: 0,
         *,
+        client: str = ANONYMOUS,
+        query: str = "",
         give_up: Callable[[], bool] = lambda: False,
         tick: Callable[[], None] = lambda: None,
         tick_every: float = 1.0,
     ) -> Refusal | None:
-        """Reserve ``need`` for task ``key``, waiting in line if need be; None when admitted, else why not.
+        """Reserve ``need`` for task ``key`` of ``client``'s ``query``, waiting in line if need be; None when admitted, else why not.
 
         ``allocated()`` is what the process's memory pool holds now: above the
         budget, only a worker with nothing running admits (so it never refuses
@@ -105,18 +205,21 @@ class Admission:
         if need.memory > cap.memory:
             return Refusal(f"the task reserves {need.memory >> 20} MiB; this worker's budget is {cap.memory >> 20} MiB", False)
         deadline = time.monotonic() + cap.wait
-        me = object()
+        me = _Waiter(key, need, client, query, allocated)
         with self._lock:
             if key in self._held:
                 return Refusal(f"task {key} is already admitted", False)
-            if not self._queue and self._fits(need, allocated()):
-                self._reserve(key, need)
+            no_room = self._no_room(me)
+            self._enqueue(me)
+            self._grant()
+            if me.admitted:
                 return None
-            if cap.wait <= 0 or len(self._queue) >= cap.queue:
-                self._refused += 1
-                waiting = f"; {len(self._queue)} tasks wait already" if self._queue else ""
-                return Refusal(f"at capacity ({self._describe(allocated())}{waiting}); the task needs {need.threads} threads", True)
-            self._queue.append(me)
+            if no_room is not None:
+                self._dequeue(me)
+                self._grant()  # it may have been the one in turn that did not fit
+                self._count_refusal(client)
+                return Refusal(no_room, True)
+        admitted = False
         try:
             next_tick = time.monotonic()
             while True:
@@ -125,20 +228,91 @@ class Admission:
                     tick()
                     next_tick = now + tick_every
                 with self._lock:
-                    if self._queue[0] is me and self._fits(need, allocated()):
-                        self._reserve(key, need)
+                    self._grant()  # what the memory pool holds changes without a release
+                    if me.admitted:
+                        admitted = True
                         return None
                     if now >= deadline or give_up():
-                        self._refused += 1
-                        return Refusal(
-                            f"at capacity for {cap.wait:g}s ({self._describe(allocated())}); the task needs {need.threads} threads",
-                            True,
-                        )
+                        self._dequeue(me)
+                        self._grant()
+                        self._count_refusal(client)
+                        return Refusal(f"at capacity for {cap.wait:g}s ({self._describe(allocated(), client)}); "
+                                       f"the task needs {need.threads} threads", True)
                     self._lock.wait(max(0.0, min(deadline - now, next_tick - now, 0.25)))
         finally:
-            with self._lock:
-                self._queue.remove(me)
-                self._lock.notify_all()
+            if not admitted:
+                with self._lock:
+                    if me.admitted:  # granted while tick() raised: give it back
+                        self._unreserve(key)
+                    elif self._queued(me):
+                        self._dequeue(me)
+                    self._grant()
+
+    # -- the queue
+
+    def _no_room(self, me: _Waiter) -> str | None:
+        """Why ``me`` could not wait, should it not fit now (None: it may)."""
+        cap = self.capacity
+        mine = self._clients[me.client].queued if me.client in self._clients else 0
+        if cap.wait <= 0 or self._waiting >= cap.queue:
+            waiting = f"; {self._waiting} tasks wait already" if self._waiting else ""
+            return f"at capacity ({self._describe(me.allocated())}{waiting}); the task needs {me.need.threads} threads"
+        if cap.client_queue and mine >= cap.client_queue:
+            return (
+                f"client {me.client!r} has {mine} tasks waiting already, the most one client may have waiting "
+                f"(--max-queued-per-client {cap.client_queue}); {self._describe(me.allocated(), me.client)}"
+            )
+        return None
+
+    def _enqueue(self, w: _Waiter) -> None:
+        c = self._clients.get(w.client)
+        if c is None:
+            self._forget_idle()
+            c = self._clients[w.client] = _Client()
+        c.queries.setdefault(w.query, deque()).append(w)
+        c.queued += 1
+        self._waiting += 1
+        self._turns.setdefault(w.client)
+
+    def _queued(self, w: _Waiter) -> bool:
+        c = self._clients.get(w.client)
+        return c is not None and w in c.queries.get(w.query, ())
+
+    def _dequeue(self, w: _Waiter) -> None:
+        c = self._clients[w.client]
+        line = c.queries[w.query]
+        line.remove(w)
+        if not line:
+            del c.queries[w.query]
+        c.queued -= 1
+        self._waiting -= 1
+        if not c.queries:
+            self._turns.pop(w.client, None)
+
+    def _next(self) -> _Waiter | None:
+        """The task whose turn it is: the first identity in turn below its cap, its next query's first task."""
+        cap = self.capacity.client_cap
+        for name in self._turns:
+            c = self._clients[name]
+            if c.running < cap:
+                return c.queries[next(iter(c.queries))][0]
+        return None
+
+    def _grant(self) -> None:
+        """Give what is free to the waiting tasks in turn, until the one in turn does not fit."""
+        granted = False
+        while (w := self._next()) is not None and self._fits(w.need, w.allocated()):
+            self._dequeue(w)
+            c = self._clients[w.client]
+            if w.query in c.queries:
+                c.queries.move_to_end(w.query)  # its other queries go first next time
+            if w.client in self._turns:
+                self._turns.move_to_end(w.client)  # and the other identities
+            self._reserve(w.key, w.need, w.client)
+            w.admitted = True
+            granted = True
+        if granted:
+            self._lock.notify_all()
 
     def _fits(self, need: Need, allocated: int) -> bool:
         cap = self.capacity
@@ -149,26 +323,53 @@ class Admission:
             or (self._held and allocated > cap.memory)
         )
 
-    def _reserve(self, key: str, need: Need) -> None:
-        self._held[key] = need
+    # -- reservations
+
+    def _reserve(self, key: str, need: Need, client: str) -> None:
+        self._held[key] = (need, client)
         self._threads += need.threads
         self._memory += need.memory
+        self._clients[client].running += 1
+
+    def _unreserve(self, key: str) -> bool:
+        held = self._held.pop(key, None)
+        if held is None:
+            return False
+        need, client = held
+        self._threads -= need.threads
+        self._memory -= need.memory
+        self._clients[client].running -= 1
+        return True
 
     def release(self, key: str) -> None:
         """Give back ``key``'s reservation (idempotent: the watchdog and the handler may both call it)."""
         with self._lock:
-            need = self._held.pop(key, None)
-            if need is not None:
-                self._threads -= need.threads
-                self._memory -= need.memory
+            if self._unreserve(key):
+                self._grant()
                 self._lock.notify_all()
 
-    def _describe(self, allocated: int) -> str:
+    def _count_refusal(self, client: str) -> None:
+        self._refused += 1
+        self._clients[client].refused += 1
+
+    def _forget_idle(self) -> None:
+        """Bound the table of identities: past ``_KEPT_CLIENTS``, idle ones (and their refusal counts) go."""
+        if len(self._clients) >= _KEPT_CLIENTS:
+            for name in [n for n, c in self._clients.items() if not c.running and not c.queued]:
+                del self._clients[name]
+
+    # -- reports
+
+    def _describe(self, allocated: int, client: str | None = None) -> str:
         cap = self.capacity
-        return (
+        text = (
             f"{len(self._held)}/{cap.tasks} tasks, {self._threads}/{cap.threads} source threads, "
             f"{self._memory >> 20}/{cap.memory >> 20} MiB reserved, {allocated >> 20} MiB allocated"
         )
+        c = self._clients.get(client) if client is not None else None
+        if c is not None and cap.client_cap < cap.tasks:
+            text += f"; client {client!r} holds {c.running} of the {cap.client_cap} tasks one client may hold (--max-tasks-per-client)"
+        return text
 
     def load(self, running: int, buffered: int) -> protocol_pb2.LoadInfo:
         with self._lock:
@@ -179,8 +380,23 @@ class Admission:
                 source_threads_max=self.capacity.threads,
                 reserved_bytes=self._memory,
                 memory_budget=self.capacity.memory,
-                queued_tasks=len(self._queue),
+                queued_tasks=self._waiting,
             )
+
+    def clients(self) -> list[protocol_pb2.ClientLoad]:
+        """Load per identity, busiest first (``WorkerInfo.clients``); ``buffered_bytes`` is left to the caller."""
+        with self._lock:
+            reserved: dict[str, int] = {}
+            for need, client in self._held.values():
+                reserved[client] = reserved.get(client, 0) + need.memory
+            rows = [
+                protocol_pb2.ClientLoad(
+                    identity=name, running_tasks=c.running, queued_tasks=c.queued, reserved_bytes=reserved.get(name, 0), refused=c.refused
+                )
+                for name, c in self._clients.items()
+            ]
+        rows.sort(key=lambda r: (-(r.running_tasks + r.queued_tasks), -r.reserved_bytes, -r.refused, r.identity))
+        return rows[:MAX_REPORTED_CLIENTS]
 
     @property
     def refused(self) -> int:
@@ -194,4 +410,4 @@ class Admission:
     @property
     def waiting(self) -> int:
         with self._lock:
-            return len(self._queue)
+            return self._waiting

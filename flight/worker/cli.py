@@ -31,6 +31,7 @@ from flight.engine.duck import EngineSettings, configure
 from flight.limits import DEFAULT_MEMORY_FRACTION, parse_size, physical_memory
 from flight.security import Security
 from flight.storage import FileSystems, load_options, set_filesystems
+from flight.worker.admission import CLIENT_SHARE, MAX_QUEUED_PER_CLIENT
 from flight.worker.auth import ServerSecurity, read_tokens
 from flight.worker.server import WorkerServer
 
@@ -102,6 +103,23 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds a task may wait for capacity before it is refused as busy (default: %(default)s)",
     )
     p.add_argument(
+        "--max-tasks-per-client",
+        type=int,
+        default=None,
+        metavar="N",
+        help="slots one identity (a token's name, a client certificate) may hold at once, so that another finds room at once "
+        f"(default: {int(CLIENT_SHARE * 100)}%% of --max-tasks with --auth-token-file or --tls-client-ca; without them "
+        "every caller is one identity, 'anonymous', and the default is --max-tasks)",
+    )
+    p.add_argument(
+        "--max-queued-per-client",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tasks one identity may have waiting for capacity at once (each holds a thread); one more is refused as busy "
+        f"(default: {MAX_QUEUED_PER_CLIENT} with --auth-token-file or --tls-client-ca, else --queue-length)",
+    )
+    p.add_argument(
         "--peer-timeout",
         type=float,
         default=d.peer_timeout,
@@ -119,7 +137,10 @@ def _parser() -> argparse.ArgumentParser:
     eng.add_argument("--engine-threads", type=int, default=None, metavar="N", help="engine threads (default: one per core)")
     sec = p.add_argument_group("security (docs/security.md)")
     sec.add_argument(
-        "--auth-token-file", metavar="FILE", help="require a bearer token from FILE on every call (one token per line: list two to rotate)"
+        "--auth-token-file",
+        metavar="FILE",
+        help="require a bearer token from FILE on every call: one 'name:token' (or a bare token, named token-N by position) "
+        "per line; the name is the caller's identity for fair shares. To rotate, list the new token under a new name",
     )
     sec.add_argument("--public-health", action="store_true", help="with --auth-token-file: let the health action through without a token")
     sec.add_argument("--tls-cert", metavar="FILE", help="serve grpc+tls:// with this PEM certificate chain (needs --tls-key)")
@@ -149,7 +170,7 @@ def _security(args: argparse.Namespace) -> ServerSecurity:
     peer_ca = Path(args.tls_ca).read_bytes() if args.tls_ca else client_ca
     tokens = read_tokens(args.auth_token_file) if args.auth_token_file else []
     peer = Security(
-        token=tokens[0].decode() if tokens else None,
+        token=tokens[0].secret.decode() if tokens else None,
         tls_root_certs=peer_ca,
         cert_chain=cert if client_ca else None,  # peers that require client certificates get this worker's own
         private_key=key if client_ca else None,
@@ -228,7 +249,22 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except (OSError, ValueError) as exc:
         print(f"flight-worker: {exc}", file=sys.stderr)
         sys.exit(2)
-    server = WorkerServer(args.host, args.port, options, security=security)
+    for flag, value in (("--max-tasks-per-client", args.max_tasks_per_client), ("--max-queued-per-client", args.max_queued_per_client)):
+        if value is not None and value < 1:
+            print(f"flight-worker: {flag} must be at least 1 (got {value})", file=sys.stderr)
+            sys.exit(2)
+    if security.tokens:
+        log.info("accepting %d tokens: %s", len(security.tokens), ", ".join(t.name for t in security.tokens))
+    server = WorkerServer(
+        args.host,
+        args.port,
+        options,
+        security=security,
+        max_tasks_per_client=args.max_tasks_per_client,
+        max_queued_per_client=args.max_queued_per_client,
+    )
+    cap = server.admission.capacity
+    log.info("capacity: %d tasks, %d per client, %d waiting per client", cap.tasks, cap.client_cap, cap.client_queue)
     print(f"flight-worker listening on {server.url}", flush=True)
     # Nobody reads stdout after that line (LocalCluster stops at it): anything a library prints
     # there later would fill the pipe and block the worker, so stdout goes to stderr from here.

@@ -46,6 +46,22 @@ class Sender:
             if not self._closed:
                 self._writer.write_metadata(data)
 
+    def try_frame(self, frame: protocol_pb2.WorkerFrame) -> bool:
+        """Write ``frame`` unless another thread is writing now (then nothing is written): for heartbeats.
+
+        False when skipped. A write in progress is itself a sign of life, or a peer
+        that does not read (then the beat would only wait behind it).
+        """
+        data = pa.py_buffer(frame.SerializeToString())
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if not self._closed:
+                self._writer.write_metadata(data)
+            return True
+        finally:
+            self._lock.release()
+
     def begin(self, schema: pa.Schema, options: pa.ipc.IpcWriteOptions) -> None:
         with self._lock:
             if not self._closed:

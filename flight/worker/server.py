@@ -55,10 +55,11 @@ from flight.protocol import (
     status_message,
 )
 from flight.threads import Job, spawn
-from flight.worker.admission import INPUT_RESERVE_BYTES, Admission, Capacity, Need
-from flight.worker.auth import MIDDLEWARE_KEY, ServerSecurity, TokenAuth, is_anonymous, same_secret
+from flight.worker.admission import INPUT_RESERVE_BYTES, Admission, Capacity, Need, client_limits
+from flight.worker.auth import MIDDLEWARE_KEY, ServerSecurity, TokenAuth, identity, is_anonymous, same_secret
+from flight.worker.beats import Heartbeats
 from flight.worker.boundary import error_boundary
-from flight.worker.exchange import Sender, heartbeats, read_frames
+from flight.worker.exchange import Sender, read_frames
 from flight.worker.shuffle import read_partitions
 from flight.worker.tasks import Task, TaskRegistry
 
@@ -88,6 +89,8 @@ class WorkerServer(fl.FlightServerBase):
         options: WorkerOptions | None = None,
         *,
         security: ServerSecurity | None = None,
+        max_tasks_per_client: int | None = None,
+        max_queued_per_client: int | None = None,
     ) -> None:
         sec = security or ServerSecurity()
         scheme = "grpc+tls" if sec.tls_cert else "grpc"
@@ -106,8 +109,17 @@ class WorkerServer(fl.FlightServerBase):
         self.peers = ClientPool(sec.peer)
         self.draining = threading.Event()
         o = self.options
-        self.admission = Admission(Capacity(o.max_tasks, o.source_threads, o.memory_budget, o.queue_length, o.queue_wait))
-        self._stopped = threading.Event()
+        # Fair shares per identity (admission.py); None: the defaults, which depend on whether callers have identities.
+        per_client, client_queue = client_limits(
+            o.max_tasks, o.queue_length, sec.identifies_callers, max_tasks_per_client, max_queued_per_client
+        )
+        self.admission = Admission(
+            Capacity(o.max_tasks, o.source_threads, o.memory_budget, o.queue_length, o.queue_wait, per_client, client_queue)
+        )
+        self.beats = Heartbeats()
+        self._stopped = threading.Event()  # set by shutdown()
+        # The watchdog runs for the worker's whole life, drained or not: a drain that is undone
+        # (resume) must still free the tasks of coordinators that went silent.
         threading.Thread(target=self._watch, name="watchdog", daemon=True).start()
 
     # ------------------------------------------------------------- DoExchange
@@ -126,6 +138,7 @@ class WorkerServer(fl.FlightServerBase):
         except ProtocolError as exc:
             raise self._reject(sender, exc, None) from None
         key = format_stage_key(header.stage_key)
+        client = identity(context)
         if self.draining.is_set():
             message = f"worker {self.url} is draining and accepts no new tasks"
             raise self._refuse(sender, protocol_pb2.ERROR_CODE_UNAVAILABLE, message, header.stage_key)
@@ -142,14 +155,21 @@ class WorkerServer(fl.FlightServerBase):
                 log.debug("task %s: could not say it is queued: %s", key, exc)
 
         refusal = self.admission.admit(
-            key, need, pa.total_allocated_bytes, give_up=context.is_cancelled, tick=queued, tick_every=interval
+            key,
+            need,
+            pa.total_allocated_bytes,
+            client=client,
+            query=header.stage_key.query_id,
+            give_up=context.is_cancelled,
+            tick=queued,
+            tick_every=interval,
         )
         if refusal is not None:
             code = protocol_pb2.ERROR_CODE_BUSY if refusal.fits_ever else protocol_pb2.ERROR_CODE_TOO_LARGE
-            log.debug("refused task %s: %s", key, refusal.reason)
+            log.debug("refused task %s of %s: %s", key, client, refusal.reason)
             raise self._refuse(sender, code, f"worker {self.url} cannot take task {key}: {refusal.reason}", header.stage_key)
         try:
-            self._run_exchange(header, plan, buffer_bytes, sender, reader)
+            self._run_exchange(header, plan, buffer_bytes, sender, reader, client)
         finally:
             self.admission.release(key)
 
@@ -160,8 +180,9 @@ class WorkerServer(fl.FlightServerBase):
         buffer_bytes: int,
         sender: Sender,
         reader: fl.MetadataRecordBatchReader,
+        client: str,
     ) -> None:
-        """An admitted task, from its start to the end of its exchange."""
+        """An admitted task of identity ``client``, from its start to the end of its exchange."""
         opts = header.options
         task = Task(
             header,
@@ -176,6 +197,7 @@ class WorkerServer(fl.FlightServerBase):
             ),
             read_partitions=self._read_partitions,
         )
+        task.client = client
         try:
             try:
                 output = compile_task(
@@ -190,12 +212,11 @@ class WorkerServer(fl.FlightServerBase):
             raise self._reject(sender, exc, header.stage_key) from None
         log.debug("task %s started (%d feed partitions)", task.key, len(task.inboxes))
         interval = clamp(opts.heartbeat_ms or DEFAULT_HEARTBEAT_MS, MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS) / 1000
-        ended = threading.Event()
         runner: Job | None = None
         try:
             self._send_ready(task, sender)
             runner = spawn(self._run, task, output, sender, name=f"task-{task.key}")
-            spawn(heartbeats, sender, ended, interval, name=f"beat-{task.key}")
+            self.beats.add(sender, interval)  # one thread beats for every task (beats.py)
             # This thread reads the coordinator's side until it half-closes or goes away;
             # the reader is only valid while this handler runs, so it is read nowhere else.
             read_frames(task, reader)
@@ -208,7 +229,7 @@ class WorkerServer(fl.FlightServerBase):
                 # Stopped after it finished (a bad frame, a Cancel): the call still says so (docs/protocol.md §9).
                 task.failure = self._fail(task, sender, task.error or TaskCancelledError(task.cancel_reason))
         finally:
-            ended.set()
+            self.beats.remove(sender)
             task.cancel("the task ended")
             if runner is not None and runner.is_alive():
                 runner.join(timeout=_RUNNER_STOP_S)
@@ -421,7 +442,14 @@ class WorkerServer(fl.FlightServerBase):
             draining=self.draining.is_set(),
             url=self.url,
             load=self.admission.load(len(self.registry), self.registry.buffered_bytes()),
+            clients=self.admission.clients(),
         )
+
+    def shutdown(self) -> None:
+        """Stop serving (after a drain, say); the watchdog and the heartbeats stop too."""
+        self._stopped.set()
+        self.beats.close()
+        super().shutdown()
 
     def resume(self) -> None:
         """Accept tasks again after a drain (one that is still in its grace period stops cancelling)."""
@@ -440,7 +468,6 @@ class WorkerServer(fl.FlightServerBase):
                 task.cancel("the worker is shutting down")
                 self.registry.remove(task)  # its handler may be stuck reading a silent client
                 self.admission.release(task.key)
-        self._stopped.set()
 
 
 def _stream(task: Task, start: int, end: int) -> Iterator[tuple[pa.RecordBatch, bytes]]:
