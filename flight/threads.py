@@ -19,13 +19,15 @@ a ``threading.Thread`` is (``threading.excepthook``).
 
 from __future__ import annotations
 
+import heapq
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["IDLE_S", "Job", "spawn"]
+__all__ = ["IDLE_S", "Job", "every", "spawn"]
 
 IDLE_S = 30.0
 """How long an idle pool thread waits for a function before it ends."""
@@ -137,3 +139,62 @@ def spawn(target: Callable[..., Any], *args: Any, name: str) -> Job:
     job = Job(target, args, name)
     _POOL.submit(job)
     return job
+
+
+class _Ticker:
+    """One thread that calls many short functions, each every so many seconds.
+
+    Why: a heartbeat per task channel on a thread of its own made a thread per task, and
+    under a burst of queries (200 at once on two cores) those threads waited behind
+    thousands of thread starts: a channel's first heartbeat came after the worker's
+    10 s silence bound and the worker freed a live task. One thread beats for all.
+
+    A function returns False to stop being called; it must never block (a heartbeat
+    that finds its channel's writer busy skips the beat: the write is a sign of life).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._due: list[tuple[float, int, float, Callable[[], bool]]] = []
+        self._count = 0
+        self._thread: threading.Thread | None = None
+
+    def every(self, interval: float, fn: Callable[[], bool]) -> None:
+        with self._lock:
+            self._count += 1
+            heapq.heappush(self._due, (time.monotonic() + interval, self._count, interval, fn))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="flight-ticker", daemon=True)
+                self._thread.start()
+            self._lock.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while True:
+                    now = time.monotonic()
+                    if self._due and self._due[0][0] <= now:
+                        due, n, interval, fn = heapq.heappop(self._due)
+                        break
+                    if not self._due and not self._lock.wait(IDLE_S) and not self._due:
+                        self._thread = None
+                        return
+                    if self._due:
+                        self._lock.wait(self._due[0][0] - now)
+            try:
+                again = fn()
+            except BaseException as exc:  # noqa: BLE001 - reported, and that function is not called again
+                threading.excepthook(threading.ExceptHookArgs((type(exc), exc, exc.__traceback__, threading.current_thread())))
+                again = False
+            if again:
+                with self._lock:
+                    heapq.heappush(self._due, (max(due + interval, time.monotonic()), n, interval, fn))
+
+
+_TICKER = _Ticker()
+os.register_at_fork(after_in_child=lambda: _Ticker.__init__(_TICKER))
+
+
+def every(interval: float, fn: Callable[[], bool]) -> None:
+    """Call ``fn()`` every ``interval`` seconds on the process's one ticker thread, until it returns False."""
+    _TICKER.every(interval, fn)

@@ -97,3 +97,35 @@ def test_a_forked_child_gets_threads_of_its_own() -> None:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, "the child's spawned function never ran"
+
+
+def test_every_calls_each_function_on_one_thread_until_it_returns_false() -> None:
+    calls: dict[str, list[str]] = {"a": [], "b": []}
+
+    def ticking(name: str, times: int):  # type: ignore[no-untyped-def]
+        def fn() -> bool:
+            calls[name].append(threading.current_thread().name)
+            return len(calls[name]) < times
+        return fn
+
+    threads.every(0.01, ticking("a", 3))
+    threads.every(0.02, ticking("b", 2))
+    wait_until(lambda: len(calls["a"]) == 3 and len(calls["b"]) == 2, 10.0, "both functions to be called until they stop")
+    assert {*calls["a"], *calls["b"]} == {"flight-ticker"}  # one thread for all
+    settled = time.monotonic() + 0.1
+    wait_until(lambda: time.monotonic() > settled, 5.0, "a few more ticks' time")
+    assert (len(calls["a"]), len(calls["b"])) == (3, 2)  # never called again after False
+
+
+def test_a_raising_function_is_reported_and_the_ticker_serves_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.exc_value))
+    later: list[int] = []
+
+    def boom() -> bool:
+        raise RuntimeError("a failing beat")
+
+    threads.every(0.01, boom)
+    threads.every(0.01, lambda: later.append(1) is None and len(later) < 3)
+    wait_until(lambda: len(later) == 3 and seen, 10.0, "the error to be reported and the other function to go on")
+    assert isinstance(seen[0], RuntimeError)

@@ -20,7 +20,7 @@ from flight._proto import protocol_pb2
 from flight.clients import error_from_info, translate_flight_error
 from flight.errors import FlightExecError, ProtocolError, TaskFailedError, WorkerBusyError, WorkerError, WorkerUnavailableError
 from flight.protocol import decode_schema, decode_worker_frame, format_stage_key, status_message
-from flight.threads import spawn
+from flight.threads import every, spawn
 
 __all__ = ["TaskChannel"]
 
@@ -38,6 +38,8 @@ FinishedHandler = Callable[["TaskChannel"], None]
 
 class TaskChannel:
     """One task's DoExchange, seen from the coordinator."""
+
+    _HEARTBEAT = pa.py_buffer(protocol_pb2.CoordinatorFrame(heartbeat=protocol_pb2.Heartbeat()).SerializeToString())
 
     def __init__(
         self,
@@ -83,33 +85,40 @@ class TaskChannel:
         except (pa.ArrowException, OSError) as exc:
             raise translate_flight_error(exc, self.url, self.key) from exc
         self.last_heard = time.monotonic()
-        # One thread started here; the reader starts the heartbeats. Starting a thread waits for it to
-        # run, about 0.8 ms on a busy coordinator, and a query's channels are opened one after
-        # another: a second start here delayed the last of TPC-H Q5's 12 tasks by about 10 ms.
+        # One thread started here; the reader registers the heartbeats with the process's ticker
+        # thread (flight.threads.every): no thread per heartbeat.
         spawn(self._read, name=f"channel-{self.key}")
 
-    def _keep_alive(self) -> None:
-        """Heartbeats to the worker, and the watch for a worker that went silent.
+    def _beat(self) -> bool:
+        """One heartbeat to the worker, and the watch for a worker that went silent (on the ticker thread).
 
-        The silence check comes first and never waits on the writer: a write to a frozen
-        worker may block once gRPC's flow-control window is full.
+        The silence check comes first, and nothing here waits: a writer that holds the lock
+        (a write blocked on a frozen worker, or any other frame) makes the beat skip, and the
+        failure is handled on a thread of its own. False ends the beats.
         """
-        frame = protocol_pb2.CoordinatorFrame(heartbeat=protocol_pb2.Heartbeat())
-        while not self.done.wait(self.heartbeat):
-            silent = time.monotonic() - self.last_heard
-            if silent > self.peer_timeout:
-                self._fail(
-                    WorkerUnavailableError(
-                        f"worker {self.url} sent nothing for {silent:.0f}s (heartbeats included): "
-                        "it is frozen, overloaded or unreachable",
-                        worker_url=self.url,
-                        stage_key=self.key,
-                    )
-                )
-                self._cancel_call()
-                return
-            if not self._closing:
-                self.send(frame)
+        if self.done.is_set():
+            return False
+        silent = time.monotonic() - self.last_heard
+        if silent > self.peer_timeout:
+            spawn(self._lost, silent, name=f"lost-{self.key}")
+            return False
+        if not self._closing and self._lock.acquire(blocking=False):
+            try:
+                self._write(self._HEARTBEAT)
+            finally:
+                self._lock.release()
+        return True
+
+    def _lost(self, silent: float) -> None:
+        self._fail(
+            WorkerUnavailableError(
+                f"worker {self.url} sent nothing for {silent:.0f}s (heartbeats included): "
+                "it is frozen, overloaded or unreachable",
+                worker_url=self.url,
+                stage_key=self.key,
+            )
+        )
+        self._cancel_call()
 
     def ready_or_queued(self, deadline_s: float) -> bool:
         """True once the worker accepted the task, False as soon as it says it queued it for capacity.
@@ -159,15 +168,18 @@ class TaskChannel:
     def send(self, frame: protocol_pb2.CoordinatorFrame) -> None:
         data = pa.py_buffer(frame.SerializeToString())
         with self._lock:
-            # One writer at a time, and none once the call ended or failed or was let go: the
-            # release is the last write (docs/protocol.md §9, "One writer").
-            if self._closing or self._writer is None or self.done.is_set() or self.error is not None:
-                return
-            try:
-                self._writer.write_metadata(data)
-            except (pa.ArrowException, OSError) as exc:
-                # The reader thread sees the same broken stream and reports the worker's error.
-                log.debug("task %s: sending a frame failed: %s", self.key, exc)
+            self._write(data)
+
+    def _write(self, data: pa.Buffer) -> None:
+        """One frame, under ``_lock``: one writer at a time, and none once the call ended or failed
+        or was let go (the release is the last write: docs/protocol.md §9, "One writer")."""
+        if self._closing or self._writer is None or self.done.is_set() or self.error is not None:
+            return
+        try:
+            self._writer.write_metadata(data)
+        except (pa.ArrowException, OSError) as exc:
+            # The reader thread sees the same broken stream and reports the worker's error.
+            log.debug("task %s: sending a frame failed: %s", self.key, exc)
 
     def close(self) -> None:
         """Let go of the task: a ``Release`` frame; the worker frees it and ends the call.
@@ -250,7 +262,7 @@ class TaskChannel:
 
     def _read(self) -> None:
         assert self._reader is not None
-        spawn(self._keep_alive, name=f"beat-{self.key}")
+        every(self.heartbeat, self._beat)
         try:
             while True:
                 try:
