@@ -71,7 +71,9 @@ MAX_OUTPUT_READERS = 4_096
 MAX_PRODUCERS = 4_096
 """Producer tasks one shuffle read names."""
 MIN_OUTPUT_BUFFER_BYTES = 1 << 20
-MAX_OUTPUT_BUFFER_BYTES = 1 << 30
+MAX_OUTPUT_BUFFER_BYTES = 256 << 20
+"""An unread output buffer is memory a client makes a worker hold: at most this much per task (it was 1 GiB;
+one unread DoGet then grew a worker by 595 MB), and admission counts it against the client's and the worker's budget."""
 MAX_RETAINED_BYTES = 64 << 30
 """Most bytes a worker keeps on disk for one task's retained output (``TaskOptions.retain_output``):
 past it the task fails, naming the option, rather than filling the spill directory."""

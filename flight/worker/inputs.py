@@ -18,7 +18,43 @@ from flight.errors import ProtocolError
 from flight.feed import LatencyStats, now_ns
 from flight.limits import MAX_FEED_WINDOW, clamp
 
-__all__ = ["FeedInbox", "InputQueue", "ReceivedUnit"]
+__all__ = ["FeedInbox", "InputQueue", "ReceivedUnit", "UnitBytes"]
+
+
+class UnitBytes:
+    """The bytes of work units a task holds unread, across its feed partitions, against a bound.
+
+    Why: credits bound the *number* of units a client may send, not their size (a unit may
+    be 16 MiB, a window 65,536 units): a client that sent a full window of large units made
+    a worker hold +410 MB for one task. The bound is the task's input reservation, which
+    admission counted against the worker's and the client's memory budget; a frame that
+    would pass it is refused as a protocol error (the task fails, nothing grows), except
+    when the task holds no unit at all, so any single unit a frame may carry gets through.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def hold(self, n: int, where: str) -> None:
+        with self._lock:
+            if self._held and self._held + n > self.limit:
+                raise ProtocolError(
+                    f"{where}: the task would hold {(self._held + n) >> 10} KiB of unread work units, more than its "
+                    f"{self.limit >> 10} KiB input reservation: send fewer or smaller units at a time",
+                    field="app_metadata.units",
+                )
+            self._held += n
+
+    def free(self, n: int) -> None:
+        with self._lock:
+            self._held = max(0, self._held - n)
+
+    @property
+    def held(self) -> int:
+        with self._lock:
+            return self._held
 
 
 @dataclass
@@ -46,8 +82,11 @@ class FeedInbox:
     outstanding (queued here or in flight) for this partition.
     """
 
-    def __init__(self, feed_id: str, partition: int, window: int, send_credit: Callable[[int], None]) -> None:
+    def __init__(
+        self, feed_id: str, partition: int, window: int, send_credit: Callable[[int], None], held: UnitBytes | None = None
+    ) -> None:
         self.feed_id = feed_id
+        self._held = held or UnitBytes(1 << 62)
         self.partition = partition
         self._window = clamp(window, 1, MAX_FEED_WINDOW)
         self._send_credit = send_credit
@@ -84,6 +123,8 @@ class FeedInbox:
                     f"but only {self._granted} credits granted",
                     field="app_metadata.units",
                 )
+            size = sum(len(u.body) for u in units)
+            self._held.hold(size, f"feed {self.feed_id!r} partition {self.partition}")
             self._received += len(units)
             for u in units:
                 self._units.append(ReceivedUnit(u.body, u.created_unix_nanos, u.sent_unix_nanos, received_ns, self, u.id))
@@ -102,6 +143,8 @@ class FeedInbox:
         with self._cond:
             if self._error is None:
                 self._error = error
+            self._held.free(sum(len(u.body) for u in self._units))  # never read now: let them go
+            self._units.clear()
             self._cond.notify_all()
 
     def take(self, most: int = 1) -> list[ReceivedUnit]:
@@ -112,6 +155,7 @@ class FeedInbox:
             if self._error is not None:
                 raise self._error
             taken = [self._units.popleft() for _ in range(min(most, len(self._units)))]
+            self._held.free(sum(len(u.body) for u in taken))
             self._taken += len(taken)
             outstanding = self._granted - self._taken
             grant = 0
@@ -142,11 +186,18 @@ class FeedInbox:
 
 
 class InputQueue:
-    """A map stage's input batches, from the exchange's reader thread to the pipeline."""
+    """A map stage's input batches, from the exchange's reader thread to the pipeline.
 
-    def __init__(self, max_batches: int = 8) -> None:
+    Bounded in batches and in bytes (the task's input reservation; one batch of any size
+    when the queue is empty): past either, ``put`` waits, the exchange is not read, and
+    gRPC's flow control holds the client back. It never grows with what a client sends.
+    """
+
+    def __init__(self, max_batches: int = 8, max_bytes: int = 8 << 20) -> None:
         self._items: deque[pa.RecordBatch] = deque()
         self._max = max_batches
+        self._max_bytes = max_bytes
+        self._bytes = 0
         self._ended = False
         self._discarding = False
         self._error: BaseException | None = None
@@ -163,11 +214,17 @@ class InputQueue:
         with self._cond:
             self._discarding = True
             self._items.clear()
+            self._bytes = 0
             self._cond.notify_all()
 
     def put(self, batch: pa.RecordBatch) -> None:
         with self._cond:
-            while len(self._items) >= self._max and self._error is None and not self._discarding:
+            while (
+                self._items
+                and (len(self._items) >= self._max or self._bytes + batch.nbytes > self._max_bytes)
+                and self._error is None
+                and not self._discarding
+            ):
                 self._cond.wait()
             if self._error is not None:
                 raise self._error
@@ -178,6 +235,7 @@ class InputQueue:
             if self._discarding:
                 return
             self._items.append(batch)
+            self._bytes += batch.nbytes
             self._cond.notify_all()
 
     def end_with(self, rows: int, batches: int) -> None:
@@ -204,6 +262,8 @@ class InputQueue:
         with self._cond:
             if self._error is None:
                 self._error = error
+            self._items.clear()  # never read now: let them go
+            self._bytes = 0
             self._cond.notify_all()
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
@@ -216,5 +276,6 @@ class InputQueue:
                 if not self._items:
                     return
                 batch = self._items.popleft()
+                self._bytes -= batch.nbytes
                 self._cond.notify_all()
             yield batch

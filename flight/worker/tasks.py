@@ -24,9 +24,10 @@ from flight.engine.pruning import ScanStats
 from flight.errors import ProtocolError, TaskCancelledError, TaskFailedError
 from flight.ipc import check_batch
 from flight.protocol import format_stage_key
+from flight.worker.admission import INPUT_RESERVE_BYTES
 from flight.worker.auth import same_secret
 from flight.worker.buffers import OutputBuffer
-from flight.worker.inputs import FeedInbox, InputQueue
+from flight.worker.inputs import FeedInbox, InputQueue, UnitBytes
 
 __all__ = ["Task", "TaskRegistry"]
 
@@ -69,7 +70,7 @@ class Task:
         self.failure: Exception | None = None  # the Flight error the exchange ends with
         self.finished = False
         self.is_map = _has_exchange_input(plan.root)
-        self.inputs = InputQueue() if self.is_map else None
+        self.inputs = InputQueue(max_bytes=INPUT_RESERVE_BYTES) if self.is_map else None
         partitions = plan.output.partitions or 1
         self.hash_keys = list(plan.output.hash_keys)
         self.output = None if self.is_map else OutputBuffer(
@@ -79,11 +80,12 @@ class Task:
         self._next_partition = 0
         self.inboxes: dict[tuple[str, int], FeedInbox] = {}
         self.assigned_feeds = {a.feed_id for a in header.feeds}
+        self.unit_bytes = UnitBytes(INPUT_RESERVE_BYTES)  # unread units, all partitions: within the input reservation
         for assignment in header.feeds:
             window = assignment.window or feed_window
             for p in assignment.partitions:
                 fid = assignment.feed_id
-                self.inboxes[(fid, p)] = FeedInbox(fid, p, window, functools.partial(send_credit, fid, p))
+                self.inboxes[(fid, p)] = FeedInbox(fid, p, window, functools.partial(send_credit, fid, p), self.unit_bytes)
         self.rows_out = 0
         self.batches_out = 0
         self.bytes_out = 0
