@@ -229,3 +229,107 @@ def test_a_path_outside_the_data_roots_is_permission_denied(cluster: flight.Loca
         pq.write_table(pa.table({"a": [1, 2]}), outside)
         with pytest.raises(flight.PermissionDeniedError, match="path refused"):
             flight.DistributedExec(flight.read_parquet([str(outside)]), cluster.resolver()).to_table()
+
+
+# ------------------------------------------------------------ named tokens and identities (issue 24)
+
+
+def _token_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "tokens"
+    path.write_text(text)
+    return path
+
+
+def test_a_token_file_names_its_tokens_and_keeps_bare_tokens_working(tmp_path: Path) -> None:
+    from flight.worker.auth import read_tokens
+
+    path = _token_file(tmp_path, "# team tokens\nalice:tok-aaaaaaaaaaaa\n\nbare-token-bbbbbbbbbbbb\nbob: tok-cccccccccccc \nweird token:with colon\n")
+    tokens = read_tokens(path)
+    assert [t.name for t in tokens] == ["alice", "token-2", "bob", "token-4"]  # bare ones by position, nothing of the token
+    assert [t.secret for t in tokens] == [b"tok-aaaaaaaaaaaa", b"bare-token-bbbbbbbbbbbb", b"tok-cccccccccccc", b"weird token:with colon"]
+    assert "tok-" not in repr(tokens) and "alice" in repr(tokens)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("alice:one-secret\nalice:other-secret\n", "line 2: the name 'alice' is already used on line 1"),
+        ("first-secret\ntoken-1:second-secret\n", "the name 'token-1' is already used on line 1"),
+        ("alice:same-secret\nbob:same-secret\n", "line 2: the same token is listed on line 1"),
+        ("anonymous:a-secret\n", "reserved"),
+        ("alice:\n", "the token named 'alice' is empty"),
+        ("# nothing\n\n", "lists no token"),
+    ],
+)
+def test_a_token_file_with_clashing_or_empty_entries_is_refused_clearly(tmp_path: Path, text: str, message: str) -> None:
+    from flight.worker.auth import read_tokens
+
+    with pytest.raises(ValueError, match=message) as raised:
+        read_tokens(_token_file(tmp_path, text))
+    assert "-secret" not in str(raised.value)  # no token in the message
+
+
+def test_the_worker_refuses_a_token_file_with_a_duplicate_name_at_start(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = _token_file(tmp_path, "alice:secret-one-aaaaaaaa\nalice:secret-two-bbbbbbbb\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "flight.worker", "--port", "0", "--auth-token-file", str(path)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "the name 'alice' is already used on line 1" in proc.stderr
+    assert "secret-" not in proc.stderr
+
+
+def test_named_tokens_and_the_whole_line_authenticate_as_their_name(tmp_path: Path) -> None:
+    path = _token_file(tmp_path, "alice:alice-secret-aaaaaaaa\nbare-secret-bbbbbbbbbbbb\n")
+    with flight.LocalCluster(1, worker_args=["--auth-token-file", str(path)], log_level="INFO") as c:
+        for token, name in (("alice-secret-aaaaaaaa", "alice"), ("alice:alice-secret-aaaaaaaa", "alice"), ("bare-secret-bbbbbbbbbbbb", "token-2")):
+            sec = Security(token=token)
+            ex = flight.DistributedExec(waiting_query(), c.urls, security=sec)
+            reader = ex.execute()
+            try:
+                wait_until(lambda: _running_of(c.urls[0], sec, name) == 1, 10.0, f"a task of {name}")
+            finally:
+                del reader
+                gc.collect()
+            wait_until(lambda: _running_of(c.urls[0], sec, name) == 0, 10.0, f"{name}'s task to be freed")
+        with pytest.raises(flight.UnauthenticatedError):
+            flight.DistributedExec(flight.from_arrow(_table(3, 3)), c.urls, security=Security(token="alice")).to_table()
+
+
+def _running_of(url: str, security: Security, name: str) -> int:
+    with connect(url, security) as client:
+        body = list(client.do_action(fl.Action("info", b"")))[0].body.to_pybytes()
+    info = protocol_pb2.WorkerInfo.FromString(body)
+    return sum(c.running_tasks for c in info.clients if c.identity == name)
+
+
+def test_a_client_certificate_names_the_caller_under_mutual_tls_without_tokens() -> None:
+    import trustme
+
+    from flight.worker.auth import ServerSecurity
+    from flight.worker.server import WorkerServer
+
+    ca = trustme.CA()
+    server_cert, client_cert = ca.issue_cert("127.0.0.1"), ca.issue_cert("analytics-team")
+    pem = ca.cert_pem.bytes()
+    chain = b"".join(b.bytes() for b in server_cert.cert_chain_pems)
+    sec = ServerSecurity(tls_cert=chain, tls_key=server_cert.private_key_pem.bytes(), client_ca=pem)
+    mine = Security(
+        tls_root_certs=pem,
+        cert_chain=b"".join(b.bytes() for b in client_cert.cert_chain_pems),
+        private_key=client_cert.private_key_pem.bytes(),
+    )
+    with WorkerServer(security=sec) as server:
+        assert server.admission.capacity.client_cap == 48  # callers have identities: 3/4 of --max-tasks
+        ex = flight.DistributedExec(waiting_query(), [server.url], security=mine)
+        reader = ex.execute()
+        try:
+            wait_until(lambda: _running_of(server.url, mine, "cert:analytics-team") == 1, 10.0, "the task of the certificate's identity")
+        finally:
+            del reader
+            gc.collect()
+        wait_until(lambda: len(server.registry) == 0, 15.0, "the task to be freed")

@@ -1,0 +1,291 @@
+"""Fair shares of a worker (issue 24), decided by ``Admission`` alone: no sockets, no worker.
+
+Turns between identities and between an identity's queries, the cap per identity,
+the bound on an identity's waiting tasks, release, and the per-identity report.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+
+import pytest
+from support import wait_until
+
+from flight._proto import protocol_pb2
+from flight.worker.admission import ANONYMOUS, Admission, Capacity, Need, Refusal, client_limits
+from flight.worker.beats import Heartbeats
+
+ONE = Need(1, 1)
+
+
+def capacity(tasks: int = 1, per_client: int = 0, client_queue: int = 0, queue: int = 64, wait: float = 30.0) -> Capacity:
+    return Capacity(tasks=tasks, threads=64, memory=1 << 30, queue=queue, wait=wait, per_client=per_client, client_queue=client_queue)
+
+
+class Line:
+    """Tasks that wait in an ``Admission`` on threads of their own; ``order`` is the order they got in."""
+
+    def __init__(self, adm: Admission) -> None:
+        self.adm = adm
+        self.order: list[str] = []
+        self.refused: dict[str, Refusal] = {}
+        self.threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def join(self, key: str, client: str, query: str = "q", need: Need = ONE) -> None:
+        """Start a task that waits, and wait until it is in the queue (so arrival order is fixed)."""
+        before = self.adm.waiting
+
+        def run() -> None:
+            refusal = self.adm.admit(key, need, client=client, query=query)
+            with self._lock:
+                if refusal is None:
+                    self.order.append(key)
+                else:
+                    self.refused[key] = refusal
+
+        t = threading.Thread(target=run, name=f"wait-{key}", daemon=True)
+        t.start()
+        self.threads.append(t)
+        wait_until(lambda: self.adm.waiting == before + 1, 5.0, f"{key} to queue")
+
+    def admitted(self, n: int) -> list[str]:
+        wait_until(lambda: len(self.order) >= n, 5.0, f"{n} tasks admitted")
+        with self._lock:
+            return list(self.order)
+
+    def release_all(self) -> None:
+        """Release whatever got in until every waiting thread is done."""
+        while any(t.is_alive() for t in self.threads) or self.order:
+            with self._lock:
+                keys, self.order = self.order, []
+            for key in keys:
+                self.adm.release(key)
+            for t in self.threads:
+                t.join(0.05)
+
+
+@pytest.fixture
+def line() -> Iterator[Line]:
+    lines: list[Line] = []
+
+    def make(adm: Admission) -> Line:
+        lines.append(Line(adm))
+        return lines[-1]
+
+    yield make  # type: ignore[misc]
+    for ln in lines:
+        ln.release_all()
+
+
+def test_slots_go_round_robin_between_identities(line) -> None:  # type: ignore[no-untyped-def]
+    adm = Admission(capacity(tasks=1))
+    assert adm.admit("holder", ONE, client="a") is None
+    ln = line(adm)
+    for key, client in [("a1", "a"), ("a2", "a"), ("a3", "a"), ("b1", "b"), ("b2", "b"), ("c1", "c")]:
+        ln.join(key, client)
+    adm.release("holder")
+    for n in range(1, 7):
+        got = ln.admitted(n)
+        adm.release(got[-1])
+    assert ln.order == ["a1", "b1", "c1", "a2", "b2", "a3"]
+
+
+def test_an_identitys_queries_take_turns_first_come_first_served_within_each(line) -> None:  # type: ignore[no-untyped-def]
+    adm = Admission(capacity(tasks=1))
+    assert adm.admit("holder", ONE) is None
+    ln = line(adm)
+    for key, query in [("q1.0", "q1"), ("q1.1", "q1"), ("q1.2", "q1"), ("q2.0", "q2"), ("q3.0", "q3"), ("q2.1", "q2")]:
+        ln.join(key, ANONYMOUS, query)
+    adm.release("holder")
+    for n in range(1, 7):
+        adm.release(ln.admitted(n)[-1])
+    assert ln.order == ["q1.0", "q2.0", "q3.0", "q1.1", "q2.1", "q1.2"]
+
+
+def test_an_identity_never_holds_more_than_its_cap_and_another_gets_in_at_once(line) -> None:  # type: ignore[no-untyped-def]
+    adm = Admission(capacity(tasks=4, per_client=3))
+    for i in range(3):
+        assert adm.admit(f"a{i}", ONE, client="a") is None
+    ln = line(adm)
+    ln.join("a3", "a")  # a slot is free, but not for "a": it waits, alone
+    assert len(adm) == 3 and adm.waiting == 1
+    assert adm.admit("b0", ONE, client="b") is None  # the waiting task of a capped identity blocks nobody
+    adm.release("b0")
+    assert adm.waiting == 1 and not ln.order
+    adm.release("a0")  # one of its own ends: now it may
+    assert ln.admitted(1) == ["a3"]
+    loads = {c.identity: c for c in adm.clients()}
+    assert loads["a"].running_tasks == 3 and loads["b"].running_tasks == 0
+
+
+def test_the_cap_times_out_with_a_message_naming_it() -> None:
+    adm = Admission(capacity(tasks=4, per_client=1, wait=0.2))
+    assert adm.admit("a0", ONE, client="alice") is None
+    refusal = adm.admit("a1", ONE, client="alice")
+    assert refusal is not None and refusal.fits_ever
+    assert "at capacity for 0.2s" in refusal.reason and "'alice' holds 1 of the 1 tasks one client may hold" in refusal.reason
+    assert "--max-tasks-per-client" in refusal.reason
+
+
+def test_an_identitys_waiting_tasks_are_bounded_and_one_more_is_refused_at_once(line) -> None:  # type: ignore[no-untyped-def]
+    adm = Admission(capacity(tasks=2, per_client=1, client_queue=2))
+    assert adm.admit("a0", ONE, client="alice") is None
+    ln = line(adm)
+    ln.join("a1", "alice")
+    ln.join("a2", "alice")
+    refusal = adm.admit("a3", ONE, client="alice")
+    assert refusal is not None and refusal.fits_ever
+    assert "'alice' has 2 tasks waiting already" in refusal.reason and "--max-queued-per-client 2" in refusal.reason
+    assert adm.waiting == 2
+    assert adm.admit("b0", ONE, client="bob") is None  # another identity is not affected
+    loads = {c.identity: c for c in adm.clients()}
+    assert (loads["alice"].running_tasks, loads["alice"].queued_tasks, loads["alice"].refused) == (1, 2, 1)
+    assert (loads["bob"].running_tasks, loads["bob"].queued_tasks, loads["bob"].refused) == (1, 0, 0)
+    assert [c.identity for c in adm.clients()] == ["alice", "bob"]  # busiest first
+    adm.release("a0")
+    assert ln.admitted(1) == ["a1"]
+    adm.release("a1")
+    assert ln.admitted(2) == ["a1", "a2"]
+
+
+def test_a_task_in_turn_that_does_not_fit_stops_the_line(line) -> None:  # type: ignore[no-untyped-def]
+    adm = Admission(Capacity(tasks=8, threads=4, memory=1 << 30, queue=8, wait=30.0, per_client=2))
+    assert adm.admit("big0", Need(3, 1), client="a") is None
+    ln = line(adm)
+    ln.join("big1", "b", need=Need(3, 1))  # in turn, does not fit the one thread left
+    ln.join("small", "c")
+    assert adm.waiting == 2 and not ln.order  # no overtaking: "small" waits behind "big1"
+    adm.release("big0")
+    assert sorted(ln.admitted(2)) == ["big1", "small"]  # granted together: their threads wake in any order
+
+
+def test_giving_up_leaves_the_line_and_lets_the_next_one_in(line) -> None:  # type: ignore[no-untyped-def]
+    adm = Admission(capacity(tasks=1))
+    assert adm.admit("holder", ONE) is None
+    stop = threading.Event()
+    result: list[Refusal | None] = []
+    t = threading.Thread(target=lambda: result.append(adm.admit("quitter", ONE, client="q", give_up=stop.is_set)))
+    t.start()
+    wait_until(lambda: adm.waiting == 1, 5.0, "the quitter to queue")
+    ln = line(adm)
+    ln.join("next", "n")
+    stop.set()
+    t.join(5)
+    assert result and result[0] is not None and adm.waiting == 1
+    adm.release("holder")
+    assert ln.admitted(1) == ["next"]
+    adm.release("holder")  # idempotent
+    adm.release("never-admitted")
+    assert len(adm) == 1
+
+
+def test_random_orders_keep_every_bound() -> None:
+    """Many identities and queries, tasks admitted and released in random order: no bound is ever crossed."""
+    rng = random.Random(24)
+    cap = capacity(tasks=6, per_client=4, client_queue=3, queue=10, wait=30.0)
+    adm = Admission(cap)
+    held: set[str] = set()
+    lock = threading.Lock()
+    threads = []
+
+    def ask(key: str, client: str, query: str) -> None:
+        if adm.admit(key, ONE, client=client, query=query) is None:
+            with lock:
+                held.add(key)
+
+    for i in range(60):
+        client, query = rng.choice("abcd"), rng.choice(["x", "y"])
+        t = threading.Thread(target=ask, args=(f"t{i}", client, f"{client}.{query}"), daemon=True)
+        t.start()
+        threads.append(t)
+        if rng.random() < 0.5:
+            with lock:
+                victim = rng.choice(sorted(held)) if held else None
+                held.discard(victim or "")
+            if victim:
+                adm.release(victim)
+        loads = adm.clients()
+        assert len(adm) <= cap.tasks and adm.waiting <= cap.queue
+        assert all(c.running_tasks <= cap.per_client and c.queued_tasks <= cap.client_queue for c in loads)
+        assert sum(c.running_tasks for c in loads) == len(adm)
+    while any(t.is_alive() for t in threads) or held:
+        with lock:
+            keys = list(held)
+            held.clear()
+        for key in keys:
+            adm.release(key)
+        for t in threads:
+            t.join(0.01)
+    assert len(adm) == 0 and adm.waiting == 0
+
+
+def test_default_limits_depend_on_whether_callers_have_identities() -> None:
+    assert client_limits(64, 256, True) == (48, 16)
+    assert client_limits(64, 256, False) == (64, 256)  # one identity for all: the whole worker
+    assert client_limits(64, 256, True, per_client=10, queued=2) == (10, 2)
+    assert client_limits(1, 256, True)[0] == 1
+    assert Capacity(tasks=4, threads=1, memory=1, per_client=9).client_cap == 4
+
+
+# --------------------------------------------------------------- heartbeats
+
+
+class FakeSender:
+    """A sender that counts beats; ``block`` makes its next write hang until released."""
+
+    def __init__(self, block: bool = False, busy: bool = False) -> None:
+        self.beats = 0
+        self.busy = busy
+        self.release = threading.Event()
+        self.blocked = threading.Event()
+        self._block = block
+
+    def try_frame(self, frame: protocol_pb2.WorkerFrame) -> bool:
+        assert frame.WhichOneof("frame") == "heartbeat"
+        if self.busy:
+            return False
+        if self._block:
+            self.blocked.set()
+            self.release.wait(30)
+            self._block = False
+        self.beats += 1
+        return True
+
+
+def test_one_thread_beats_for_every_sender_and_skips_a_busy_one() -> None:
+    beats = Heartbeats(stall=5.0)
+    try:
+        senders = [FakeSender() for _ in range(20)]
+        busy = FakeSender(busy=True)
+        for s in [*senders, busy]:
+            beats.add(s, 0.05)
+        wait_until(lambda: all(s.beats >= 3 for s in senders), 10.0, "three beats on every sender")
+        assert busy.beats == 0 and len(beats) == 21
+        beats.remove(senders[0])
+        n = senders[0].beats
+        wait_until(lambda: senders[1].beats >= n + 5, 10.0, "more beats on the others")
+        assert senders[0].beats <= n + 1  # removed: at most the beat in flight
+    finally:
+        beats.close()
+
+
+def test_a_frozen_peer_does_not_stop_the_others_beats() -> None:
+    beats = Heartbeats(stall=0.2)
+    frozen = FakeSender(block=True)
+    other = FakeSender()
+    try:
+        beats.add(frozen, 0.05)
+        assert frozen.blocked.wait(10)
+        beats.add(other, 0.05)
+        wait_until(lambda: other.beats >= 5, 10.0, "beats on the live sender while one write hangs")
+        assert beats.stalled == 1
+        frozen.release.set()  # the connection ended: the blocked thread returns and bows out
+        wait_until(lambda: beats.stalled == 0, 10.0, "the blocked writer to end")
+        n = frozen.beats
+        wait_until(lambda: frozen.beats > n, 10.0, "the sender to get beats again")
+    finally:
+        frozen.release.set()
+        beats.close()
