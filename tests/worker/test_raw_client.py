@@ -1033,3 +1033,36 @@ def test_hash_partitions_follow_the_documented_function(
         zeros = {landed[i] for i, x in enumerate(floats) if x == 0.0}
         nans = {landed[i] for i, x in enumerate(floats) if x is not None and math.isnan(x)}
         assert len(zeros) == 1 and len(nans) == 1, (zeros, nans)
+
+
+def test_resume_restarts_the_watchdog(P: Protos, tmp_path: Path) -> None:
+    """After drain and resume, a task whose coordinator goes silent is still freed after --peer-timeout."""
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flight.worker", "--host", "127.0.0.1", "--port", "0", "--peer-timeout", "1"],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            cwd=tmp_path,
+        )
+    try:
+        match = LISTENING.match(_first_line(proc, START_TIMEOUT))
+        assert match, "the worker did not print its listening line"
+        with fl.connect(match.group(1).decode()) as c:
+            list(c.do_action(fl.Action("drain", b""), options=CALL))
+            wait_until(lambda: info(P, c).draining, "the worker to drain")
+            list(c.do_action(fl.Action("resume", b""), options=CALL))
+            assert not info(P, c).draining and healthy(c)
+            ex = Exchange(P, c, header(P, new_key(P), P.StagePlan(root=scan(P)), {"files": [0]}).SerializeToString())
+            try:
+                assert ex.frame().WhichOneof("frame") == "ready"
+                assert info(P, c).running_tasks == 1
+                # Silent from here on: no unit, no heartbeat, no half-close.
+                wait_until(lambda: info(P, c).running_tasks == 0, "the watchdog to free the silent client's task", timeout=20.0)
+            finally:
+                with contextlib.suppress(pa.ArrowException):
+                    ex.reader.cancel()
+                ex.close()
+    finally:
+        rc = stop_worker(proc)
+    assert rc == 0, f"the worker exited with {rc}; its log:\n{log.read_text(errors='replace')[-3000:]}"
