@@ -144,3 +144,10 @@ def test_logs_go_to_stderr_not_stdout() -> None:
     assert line.startswith(LISTENING)
     assert out == "", "only the listening line belongs on stdout"
     assert "serving on" in err and "stopped" in err
+
+
+def test_per_client_limits_below_one_are_refused_at_start() -> None:
+    for flag in ("--max-tasks-per-client", "--max-queued-per-client"):
+        proc = subprocess.run([sys.executable, "-m", "flight.worker", "--port", "0", flag, "0"], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and proc.stdout == ""
+        assert f"{flag} must be at least 1" in proc.stderr
