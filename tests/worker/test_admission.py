@@ -93,7 +93,7 @@ def test_slots_go_round_robin_between_identities(line) -> None:  # type: ignore[
     assert ln.order == ["a1", "b1", "c1", "a2", "b2", "a3"]
 
 
-def test_an_identitys_queries_take_turns_first_come_first_served_within_each(line) -> None:  # type: ignore[no-untyped-def]
+def test_an_identitys_queries_are_served_in_the_order_they_began_to_wait_each_whole(line) -> None:  # type: ignore[no-untyped-def]
     adm = Admission(capacity(tasks=1))
     assert adm.admit("holder", ONE) is None
     ln = line(adm)
@@ -102,7 +102,7 @@ def test_an_identitys_queries_take_turns_first_come_first_served_within_each(lin
     adm.release("holder")
     for n in range(1, 7):
         adm.release(ln.admitted(n)[-1])
-    assert ln.order == ["q1.0", "q2.0", "q3.0", "q1.1", "q2.1", "q1.2"]
+    assert ln.order == ["q1.0", "q1.1", "q1.2", "q2.0", "q2.1", "q3.0"]
 
 
 def test_an_identity_never_holds_more_than_its_cap_and_another_gets_in_at_once(line) -> None:  # type: ignore[no-untyped-def]
