@@ -47,6 +47,14 @@ class WorkerOptions:
     """Tasks that may wait for capacity at once; one more is refused as busy."""
     queue_wait: float = 60.0
     """Seconds a task may wait for capacity before it is refused as busy."""
+    max_tasks_per_client: int | None = None
+    """Slots one identity may hold (``--max-tasks-per-client``); None: 3/4 of ``max_tasks`` on a worker that
+    tells callers apart (tokens, client certificates), else ``max_tasks`` (worker/admission.py, "Fair shares")."""
+    max_queued_per_client: int | None = None
+    """Tasks one identity may have waiting; None: 16 on a worker that tells callers apart, else ``queue_length``."""
+    memory_budget_per_client: int | None = None
+    """Bytes one identity's tasks may reserve; None: half of ``memory_budget`` on a worker that tells callers
+    apart, else all of it."""
     spill_dir: str = ""
     """Where retained outputs past their bound are spilled (``--spill-dir``); empty: the system's temp directory."""
     data_roots: tuple[str, ...] = ()

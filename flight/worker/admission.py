@@ -42,6 +42,11 @@ it was refused. Now:
   on a worker that authenticates callers), a second identity finds free slots at
   once, whatever the first does. A task of an identity at its cap waits (it is
   skipped in the turns, it blocks nobody) until one of its own ends.
+* **A memory budget per identity** (``Capacity.client_memory``, ``--memory-budget-per-client-mb``),
+  the same way: what an identity's admitted tasks reserve (output buffers, input
+  queues, unread units: all a client can make the worker hold, each bounded by its
+  task's reservation) stays within it, by default half of ``--memory-budget-mb`` on a
+  worker that tells callers apart. A task that alone reserves more is refused as too large.
 * **A queue bound per identity** (``Capacity.client_queue``, ``--max-queued-per-client``):
   a waiting task holds a gRPC handler thread, so one identity may have only so
   many waiting; one more is refused as busy at once, naming the limit. With the
@@ -60,9 +65,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from flight._proto import protocol_pb2
+from flight.config import WorkerOptions
 
 __all__ = [
     "ANONYMOUS",
+    "CLIENT_MEMORY_SHARE",
     "CLIENT_SHARE",
     "INPUT_RESERVE_BYTES",
     "MAX_QUEUED_PER_CLIENT",
@@ -70,13 +77,15 @@ __all__ = [
     "Capacity",
     "Need",
     "Refusal",
-    "client_limits",
+    "worker_capacity",
 ]
 
 INPUT_RESERVE_BYTES = 8 << 20
 """Memory reserved per blocking source: what its queue of incoming batches may hold."""
 CLIENT_SHARE = 0.75
 """``--max-tasks-per-client``'s default on a worker that tells callers apart: this share of ``--max-tasks``."""
+CLIENT_MEMORY_SHARE = 0.5
+"""``--memory-budget-per-client-mb``'s default on a worker that tells callers apart: this share of ``--memory-budget-mb``."""
 MAX_QUEUED_PER_CLIENT = 16
 """``--max-queued-per-client``'s default on a worker that tells callers apart."""
 ANONYMOUS = "anonymous"
@@ -112,26 +121,42 @@ class Capacity:
     """Slots one identity may hold at once (0: ``tasks``, no cap of its own)."""
     client_queue: int = 0
     """Tasks one identity may have waiting at once (0: only ``queue`` bounds them)."""
+    client_memory: int = 0
+    """Bytes one identity's admitted tasks may reserve at once (0: ``memory``, no budget of its own)."""
 
     @property
     def client_cap(self) -> int:
         return min(self.per_client or self.tasks, self.tasks)
 
+    @property
+    def client_budget(self) -> int:
+        return min(self.client_memory or self.memory, self.memory)
 
-def client_limits(tasks: int, queue: int, identifies_callers: bool, per_client: int | None = None,
-                  queued: int | None = None) -> tuple[int, int]:
-    """``(per_client, client_queue)`` for a ``Capacity``: the values given, else the defaults.
+
+def worker_capacity(options: WorkerOptions, identifies_callers: bool) -> Capacity:
+    """A worker's ``Capacity`` from its options: the per-client values given, else the defaults.
 
     A worker that tells callers apart (tokens, client certificates) caps each at
-    ``CLIENT_SHARE`` of its tasks and ``MAX_QUEUED_PER_CLIENT`` waiting tasks. One
-    that does not has a single identity, ``anonymous``, for all: a cap of its own
-    would only make the worker smaller, so the defaults are the whole worker.
+    ``CLIENT_SHARE`` of its tasks, ``MAX_QUEUED_PER_CLIENT`` waiting tasks and
+    ``CLIENT_MEMORY_SHARE`` of its memory budget. One that does not has a single
+    identity, ``anonymous``, for all: a cap of its own would only make the worker
+    smaller, so the defaults are the whole worker.
     """
+    o = options
     if identifies_callers:
-        default_cap, default_queue = max(1, int(tasks * CLIENT_SHARE)), MAX_QUEUED_PER_CLIENT
+        tasks, queued, memory = max(1, int(o.max_tasks * CLIENT_SHARE)), MAX_QUEUED_PER_CLIENT, int(o.memory_budget * CLIENT_MEMORY_SHARE)
     else:
-        default_cap, default_queue = tasks, queue
-    return (default_cap if per_client is None else per_client), (default_queue if queued is None else queued)
+        tasks, queued, memory = o.max_tasks, o.queue_length, o.memory_budget
+    return Capacity(
+        o.max_tasks,
+        o.source_threads,
+        o.memory_budget,
+        o.queue_length,
+        o.queue_wait,
+        per_client=tasks if o.max_tasks_per_client is None else o.max_tasks_per_client,
+        client_queue=queued if o.max_queued_per_client is None else o.max_queued_per_client,
+        client_memory=memory if o.memory_budget_per_client is None else o.memory_budget_per_client,
+    )
 
 
 @dataclass(frozen=True)
@@ -159,10 +184,11 @@ class _Waiter:
 class _Client:
     """One identity's share: what it holds, what it waits for, what it was refused."""
 
-    __slots__ = ("queries", "queued", "refused", "running")
+    __slots__ = ("queries", "queued", "refused", "reserved", "running")
 
     def __init__(self) -> None:
         self.running = 0
+        self.reserved = 0
         self.queued = 0
         self.refused = 0
         self.queries: OrderedDict[str, deque[_Waiter]] = OrderedDict()
@@ -209,6 +235,12 @@ class Admission:
             return Refusal(f"the task needs {need.threads} source threads; this worker has {cap.threads} in all", False)
         if need.memory > cap.memory:
             return Refusal(f"the task reserves {need.memory >> 20} MiB; this worker's budget is {cap.memory >> 20} MiB", False)
+        if need.memory > cap.client_budget:
+            return Refusal(
+                f"the task reserves {need.memory >> 20} MiB; one client may reserve {cap.client_budget >> 20} MiB on this worker "
+                "(--memory-budget-per-client-mb)",
+                False,
+            )
         deadline = time.monotonic() + cap.wait
         me = _Waiter(key, need, client, query, allocated)
         with self._lock:
@@ -296,11 +328,12 @@ class Admission:
 
     def _next(self) -> _Waiter | None:
         """The task whose turn it is: the first identity in turn below its cap, its next query's first task."""
-        cap = self.capacity.client_cap
+        cap, budget = self.capacity.client_cap, self.capacity.client_budget
         for name in self._turns:
             c = self._clients[name]
-            if c.running < cap:
-                return c.queries[next(iter(c.queries))][0]
+            first = c.queries[next(iter(c.queries))][0]
+            if c.running < cap and c.reserved + first.need.memory <= budget:
+                return first
         return None
 
     def _grant(self) -> None:
@@ -332,6 +365,7 @@ class Admission:
         self._threads += need.threads
         self._memory += need.memory
         self._clients[client].running += 1
+        self._clients[client].reserved += need.memory
 
     def _unreserve(self, key: str) -> bool:
         held = self._held.pop(key, None)
@@ -341,6 +375,7 @@ class Admission:
         self._threads -= need.threads
         self._memory -= need.memory
         self._clients[client].running -= 1
+        self._clients[client].reserved -= need.memory
         return True
 
     def release(self, key: str) -> None:
@@ -371,6 +406,9 @@ class Admission:
         c = self._clients.get(client) if client is not None else None
         if c is not None and cap.client_cap < cap.tasks:
             text += f"; client {client!r} holds {c.running} of the {cap.client_cap} tasks one client may hold (--max-tasks-per-client)"
+        if c is not None and cap.client_budget < cap.memory:
+            text += (f"; client {client!r} reserves {c.reserved >> 20} of the {cap.client_budget >> 20} MiB one client may reserve "
+                     "(--memory-budget-per-client-mb)")
         return text
 
     def load(self, running: int, buffered: int) -> protocol_pb2.LoadInfo:
@@ -388,12 +426,9 @@ class Admission:
     def clients(self) -> list[protocol_pb2.ClientLoad]:
         """Load per identity, busiest first (``WorkerInfo.clients``); ``buffered_bytes`` is left to the caller."""
         with self._lock:
-            reserved: dict[str, int] = {}
-            for need, client in self._held.values():
-                reserved[client] = reserved.get(client, 0) + need.memory
             rows = [
                 protocol_pb2.ClientLoad(
-                    identity=name, running_tasks=c.running, queued_tasks=c.queued, reserved_bytes=reserved.get(name, 0), refused=c.refused
+                    identity=name, running_tasks=c.running, queued_tasks=c.queued, reserved_bytes=c.reserved, refused=c.refused
                 )
                 for name, c in self._clients.items()
             ]

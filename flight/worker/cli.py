@@ -31,7 +31,7 @@ from flight.engine.duck import EngineSettings, configure
 from flight.limits import DEFAULT_MEMORY_FRACTION, parse_size, physical_memory
 from flight.security import Security
 from flight.storage import FileSystems, load_options, set_filesystems
-from flight.worker.admission import CLIENT_SHARE, MAX_QUEUED_PER_CLIENT
+from flight.worker.admission import CLIENT_MEMORY_SHARE, CLIENT_SHARE, MAX_QUEUED_PER_CLIENT
 from flight.worker.auth import ServerSecurity, read_tokens
 from flight.worker.server import WorkerServer
 
@@ -118,6 +118,15 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="tasks one identity may have waiting for capacity at once (each holds a thread); one more is refused as busy "
         f"(default: {MAX_QUEUED_PER_CLIENT} with --auth-token-file or --tls-client-ca, else --queue-length)",
+    )
+    p.add_argument(
+        "--memory-budget-per-client-mb",
+        type=int,
+        default=None,
+        metavar="MIB",
+        help="MiB one identity's admitted tasks may reserve (output buffers, input queues, unread units); past it its tasks wait "
+        f"(default: {int(CLIENT_MEMORY_SHARE * 100)}%% of --memory-budget-mb with --auth-token-file or --tls-client-ca, "
+        "else --memory-budget-mb)",
     )
     p.add_argument(
         "--peer-timeout",
@@ -221,6 +230,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         peer_timeout=args.peer_timeout,
         queue_length=args.queue_length,
         queue_wait=args.queue_wait,
+        max_tasks_per_client=args.max_tasks_per_client,
+        max_queued_per_client=args.max_queued_per_client,
+        memory_budget_per_client=None if args.memory_budget_per_client_mb is None else args.memory_budget_per_client_mb << 20,
         data_roots=roots.paths,
         spill_dir=str(spill_dir),
     )
@@ -249,7 +261,11 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except (OSError, ValueError) as exc:
         print(f"flight-worker: {exc}", file=sys.stderr)
         sys.exit(2)
-    for flag, value in (("--max-tasks-per-client", args.max_tasks_per_client), ("--max-queued-per-client", args.max_queued_per_client)):
+    for flag, value in (
+        ("--max-tasks-per-client", args.max_tasks_per_client),
+        ("--max-queued-per-client", args.max_queued_per_client),
+        ("--memory-budget-per-client-mb", args.memory_budget_per_client_mb),
+    ):
         if value is not None and value < 1:
             print(f"flight-worker: {flag} must be at least 1 (got {value})", file=sys.stderr)
             sys.exit(2)
@@ -260,11 +276,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         args.port,
         options,
         security=security,
-        max_tasks_per_client=args.max_tasks_per_client,
-        max_queued_per_client=args.max_queued_per_client,
     )
     cap = server.admission.capacity
-    log.info("capacity: %d tasks, %d per client, %d waiting per client", cap.tasks, cap.client_cap, cap.client_queue)
+    log.info("capacity: %d tasks, %d per client, %d waiting per client, %d MiB per client",
+             cap.tasks, cap.client_cap, cap.client_queue, cap.client_budget >> 20)
     print(f"flight-worker listening on {server.url}", flush=True)
     # Nobody reads stdout after that line (LocalCluster stops at it): anything a library prints
     # there later would fill the pipe and block the worker, so stdout goes to stderr from here.

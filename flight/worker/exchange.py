@@ -21,7 +21,7 @@ from flight.limits import clip
 from flight.protocol import decode_coordinator_frame, status_message
 from flight.worker.tasks import Task
 
-__all__ = ["Sender", "heartbeats", "read_frames"]
+__all__ = ["Sender", "read_frames"]
 
 
 class Sender:
@@ -72,16 +72,6 @@ class Sender:
             if self._closed:
                 raise TaskCancelledError("the task's exchange is closed")
             self._writer.write_batch(batch)
-
-
-def heartbeats(sender: Sender, ended: threading.Event, interval: float) -> None:
-    """The worker's half of the heartbeat: the coordinator notices a silent worker by its absence."""
-    frame = protocol_pb2.WorkerFrame(heartbeat=protocol_pb2.Heartbeat())
-    while not ended.wait(interval):
-        try:
-            sender.frame(frame)  # may block while a frozen coordinator reads nothing: only this thread waits
-        except (pa.ArrowException, OSError):
-            return
 
 
 def read_frames(task: Task, reader: fl.MetadataRecordBatchReader) -> None:

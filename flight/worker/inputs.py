@@ -238,6 +238,11 @@ class InputQueue:
             self._bytes += batch.nbytes
             self._cond.notify_all()
 
+    @property
+    def queued_bytes(self) -> int:
+        with self._cond:
+            return self._bytes
+
     def end_with(self, rows: int, batches: int) -> None:
         """The client's InputEnd: what it sent must be what arrived, or the input was cut short."""
         with self._cond:

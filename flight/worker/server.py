@@ -55,7 +55,7 @@ from flight.protocol import (
     status_message,
 )
 from flight.threads import Job, spawn
-from flight.worker.admission import INPUT_RESERVE_BYTES, Admission, Capacity, Need, client_limits
+from flight.worker.admission import INPUT_RESERVE_BYTES, Admission, Need, worker_capacity
 from flight.worker.auth import MIDDLEWARE_KEY, ServerSecurity, TokenAuth, identity, is_anonymous, same_secret
 from flight.worker.beats import Heartbeats
 from flight.worker.boundary import error_boundary
@@ -89,8 +89,6 @@ class WorkerServer(fl.FlightServerBase):
         options: WorkerOptions | None = None,
         *,
         security: ServerSecurity | None = None,
-        max_tasks_per_client: int | None = None,
-        max_queued_per_client: int | None = None,
     ) -> None:
         sec = security or ServerSecurity()
         scheme = "grpc+tls" if sec.tls_cert else "grpc"
@@ -109,13 +107,8 @@ class WorkerServer(fl.FlightServerBase):
         self.peers = ClientPool(sec.peer)
         self.draining = threading.Event()
         o = self.options
-        # Fair shares per identity (admission.py); None: the defaults, which depend on whether callers have identities.
-        per_client, client_queue = client_limits(
-            o.max_tasks, o.queue_length, sec.identifies_callers, max_tasks_per_client, max_queued_per_client
-        )
-        self.admission = Admission(
-            Capacity(o.max_tasks, o.source_threads, o.memory_budget, o.queue_length, o.queue_wait, per_client, client_queue)
-        )
+        # Fair shares per identity (admission.py): the defaults depend on whether callers have identities.
+        self.admission = Admission(worker_capacity(o, sec.identifies_callers))
         self.beats = Heartbeats()
         self._stopped = threading.Event()  # set by shutdown()
         # The watchdog runs for the worker's whole life, drained or not: a drain that is undone
@@ -442,8 +435,18 @@ class WorkerServer(fl.FlightServerBase):
             draining=self.draining.is_set(),
             url=self.url,
             load=self.admission.load(len(self.registry), self.registry.buffered_bytes()),
-            clients=self.admission.clients(),
+            clients=self._client_loads(),
         )
+
+    def _client_loads(self) -> list[protocol_pb2.ClientLoad]:
+        """Admission's load per identity, with the bytes each makes this worker hold now."""
+        held: dict[str, int] = {}
+        for task in self.registry.tasks():
+            held[task.client] = held.get(task.client, 0) + task.held_bytes
+        rows = self.admission.clients()
+        for row in rows:
+            row.buffered_bytes = held.get(row.identity, 0)
+        return rows
 
     def shutdown(self) -> None:
         """Stop serving (after a drain, say); the watchdog and the heartbeats stop too."""

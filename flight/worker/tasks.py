@@ -212,6 +212,11 @@ class Task:
     def buffered_bytes(self) -> int:
         return self.output.buffered_bytes if self.output is not None else 0
 
+    @property
+    def held_bytes(self) -> int:
+        """What the client makes this worker hold for the task: unread output, units and map input."""
+        return self.buffered_bytes + self.unit_bytes.held + (self.inputs.queued_bytes if self.inputs is not None else 0)
+
 
 def _has_exchange_input(op: plan_pb2.Operator) -> bool:
     kind = op.WhichOneof("kind")

@@ -14,14 +14,20 @@ import pytest
 from support import wait_until
 
 from flight._proto import protocol_pb2
-from flight.worker.admission import ANONYMOUS, Admission, Capacity, Need, Refusal, client_limits
+from flight.config import WorkerOptions
+from flight.worker.admission import ANONYMOUS, Admission, Capacity, Need, Refusal, worker_capacity
 from flight.worker.beats import Heartbeats
 
 ONE = Need(1, 1)
 
 
-def capacity(tasks: int = 1, per_client: int = 0, client_queue: int = 0, queue: int = 64, wait: float = 30.0) -> Capacity:
-    return Capacity(tasks=tasks, threads=64, memory=1 << 30, queue=queue, wait=wait, per_client=per_client, client_queue=client_queue)
+def capacity(
+    tasks: int = 1, per_client: int = 0, client_queue: int = 0, queue: int = 64, wait: float = 30.0, client_memory: int = 0
+) -> Capacity:
+    return Capacity(
+        tasks=tasks, threads=64, memory=1 << 30, queue=queue, wait=wait, per_client=per_client, client_queue=client_queue,
+        client_memory=client_memory,
+    )
 
 
 class Line:
@@ -222,12 +228,32 @@ def test_random_orders_keep_every_bound() -> None:
     assert len(adm) == 0 and adm.waiting == 0
 
 
+def _limits(cap: Capacity) -> tuple[int, int, int]:
+    return cap.client_cap, cap.client_queue, cap.client_budget >> 20
+
+
 def test_default_limits_depend_on_whether_callers_have_identities() -> None:
-    assert client_limits(64, 256, True) == (48, 16)
-    assert client_limits(64, 256, False) == (64, 256)  # one identity for all: the whole worker
-    assert client_limits(64, 256, True, per_client=10, queued=2) == (10, 2)
-    assert client_limits(1, 256, True)[0] == 1
+    o = WorkerOptions(max_tasks=64, queue_length=256, memory_budget=8 << 30)
+    assert _limits(worker_capacity(o, True)) == (48, 16, 4096)
+    assert _limits(worker_capacity(o, False)) == (64, 256, 8192)  # one identity for all: the whole worker
+    given = WorkerOptions(max_tasks=64, max_tasks_per_client=10, max_queued_per_client=2, memory_budget_per_client=100 << 20)
+    assert _limits(worker_capacity(given, True)) == (10, 2, 100)
+    assert worker_capacity(WorkerOptions(max_tasks=1), True).client_cap == 1
     assert Capacity(tasks=4, threads=1, memory=1, per_client=9).client_cap == 4
+
+
+def test_an_identity_past_its_memory_budget_waits_and_blocks_nobody(line) -> None:  # type: ignore[no-untyped-def]
+    mib = Need(threads=1, memory=1 << 20)
+    adm = Admission(capacity(tasks=8, per_client=8, client_memory=2 << 20))
+    assert adm.admit("a0", mib, client="a") is None
+    assert adm.admit("a1", mib, client="a") is None
+    ln = line(adm)
+    ln.join("a2", "a", need=mib)  # a third MiB would pass a's 2 MiB budget: it waits
+    assert adm.admit("b0", mib, client="b") is None  # another identity is not held up
+    adm.release("a0")
+    assert ln.admitted(1) == ["a2"]
+    too_big = adm.admit("a3", Need(threads=1, memory=3 << 20), client="a")
+    assert too_big is not None and not too_big.fits_ever and "--memory-budget-per-client-mb" in too_big.reason
 
 
 # --------------------------------------------------------------- heartbeats

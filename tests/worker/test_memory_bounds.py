@@ -1,0 +1,158 @@
+"""What one client can make a real worker hold, with the largest values it may choose.
+
+Before issue 24: a full credit window (65,536) of 1 MiB work units grew a worker by 410 MB,
+and one DoGet left unread with ``output_buffer_bytes`` at its clamp (1 GiB then) by 595 MB.
+Now a task's unread units stay within its input reservation (a frame past it is refused as
+a protocol error) and an output buffer within 256 MiB, and admission counts both against
+the client's and the worker's budget. These tests drive a ``flight-worker`` process with
+those values, read its RSS from /proc, and check it grew by at most 300 MB, and that the
+``info`` action shows what the client holds.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.flight as fl
+import pytest
+from support import wait_until
+
+import flight
+from flight._proto import protocol_pb2
+from flight.coordinator.headers import task_header
+from flight.protocol import new_secret
+
+MB = 1 << 20
+GROWTH_MB = 300  # the issue's bound for each case
+UNIT = b"u" * MB
+
+
+def rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def info(client: fl.FlightClient) -> protocol_pb2.WorkerInfo:
+    (result,) = list(client.do_action(fl.Action("info", b""), options=fl.FlightCallOptions(timeout=10)))
+    return protocol_pb2.WorkerInfo.FromString(result.body.to_pybytes())
+
+
+@pytest.fixture
+def worker() -> Iterator[tuple[str, int]]:
+    with flight.LocalCluster(1) as cluster:
+        yield cluster.urls[0], cluster.processes[0].pid
+
+
+class _Nothing(flight.WorkUnitFeedProvider):
+    """Only its plan is used: this test is the coordinator and sends the units itself."""
+
+    def feed(self, partition: int, ctx: flight.FeedContext) -> Iterator[bytes]:
+        return iter(())
+
+
+def units_header(url: str, **options: int) -> protocol_pb2.TaskHeader:
+    plan = flight.units(_Nothing()).stage_plan()  # the units themselves as rows: output as large as the input
+    feed_id = plan.root.feed_scan.feed.feed_id
+    return task_header(
+        query_id=os.urandom(8).hex(), stage_id=0, task=0, task_count=1, plan=plan.SerializeToString(), url=url,
+        secret=new_secret(), feeds={feed_id: [0]}, options=protocol_pb2.TaskOptions(**options),
+    )
+
+
+class Exchange:
+    def __init__(self, client: fl.FlightClient, header: protocol_pb2.TaskHeader) -> None:
+        self.header = header
+        self.writer, self.reader = client.do_exchange(fl.FlightDescriptor.for_command(header.SerializeToString()))
+
+    def frame(self) -> protocol_pb2.WorkerFrame:
+        while True:
+            chunk = self.reader.read_chunk()
+            if chunk.app_metadata is not None and chunk.app_metadata.size:
+                frame = protocol_pb2.WorkerFrame.FromString(chunk.app_metadata.to_pybytes())
+                if frame.WhichOneof("frame") != "heartbeat":
+                    return frame
+
+    def send(self, frame: protocol_pb2.CoordinatorFrame) -> None:
+        self.writer.write_metadata(pa.py_buffer(frame.SerializeToString()))
+
+    def units(self, n: int) -> None:
+        feed_id = self.header.feeds[0].feed_id
+        batch = protocol_pb2.WorkUnitBatch(feed_id=feed_id, partition=0, units=[protocol_pb2.WorkUnit(body=UNIT)] * n)
+        self.send(protocol_pb2.CoordinatorFrame(units=batch))
+
+    def close(self) -> None:
+        self.reader.cancel()
+        try:
+            self.writer.close()
+        except (pa.ArrowException, OSError):
+            pass  # the call was cancelled: its status is re-raised here
+
+
+@pytest.mark.slow
+def test_a_flood_of_large_units_is_refused_not_buffered(worker: tuple[str, int]) -> None:
+    url, pid = worker
+    client = fl.connect(url)
+    before = rss(pid)
+    ex = Exchange(client, units_header(url, feed_window=1 << 20))  # asks for more than the clamp (65,536)
+    try:
+        assert ex.frame().WhichOneof("frame") == "ready"
+        credit = ex.frame()
+        assert credit.WhichOneof("frame") == "credit" and credit.credit.credits == 65_536
+        refusal = ""
+        for _ in range(64):  # up to 1 GiB of units in 16 MiB frames: each within the credit granted
+            try:
+                ex.units(16)
+            except (pa.ArrowException, OSError):
+                break  # the worker ended the call (pyarrow then reads the rest of the stream itself)
+        try:
+            while not refusal:
+                frame = ex.frame()
+                if frame.WhichOneof("frame") == "error":
+                    refusal = f"{frame.error.message} [field: {frame.error.field}]"
+        except (pa.ArrowException, OSError) as exc:
+            refusal = str(exc)  # the call's status carries the same ErrorInfo
+    finally:
+        peak = rss(pid)
+        ex.close()
+    assert "input reservation" in refusal and "app_metadata.units" in refusal, refusal
+    assert peak - before <= GROWTH_MB * MB, f"the worker grew by {(peak - before) >> 20} MB"
+    wait_until(lambda: info(client).running_tasks == 0, 15.0, "the refused task to be freed")
+
+
+@pytest.mark.slow
+def test_an_unread_output_at_the_largest_buffer_stays_within_it(worker: tuple[str, int]) -> None:
+    url, pid = worker
+    client = fl.connect(url)
+    before = rss(pid)
+    header = units_header(url, feed_window=4, output_buffer_bytes=1 << 40)  # clamped to 256 MiB
+    ex = Exchange(client, header)
+    reader = None
+    try:
+        assert ex.frame().WhichOneof("frame") == "ready"
+        ticket = protocol_pb2.Ticket(stage_key=header.stage_key, partition_start=0, partition_end=1, query_secret=header.query_secret)
+        reader = client.do_get(fl.Ticket(ticket.SerializeToString()))  # opened, never read
+        sent = granted = 0
+        # Units under credit until the task stops granting: its output buffer is full and nobody reads it.
+        while sent < 600:
+            frame = ex.frame()
+            assert frame.WhichOneof("frame") == "credit", frame
+            granted += frame.credit.credits
+            while sent < granted and sent < 600:
+                ex.units(1)
+                sent += 1
+            if info(client).clients and info(client).clients[0].buffered_bytes >= 200 * MB:
+                break
+        load = info(client).clients[0]
+        assert load.identity == "anonymous" and load.running_tasks == 1
+        assert 150 * MB <= load.buffered_bytes <= (256 + 8 + 2) * MB, load  # output buffer and unread units, within their bounds
+        assert rss(pid) - before <= GROWTH_MB * MB, f"the worker grew by {(rss(pid) - before) >> 20} MB"
+    finally:
+        if reader is not None:
+            reader.cancel()
+        ex.close()
+    wait_until(lambda: info(client).running_tasks == 0, 15.0, "the abandoned task to be freed")
