@@ -18,6 +18,17 @@ schemas). It talks to the worker with nothing but ``pyarrow.flight`` and the
 generated modules of ``flight/_proto`` (loaded without importing the ``flight``
 package), so it tests the wire, not the client library.
 
+Two families hold resources instead of sending malformed input (about 3 cases in 100, drawn
+apart from the others so that a seed's other cases stay what they were): a **hoarder** opens
+20-70 task exchanges, keeps them alive with ``Heartbeat`` frames doing nothing else, asks
+``health`` meanwhile and abandons them (Release, Cancel, half-close or nothing, then the calls
+cancelled); a **flood** makes a task hold what a client may (the largest credit window flooded
+with units of up to 1 MiB; the largest output buffer with its DoGet open and never read; a
+map stage sent 12 MiB batches with its output never read), and passes when the worker refuses
+(a protocol error, field ``app_metadata.units``) or holds the client back (the flood's calls,
+bounded by FLOOD_WAIT, stall). After either, the ``info`` action must count no running task
+within the case's deadline: a leftover task is a hang.
+
 After each case the ``health`` action must answer within ``--health-timeout``:
 
 * **crash**: the worker process died, or health could not connect (or failed);
@@ -50,10 +61,17 @@ directory are filled in when the case runs).
     python -m benchmarks.fuzz_worker [--cases N] [--seed S] [--corpus DIR] [--url grpc://127.0.0.1:PORT]
     python -m benchmarks.fuzz_worker --replay .fuzz-corpus/crash-ipc-s1-c00042.json
     python -m benchmarks.fuzz_worker --check-seeds      # every unmutated seed must run cleanly
+    python -m benchmarks.fuzz_worker --cases 2000 --rss-limit-mb 200   # exit 1 if the worker grew more
+
+Memory: the fuzzer reads the RSS of the worker it started (``VmRSS`` in /proc/PID/status)
+after every case. The baseline is its RSS after its first RSS_WARMUP (20) cases, which load
+the engines, open DuckDB and start the thread pools every later case reuses; a worker swapped
+for a fresh one gets its own. ``max_rss_growth_mb`` is the largest RSS after a case minus the
+baseline, in MiB (``n/a`` with ``--url``: the process is not ours to read).
 
 Progress goes to stderr; the last stdout line is exactly
-``fuzz_cases: N, crashes: C, hangs: H, unclear: U``. The exit code is 1 when
-there was a crash or a hang.
+``fuzz_cases: N, crashes: C, hangs: H, unclear: U, max_rss_growth_mb: G``. The exit code is 1
+when there was a crash or a hang, or (with ``--rss-limit-mb``) when G is above the limit.
 """
 
 from __future__ import annotations
@@ -117,7 +135,7 @@ L = _load_proto("plan_pb2")
 
 PROTOCOL = {"version": 1}
 """The protocol version seeds speak: the worker's own, asked with the ``info`` action before any case is made."""
-SUMMARY = "fuzz_cases: {n}, crashes: {c}, hangs: {h}, unclear: {u}"
+SUMMARY = "fuzz_cases: {n}, crashes: {c}, hangs: {h}, unclear: {u}, max_rss_growth_mb: {g}"
 LISTENING = re.compile(r"^flight-worker listening on (grpc://\S+)$")
 SELF_URL = "grpc://127.0.0.1:00000"
 """Stands for the worker's own URL in shuffle reads; replaced at run time (same length, so protobuf stays valid)."""
@@ -148,6 +166,20 @@ UNCLEAR_KEPT = 3
 """Unclear cases kept in the corpus per family and reason (crashes and hangs: all)."""
 T0 = 1_700_000_000_000_000_000
 """Work-unit timestamps: fixed, so that cases are deterministic."""
+HOARD_TASKS = (20, 70)
+"""Exchanges a hoarder opens: more than one client may run at once (64), few enough to open within a case's deadline."""
+HOARD_BEAT = 0.2
+"""Seconds between a hoarder's rounds of Heartbeat frames."""
+FLOOD_WAIT = 1.5
+"""Deadline of a flood's calls: a worker holding the flood back (gRPC flow control) stalls them, and that is the pass."""
+FLOOD_FRAME_BYTES = 8 << 20
+"""Unit bytes per WorkUnitBatch of a flood (a frame may carry up to 64 MiB)."""
+FLOOD_UNIT_SIZES = (1 << 20, 256 << 10, 16 << 10)
+FLOOD_BATCH_ROWS = 1 << 19
+"""Rows of a map flood's batches: 12 MiB of zeros each."""
+RSS_WARMUP = 20
+"""Cases a fresh worker runs before its RSS becomes the baseline of ``max_rss_growth_mb``: the first ones
+import the engines, open the DuckDB database and start the thread pools, which every later case reuses."""
 
 FRAME_MEMBERS = [f.name for f in P.CoordinatorFrame.DESCRIPTOR.oneofs_by_name["frame"].fields]
 FLAT_EXPRESSIONS = "nodes" in L.Expression.DESCRIPTOR.fields_by_name
@@ -1490,6 +1522,9 @@ def safe_path(path: str) -> bool:
 
 GENERATION_ERRORS = (pa.ArrowException, OSError, ValueError, TypeError, IndexError, struct.error, RecursionError, DecodeError, EncodeError)
 FAMILIES: dict[str, float] = {"header": 30, "frames": 20, "map": 15, "ipc": 20, "ticket": 8, "action": 7}
+RESOURCE_FAMILIES: dict[str, float] = {"hoard": 1.5, "flood": 1.5}
+"""Cases per 100 that hold the worker's resources (tasks, memory) rather than send it malformed input. Drawn
+with a random generator of their own, so that every other case of a seed stays what it was before they existed."""
 
 
 class Generator:
@@ -1498,14 +1533,15 @@ class Generator:
     def __init__(self, seed: int, families: Sequence[str] | None = None) -> None:
         self.seed = seed
         self.families = [(f, w) for f, w in FAMILIES.items() if not families or f in families]
-        if not self.families:
-            raise ValueError(f"no such families {families}; known: {', '.join(FAMILIES)}")
+        self.resource = [(f, w) for f, w in RESOURCE_FAMILIES.items() if not families or f in families]
+        if not self.families and not self.resource:
+            raise ValueError(f"no such families {families}; known: {', '.join([*FAMILIES, *RESOURCE_FAMILIES])}")
         donors = [make_seed(k, t, "donor") for k, t in (("values", "project"), ("parquet", "join"), ("exchange", "sort"))]
         self.donors = [ser(s.header) for s in donors] + [frame_bytes(cancel=P.Cancel(reason="donor"))]
 
     def case(self, index: int) -> Case:
         rng = random.Random(f"flight-exec-fuzz/{self.seed}/{index}")
-        family = _weighted(rng, self.families)
+        family = self._family(index, rng)
         make = getattr(self, f"_{family}")
         for _ in range(20):
             m = Mutator(rng, self.donors)
@@ -1518,6 +1554,14 @@ class Generator:
                 return case
         seed = make_seed("values", "identity", f"fz{self.seed}-{index}")
         return Case(family, index, self.seed, "unmutated (every mutation drawn was unsafe)", seed_steps(ser(seed.header), seed))
+
+    def _family(self, index: int, rng: random.Random) -> str:
+        """A resource family in RESOURCE_FAMILIES' share of cases (its own draw), else one of FAMILIES (from ``rng``)."""
+        if self.resource:
+            own = random.Random(f"flight-exec-fuzz/{self.seed}/{index}/resource")
+            if not self.families or own.random() * 100 < sum(w for _, w in self.resource):
+                return str(_weighted(own, self.resource))
+        return str(_weighted(rng, self.families))
 
     def _seed(self, rng: random.Random, qid: str, kinds: Sequence[str] = SOURCES, templates: Sequence[str] | None = None) -> Seed:
         kind = rng.choice(list(kinds))
@@ -1585,6 +1629,14 @@ class Generator:
     # -- action: DoAction (never drain) and ListActions
     def _action(self, rng: random.Random, m: Mutator, qid: str) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
         return action_case(rng, m, qid), {}
+
+    # -- hoard: many live exchanges kept alive with heartbeats, then abandoned
+    def _hoard(self, rng: random.Random, m: Mutator, qid: str) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
+        return hoard_case(rng, m, qid), {}
+
+    # -- flood: as much memory as a client may make a task hold
+    def _flood(self, rng: random.Random, m: Mutator, qid: str) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
+        return flood_case(rng, m, qid), {}
 
 
 # -- header mutations
@@ -2200,6 +2252,69 @@ def action_case(rng: random.Random, m: Mutator, qid: str) -> list[dict[str, Any]
     return [act]
 
 
+# -- hoard and flood: a client holding what it may, within the protocol
+
+ABANDON = ("cancel", "half-close", "release", "cancel-frame", "silent")
+"""How a hoarder lets an exchange go: each then cancels the call (a hoarder that waited for the end of a
+call still queued for capacity would wait for the worker's queue wait, 60 s)."""
+
+
+def hoard_case(rng: random.Random, m: Mutator, qid: str) -> list[dict[str, Any]]:
+    """20-70 exchanges of one query, each a task that waits for its client (a feed, a map stage's input),
+    kept alive with Heartbeat frames for a few rounds, the worker's health asked meanwhile, then abandoned;
+    afterwards the worker's ``info`` must count no running task."""
+    count = rng.randint(*HOARD_TASKS)
+    seed = make_seed(rng.choice(["parquet", "units", "exchange"]), "identity", qid, window=rng.choice([1, 4, 256]))
+    cmds = []
+    for i in range(count):
+        header = _copy_header(seed)
+        header.stage_key.task_number = i
+        header.task_count = count
+        cmds.append(ser(header))
+    how = rng.choice([*ABANDON, "mixed"])
+    beats = rng.randint(2, 4)
+    m.note(f"hoard {count} {seed.kind} tasks, {beats} heartbeat rounds, abandoned: {how}")
+    return [op("hoard", cmds=cmds, beats=beats, abandon=how), op("await_idle")]
+
+
+FLOOD_VARIANTS = ("units", "output", "map")
+
+
+def flood_case(rng: random.Random, m: Mutator, qid: str) -> list[dict[str, Any]]:
+    """(units) a units task with the largest credit window flooded with units of up to 1 MiB, as fast as
+    credit allows; (output) the same with the largest output buffer while a DoGet of its output is open and
+    never read; (map) a map stage sent 12 MiB batches while its output is never read. The worker must
+    refuse (a protocol error, field ``app_metadata.units``) or hold the client back (the calls stall until
+    their FLOOD_WAIT deadline); afterwards ``info`` must count no running task."""
+    variant = rng.choice(FLOOD_VARIANTS)
+    window = rng.choice([1 << 16, 2**32 - 1])
+    m.note(f"flood: {variant}, window {window}")
+    if variant == "map":
+        seed = make_seed("exchange", rng.choice(["identity", "project"]), qid)
+        header = _copy_header(seed)
+        header.options.output_buffer_bytes = rng.choice([MAX_OUTPUT_BUFFER, 1 << 30])
+        batches = rng.randint(4, 16)
+        return [op("flood", cmd=ser(header), batches=batches), op("await_idle")]
+    template = "identity" if variant == "output" else rng.choice(["identity", "count", "filter_len"])
+    seed = make_seed("units", template, qid, window=window)
+    header = _copy_header(seed)
+    header.options.feed_window = window
+    header.feeds[0].window = rng.choice([0, window])
+    header.options.retain_output = False
+    ticket = None
+    if variant == "output":
+        header.options.output_buffer_bytes = rng.choice([MAX_OUTPUT_BUFFER, 1 << 30])
+        ticket = ser(make_ticket(header.stage_key, 0, 1))
+    size = rng.choice(FLOOD_UNIT_SIZES)
+    total = (MAX_OUTPUT_BUFFER + (64 << 20)) if variant == "output" else rng.choice([32 << 20, 96 << 20])
+    m.note(f"units of {size >> 10} KiB, {total >> 20} MiB in all")
+    return [op("flood", cmd=ser(header), feed="u", partition=0, unit=size, total=total, ticket=ticket), op("await_idle")]
+
+
+MAX_OUTPUT_BUFFER = 256 << 20
+"""The largest output buffer a worker grants (flight/limits.py MAX_OUTPUT_BUFFER_BYTES); a larger one asked for is clamped."""
+
+
 def seed_case(kind: str, template: str, index: int) -> Case:
     """The unmutated seed ``kind``/``template`` as a case (``--check-seeds``)."""
     seed = make_seed(kind, template, f"seed-{kind}-{template}-{index}")
@@ -2362,6 +2477,12 @@ class Runner:
                 fl.Action(step["type"], pa.py_buffer(step["body"])), options=self.options())))
         elif kind == "list_actions":
             self._call(out, "ListActions", lambda: list(self.client.list_actions(options=self.options())))
+        elif kind == "hoard":
+            self._hoard(step, out)
+        elif kind == "flood":
+            self._flood(step, out)
+        elif kind == "await_idle":
+            self._await_idle(out)
         elif ex is not None:
             return self._exchange_step(step, ex)
         return True
@@ -2414,6 +2535,87 @@ class Runner:
         if ex.status is not None:
             self._record(out, label, ex.status)
 
+    def _hoard(self, step: dict[str, Any], out: Outcome) -> None:
+        """Open every exchange, beat on each for a few rounds (reading nothing), ask health, let them all go."""
+        beat = frame_bytes(heartbeat=P.Heartbeat()) if "heartbeat" in FRAME_MEMBERS else b""
+        held: list[_Exchange] = []
+        try:
+            for cmd in step["cmds"]:
+                try:
+                    held.append(_Exchange(self.client, self._localize(cmd), self.options(), "DoExchange(hoard)"))
+                except (pa.ArrowException, OSError) as exc:
+                    self._record(out, "DoExchange(hoard)", exc)
+                    break
+            for _ in range(step["beats"]):
+                if self.deadline - time.monotonic() < self.timeout / 2:
+                    break  # keep half the case's time for letting go and for the worker to free them
+                threading.Event().wait(HOARD_BEAT)
+                for ex in held:
+                    ex.send(lambda w: w.write_metadata(pa.py_buffer(beat)))
+            health = check_health(self.client, min(HEALTH_TIMEOUT, self.left()))
+            out.frames.append(f"hoard: {len(held)} exchanges held, the worker running {self._running(out)} tasks")
+            if health == "timeout":
+                out.timeouts.append(f"health while {len(held)} exchanges were held: no answer in time")
+            elif health != "ok":
+                out.statuses.append(Status("health while hoarding", "HealthFailed", health))
+        finally:
+            for i, ex in enumerate(held):
+                how = step["abandon"] if step["abandon"] != "mixed" else ABANDON[i % len(ABANDON)]
+                _abandon(ex, how)
+
+    def _flood(self, step: dict[str, Any], out: Outcome) -> None:
+        """A flood (``flood_case``) on an exchange whose calls end at FLOOD_WAIT: a stall there is back-pressure."""
+        label = "DoExchange(flood)"
+        try:
+            ex = _Exchange(self.client, self._localize(step["cmd"]), self.options(FLOOD_WAIT), label)
+        except (pa.ArrowException, OSError) as exc:
+            self._record(out, label, exc)
+            return
+        getter = None
+        try:
+            ex.read_until(lambda k: k not in ("load", "heartbeat"))
+            if ex.kinds and ex.kinds[-1] == "ready":
+                if step.get("ticket"):
+                    with contextlib.suppress(pa.ArrowException, OSError):  # opened, never read
+                        getter = self.client.do_get(fl.Ticket(step["ticket"]), options=self.options(FLOOD_WAIT))
+                if "batches" in step:
+                    _flood_map(ex, step["batches"])
+                else:
+                    _flood_units(ex, step["feed"], step["partition"], step["unit"], step["total"])
+        finally:
+            if getter is not None:
+                with contextlib.suppress(pa.ArrowException, OSError):
+                    getter.cancel()
+            ex.finish()
+        out.frames += [f"{label}: {k}" for k in ex.kinds if k not in ("credit", "batch", "heartbeat")][:20]
+        out.error_infos += ex.errors
+        out.bad_frames += ex.bad
+        if ex.status is not None:
+            if _timed_out(ex.status):
+                out.expected_waits += 1  # held back: what the worker should do
+            else:
+                self._record(out, label, ex.status)
+
+    def _running(self, out: Outcome) -> int:
+        """The worker's running tasks (``info``), or -1 when it did not say (recorded in ``out``)."""
+        try:
+            (result,) = list(self.client.do_action(fl.Action("info", b""), options=self.options(HEALTH_TIMEOUT)))
+            return int(P.WorkerInfo.FromString(result.body.to_pybytes()).running_tasks)
+        except (pa.ArrowException, OSError, ValueError, DecodeError) as exc:
+            self._record(out, "DoAction info", exc)
+            return -1
+
+    def _await_idle(self, out: Outcome) -> None:
+        """Wait (within the case's deadline) until the worker's ``info`` counts no running task: a leftover is a hang."""
+        while True:
+            running = self._running(out)
+            if running <= 0:
+                return
+            if time.monotonic() >= self.deadline:
+                out.timeouts.append(f"info: {running} tasks still running at the end of the case (a leftover is a hang)")
+                return
+            threading.Event().wait(0.05)
+
     def _localize(self, data: bytes) -> bytes:
         """The worker's own URL where the seed said SELF_URL, the data directory where it said DATA_TOKEN
         (only when lengths match: protobuf length prefixes stay valid)."""
@@ -2452,6 +2654,52 @@ class Runner:
         extra = getattr(exc, "extra_info", None) or b""
         info = parse(P.ErrorInfo, bytes(extra)) if extra else None
         out.statuses.append(Status(label, type(exc).__name__, str(exc), info.message if info is not None else ""))
+
+
+def _abandon(ex: _Exchange, how: str) -> None:
+    """Let a hoarded exchange go: a last frame (Release, Cancel), a half-close or nothing, then cancel the call."""
+    if how == "release" and "release" in FRAME_MEMBERS:
+        ex.send(lambda w: w.write_metadata(pa.py_buffer(frame_bytes(release=P.Release()))))
+    elif how == "cancel-frame":
+        ex.send(lambda w: w.write_metadata(pa.py_buffer(frame_bytes(cancel=P.Cancel(reason="hoarder leaves")))))
+    elif how == "half-close":
+        ex.half_close()
+    if how != "silent":
+        with contextlib.suppress(pa.ArrowException, OSError):
+            ex.reader.cancel()
+    ex.ended = True
+    with contextlib.suppress(pa.ArrowException, OSError):
+        ex.writer.close()
+
+
+@functools.lru_cache(maxsize=len(FLOOD_UNIT_SIZES))
+def _flood_frame(feed: str, partition: int, size: int) -> bytes:
+    return units_frame(feed, partition, [b"\x00" * size] * max(1, FLOOD_FRAME_BYTES // size))
+
+
+def _flood_units(ex: _Exchange, feed: str, partition: int, size: int, total: int) -> None:
+    """Units of ``size`` bytes, ``total`` bytes in all, as fast as the credit allows (the window is huge)."""
+    ex.read_until(lambda k: k in ("credit", "error", "finished"))
+    if not ex.kinds or ex.kinds[-1] != "credit":
+        return
+    frame = _flood_frame(feed, partition, size)
+    per_frame = max(1, FLOOD_FRAME_BYTES // size) * size
+    sent = 0
+    while sent < total and ex.send(lambda w: w.write_metadata(pa.py_buffer(frame))):
+        sent += per_frame
+
+
+def _flood_map(ex: _Exchange, batches: int) -> None:
+    """``batches`` large batches up a map stage, its output never read."""
+    if not ex.send(lambda w: w.begin(DATA_SCHEMA)):
+        return
+    batch = zeros_batch(FLOOD_BATCH_ROWS)
+    for _ in range(batches):
+        if not ex.send(lambda w: w.write_batch(batch)):
+            return
+    end = input_end_frame(FLOOD_BATCH_ROWS * batches, batches)
+    if end is not None:
+        ex.send(lambda w: w.write_metadata(pa.py_buffer(end)))
 
 
 def _is_input_end(data: bytes) -> bool:
@@ -2677,11 +2925,18 @@ class OwnedWorker:
 
     def threads(self) -> int:
         """The process's thread count (0 if unknown): cases that leave hundreds behind slow every later one."""
+        return self._status("Threads:")
+
+    def rss_kb(self) -> int:
+        """The process's resident memory, KiB (VmRSS; 0 if unknown)."""
+        return self._status("VmRSS:")
+
+    def _status(self, key: str) -> int:
         if self.proc is None:
             return 0
         with contextlib.suppress(OSError, ValueError):
             for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith("Threads:"):
+                if line.startswith(key):
                     return int(line.split()[1])
         return 0
 
@@ -2775,6 +3030,9 @@ class Tally:
     recycled: list[str] = field(default_factory=list)
     family_seconds: dict[str, float] = field(default_factory=dict)
     family_cases: Counter[str] = field(default_factory=Counter)
+    rss_growth_mb: float | None = None
+    """The largest RSS of a worker after a case minus its baseline (``RssWatch``); None: not measured."""
+    rss_worst: str = ""
 
     def timed(self, seconds: float, case: Case) -> None:
         """Time per family, and the ten slowest cases: slow is not a failure, but worth a look."""
@@ -2785,7 +3043,8 @@ class Tally:
         del self.slowest[10:]
 
     def line(self) -> str:
-        return SUMMARY.format(n=self.cases, c=self.crashes, h=self.hangs, u=self.unclear)
+        growth = "n/a" if self.rss_growth_mb is None else f"{self.rss_growth_mb:.0f}"
+        return SUMMARY.format(n=self.cases, c=self.crashes, h=self.hangs, u=self.unclear, g=growth)
 
     def add(self, case: Case, verdict: Verdict, kept: Path | None, seconds: float) -> None:
         self.cases += 1
@@ -2809,6 +3068,42 @@ def log(message: str) -> None:
 def one_line(text: str, most: int) -> str:
     """``text`` cut to ``most`` characters, newlines shown as \\n (error texts may hold whole schemas)."""
     return text[:most].replace("\n", "\\n")
+
+
+class RssWatch:
+    """The owned worker's RSS after each case, against its baseline: its RSS after its first RSS_WARMUP cases.
+
+    A worker swapped for a fresh one (a crash, a hang, too many threads) gets a baseline of its own.
+    What is reported is the largest growth seen over every worker, in MiB (as ``--rss-limit-mb``).
+    """
+
+    def __init__(self) -> None:
+        self.pid = 0
+        self.cases = 0
+        self.base_kb = 0
+        self.samples: list[tuple[int, int]] = []  # (case index, RSS KiB) of the current worker, every 100th case
+
+    def after(self, worker: OwnedWorker | None, case: Case, tally: Tally) -> None:
+        if worker is None or worker.proc is None:
+            return
+        if worker.proc.pid != self.pid:
+            self.pid, self.cases, self.base_kb, self.samples = worker.proc.pid, 0, 0, []
+        self.cases += 1
+        rss = worker.rss_kb()
+        if not rss:
+            return
+        if self.cases % 100 == 0:
+            self.samples.append((case.index, rss))
+        if self.cases == RSS_WARMUP:
+            self.base_kb = rss
+            log(f"worker RSS baseline (after its first {RSS_WARMUP} cases): {rss / 1024:.0f} MiB")
+        if not self.base_kb:
+            tally.rss_growth_mb = tally.rss_growth_mb or 0.0
+            return
+        growth = (rss - self.base_kb) / 1024
+        if tally.rss_growth_mb is None or growth > tally.rss_growth_mb:
+            tally.rss_growth_mb = growth
+            tally.rss_worst = f"{rss / 1024:.0f} MiB after case {case.index} [{case.family}] {case.note[:120]}"
 
 
 class Fuzzer:
@@ -2835,6 +3130,7 @@ class Fuzzer:
         self.last_seconds = 0.0
         self.first_case: int | None = None  # the first case the current worker ran
         self.check_alone = not args.replay
+        self.rss = RssWatch()
 
     def __enter__(self) -> Self:
         write_data_files(self.data_dir)
@@ -3004,6 +3300,7 @@ class Fuzzer:
             for case in cases:
                 verdict, out, worker_log = self.judge(case)
                 self.handle(case, verdict, out, worker_log)
+                self.rss.after(self.worker, case, self.tally)
                 if self.stopped:
                     break
                 if time.monotonic() - last >= 2.0:
@@ -3029,6 +3326,11 @@ class Fuzzer:
         log("slowest cases: " + "; ".join(f"case {i} {s:.1f} s {note}" for s, i, note in t.slowest[:5]))
         if t.recycled:
             log(f"worker swapped for a fresh one {len(t.recycled)} times, after: " + "; ".join(t.recycled[:5]))
+        if t.rss_growth_mb is not None:
+            base = f"{self.rss.base_kb / 1024:.0f} MiB" if self.rss.base_kb else f"none (fewer than {RSS_WARMUP} cases)"
+            log(f"worker RSS: baseline {base}, largest growth {t.rss_growth_mb:.0f} MiB" + (f" ({t.rss_worst})" if t.rss_worst else ""))
+            if self.rss.samples:
+                log("worker RSS every 100 cases (case: MiB): " + ", ".join(f"{i}: {kb / 1024:.0f}" for i, kb in self.rss.samples))
         for mode, count in sorted(t.modes.items(), key=lambda kv: (-kv[1], kv[0])):
             log(f"{count:5d} x {mode[0]} / {mode[1]} / {mode[2]}")
             for example in t.examples.get(mode, []):
@@ -3114,10 +3416,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="an extra flight-worker argument for the worker this fuzzer starts (repeatable; {workdir} is "
                         "replaced by the scratch directory), e.g. --worker-arg=--extension=flight.testing")
     p.add_argument("--replay", action="append", metavar="FILE", help="run the case kept in FILE (repeatable) instead of new cases")
-    p.add_argument("--families", help=f"comma-separated subset of: {', '.join(FAMILIES)}")
+    p.add_argument("--families", help=f"comma-separated subset of: {', '.join([*FAMILIES, *RESOURCE_FAMILIES])}")
     p.add_argument("--timeout", type=float, default=CASE_TIMEOUT, help="deadline of a whole case, seconds (default: %(default)s)")
     p.add_argument("--health-timeout", type=float, default=HEALTH_TIMEOUT, help="deadline of the health check after each case (default: %(default)s)")
     p.add_argument("--check-seeds", action="store_true", help="run every unmutated seed once; exit 1 unless all run cleanly")
+    p.add_argument("--rss-limit-mb", type=float, metavar="MIB",
+                   help="exit 1 when the worker's RSS grew more than this past its baseline (a worker this fuzzer starts)")
     return p
 
 
@@ -3130,6 +3434,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # like Ctrl-C: stop the workers, print the summary
     if args.url and not LOOPBACK_URL.fullmatch(args.url):
         raise SystemExit(f"--url must be grpc://127.0.0.1:PORT (this fuzzer only talks to loopback), not {args.url!r}")
+    if args.url and args.rss_limit_mb is not None:
+        raise SystemExit("--rss-limit-mb needs a worker this fuzzer starts (without --url): it reads the process's /proc/PID/status")
     families = [f.strip() for f in args.families.split(",")] if args.families else None
     with Fuzzer(args) as fuzzer:
         PROTOCOL["version"] = fuzzer.protocol_version()
@@ -3146,7 +3452,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         fuzzer.report()
     tally = fuzzer.tally
     print(tally.line(), flush=True)
-    return 1 if tally.crashes or tally.hangs else 0
+    grew = args.rss_limit_mb is not None and (tally.rss_growth_mb or 0.0) > args.rss_limit_mb
+    if grew:
+        log(f"the worker's RSS grew by {tally.rss_growth_mb:.0f} MiB, more than --rss-limit-mb {args.rss_limit_mb:g}")
+    return 1 if tally.crashes or tally.hangs or grew else 0
 
 
 if __name__ == "__main__":

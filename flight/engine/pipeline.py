@@ -23,6 +23,7 @@ from flight.compute.relational import (
     JOIN_TYPES,
     aggregate_decl,
     aggregate_schema,
+    handing_off,
     join_decl,
     join_schema,
     native_reader,
@@ -116,10 +117,19 @@ def compile_task(
     ``tag_units``: the rows say their work unit, in order (``tagged.py``; Acero, one unit at a time).
     """
     env = Env(inputs, batch_rows, unit_delay_s, worker_roots() if roots is None else roots)
+    on_cancel = getattr(inputs, "on_cancel", None)
+    if on_cancel is not None:
+        # A worker's task: once it stops, its sources let go of it (relational._Handoff says why).
+        on_cancel(env.handoffs.release)
+    with handing_off(env.handoffs):
+        return _compile_task(plan, env, engine, tag_units)
+
+
+def _compile_task(plan: plan_pb2.StagePlan, env: Env, engine: str | None, tag_units: bool) -> pa.RecordBatchReader:
     if tag_units:
         from flight.engine.tagged import tagged_task  # it builds on this module
 
-        _tell(inputs, "acero")
+        _tell(env.inputs, "acero")
         return tagged_task(plan, env)
     # Checks and types every operator (nothing runs yet); the declaration is Acero's plan.
     decl, schema = _compile(plan.root, env, "plan.root")
@@ -129,7 +139,7 @@ def compile_task(
         # Translated when first pulled, on the task's own thread: the worker says the task is
         # ready (its schema is known) without waiting for the translation.
         return native_reader(schema, _duck_or_acero(plan, env, decl))
-    _tell(inputs, "acero")
+    _tell(env.inputs, "acero")
     return _acero(plan, env, decl)
 
 
@@ -149,28 +159,34 @@ def _acero(plan: plan_pb2.StagePlan, env: Env, decl: ac.Declaration) -> pa.Recor
 def _duck_or_acero(plan: plan_pb2.StagePlan, env: Env, decl: ac.Declaration) -> Iterator[pa.RecordBatch]:
     from flight.engine import duck
 
+    # Started here, on the task's thread: the native readers made now are the task's too (no yield in these blocks).
     if env.prefetch(plan.root, SMALL_INPUT_ROWS):
         # Other stages' rows, and few: Acero's run costs less than DuckDB's start (Env.prefetch).
         _tell(env.inputs, "acero")
-        with _acero(plan, env, decl) as small:
+        with handing_off(env.handoffs):
+            small = _acero(plan, env, decl)
+        with small:
             yield from small
         return
     try:
-        reader = duck.run_duckdb(
-            plan, env.inputs, env.schemas, env.roots, env.batch_rows, env.delay,
-            lambda scan, field: feed_scan_reader(scan, env, field), env.read_partitions, getattr(env.inputs, "on_cancel", None),
-        )
+        with handing_off(env.handoffs):
+            reader = duck.run_duckdb(
+                plan, env.inputs, env.schemas, env.roots, env.batch_rows, env.delay,
+                lambda scan, field: feed_scan_reader(scan, env, field), env.read_partitions, getattr(env.inputs, "on_cancel", None),
+            )
         _tell(env.inputs, "duckdb")
     except Untranslatable as exc:
         log.debug("stage plan runs on Acero: %s", clip(exc, 300))
-        reader = _acero(plan, env, decl)
+        with handing_off(env.handoffs):
+            reader = _acero(plan, env, decl)
         _tell(env.inputs, "acero")
     except (ProtocolError, UnitReadError):
         raise
     except Exception as exc:  # noqa: BLE001 - a gap in the translation (DuckDB, Arrow, recursion): Acero runs the plan
         # One clipped line, no traceback: the error may quote a huge plan, and formatting it would hold the GIL.
         log.warning("stage plan runs on Acero: the DuckDB translation failed: %s: %s", type(exc).__name__, clip(exc, 300))
-        reader = _acero(plan, env, decl)
+        with handing_off(env.handoffs):
+            reader = _acero(plan, env, decl)
         _tell(env.inputs, "acero")
     with reader:
         yield from reader

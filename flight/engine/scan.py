@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from flight._proto import plan_pb2
 from flight.arrow_types import UNIT_COLUMN, UNIT_TYPE, UNITS_READER, normalize_schema, unit_tag, unit_tags
-from flight.compute.relational import native_reader
+from flight.compute.relational import Handoffs, native_reader
 from flight.engine.confine import DataRoots
 from flight.engine.decode import decode_threads
 from flight.engine.readers import PathRefused, ReaderContext, UnitReadError, conform, get_reader
@@ -108,6 +108,10 @@ class Env:
         default_factory=dict
     )
     """Shuffle inputs ``prefetch`` began to read: their first batches, and the rest (None: ended)."""
+    handoffs: Handoffs = dataclasses.field(default_factory=Handoffs)
+    """The Python sources of the native readers made while the task's plan compiled and its engine
+    started (``relational.handing_off``: at most a few per operator), let go of when the task stops
+    (``pipeline.compile_task``). Sources DuckDB's fragments open later are its task's, which closes them."""
 
     def delay(self, units: int) -> None:
         if self.unit_delay_s > 0:

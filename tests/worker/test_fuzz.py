@@ -23,7 +23,7 @@ import pytest
 from benchmarks import fuzz_worker as fz
 
 ROOT = Path(__file__).resolve().parents[2]
-SUMMARY = re.compile(r"^fuzz_cases: (\d+), crashes: (\d+), hangs: (\d+), unclear: (\d+)$")
+SUMMARY = re.compile(r"^fuzz_cases: (\d+), crashes: (\d+), hangs: (\d+), unclear: (\d+), max_rss_growth_mb: (-?\d+|n/a)$")
 SEED = 20261122  # fixed: every run sends the same inputs
 CASES = 1_000
 RUN_TIMEOUT = 600.0  # a hang costs the fuzzer 10 s; a worker that hangs on many inputs fails the test here
@@ -51,7 +51,7 @@ def test_a_thousand_mutated_inputs_neither_crash_nor_hang_the_worker(tmp_path: P
     lines = out.strip().splitlines()
     match = SUMMARY.match(lines[-1]) if lines else None
     assert match, f"no summary line (exit code {code}); stderr ends with:\n{err[-4000:]}"
-    cases, crashes, hangs, unclear = (int(g) for g in match.groups())
+    cases, crashes, hangs, unclear = (int(g) for g in match.groups()[:4])
     kept = sorted(p.name for p in (tmp_path / "corpus").glob("*.json"))
     report = (
         f"{lines[-1]} ({unclear} unclear tolerated)\nkept inputs (replay with python -m benchmarks.fuzz_worker --replay FILE): {kept}\n"
@@ -63,6 +63,49 @@ def test_a_thousand_mutated_inputs_neither_crash_nor_hang_the_worker(tmp_path: P
     # in this message but tolerated while the worker's error texts are being brought in line.
     assert crashes == 0 and hangs == 0, report
     assert code == 0, report
+
+
+HOSTILE_CASES = 2_000
+RSS_GROWTH_MB = 200
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT + 60)
+@pytest.mark.xfail(reason="issue 24: the worker still grows by 300-550 MiB settled, ~2 GiB at peak, over these 2,000 cases "
+                   "(measured: baseline 256 MiB, then 540-800 MiB every 100 cases); remove once it stays within 200 MiB",
+                   strict=False)
+def test_two_thousand_hostile_cases_leave_the_worker_within_200_mb_of_its_baseline(tmp_path: Path) -> None:
+    """2,000 mixed cases (hoarders and floods among them) against one worker: no crash, no hang, and its RSS
+    after every case within 200 MiB of its RSS after its first 20 cases (the fuzzer's baseline).
+
+    Measured on a 2-core machine: 115 s (floods and hoarders take about 1 s each, the other cases 30 ms). Before the sources handed to native readers were let go of
+    (flight/compute/relational.py, ``_Handoff``), every task stopped mid-stream stayed in memory for good.
+    """
+    code, out, err = run_fuzzer(tmp_path, "--cases", str(HOSTILE_CASES), "--seed", str(SEED), "--timeout", "30",
+                                "--health-timeout", "5", "--rss-limit-mb", str(RSS_GROWTH_MB))
+    lines = out.strip().splitlines()
+    match = SUMMARY.match(lines[-1]) if lines else None
+    assert match, f"no summary line (exit code {code}); stderr ends with:\n{err[-4000:]}"
+    cases, crashes, hangs = (int(g) for g in match.groups()[:3])
+    growth = match.group(5)
+    report = f"{lines[-1]}\nfuzzer report:\n{err[-6000:]}"
+    assert cases == HOSTILE_CASES, report
+    assert re.search(r"per family: .*\bhoard [1-9]\d* in", err) and re.search(r"per family: .*\bflood [1-9]\d* in", err), report
+    assert crashes == 0 and hangs == 0, report
+    assert growth != "n/a" and int(growth) <= RSS_GROWTH_MB, report
+    assert code == 0, report
+
+
+def test_resource_families_are_drawn_without_changing_the_other_cases() -> None:
+    # The hoard and flood cases take their own draw: every other case of a seed is what it was before them.
+    with_them, without = fz.Generator(SEED), fz.Generator(SEED, list(fz.FAMILIES))
+    families = []
+    for index in range(400):
+        case = with_them.case(index)
+        families.append(case.family)
+        if case.family not in fz.RESOURCE_FAMILIES:
+            assert case == without.case(index)
+    assert "hoard" in families and "flood" in families
 
 
 def test_every_seed_runs_cleanly(tmp_path: Path) -> None:
