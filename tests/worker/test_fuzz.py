@@ -78,7 +78,8 @@ def test_two_thousand_hostile_cases_leave_the_worker_within_200_mb_of_its_baseli
     """2,000 mixed cases (hoarders and floods among them) against one worker: no crash, no hang, and its RSS
     after every case within 200 MiB of its RSS after its first 20 cases (the fuzzer's baseline).
 
-    Measured on a 2-core machine: 115 s (floods and hoarders take about 1 s each, the other cases 30 ms). Before the sources handed to native readers were let go of
+    Measured on a 2-core machine: 115 s (floods and hoarders take about 1 s each, the other cases 30 ms).
+    Before the sources handed to native readers were let go of
     (flight/compute/relational.py, ``_Handoff``), every task stopped mid-stream stayed in memory for good.
     """
     code, out, err = run_fuzzer(tmp_path, "--cases", str(HOSTILE_CASES), "--seed", str(SEED), "--timeout", "30",
