@@ -63,11 +63,14 @@ directory are filled in when the case runs).
     python -m benchmarks.fuzz_worker --check-seeds      # every unmutated seed must run cleanly
     python -m benchmarks.fuzz_worker --cases 2000 --rss-limit-mb 200   # exit 1 if the worker grew more
 
-Memory: the fuzzer reads the RSS of the worker it started (``VmRSS`` in /proc/PID/status)
-after every case. The baseline is its RSS after its first RSS_WARMUP (20) cases, which load
-the engines, open DuckDB and start the thread pools every later case reuses; a worker swapped
-for a fresh one gets its own. ``max_rss_growth_mb`` is the largest RSS after a case minus the
-baseline, in MiB (``n/a`` with ``--url``: the process is not ours to read).
+Memory: the fuzzer reads the RSS of the worker it started (``VmRSS`` in /proc/PID/status).
+What it measures is what the worker *keeps*: every RSS_EVERY (100) cases, and at the end, it
+waits until the worker runs no task and its RSS stops falling, and takes that idle RSS. The
+baseline is the idle RSS after its first RSS_WARMUP (20) cases, which load the engines, open
+DuckDB and start the thread pools every later case reuses; a worker swapped for a fresh one
+gets its own. ``max_rss_growth_mb`` is the largest idle RSS minus the baseline, in MiB
+(``n/a`` with ``--url``: the process is not ours to read). What a case makes the worker hold
+while it runs (a flood's unread output, up to its bounds) is reported as the peak beside it.
 
 Progress goes to stderr; the last stdout line is exactly
 ``fuzz_cases: N, crashes: C, hangs: H, unclear: U, max_rss_growth_mb: G``. The exit code is 1
@@ -180,6 +183,13 @@ FLOOD_BATCH_ROWS = 1 << 19
 RSS_WARMUP = 20
 """Cases a fresh worker runs before its RSS becomes the baseline of ``max_rss_growth_mb``: the first ones
 import the engines, open the DuckDB database and start the thread pools, which every later case reuses."""
+RSS_EVERY = 100
+"""Cases between two settled RSS samples (``RssWatch``)."""
+SETTLE_S = 1.5
+"""An idle worker's RSS counts as settled once it has not fallen for this long (it trims within a second)."""
+SETTLE_MAX_S = 15.0
+"""The longest wait for a settled sample: past the worker's 10 s peer timeout, which frees a task a
+hoarder abandoned without a word."""
 
 FRAME_MEMBERS = [f.name for f in P.CoordinatorFrame.DESCRIPTOR.oneofs_by_name["frame"].fields]
 FLAT_EXPRESSIONS = "nodes" in L.Expression.DESCRIPTOR.fields_by_name
@@ -3071,19 +3081,40 @@ def one_line(text: str, most: int) -> str:
 
 
 class RssWatch:
-    """The owned worker's RSS after each case, against its baseline: its RSS after its first RSS_WARMUP cases.
+    """The owned worker's RSS once it is idle again, against its baseline (the same after its first RSS_WARMUP cases).
 
+    A flood case makes a worker *hold* memory while it runs (an unread output buffer up to
+    its 256 MiB bound: tests/worker/test_memory_bounds.py checks those bounds); what must not
+    happen is that the worker *keeps* it. So every RSS_EVERY cases, and at the baseline and the
+    end, the fuzzer waits until the worker runs no task and its RSS stops falling (an idle
+    worker collects garbage and trims its heaps within a second: ``release_idle_memory``),
+    and takes that as a settled sample. ``max_rss_growth_mb`` is the largest settled sample
+    minus the baseline; the largest RSS right after any case is reported beside it as the peak.
     A worker swapped for a fresh one (a crash, a hang, too many threads) gets a baseline of its own.
-    What is reported is the largest growth seen over every worker, in MiB (as ``--rss-limit-mb``).
     """
 
     def __init__(self) -> None:
         self.pid = 0
         self.cases = 0
         self.base_kb = 0
-        self.samples: list[tuple[int, int]] = []  # (case index, RSS KiB) of the current worker, every 100th case
+        self.peak_mb = 0.0
+        self.peak_note = ""
+        self.samples: list[tuple[int, int]] = []  # (case index, settled RSS KiB) of the current worker
 
-    def after(self, worker: OwnedWorker | None, case: Case, tally: Tally) -> None:
+    def settled_kb(self, worker: OwnedWorker, idle: Callable[[], bool]) -> int:
+        """The worker's RSS once it runs no task and has not shrunk for SETTLE_S (at most SETTLE_MAX_S)."""
+        end = time.monotonic() + SETTLE_MAX_S
+        while not idle() and time.monotonic() < end:
+            time.sleep(0.1)
+        last, steady_since = worker.rss_kb(), time.monotonic()
+        while time.monotonic() < end and time.monotonic() - steady_since < SETTLE_S:
+            time.sleep(0.1)
+            now = worker.rss_kb()
+            if now < last - 1024:
+                last, steady_since = now, time.monotonic()
+        return last
+
+    def after(self, worker: OwnedWorker | None, case: Case, tally: Tally, idle: Callable[[], bool], last: bool = False) -> None:
         if worker is None or worker.proc is None:
             return
         if worker.proc.pid != self.pid:
@@ -3092,18 +3123,25 @@ class RssWatch:
         rss = worker.rss_kb()
         if not rss:
             return
-        if self.cases % 100 == 0:
-            self.samples.append((case.index, rss))
+        if self.base_kb and (rss - self.base_kb) / 1024 > self.peak_mb:
+            self.peak_mb = (rss - self.base_kb) / 1024
+            self.peak_note = f"{rss / 1024:.0f} MiB after case {case.index} [{case.family}] {case.note[:120]}"
         if self.cases == RSS_WARMUP:
-            self.base_kb = rss
-            log(f"worker RSS baseline (after its first {RSS_WARMUP} cases): {rss / 1024:.0f} MiB")
+            self.base_kb = self.settled_kb(worker, idle)
+            log(f"worker RSS baseline (idle, after its first {RSS_WARMUP} cases): {self.base_kb / 1024:.0f} MiB")
+            tally.rss_growth_mb = tally.rss_growth_mb or 0.0
+            return
         if not self.base_kb:
             tally.rss_growth_mb = tally.rss_growth_mb or 0.0
             return
-        growth = (rss - self.base_kb) / 1024
+        if self.cases % RSS_EVERY and not last:
+            return
+        settled = self.settled_kb(worker, idle)
+        self.samples.append((case.index, settled))
+        growth = (settled - self.base_kb) / 1024
         if tally.rss_growth_mb is None or growth > tally.rss_growth_mb:
             tally.rss_growth_mb = growth
-            tally.rss_worst = f"{rss / 1024:.0f} MiB after case {case.index} [{case.family}] {case.note[:120]}"
+            tally.rss_worst = f"{settled / 1024:.0f} MiB idle after case {case.index} [{case.family}] {case.note[:120]}"
 
 
 class Fuzzer:
@@ -3297,10 +3335,10 @@ class Fuzzer:
     def run(self, cases: Iterator[Case], total: int) -> Tally:
         started = last = time.monotonic()
         try:
-            for case in cases:
+            for n, case in enumerate(cases, 1):
                 verdict, out, worker_log = self.judge(case)
                 self.handle(case, verdict, out, worker_log)
-                self.rss.after(self.worker, case, self.tally)
+                self.rss.after(self.worker, case, self.tally, self._idle, last=n == total)
                 if self.stopped:
                     break
                 if time.monotonic() - last >= 2.0:
@@ -3310,6 +3348,15 @@ class Fuzzer:
             log("interrupted")
         self.progress(total, time.monotonic() - started)
         return self.tally
+
+    def _idle(self) -> bool:
+        """Whether the worker runs no task (its ``info``); False when it does not answer."""
+        try:
+            with fl.connect(self.url) as client:
+                (result,) = list(client.do_action(fl.Action("info", b""), options=fl.FlightCallOptions(timeout=HEALTH_TIMEOUT)))
+            return int(P.WorkerInfo.FromString(result.body.to_pybytes()).running_tasks) == 0
+        except (pa.ArrowException, OSError, ValueError, DecodeError):
+            return False
 
     def progress(self, total: int, elapsed: float) -> None:
         t = self.tally
@@ -3328,9 +3375,12 @@ class Fuzzer:
             log(f"worker swapped for a fresh one {len(t.recycled)} times, after: " + "; ".join(t.recycled[:5]))
         if t.rss_growth_mb is not None:
             base = f"{self.rss.base_kb / 1024:.0f} MiB" if self.rss.base_kb else f"none (fewer than {RSS_WARMUP} cases)"
-            log(f"worker RSS: baseline {base}, largest growth {t.rss_growth_mb:.0f} MiB" + (f" ({t.rss_worst})" if t.rss_worst else ""))
+            log(f"worker RSS: idle baseline {base}, largest idle growth {t.rss_growth_mb:.0f} MiB"
+                + (f" ({t.rss_worst})" if t.rss_worst else ""))
+            log(f"worker RSS peak while a case held memory: +{self.rss.peak_mb:.0f} MiB ({self.rss.peak_note})")
             if self.rss.samples:
-                log("worker RSS every 100 cases (case: MiB): " + ", ".join(f"{i}: {kb / 1024:.0f}" for i, kb in self.rss.samples))
+                log(f"worker RSS when idle, every {RSS_EVERY} cases (case: MiB): "
+                    + ", ".join(f"{i}: {kb / 1024:.0f}" for i, kb in self.rss.samples))
         for mode, count in sorted(t.modes.items(), key=lambda kv: (-kv[1], kv[0])):
             log(f"{count:5d} x {mode[0]} / {mode[1]} / {mode[2]}")
             for example in t.examples.get(mode, []):

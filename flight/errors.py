@@ -23,6 +23,8 @@ query fails with the provider's own exception, with a note naming the feed.
 
 from __future__ import annotations
 
+import copy
+
 __all__ = [
     "FeedError",
     "FlightExecError",
@@ -41,6 +43,7 @@ __all__ = [
     "WorkerBusyError",
     "WorkerError",
     "WorkerUnavailableError",
+    "light_copy",
 ]
 
 
@@ -133,3 +136,22 @@ class UnauthenticatedError(WorkerError):
 
 class PermissionDeniedError(WorkerError):
     """The worker refused something the credentials do not allow (a path, another query's output)."""
+
+
+def light_copy(exc: BaseException) -> BaseException:
+    """``exc`` (same type, message and fields) without its traceback, cause and context.
+
+    Why: one stored error (a task's cancellation, a feed's failure) is raised again in every
+    thread that waits on what failed, and each raise chains that thread's frames onto the one
+    object. Frames hold their task, and native code (pyarrow's error detail) may hold the error
+    beyond the garbage collector's sight: a stopped task was kept for the process's life. A
+    stored error is raised as a fresh light copy instead.
+    """
+    try:
+        error = copy.copy(exc)
+    except Exception:  # noqa: BLE001 - a type that cannot be rebuilt from its args: the original, stripped
+        error = exc
+    error.__traceback__ = None
+    error.__cause__ = error.__context__ = None
+    error.__suppress_context__ = True
+    return error

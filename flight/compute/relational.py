@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import copy
 import functools
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -19,7 +18,7 @@ import pyarrow as pa
 import pyarrow.acero as ac
 import pyarrow.compute as pc
 
-from flight.errors import TaskCancelledError
+from flight.errors import TaskCancelledError, light_copy
 
 __all__ = [
     "JOIN_TYPES",
@@ -137,24 +136,12 @@ class _Handoff:
         except StopIteration:
             raise
         except Exception as exc:  # noqa: BLE001 - re-raised, as a light copy
-            error = _light(exc)
+            error = light_copy(exc)
         del batches, self  # the frame the error's traceback keeps holds neither the source nor this
         raise error
 
     def release(self) -> None:
         self._batches = None
-
-
-def _light(exc: Exception) -> Exception:
-    """``exc`` (same type, message and fields) without its traceback, cause and context."""
-    try:
-        error = copy.copy(exc)
-    except Exception:  # noqa: BLE001 - a type that cannot be rebuilt from its args: the original, stripped
-        error = exc
-    error.__traceback__ = None
-    error.__cause__ = error.__context__ = None
-    error.__suppress_context__ = True
-    return error
 
 
 class Handoffs:

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import pyarrow.flight as fl
 
 from flight._proto import protocol_pb2
+from flight.errors import light_copy
 from flight.protocol import status_error
 
 __all__ = ["error_boundary"]
@@ -35,11 +36,16 @@ def error_boundary(handler: _Handler) -> _Handler:
     def wrapped(self: Any, *args: Any) -> Any:
         try:
             return handler(self, *args)
-        except fl.FlightError:
-            raise
+        except fl.FlightError as exc:
+            error = light_copy(exc)
         except Exception as exc:
             log.warning("%s failed unexpectedly", handler.__name__, exc_info=True)
             message = f"internal error in {handler.__name__} on {self.url}: {type(exc).__name__} (details in the worker's log)"
-            raise status_error(protocol_pb2.ErrorInfo(code=protocol_pb2.ERROR_CODE_EXECUTION, message=message, worker_url=self.url)) from None
+            error = status_error(protocol_pb2.ErrorInfo(code=protocol_pb2.ERROR_CODE_EXECUTION, message=message, worker_url=self.url))
+        # Raised out here, as a copy without traceback or context, and without the call's arguments:
+        # pyarrow may keep the exception a handler raises, and with it every frame of the handler (the
+        # task, its readers, its buffers) for the process's life (worker/memory.py).
+        del args
+        raise error
 
     return wrapped  # type: ignore[return-value]

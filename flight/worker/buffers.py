@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from flight.errors import TaskCancelledError, TaskFailedError
+from flight.errors import TaskCancelledError, TaskFailedError, light_copy
 from flight.limits import MAX_RETAINED_BYTES
 
 __all__ = ["OutputBuffer"]
@@ -121,7 +121,7 @@ class OutputBuffer:
             while self._bytes > 0 and self._bytes + size > self._max_bytes and self._error is None:
                 self._cond.wait()
             if self._error is not None:
-                raise self._error
+                raise light_copy(self._error)
             self._parts[partition].batches.append(batch)
             self._bytes += size
             self._cond.notify_all()
@@ -129,7 +129,7 @@ class OutputBuffer:
     def _retain(self, partition: int, batch: pa.RecordBatch) -> None:
         with self._cond:
             if self._error is not None:
-                raise self._error
+                raise light_copy(self._error)
             self._schema = self._schema or batch.schema
             spill = self._spills.get(partition)
             if spill is None and self._bytes + batch.nbytes <= self._max_bytes:
@@ -160,7 +160,7 @@ class OutputBuffer:
                 while index >= self._retained_count(partition) and not self._finished and self._error is None:
                     self._cond.wait()
                 if self._error is not None:
-                    raise self._error
+                    raise light_copy(self._error)
                 if index >= self._retained_count(partition):
                     return
                 in_memory = len(part.batches)
@@ -234,7 +234,7 @@ class OutputBuffer:
                     while part.cursors[slot] >= part.total() and not self._finished and self._error is None:
                         self._cond.wait()
                     if self._error is not None:
-                        raise self._error
+                        raise light_copy(self._error)
                     index = part.cursors[slot]
                     if index >= part.total():
                         return

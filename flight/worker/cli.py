@@ -33,6 +33,7 @@ from flight.security import Security
 from flight.storage import FileSystems, load_options, set_filesystems
 from flight.worker.admission import CLIENT_MEMORY_SHARE, CLIENT_SHARE, MAX_QUEUED_PER_CLIENT
 from flight.worker.auth import ServerSecurity, read_tokens
+from flight.worker.memory import limit_malloc_arenas
 from flight.worker.server import WorkerServer
 
 __all__ = ["main"]
@@ -188,6 +189,7 @@ def _security(args: argparse.Namespace) -> ServerSecurity:
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
+    limit_malloc_arenas()  # before any thread of ours starts (worker/memory.py)
     parser = _parser()
     args = parser.parse_args(argv)
     try:

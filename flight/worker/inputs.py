@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from flight._proto import protocol_pb2
-from flight.errors import ProtocolError
+from flight.errors import ProtocolError, light_copy
 from flight.feed import LatencyStats, now_ns
 from flight.limits import MAX_FEED_WINDOW, clamp
 
@@ -153,7 +153,7 @@ class FeedInbox:
             while not self._units and not self._ended and self._error is None:
                 self._cond.wait()
             if self._error is not None:
-                raise self._error
+                raise light_copy(self._error)
             taken = [self._units.popleft() for _ in range(min(most, len(self._units)))]
             self._held.free(sum(len(u.body) for u in taken))
             self._taken += len(taken)
@@ -227,7 +227,7 @@ class InputQueue:
             ):
                 self._cond.wait()
             if self._error is not None:
-                raise self._error
+                raise light_copy(self._error)
             if self.end_seen:
                 raise ProtocolError("a map input batch arrived after the InputEnd frame", field="data")
             self.rows += batch.num_rows
@@ -277,7 +277,7 @@ class InputQueue:
                 while not self._items and not self._ended and self._error is None:
                     self._cond.wait()
                 if self._error is not None:
-                    raise self._error
+                    raise light_copy(self._error)
                 if not self._items:
                     return
                 batch = self._items.popleft()

@@ -60,6 +60,7 @@ from flight.worker.auth import MIDDLEWARE_KEY, ServerSecurity, TokenAuth, identi
 from flight.worker.beats import Heartbeats
 from flight.worker.boundary import error_boundary
 from flight.worker.exchange import Sender, read_frames
+from flight.worker.memory import release_idle_memory
 from flight.worker.shuffle import read_partitions
 from flight.worker.tasks import Task, TaskRegistry
 
@@ -111,6 +112,7 @@ class WorkerServer(fl.FlightServerBase):
         self.admission = Admission(worker_capacity(o, sec.identifies_callers))
         self.beats = Heartbeats()
         self._stopped = threading.Event()  # set by shutdown()
+        self._idle = threading.Event()  # the last task was freed since memory was last handed back
         # The watchdog runs for the worker's whole life, drained or not: a drain that is undone
         # (resume) must still free the tasks of coordinators that went silent.
         threading.Thread(target=self._watch, name="watchdog", daemon=True).start()
@@ -230,8 +232,7 @@ class WorkerServer(fl.FlightServerBase):
             self.registry.remove(task)
             log.debug("task %s freed", task.key)
             if not len(self.registry):
-                # Idle: hand freed memory back to the system (Arrow's allocator keeps it otherwise).
-                pa.default_memory_pool().release_unused()
+                self._idle.set()  # the watchdog hands freed memory back (release_idle_memory)
         if task.failure is not None:
             raise task.failure
 
@@ -244,6 +245,9 @@ class WorkerServer(fl.FlightServerBase):
         """
         timeout = self.options.peer_timeout
         while not self._stopped.wait(min(1.0, timeout / 4)):
+            if self._idle.is_set() and not len(self.registry):
+                self._idle.clear()
+                release_idle_memory()
             now = time.monotonic()
             for task in self.registry.tasks():
                 if task.half_closed:

@@ -21,7 +21,7 @@ import pyarrow as pa
 from flight._proto import plan_pb2, protocol_pb2
 from flight.engine.partition import split_by_hash
 from flight.engine.pruning import ScanStats
-from flight.errors import ProtocolError, TaskCancelledError, TaskFailedError
+from flight.errors import ProtocolError, TaskCancelledError, TaskFailedError, light_copy
 from flight.ipc import check_batch
 from flight.protocol import format_stage_key
 from flight.worker.admission import INPUT_RESERVE_BYTES
@@ -184,7 +184,7 @@ class Task:
     def fail(self, error: BaseException) -> None:
         """Stop the task because of ``error`` (e.g. a malformed frame), which the handler reports."""
         if self.error is None:
-            self.error = error
+            self.error = light_copy(error)  # kept past the raise: no frames (they hold this task)
         self.cancel(str(error))
 
     def record_output(self, batch: pa.RecordBatch) -> None:
