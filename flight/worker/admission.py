@@ -448,3 +448,8 @@ class Admission:
     def waiting(self) -> int:
         with self._lock:
             return self._waiting
+
+    def is_waiting(self, key: str) -> bool:
+        """Whether task ``key`` waits in the queue now."""
+        with self._lock:
+            return any(w.key == key for c in self._clients.values() for line in c.queries.values() for w in line)

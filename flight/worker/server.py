@@ -104,7 +104,7 @@ class WorkerServer(fl.FlightServerBase):
         self.security = sec
         self.options = options or WorkerOptions()
         self.url = f"{scheme}://{host}:{self.port}"
-        self.registry = TaskRegistry()
+        self.registry = TaskRegistry(queued=lambda key: self.admission.is_waiting(key))
         self.peers = ClientPool(sec.peer)
         self.draining = threading.Event()
         o = self.options

@@ -31,6 +31,9 @@ from flight.worker.inputs import FeedInbox, InputQueue, UnitBytes
 
 __all__ = ["Task", "TaskRegistry"]
 
+_QUEUED_POLL_S = 0.25
+"""How often a reader waiting for a queued task checks that it still waits (a refusal sends no notice)."""
+
 log = logging.getLogger(__name__)
 
 
@@ -237,7 +240,9 @@ class TaskRegistry:
 
     REMEMBERED = 4096
 
-    def __init__(self) -> None:
+    def __init__(self, queued: Callable[[str], bool] = lambda key: False) -> None:
+        self.queued = queued
+        """Whether a task of that key waits for capacity on this worker (``Admission.is_waiting``)."""
         self._tasks: dict[str, Task] = {}
         self._ended: OrderedDict[str, str] = OrderedDict()
         self._closed = False
@@ -262,9 +267,18 @@ class TaskRegistry:
             self._cond.notify_all()
 
     def get(self, key: str, wait: float = 0.0) -> tuple[Task | None, str]:
-        """The task, or None and why: it ended (how), or never appeared within ``wait`` seconds."""
+        """The task, or None and why: it ended (how), or never appeared within ``wait`` seconds.
+
+        A task that waits for capacity here (``queued``) is waited for as long as it waits: it
+        will be registered or refused, and admission bounds that wait (``--queue-wait``). A
+        consumer admitted before its producer (the producer's worker was full) used to give up
+        after ``wait`` seconds while the producer still waited its turn.
+        """
+        found = lambda: key in self._tasks or key in self._ended or self._closed  # noqa: E731
         with self._cond:
-            self._cond.wait_for(lambda: key in self._tasks or key in self._ended or self._closed, timeout=wait)
+            self._cond.wait_for(found, timeout=wait)
+            while not found() and self.queued(key):
+                self._cond.wait_for(found, timeout=_QUEUED_POLL_S)
             if key in self._tasks:
                 return self._tasks[key], ""
             if key in self._ended:

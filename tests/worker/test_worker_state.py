@@ -252,3 +252,20 @@ def test_admission_refuses_when_the_queue_is_full_or_the_wait_ends() -> None:
     assert len(ticks) >= 2  # the queued task told its coordinator it waits, repeatedly
     gave_up = adm.admit("y", Need(1, 1), give_up=lambda: True)
     assert gave_up is not None and adm.waiting == 0
+
+
+def test_a_reader_waits_for_a_task_that_waits_for_capacity_past_its_own_wait() -> None:
+    from flight.worker.tasks import TaskRegistry
+
+    queued = threading.Event()
+    queued.set()
+    registry = TaskRegistry(queued=lambda key: key == "q/1/0" and queued.is_set())
+    got: list[tuple[object, str]] = []
+    reader = threading.Thread(target=lambda: got.append(registry.get("q/1/0", wait=0.05)))
+    reader.start()
+    reader.join(0.5)
+    assert reader.is_alive(), "the reader should wait while the task is queued, past its 0.05 s"
+    queued.clear()  # refused: never registered
+    reader.join(5.0)
+    assert got == [(None, "it is not running here")]
+    assert registry.get("other/0/0", wait=0.01) == (None, "it is not running here")  # not queued: wait only as asked
