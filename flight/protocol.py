@@ -61,8 +61,9 @@ __all__ = [
     "unit_chain",
 ]
 
-PROTOCOL_VERSION = 2
-"""Bumped on any change a peer of the previous version would misread (2: heartbeats, InputEnd, flat expressions)."""
+PROTOCOL_VERSION = 3
+"""Bumped on any change a peer of the previous version would misread (2: heartbeats, InputEnd, flat expressions;
+3: the Release frame, which a version-2 worker would refuse as a frame without a member)."""
 
 _ID = re.compile(rf"[A-Za-z0-9._:-]{{1,{MAX_ID_CHARS}}}")
 
