@@ -3084,7 +3084,7 @@ class RssWatch:
     """The owned worker's RSS once it is idle again, against its baseline (the same after its first RSS_WARMUP cases).
 
     A flood case makes a worker *hold* memory while it runs (an unread output buffer up to
-    its 256 MiB bound: tests/worker/test_memory_bounds.py checks those bounds); what must not
+    its 192 MiB bound: tests/worker/test_memory_bounds.py checks those bounds); what must not
     happen is that the worker *keeps* it. So every RSS_EVERY cases, and at the baseline and the
     end, the fuzzer waits until the worker runs no task and its RSS stops falling (an idle
     worker collects garbage and trims its heaps within a second: ``release_idle_memory``),

@@ -71,9 +71,10 @@ MAX_OUTPUT_READERS = 4_096
 MAX_PRODUCERS = 4_096
 """Producer tasks one shuffle read names."""
 MIN_OUTPUT_BUFFER_BYTES = 1 << 20
-MAX_OUTPUT_BUFFER_BYTES = 256 << 20
-"""An unread output buffer is memory a client makes a worker hold: at most this much per task (it was 1 GiB;
-one unread DoGet then grew a worker by 595 MB), and admission counts it against the client's and the worker's budget."""
+MAX_OUTPUT_BUFFER_BYTES = 192 << 20
+"""An unread output buffer is memory a client makes a worker hold: at most this much per task (it was 1 GiB:
+one unread DoGet grew a worker by 595 MB; at 256 MiB, by 301 MB with what gRPC buffers beside it), and
+admission counts it against the client's and the worker's budget. The default is 32 MiB."""
 MAX_RETAINED_BYTES = 64 << 30
 """Most bytes a worker keeps on disk for one task's retained output (``TaskOptions.retain_output``):
 past it the task fails, naming the option, rather than filling the spill directory."""

@@ -137,6 +137,7 @@ class _Handoff:
             raise
         except Exception as exc:  # noqa: BLE001 - re-raised, as a light copy
             error = light_copy(exc)
+            exc.__traceback__ = None  # it may be a nested reader's error, kept by native code: not with the source's frames
         del batches, self  # the frame the error's traceback keeps holds neither the source nor this
         raise error
 

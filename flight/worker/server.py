@@ -248,16 +248,19 @@ class WorkerServer(fl.FlightServerBase):
             if self._idle.is_set() and not len(self.registry):
                 self._idle.clear()
                 release_idle_memory()
-            now = time.monotonic()
-            for task in self.registry.tasks():
-                if task.half_closed:
-                    continue  # the client finished sending (a map stage's input): it cannot beat any more
-                silent = now - task.last_heard
-                if silent > timeout:
-                    log.warning("task %s: the coordinator sent nothing for %.1fs; freeing the task", task.key, silent)
-                    task.cancel(f"the coordinator sent nothing for {silent:.0f}s (heartbeats included)")
-                    self.registry.remove(task)
-                    self.admission.release(task.key)
+            self._free_silent(time.monotonic(), timeout)
+
+    def _free_silent(self, now: float, timeout: float) -> None:
+        """One round of the watchdog (a frame of its own: the loop's last task is not kept while the worker idles)."""
+        for task in self.registry.tasks():
+            if task.half_closed:
+                continue  # the client finished sending (a map stage's input): it cannot beat any more
+            silent = now - task.last_heard
+            if silent > timeout:
+                log.warning("task %s: the coordinator sent nothing for %.1fs; freeing the task", task.key, silent)
+                task.cancel(f"the coordinator sent nothing for {silent:.0f}s (heartbeats included)")
+                self.registry.remove(task)
+                self.admission.release(task.key)
 
     def _send_ready(self, task: Task, sender: Sender) -> None:
         ready = protocol_pb2.Ready(
@@ -302,6 +305,11 @@ class WorkerServer(fl.FlightServerBase):
             else:
                 log.warning("task %s: unexpected %s", task.key, type(exc).__name__, exc_info=True)
             task.failure = self._fail(task, sender, exc)
+        finally:
+            # Native code keeps the errors it pulled (pyarrow's Python error detail, in the reader's
+            # Status) and raises them again here: their tracebacks, and the frames of this thread
+            # they hold (f_back), keep this frame for the process's life. It must not hold the task.
+            del task, output, sender
 
     def _read_partitions(
         self, task: Task, producers: list[tuple[str, bytes]], start: int, end: int

@@ -3,7 +3,7 @@
 Before issue 24: a full credit window (65,536) of 1 MiB work units grew a worker by 410 MB,
 and one DoGet left unread with ``output_buffer_bytes`` at its clamp (1 GiB then) by 595 MB.
 Now a task's unread units stay within its input reservation (a frame past it is refused as
-a protocol error) and an output buffer within 256 MiB, and admission counts both against
+a protocol error) and an output buffer within 192 MiB, and admission counts both against
 the client's and the worker's budget. These tests drive a ``flight-worker`` process with
 those values, read its RSS from /proc, and check it grew by at most 300 MB, and that the
 ``info`` action shows what the client holds.
@@ -130,7 +130,7 @@ def test_an_unread_output_at_the_largest_buffer_stays_within_it(worker: tuple[st
     url, pid = worker
     client = fl.connect(url)
     before = rss(pid)
-    header = units_header(url, feed_window=4, output_buffer_bytes=1 << 40)  # clamped to 256 MiB
+    header = units_header(url, feed_window=4, output_buffer_bytes=1 << 40)  # clamped to 192 MiB
     ex = Exchange(client, header)
     reader = None
     try:
@@ -146,11 +146,11 @@ def test_an_unread_output_at_the_largest_buffer_stays_within_it(worker: tuple[st
             while sent < granted and sent < 600:
                 ex.units(1)
                 sent += 1
-            if info(client).clients and info(client).clients[0].buffered_bytes >= 200 * MB:
+            if info(client).clients and info(client).clients[0].buffered_bytes >= 188 * MB:
                 break
         load = info(client).clients[0]
         assert load.identity == "anonymous" and load.running_tasks == 1
-        assert 150 * MB <= load.buffered_bytes <= (256 + 8 + 2) * MB, load  # output buffer and unread units, within their bounds
+        assert 188 * MB <= load.buffered_bytes <= (192 + 8 + 2) * MB, load  # output buffer and unread units, within their bounds
         grown = rss(pid) - before
         print(f"unread output at the largest buffer: the worker grew by {grown >> 20} MB, holding {load.buffered_bytes >> 20} MiB")
         assert grown <= GROWTH_MB * MB, f"the worker grew by {grown >> 20} MB"
