@@ -28,10 +28,12 @@ import pyarrow as pa
 from flight._proto import plan_pb2
 from flight.compute.expressions import _ipc_column, _literal, bound_types, to_pyarrow_nodes
 
-__all__ = ["MAX_SQL_NODES", "Untranslatable", "expression_sql", "ident", "literal", "sql_type"]
+__all__ = ["MAX_SQL_CHARS", "MAX_SQL_NODES", "Untranslatable", "expression_sql", "ident", "literal", "sql_type"]
 
 MAX_SQL_NODES = 500
 """Larger expressions stay on Acero: DuckDB's parser and binder recurse, and such plans are rare."""
+MAX_SQL_CHARS = 1 << 20
+"""An expression longer than this as SQL text stays on Acero (a reused node is written at each use)."""
 
 MAX_VALUE_SET = 10_000
 """Larger ``is_in`` value sets stay on Acero (they would become very long SQL text)."""
@@ -164,6 +166,11 @@ def expression_sql(
                 texts.append(_is_in(call, args[0], arg_types[0], truthy=True))
             else:
                 texts.append(_call(call, args, arg_types, types[i]))
+        if len(texts[-1]) > MAX_SQL_CHARS:
+            # A node used by several others is written out at each use: a plan whose expression is a
+            # deep DAG (a node reused at every level) grows exponentially as text, and rendering it
+            # held the GIL for minutes (fuzz case "and-chain of 100, nested 10 deep"). Acero runs it.
+            raise Untranslatable(f"{field} is longer than {MAX_SQL_CHARS >> 10} KiB as SQL text")
     return texts[-1]
 
 

@@ -186,3 +186,32 @@ def test_like_escapes_as_pyarrow_does(pattern: str, ignore_case: bool) -> None:
     got = duckdb_evaluate(col("s").like(pattern, ignore_case=ignore_case), ODD)
     want = pc.match_like(ODD["s"], pattern, ignore_case=ignore_case)
     assert got.to_pylist() == want.to_pylist(), pattern
+
+
+def test_an_expression_that_reuses_its_nodes_too_deeply_stays_on_acero_rather_than_grow_as_text() -> None:
+    # A DAG: each level combines the previous level with itself. As text every use is written out:
+    # 2**15 copies of the leaf's 100-character name (within the decoder's bound of 100,000 nodes
+    # counted per use). Rendering such a plan held a worker's GIL for minutes (a fuzz case).
+    from flight._proto import plan_pb2
+    from flight.compute.expressions import to_pyarrow_nodes
+
+    name = "b" * 100
+    nodes = [plan_pb2.ExprNode(field=plan_pb2.FieldRef(name=name))]
+    for _ in range(15):
+        prev = len(nodes) - 1
+        nodes.append(plan_pb2.ExprNode(call=plan_pb2.Call(function="and_not_kleene", args=[prev, prev])))
+    schema = pa.schema([(name, pa.bool_())])
+    with pytest.raises(Untranslatable, match="KiB as SQL text"):
+        expression_sql(plan_pb2.Expression(nodes=nodes), schema, "predicate", predicate=True)
+    shallow = plan_pb2.Expression(nodes=nodes[:4])  # 8 copies: fine as SQL, and DuckDB agrees with pyarrow
+    table = pa.table({name: [True, False, None]})
+    con = duckdb.connect()
+    con.register("t", table)
+    got = [r[0] for r in con.execute(f"SELECT {expression_sql(shallow, schema, 'e')} FROM t").fetchall()]
+    assert got == _pyarrow_values(table, to_pyarrow_nodes(shallow, "e")[-1])
+
+
+def _pyarrow_values(table: pa.Table, expr: pc.Expression) -> list[object]:
+    import pyarrow.dataset as ds
+
+    return ds.dataset(table).to_table(columns={"r": expr}).column("r").to_pylist()
