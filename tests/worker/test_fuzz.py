@@ -71,12 +71,13 @@ RSS_GROWTH_MB = 200
 
 @pytest.mark.slow
 @pytest.mark.timeout(RUN_TIMEOUT + 60)
-@pytest.mark.xfail(reason="issue 24: the worker still grows by 300-550 MiB settled, ~2 GiB at peak, over these 2,000 cases "
-                   "(measured: baseline 256 MiB, then 540-800 MiB every 100 cases); remove once it stays within 200 MiB",
-                   strict=False)
 def test_two_thousand_hostile_cases_leave_the_worker_within_200_mb_of_its_baseline(tmp_path: Path) -> None:
-    """2,000 mixed cases (hoarders and floods among them) against one worker: no crash, no hang, and its RSS
-    after every case within 200 MiB of its RSS after its first 20 cases (the fuzzer's baseline).
+    """2,000 mixed cases (hoarders and floods among them) against one worker: no crash, no hang, and what the
+    idle worker keeps (its settled RSS every 100 cases) within 200 MiB of its idle RSS after its first 20 cases.
+
+    The memory part is an expected failure for now (``pytest.xfail`` at that point, after the crash and
+    hang checks, which must pass): after the fixes of dead tasks, glibc arenas and idle trimming the idle
+    worker still grows from 227-252 MiB to 365-508 MiB over these cases (issue 24's closing note).
 
     Measured on a 2-core machine: 115 s (floods and hoarders take about 1 s each, the other cases 30 ms).
     Before the sources handed to native readers were let go of
@@ -93,7 +94,9 @@ def test_two_thousand_hostile_cases_leave_the_worker_within_200_mb_of_its_baseli
     assert cases == HOSTILE_CASES, report
     assert re.search(r"per family: .*\bhoard [1-9]\d* in", err) and re.search(r"per family: .*\bflood [1-9]\d* in", err), report
     assert crashes == 0 and hangs == 0, report
-    assert growth != "n/a" and int(growth) <= RSS_GROWTH_MB, report
+    assert growth != "n/a", report
+    if int(growth) > RSS_GROWTH_MB:
+        pytest.xfail(f"the idle worker kept {growth} MiB more than at its baseline (the bound is {RSS_GROWTH_MB})")
     assert code == 0, report
 
 
