@@ -32,8 +32,9 @@ __all__ = ["MAX_SQL_CHARS", "MAX_SQL_NODES", "Untranslatable", "expression_sql",
 
 MAX_SQL_NODES = 500
 """Larger expressions stay on Acero: DuckDB's parser and binder recurse, and such plans are rare."""
-MAX_SQL_CHARS = 1 << 20
-"""An expression longer than this as SQL text stays on Acero (a reused node is written at each use)."""
+MAX_SQL_CHARS = 64 << 10
+"""An expression longer than this as SQL text (or costing eight times as much to write) stays on Acero:
+a reused node is written at each use. TPC-H's longest predicate (Q19) is under 2 KiB."""
 
 MAX_VALUE_SET = 10_000
 """Larger ``is_in`` value sets stay on Acero (they would become very long SQL text)."""
@@ -151,6 +152,7 @@ def expression_sql(
     types = node_types(msg, schema, field)
     truthy = _truthy(nodes) if predicate else set()
     texts: list[str] = []
+    written = 0  # characters written for all nodes so far: what rendering costs
     prefix = f"{qualifier}." if qualifier else ""
     for i, node in enumerate(nodes):
         kind = node.WhichOneof("kind")
@@ -166,10 +168,12 @@ def expression_sql(
                 texts.append(_is_in(call, args[0], arg_types[0], truthy=True))
             else:
                 texts.append(_call(call, args, arg_types, types[i]))
-        if len(texts[-1]) > MAX_SQL_CHARS:
-            # A node used by several others is written out at each use: a plan whose expression is a
-            # deep DAG (a node reused at every level) grows exponentially as text, and rendering it
-            # held the GIL for minutes (fuzz case "and-chain of 100, nested 10 deep"). Acero runs it.
+        written += len(texts[-1])
+        if len(texts[-1]) > MAX_SQL_CHARS or written > 8 * MAX_SQL_CHARS:
+            # A node used by several others is written out at each use, and each level copies the text
+            # below it: a deep DAG grows exponentially as text, a deep chain quadratically to write, and
+            # rendering such plans held the GIL for minutes (fuzz cases "and-chain of 100", "expression
+            # nested 10 deep"). Acero runs them.
             raise Untranslatable(f"{field} is longer than {MAX_SQL_CHARS >> 10} KiB as SQL text")
     return texts[-1]
 
