@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -40,6 +39,9 @@ def _child(workdir: Path) -> int:
     from flight.coordinator.headers import task_header
     from flight.feed import file_unit
     from flight.protocol import new_secret
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: tests/ holds support.py
+    from support import wait_until
 
     path = workdir / "rows.parquet"
     pq.write_table(pa.table({"x": list(range(2_000))}), path, row_group_size=100)
@@ -71,7 +73,12 @@ def _child(workdir: Path) -> int:
             channel = TaskChannel(url, header, on_credit=on_credit, heartbeat=0.01, peer_timeout=30.0)
             box["c"] = channel
             channel.open(client)
-            time.sleep(r.random() * 0.05)  # the ending lands anywhere: queued, admitted, fed, finished
+            # The ending lands anywhere: right away, once the worker accepted or queued the task, or later.
+            moment = r.choice(("at once", "news", "finished"))
+            if moment == "news":
+                channel.ready.wait(r.random() * 0.05)  # accepted (or queued, or the moment passed)
+            elif moment == "finished":
+                channel.finished.wait(r.random() * 0.05)
             if ending == "release":
                 channel.close()
             elif ending == "abort":
@@ -112,16 +119,13 @@ def _child(workdir: Path) -> int:
         if any(t.is_alive() for t in threads):
             print("stress threads did not finish", file=sys.stderr)
             return 3
-        deadline = time.monotonic() + 30
-        from flight._proto import protocol_pb2 as pb
+        def running() -> int:
+            return protocol_pb2.WorkerInfo.FromString(next(iter(client.do_action(fl.Action("info", b"")))).body.to_pybytes()).running_tasks
 
-        while True:
-            info = pb.WorkerInfo.FromString(next(iter(client.do_action(fl.Action("info", b"")))).body.to_pybytes())
-            if info.running_tasks == 0 or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        if info.running_tasks:
-            print(f"the worker still runs {info.running_tasks} tasks", file=sys.stderr)
+        try:
+            wait_until(lambda: running() == 0, 30.0, "the worker to free every task")
+        except AssertionError:
+            print(f"the worker still runs {running()} tasks", file=sys.stderr)
             return 4
         if errors:
             print("\n".join(errors[:10]), file=sys.stderr)
