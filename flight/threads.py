@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["IDLE_S", "Job", "every", "spawn"]
+__all__ = ["IDLE_S", "Job", "every", "retire_idle", "spawn"]
 
 IDLE_S = 30.0
 """How long an idle pool thread waits for a function before it ends."""
@@ -76,6 +76,7 @@ class _Pool:
         self._ready = threading.Condition(self._lock)
         self._jobs: deque[Job] = deque()
         self._idle = 0
+        self._retire = 0  # idle threads asked to end now (retire_idle)
         self._starting: deque[Job] = deque()
         self._starter: threading.Thread | None = None
         self._wake_starter = threading.Condition(self._lock)
@@ -121,11 +122,20 @@ class _Pool:
             with self._lock:
                 self._idle += 1
                 while not self._jobs:
+                    if self._retire > 0:
+                        self._retire -= 1
+                        self._idle -= 1
+                        return
                     if not self._ready.wait(IDLE_S) and not self._jobs:
                         self._idle -= 1
                         return
                 job = self._jobs.popleft()
                 self._idle -= 1
+
+    def retire_idle(self) -> None:
+        with self._lock:
+            self._retire = self._idle
+            self._ready.notify_all()
 
 
 _POOL = _Pool()
@@ -139,6 +149,11 @@ def spawn(target: Callable[..., Any], *args: Any, name: str) -> Job:
     job = Job(target, args, name)
     _POOL.submit(job)
     return job
+
+
+def retire_idle() -> None:
+    """End the threads that wait for a function now, not ``IDLE_S`` later (an idle worker gives their memory back)."""
+    _POOL.retire_idle()
 
 
 class _Ticker:

@@ -81,6 +81,20 @@ def test_idle_threads_end_after_idle_s(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not job.is_alive()
 
 
+def test_retire_idle_ends_the_idle_threads_now_and_the_pool_serves_on() -> None:
+    jobs = [threads.spawn(time.sleep, 0.2, name=f"nap-{i}") for i in range(4)]
+    for job in jobs:
+        job.join(10)
+    wait_until(lambda: len([t for t in threading.enumerate() if t.name == "flight-idle"]) >= 4, timeout=10,
+               what="the pool's threads to become idle")
+    threads.retire_idle()  # IDLE_S is 30 s: only retire_idle ends them within the wait below
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name == "flight-idle"], timeout=5,
+               what="idle pool threads to end")
+    done = threading.Event()
+    threads.spawn(done.set, name="after-retire").join(10)
+    assert done.is_set()
+
+
 def test_a_forked_child_gets_threads_of_its_own() -> None:
     """A Spark Python worker is a fork: the parent's idle threads are not in the child, so the
     child must not hand them functions (they would never run)."""

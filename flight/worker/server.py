@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -164,7 +164,7 @@ class WorkerServer(fl.FlightServerBase):
             log.debug("refused task %s of %s: %s", key, client, refusal.reason)
             raise self._refuse(sender, code, f"worker {self.url} cannot take task {key}: {refusal.reason}", header.stage_key)
         try:
-            self._run_exchange(header, plan, buffer_bytes, sender, reader, client)
+            self._run_exchange(header, plan, buffer_bytes, sender, reader, client, context.is_cancelled)
         finally:
             self.admission.release(key)
 
@@ -176,8 +176,9 @@ class WorkerServer(fl.FlightServerBase):
         sender: Sender,
         reader: fl.MetadataRecordBatchReader,
         client: str,
+        gone: Callable[[], bool],
     ) -> None:
-        """An admitted task of identity ``client``, from its start to the end of its exchange."""
+        """An admitted task of identity ``client``, from its start to the end of its exchange (or ``gone()``: the call's)."""
         opts = header.options
         task = Task(
             header,
@@ -218,6 +219,9 @@ class WorkerServer(fl.FlightServerBase):
             # The runner finishes the task; once the task was stopped (a bad frame, a cancel),
             # a runner stuck in a reader must not hold this call: it is left to end on its own.
             while runner.is_alive() and not task.cancelled.is_set():
+                if gone():  # the client cancelled the call: nobody reads what the task would still send
+                    task.cancel("the coordinator ended the call")
+                    break
                 runner.join(0.5)
             runner.join(_RUNNER_STOP_S)
             if task.failure is None and task.finished and (task.error is not None or task.called_off):

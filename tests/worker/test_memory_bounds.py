@@ -12,6 +12,7 @@ those values, read its RSS from /proc, and check it grew by at most 300 MB, and 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,9 +22,11 @@ import pytest
 from support import wait_until
 
 import flight
+from flight import threads
 from flight._proto import protocol_pb2
 from flight.coordinator.headers import task_header
 from flight.protocol import new_secret
+from flight.worker.memory import release_idle_memory
 
 MB = 1 << 20
 GROWTH_MB = 300  # the issue's bound for each case
@@ -159,3 +162,15 @@ def test_an_unread_output_at_the_largest_buffer_stays_within_it(worker: tuple[st
             reader.cancel()
         ex.close()
     wait_until(lambda: info(client).running_tasks == 0, 15.0, "the abandoned task to be freed")
+
+
+def test_giving_idle_memory_back_ends_idle_threads_and_keeps_the_io_pool_size() -> None:
+    """``release_idle_memory`` shrinks Arrow's I/O pool so its idle threads end (their allocator pages go
+    back), then gives the pool its size again: the next task has every source thread admission counted on."""
+    size = pa.io_thread_count()
+    for job in [threads.spawn(lambda: None, name=f"idle-{i}") for i in range(3)]:
+        job.join(10)
+    release_idle_memory()
+    assert pa.io_thread_count() == size
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name == "flight-idle"], timeout=5,
+               what="the idle pool threads to end")
