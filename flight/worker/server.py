@@ -112,7 +112,7 @@ class WorkerServer(fl.FlightServerBase):
         self.admission = Admission(worker_capacity(o, sec.identifies_callers))
         self.beats = Heartbeats()
         self._stopped = threading.Event()  # set by shutdown()
-        self._idle = threading.Event()  # the last task was freed since memory was last handed back
+        self._idle = threading.Event()  # tasks ran since memory was last handed back
         # The watchdog runs for the worker's whole life, drained or not: a drain that is undone
         # (resume) must still free the tasks of coordinators that went silent.
         threading.Thread(target=self._watch, name="watchdog", daemon=True).start()
@@ -249,10 +249,12 @@ class WorkerServer(fl.FlightServerBase):
         """
         timeout = self.options.peer_timeout
         while not self._stopped.wait(min(1.0, timeout / 4)):
-            if self._idle.is_set() and not len(self.registry):
+            self._free_silent(time.monotonic(), timeout)
+            if len(self.registry):
+                self._idle.set()  # tasks it frees itself (silent clients) leave memory behind too
+            elif self._idle.is_set():
                 self._idle.clear()
                 release_idle_memory()
-            self._free_silent(time.monotonic(), timeout)
 
     def _free_silent(self, now: float, timeout: float) -> None:
         """One round of the watchdog (a frame of its own: the loop's last task is not kept while the worker idles)."""
