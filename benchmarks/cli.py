@@ -25,10 +25,26 @@ from pathlib import Path
 
 import flight
 from benchmarks import report
-from benchmarks.engines import (SAIL_VENV, AceroEngine, DataFusionEngine, DuckDBEngine, Engine, FailedEngine, FlightEngine,
-                                PolarsEngine, SailEngine, SparkEngine, datafusion_available, ensure_sail_venv,
-                                java_available, polars_available, sail_available, sail_requirements, sail_venv_info,
-                                spark_available)
+from benchmarks.engines import (
+    SAIL_VENV,
+    AceroEngine,
+    DataFusionEngine,
+    DuckDBEngine,
+    Engine,
+    FailedEngine,
+    FlightEngine,
+    PolarsEngine,
+    SailEngine,
+    SparkEngine,
+    datafusion_available,
+    ensure_sail_venv,
+    java_available,
+    polars_available,
+    sail_available,
+    sail_requirements,
+    sail_venv_info,
+    spark_available,
+)
 from benchmarks.micro import runner as micro
 from benchmarks.progress import Progress
 from benchmarks.suite import run_suite

@@ -487,13 +487,13 @@ class SailEngine(Engine):
             started = time.perf_counter()
             env = {k: v for k, v in os.environ.items() if k not in _NOT_FOR_SAIL and not k.startswith("SAIL_")}
             self.port = _free_port()
-            server_log = open(self._dir / "server.log", "wb")  # noqa: SIM115 - closed in close()
+            server_log = open(self._dir / "server.log", "wb")
             self._logs.append(server_log)
             self.server = subprocess.Popen(
                 [str(python), "-m", "pysail", "spark", "server", "--ip", "127.0.0.1", "--port", str(self.port)],
                 env={**env, **self.env}, stdin=subprocess.DEVNULL, stdout=server_log, stderr=subprocess.STDOUT)
             self._wait_listening(timeout)
-            client_log = open(self._dir / "client.log", "wb")  # noqa: SIM115 - closed in close()
+            client_log = open(self._dir / "client.log", "wb")
             self._logs.append(client_log)
             self.client = subprocess.Popen([str(python), str(SAIL_CLIENT)], env=env, stdin=subprocess.PIPE,
                                            stdout=subprocess.PIPE, stderr=client_log, text=True)

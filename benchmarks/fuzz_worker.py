@@ -15,7 +15,7 @@ payloads with corrupted offsets and lengths (string offsets out of range in a
 ``Values.ipc_stream``, in an IPC file read by a feed scan and in a map stage's
 input batches; zstd bodies that inflate hugely; duplicate field names in
 schemas). It talks to the worker with nothing but ``pyarrow.flight`` and the
-generated modules of ``flight/_proto`` (loaded without importing the ``flight``
+generated modules of ``flight/wire/_proto`` (loaded without importing the ``flight``
 package), so it tests the wire, not the client library.
 
 Two families hold resources instead of sending malformed input (about 3 cases in 100, drawn
@@ -119,8 +119,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load_proto(name: str) -> ModuleType:
-    """``flight/_proto/NAME.py`` without importing the ``flight`` package: the wire, not the library."""
-    full = f"flight._proto.{name}"
+    """``flight/wire/_proto/NAME.py`` without importing the ``flight`` package: the wire, not the library."""
+    full = f"flight.wire._proto.{name}"
     if full in sys.modules:
         return sys.modules[full]
     path = REPO_ROOT / "flight" / "_proto" / f"{name}.py"
@@ -2322,7 +2322,7 @@ def flood_case(rng: random.Random, m: Mutator, qid: str) -> list[dict[str, Any]]
 
 
 MAX_OUTPUT_BUFFER = 256 << 20
-"""The largest output buffer a worker grants (flight/limits.py MAX_OUTPUT_BUFFER_BYTES); a larger one asked for is clamped."""
+"""The largest output buffer a worker grants (flight/wire/limits.py MAX_OUTPUT_BUFFER_BYTES); a larger one asked for is clamped."""
 
 
 def seed_case(kind: str, template: str, index: int) -> Case:
@@ -3464,7 +3464,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", help="scratch directory for the data files and the worker's logs (default: a temporary one)")
     p.add_argument("--worker-arg", action="append", metavar="ARG",
                    help="an extra flight-worker argument for the worker this fuzzer starts (repeatable; {workdir} is "
-                        "replaced by the scratch directory), e.g. --worker-arg=--extension=flight.testing")
+                        "replaced by the scratch directory), e.g. --worker-arg=--extension=flight.dev.testing")
     p.add_argument("--replay", action="append", metavar="FILE", help="run the case kept in FILE (repeatable) instead of new cases")
     p.add_argument("--families", help=f"comma-separated subset of: {', '.join([*FAMILIES, *RESOURCE_FAMILIES])}")
     p.add_argument("--timeout", type=float, default=CASE_TIMEOUT, help="deadline of a whole case, seconds (default: %(default)s)")

@@ -24,8 +24,8 @@ class Progress:
         if self.live:
             try:
                 from rich.console import Console
-                from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress,
-                                           SpinnerColumn, TextColumn, TimeElapsedColumn)
+                from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+                from rich.progress import Progress as RichProgress
             except ImportError:  # rich is in the bench extra; without it, plain lines
                 self.live = False
             else:

@@ -207,4 +207,4 @@ def chart(cells: Sequence[Cell], labels: Mapping[str, str], shorts: Mapping[str,
 
 
 def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).astimezone().isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).astimezone().isoformat(timespec="seconds")

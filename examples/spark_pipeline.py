@@ -30,9 +30,9 @@ if __name__ == "__main__" and not __package__:
     # Run as `python examples/spark_pipeline.py`: the repo root holds the benchmarks package (TPC-H data).
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import flight  # noqa: E402
-import flight.spark  # noqa: E402
-from flight import col, if_else, lit  # noqa: E402
+import flight
+import flight.spark
+from flight import col, if_else, lit
 
 SUMMARY_SQL = """
 SELECT l_returnflag, l_linestatus, ship_year,

@@ -4,12 +4,13 @@ The public API lives here; everything else is private to the package.
 """
 
 from flight._version import __version__
-from flight.cluster import LocalCluster
 from flight.config import ExecOptions, WorkerOptions
 from flight.coordinator.exec import DistributedExec
 from flight.coordinator.map import map_batches
 from flight.coordinator.metrics import FeedStats, QueryMetrics, TaskStats
-from flight.delta import read_delta
+from flight.coordinator.resolver import FileWorkerResolver, PollingWorkerResolver, StaticWorkerResolver, WorkerResolver
+from flight.dev.cluster import LocalCluster
+from flight.dev.local import run_local
 from flight.engine.readers import ReaderContext, register_reader
 from flight.errors import (
     FeedError,
@@ -30,17 +31,16 @@ from flight.errors import (
     WorkerError,
     WorkerUnavailableError,
 )
-from flight.estimate import DefaultTaskEstimator, DiscoverySample, TaskEstimate, TaskEstimator
-from flight.feed import FeedContext, Unit, WorkUnit, WorkUnitFeed, WorkUnitFeedProvider, file_unit
-from flight.iceberg import read_iceberg
-from flight.local import run_local
 from flight.plan import agg
 from flight.plan.expr import Expr, call, coalesce, col, if_else, lit
 from flight.plan.query import Query, from_arrow, from_feed, map_input, read_ipc, read_parquet, units
-from flight.providers import FileListProvider, ListingProvider
-from flight.resolver import FileWorkerResolver, PollingWorkerResolver, StaticWorkerResolver, WorkerResolver
 from flight.security import Security
-from flight.storage import configure_storage
+from flight.sources.estimate import DefaultTaskEstimator, DiscoverySample, TaskEstimate, TaskEstimator
+from flight.sources.feed import FeedContext, Unit, WorkUnit, WorkUnitFeed, WorkUnitFeedProvider, file_unit
+from flight.sources.providers import FileListProvider, ListingProvider
+from flight.sources.storage import configure_storage
+from flight.tables.delta import read_delta
+from flight.tables.iceberg import read_iceberg
 
 __all__ = [
     "DefaultTaskEstimator",

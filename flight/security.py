@@ -142,7 +142,7 @@ def connect(url: str, security: Security | None = None) -> fl.FlightClient:
     if sec.cert_chain and sec.private_key:
         kwargs["cert_chain"] = sec.cert_chain
         kwargs["private_key"] = sec.private_key
-    # A client outlives its worker's restarts (flight.clients.shared_pool): gRPC would wait up to
+    # A client outlives its worker's restarts (flight.wire.clients.shared_pool): gRPC would wait up to
     # two minutes between reconnect attempts to a worker that was down; one second is enough.
     kwargs["generic_options"] = [("grpc.max_reconnect_backoff_ms", 1000)]
     return fl.FlightClient(url, **kwargs)  # type: ignore[arg-type]

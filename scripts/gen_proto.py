@@ -1,4 +1,4 @@
-"""Regenerate flight/_proto/*_pb2.py(i) from proto/ — the one way generated code is made.
+"""Regenerate flight/wire/_proto/*_pb2.py(i) from proto/ — the one way generated code is made.
 
 Usage: python scripts/gen_proto.py [--check]
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "proto"
-PACKAGE_DIR = Path("flight") / "_proto"
+PACKAGE_DIR = Path("flight") / "wire" / "_proto"
 
 
 def generate(out_root: Path) -> list[Path]:

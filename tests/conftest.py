@@ -24,7 +24,7 @@ def data_roots(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 @pytest.fixture(scope="session")
 def cluster(data_roots: list[Path]) -> Iterator[flight.LocalCluster]:
     """Two real flight-worker processes, with the testing readers loaded, reading under ``data_roots``."""
-    with flight.LocalCluster(2, extensions=["flight.testing"], data_roots=data_roots) as c:
+    with flight.LocalCluster(2, extensions=["flight.dev.testing"], data_roots=data_roots) as c:
         yield c
 
 

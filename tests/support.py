@@ -15,8 +15,8 @@ import pyarrow.flight as fl
 import pyarrow.parquet as pq
 
 import flight
-from flight._proto import plan_pb2, protocol_pb2
-from flight.protocol import PROTOCOL_VERSION, encode_schema
+from flight.wire._proto import plan_pb2, protocol_pb2
+from flight.wire.protocol import PROTOCOL_VERSION, encode_schema
 
 _tick = threading.Event()  # never set: its wait() is an interruptible pause
 

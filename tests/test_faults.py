@@ -19,9 +19,9 @@ from support import error_of, header, healthy, raw_exchange, running_tasks, unit
 
 import flight
 from flight import col
-from flight._proto import protocol_pb2
-from flight.protocol import error_info_of
-from flight.testing import SLEEP_SCHEMA, sleep_unit
+from flight.dev.testing import SLEEP_SCHEMA, sleep_unit
+from flight.wire._proto import protocol_pb2
+from flight.wire.protocol import error_info_of
 
 
 class _Nothing(flight.WorkUnitFeedProvider):
@@ -171,7 +171,7 @@ def test_coordinator_death_frees_the_task_within_two_seconds(cluster: flight.Loc
     script = textwrap.dedent(
         f"""
         import sys, flight
-        from flight.testing import SLEEP_SCHEMA, sleep_unit
+        from flight.dev.testing import SLEEP_SCHEMA, sleep_unit
         class Endless(flight.WorkUnitFeedProvider):
             def feed(self, partition, ctx):
                 i = 0
@@ -239,7 +239,7 @@ def test_a_worker_dying_mid_query_fails_it_naming_the_worker() -> None:
             for i in range(200):
                 yield sleep_unit(partition * 1000 + i, ms=20)
 
-    with flight.LocalCluster(2, extensions=["flight.testing"]) as own:
+    with flight.LocalCluster(2, extensions=["flight.dev.testing"]) as own:
         q = flight.from_feed(Slow(), "testing.sleep", SLEEP_SCHEMA).aggregate(["id"], n=flight.agg.count_all())
         ex = flight.DistributedExec(q, own.urls, rows_per_task=1, retries=0)  # with retries it recovers (tests/coordinator)
         reader = ex.execute()

@@ -40,7 +40,7 @@ class Catalog:
 
 def make_handler(catalog: Catalog) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the http.server API
+        def do_GET(self) -> None:
             url = urlparse(self.path)
             if url.path != "/list":
                 self.send_error(404, "no such endpoint")

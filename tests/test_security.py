@@ -20,10 +20,10 @@ from support import header, running_tasks, wait_until
 
 import flight
 from flight import agg, col
-from flight._proto import protocol_pb2
-from flight.protocol import error_info_of
+from flight.dev.testing import waiting_query
 from flight.security import Security, connect
-from flight.testing import waiting_query
+from flight.wire._proto import protocol_pb2
+from flight.wire.protocol import error_info_of
 
 pytestmark = pytest.mark.slow  # secure clusters of their own: a few seconds each
 

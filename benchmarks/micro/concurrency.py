@@ -52,13 +52,13 @@ if __name__ == "__main__" and not __package__:
     # Run as `python benchmarks/micro/concurrency.py`: the repo root holds the benchmarks package.
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-import flight  # noqa: E402
-from benchmarks.memory import PeakRSS  # noqa: E402
-from benchmarks.tpch import ensure_tpch  # noqa: E402
-from benchmarks.tpch_queries import (  # noqa: E402
+import flight
+from benchmarks.memory import PeakRSS
+from benchmarks.tpch import ensure_tpch
+from benchmarks.tpch_queries import (
     ORDERED,
     SQL,
     TABLES,
@@ -73,7 +73,7 @@ from benchmarks.tpch_queries import (  # noqa: E402
     query,
     tpch_files,
 )
-from flight import agg, col  # noqa: E402
+from flight import agg, col
 
 __all__ = ["CASES", "Case", "Outcome", "Report", "check", "references", "run", "soak"]
 
@@ -543,7 +543,7 @@ def worker_info(urls: Sequence[str], timeout: float = 3.0) -> list[str]:
     import pyarrow.flight as fl
     from google.protobuf import text_format
 
-    from flight._proto import protocol_pb2
+    from flight.wire._proto import protocol_pb2
 
     lines = []
     for url in urls:

@@ -32,7 +32,7 @@ import pyarrow as pa
 
 import flight
 from benchmarks.local_s3 import ACCESS_KEY, SECRET_KEY, local_s3
-from flight.iceberg import ICEBERG_READER, IcebergProvider
+from flight.tables.iceberg import ICEBERG_READER, IcebergProvider
 
 BUCKET = "flight-bench-iceberg"
 

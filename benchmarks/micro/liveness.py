@@ -31,10 +31,11 @@ import pyarrow.flight as fl
 if __name__ == "__main__" and not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import flight  # noqa: E402
-from flight._proto import protocol_pb2  # noqa: E402
-from flight.testing import waiting_query  # noqa: E402
-from flight.protocol import PROTOCOL_VERSION, make_stage_key  # noqa: E402
+import flight
+from flight.dev.testing import waiting_query
+from flight.wire._proto import protocol_pb2
+from flight.wire.protocol import PROTOCOL_VERSION, make_stage_key
+
 
 def _running(url: str) -> int:
     with fl.connect(url) as client:
@@ -53,7 +54,7 @@ def _wait(predicate: Callable[[], bool], timeout: float) -> float:
 
 def frozen_coordinator() -> float:
     with flight.LocalCluster(1) as one:
-        proc = subprocess.Popen([sys.executable, "-m", "flight.testing", one.urls[0]], stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([sys.executable, "-m", "flight.dev.testing", one.urls[0]], stdout=subprocess.PIPE, text=True)
         try:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
             _wait(lambda: _running(one.urls[0]) == 1, 10)

@@ -28,9 +28,9 @@ if __name__ == "__main__" and not __package__:
     # Run as `python benchmarks/micro/overhead.py`: the repo root holds the benchmarks package.
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import flight  # noqa: E402
-from benchmarks.tpch import ensure_tpch  # noqa: E402
-from benchmarks.tpch_queries import ORDERED, QUERY_NUMBERS, TABLES, compare, query, tpch_files  # noqa: E402
+import flight
+from benchmarks.tpch import ensure_tpch
+from benchmarks.tpch_queries import ORDERED, QUERY_NUMBERS, TABLES, compare, query, tpch_files
 
 
 def log(msg: str) -> None:

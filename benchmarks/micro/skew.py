@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 import flight
-from flight.testing import SLEEP_SCHEMA, sleep_unit
+from flight.dev.testing import SLEEP_SCHEMA, sleep_unit
 
 WORKERS = 3
 
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     modes: dict[str, flight.WorkUnitFeedProvider] = {"shared": SharedProvider(costs), "partitioned": RoundRobinProvider(costs)}
     times: dict[str, list[float]] = {m: [] for m in modes}
     units: dict[str, Counter[str]] = {}
-    with flight.LocalCluster(WORKERS, extensions=["flight.testing"], per_worker_args=per_worker_args) as cluster:
+    with flight.LocalCluster(WORKERS, extensions=["flight.dev.testing"], per_worker_args=per_worker_args) as cluster:
         slow = cluster.urls[0]
         run_once(cluster.urls, SharedProvider([0.0] * 6), 6)  # warm-up: connections, imports
         for r in range(args.runs):

@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import flight
-from flight.testing import SLEEP_SCHEMA, sleep_unit
+from flight.dev.testing import SLEEP_SCHEMA, sleep_unit
 
 WORKERS = 2
 
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         "streaming (all workers, no sample)": AllWorkers(),
     }
     results: dict[str, list[Timing]] = {name: [] for name in [*variants, "discover-then-plan"]}
-    with flight.LocalCluster(WORKERS, extensions=["flight.testing"]) as cluster:
+    with flight.LocalCluster(WORKERS, extensions=["flight.dev.testing"]) as cluster:
         run(cluster.urls, ListProvider([sleep_unit(i) for i in range(4)]), 4, None)  # warm-up: connections, imports
         for r in range(args.runs):
             for name, estimator in variants.items():

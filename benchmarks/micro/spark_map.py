@@ -33,13 +33,13 @@ if __name__ == "__main__" and not __package__:
     # Run as `python benchmarks/micro/spark_map.py`: the repo root holds the benchmarks package.
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import pyarrow as pa  # noqa: E402
-import pyarrow.compute as pc  # noqa: E402
+import pyarrow as pa
+import pyarrow.compute as pc
 
-import flight  # noqa: E402
-import flight.spark  # noqa: E402
-from benchmarks.tpch import ensure_tpch, table_files  # noqa: E402
-from flight import col, lit  # noqa: E402
+import flight
+import flight.spark
+from benchmarks.tpch import ensure_tpch, table_files
+from flight import col, lit
 
 COLUMNS = ["l_orderkey", "l_quantity", "l_extendedprice", "l_discount", "l_returnflag", "l_shipdate"]
 CUTOFF = dt.date(1998, 9, 2)

@@ -48,8 +48,8 @@ if __name__ == "__main__" and not __package__:
     # the repo root, and benchmarks/ is not an installed package; the root is needed for benchmarks.tpch.
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import flight  # noqa: E402
-from benchmarks.tpch import ensure_tpch, sf_dir, table_files  # noqa: E402
+import flight
+from benchmarks.tpch import ensure_tpch, sf_dir, table_files
 
 COLUMNS = ["l_orderkey", "l_linenumber", "l_quantity", "l_extendedprice", "l_discount", "l_shipdate", "l_shipmode", "l_comment"]
 """~103 bytes a row in Arrow memory: SF 0.5 (3M rows) makes ~310 MB."""
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         raw_url = stack.enter_context(raw_server(files))
         fe = lambda: run_flight_exec(cluster.urls, files, args.compression)  # noqa: E731
         raw = lambda: run_raw(raw_url, args.workers, args.compression)  # noqa: E731
-        sec = (lambda: run_flight_exec(secure.urls, files, args.compression, secure.security)) if secure else None  # noqa: E731
+        sec = (lambda: run_flight_exec(secure.urls, files, args.compression, secure.security)) if secure else None
         timed(fe, rows, "flight-exec")  # warm-up: page cache, connections, imports
         timed(raw, rows, "raw")
         if sec is not None:

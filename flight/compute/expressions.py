@@ -8,7 +8,7 @@ stack here, and each node is decoded once however often it is used.
 
 The bytes come from the network, so nothing in them is trusted: every oneof
 must be set, every argument index must name an earlier node, every function
-must be on the whitelist of ``flight.functions`` (checked before any name
+must be on the whitelist of ``flight.wire.functions`` (checked before any name
 is handed to pyarrow), argument counts and option kinds must fit that
 function, and Arrow IPC payloads must decode to exactly what the message
 promises. The size of what pyarrow gets is bounded too: at most
@@ -43,11 +43,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyarrow import acero
 
-from flight._proto import plan_pb2
 from flight.errors import ProtocolError
-from flight.functions import NARY_FUNCTIONS, FunctionSpec, lookup
-from flight.ipc import read_ipc_stream
-from flight.limits import clip
+from flight.wire._proto import plan_pb2
+from flight.wire.functions import NARY_FUNCTIONS, FunctionSpec, lookup
+from flight.wire.ipc import read_ipc_stream
+from flight.wire.limits import clip
 
 __all__ = ["MAX_DEPTH", "MAX_NODES", "bind", "bound_types", "referenced_fields", "to_pyarrow", "to_pyarrow_nodes"]
 
@@ -178,7 +178,7 @@ def _literal(msg: plan_pb2.Literal, path: str) -> pa.Scalar:
 
 def _ipc_column(data: bytes, path: str, what: str) -> pa.Array:
     """The single column of an Arrow IPC stream holding one record batch: sized before it is
-    decompressed and fully validated (``flight.ipc``), so corrupt buffers fail here, not in a kernel."""
+    decompressed and fully validated (``flight.wire.ipc``), so corrupt buffers fail here, not in a kernel."""
     try:
         table = read_ipc_stream(data, path)
     except ProtocolError as exc:

@@ -16,11 +16,11 @@ from collections.abc import Callable
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from flight._proto import protocol_pb2
-from flight.clients import error_from_info, translate_flight_error
 from flight.errors import FlightExecError, ProtocolError, TaskFailedError, WorkerBusyError, WorkerError, WorkerUnavailableError
-from flight.protocol import decode_schema, decode_worker_frame, format_stage_key, status_message
 from flight.threads import every, spawn
+from flight.wire._proto import protocol_pb2
+from flight.wire.clients import error_from_info, translate_flight_error
+from flight.wire.protocol import decode_schema, decode_worker_frame, format_stage_key, status_message
 
 __all__ = ["TaskChannel"]
 

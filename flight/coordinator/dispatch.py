@@ -24,7 +24,6 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
-from flight._proto import protocol_pb2
 from flight.coordinator.channel import TaskChannel
 from flight.coordinator.events import (
     Abort,
@@ -51,11 +50,12 @@ from flight.coordinator.events import (
     UnitsDone,
     UnitsFound,
 )
+from flight.coordinator.resolver import normalize_url
 from flight.coordinator.state import FeedState, SlotStats
-from flight.estimate import DiscoverySample
-from flight.feed import FeedContext, LatencyStats, Unit, WorkUnit, WorkUnitFeed, now_ns, unit_bytes
-from flight.resolver import normalize_url
+from flight.sources.estimate import DiscoverySample
+from flight.sources.feed import FeedContext, LatencyStats, Unit, WorkUnit, WorkUnitFeed, now_ns, unit_bytes
 from flight.threads import spawn
+from flight.wire._proto import protocol_pb2
 
 __all__ = ["FeedDispatcher", "PartitionStats", "Source"]
 

@@ -20,17 +20,17 @@ from flight.coordinator.detached import DetachedQuery, HeadPartition
 from flight.coordinator.explain import explain_plan
 from flight.coordinator.metrics import QueryMetrics
 from flight.coordinator.recovery import PROBE_TIMEOUT_S, Attempt, may_retry, probe_lost
+from flight.coordinator.resolver import StaticWorkerResolver, WorkerResolver
 from flight.coordinator.run import Run
 from flight.errors import (
     FlightExecError,
     WorkerError,
 )
-from flight.estimate import DefaultTaskEstimator, TaskEstimator
-from flight.limits import clip
 from flight.plan.query import Query
-from flight.planner import PlannerOptions, QueryPlan, StageSpec, plan_query
-from flight.protocol import COMPRESSION
-from flight.resolver import StaticWorkerResolver, WorkerResolver
+from flight.planner.cut import PlannerOptions, QueryPlan, StageSpec, plan_query
+from flight.sources.estimate import DefaultTaskEstimator, TaskEstimator
+from flight.wire.limits import clip
+from flight.wire.protocol import COMPRESSION
 
 __all__ = ["DetachedQuery", "DistributedExec", "HeadPartition"]  # the first and last from detached.py
 

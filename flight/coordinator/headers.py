@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
-from flight._proto import protocol_pb2
-from flight.protocol import PROTOCOL_VERSION, make_stage_key
+from flight.wire._proto import protocol_pb2
+from flight.wire.protocol import PROTOCOL_VERSION, make_stage_key
 
 __all__ = ["task_header"]
 

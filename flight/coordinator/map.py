@@ -20,15 +20,15 @@ from collections.abc import Callable, Iterable, Iterator
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from flight._proto import plan_pb2, protocol_pb2
-from flight.clients import error_from_info, translate_flight_error
 from flight.coordinator.headers import task_header
 from flight.errors import PlanError, TaskFailedError, WorkerUnavailableError
 from flight.plan.nodes import ExchangeInputNode
 from flight.plan.query import Query
-from flight.protocol import decode_worker_frame, format_stage_key, new_secret
 from flight.security import Security, connect
 from flight.threads import Job, spawn
+from flight.wire._proto import plan_pb2, protocol_pb2
+from flight.wire.clients import error_from_info, translate_flight_error
+from flight.wire.protocol import decode_worker_frame, format_stage_key, new_secret
 
 __all__ = ["map_batches"]
 

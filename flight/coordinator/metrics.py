@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from flight._proto import protocol_pb2
 from flight.coordinator.dispatch import PartitionStats
-from flight.limits import clip
-from flight.protocol import format_stage_key
+from flight.wire._proto import protocol_pb2
+from flight.wire.limits import clip
+from flight.wire.protocol import format_stage_key
 
 __all__ = ["FeedStats", "QueryMetrics", "TaskStats"]
 

@@ -21,7 +21,6 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from flight.clients import health_check
 from flight.errors import (
     FlightExecError,
     InvalidTaskError,
@@ -34,8 +33,9 @@ from flight.errors import (
     WorkerError,
     WorkerUnavailableError,
 )
-from flight.limits import clip
 from flight.security import Security
+from flight.wire.clients import health_check
+from flight.wire.limits import clip
 
 __all__ = ["Attempt", "may_retry", "probe_lost"]
 

@@ -32,8 +32,6 @@ from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
 
-from flight._proto import protocol_pb2
-from flight.clients import read_stream, translate_flight_error
 from flight.coordinator.channel import TaskChannel
 from flight.coordinator.events import ReplaceTask
 from flight.coordinator.recovery import PROBE_TIMEOUT_S, Attempt, may_retry, probe_lost
@@ -41,14 +39,16 @@ from flight.coordinator.results import DONE as _DONE
 from flight.coordinator.results import offer as _offer
 from flight.coordinator.units import UnitGate
 from flight.errors import FlightExecError, ProtocolError, WorkerError, WorkerUnavailableError
-from flight.limits import clip
-from flight.protocol import format_stage_key, taggable
 from flight.threads import spawn
+from flight.wire._proto import protocol_pb2
+from flight.wire.clients import read_stream, translate_flight_error
+from flight.wire.limits import clip
+from flight.wire.protocol import format_stage_key, taggable
 
 if TYPE_CHECKING:
     from flight.config import ExecOptions
     from flight.coordinator.run import Run
-    from flight.planner import QueryPlan
+    from flight.planner.cut import QueryPlan
 
 __all__ = ["Mode", "Replay", "replay_mode"]
 

@@ -31,14 +31,12 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from flight._proto import plan_pb2, protocol_pb2
-from flight.arrow_types import UNIT_COLUMN, UNIT_TYPE
-from flight.clients import read_stream, shared_pool, translate_flight_error
 from flight.coordinator.channel import TaskChannel
 from flight.coordinator.dispatch import FeedDispatcher, Source
 from flight.coordinator.headers import task_header
 from flight.coordinator.metrics import QueryMetrics, TaskStats
 from flight.coordinator.replay import Replay, replay_mode
+from flight.coordinator.resolver import normalize_url
 from flight.coordinator.results import DONE as _DONE
 from flight.coordinator.results import offer as _offer
 from flight.errors import (
@@ -51,10 +49,12 @@ from flight.errors import (
     WorkerError,
     WorkerUnavailableError,
 )
-from flight.planner import StageSpec
-from flight.protocol import COMPRESSION, encode_schema, make_stage_key, new_secret
-from flight.resolver import normalize_url
+from flight.planner.cut import StageSpec
 from flight.threads import spawn
+from flight.wire._proto import plan_pb2, protocol_pb2
+from flight.wire.arrow_types import UNIT_COLUMN, UNIT_TYPE
+from flight.wire.clients import read_stream, shared_pool, translate_flight_error
+from flight.wire.protocol import COMPRESSION, encode_schema, make_stage_key, new_secret
 
 if TYPE_CHECKING:
     from flight.coordinator.exec import DistributedExec

@@ -18,8 +18,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from flight.arrow_types import UNIT_COLUMN, UNIT_TYPE
 from flight.errors import ProtocolError
+from flight.wire.arrow_types import UNIT_COLUMN, UNIT_TYPE
 
 __all__ = ["UnitGate"]
 

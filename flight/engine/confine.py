@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from flight.errors import UnitReadError
-from flight.storage import Location, parse_location
+from flight.sources.storage import Location, parse_location
 
 __all__ = ["ANY_PATH", "NO_ROOTS", "REFUSED", "REFUSED_RELATIVE", "DataRoots", "set_worker_roots", "worker_roots"]
 

@@ -43,7 +43,7 @@ CHUNK_BYTES = 64 << 20
 
 def decode_threads() -> int:
     """How many row groups of one unit a task decodes at once: the worker's engine threads."""
-    from flight.engine.duck import settings  # the worker's --engine-threads; imported late: duck imports readers
+    from flight.engine.duck.engine import settings  # the worker's --engine-threads; imported late: duck imports readers
 
     return max(1, settings().threads or os.cpu_count() or 1)
 

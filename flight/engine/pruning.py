@@ -16,8 +16,8 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from flight._proto import protocol_pb2
-from flight.storage import Location
+from flight.sources.storage import Location
+from flight.wire._proto import protocol_pb2
 
 if TYPE_CHECKING:
     from flight.engine.readers import ReaderContext

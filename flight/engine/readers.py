@@ -17,7 +17,7 @@ readers do; an extension reader that opens files must do the same.
 
 **Object storage.** A unit may name a URI (``s3://bucket/key``, ``gs://``, ``abfs://``,
 ``hdfs://``, ``file://``): the built-in readers open it through ``pyarrow.fs`` with the
-worker's own configuration (``flight.storage``), after the same confinement
+worker's own configuration (``flight.sources.storage``), after the same confinement
 check (a URI root: ``--data-root s3://bucket/prefix``). An extension reader opens
 what a unit names with ``ctx.open_input_file(path)`` / ``ctx.open_input_stream(path)``,
 which do both: check, then open, wherever the file lives.
@@ -45,13 +45,13 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from google.protobuf.message import DecodeError
 
-from flight._proto import plan_pb2
-from flight.arrow_types import UNITS_READER
 from flight.engine.confine import NO_ROOTS, DataRoots
 from flight.engine.decode import CHUNK_BYTES, row_group_batches
 from flight.engine.pruning import ScanStats, row_groups
 from flight.errors import UnitReadError
-from flight.storage import FileSystems, Location, describe, process_filesystems
+from flight.sources.storage import FileSystems, Location, describe, process_filesystems
+from flight.wire._proto import plan_pb2
+from flight.wire.arrow_types import UNITS_READER
 
 log = logging.getLogger(__name__)
 
@@ -389,7 +389,7 @@ def read_iceberg(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
     """An Iceberg data file (Parquet): its columns matched to the scan's by field id, not by name.
 
     ``ctx.options["field_ids"]`` (JSON: column name → Iceberg field id) comes from the
-    coordinator's table schema (``flight.iceberg``). A renamed column is found by its id; a
+    coordinator's table schema (``flight.tables.iceberg``). A renamed column is found by its id; a
     column added after the file was written reads as nulls; a promoted type is cast.
     """
     unit = _file_unit(body)

@@ -17,14 +17,14 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flight._proto import plan_pb2
-from flight.arrow_types import UNIT_COLUMN, UNIT_TYPE, UNITS_READER, normalize_schema, unit_tag, unit_tags
 from flight.compute.relational import Handoffs, native_reader
 from flight.engine.confine import DataRoots
 from flight.engine.decode import decode_threads
 from flight.engine.readers import PathRefused, ReaderContext, UnitReadError, conform, get_reader
 from flight.errors import ProtocolError
-from flight.protocol import decode_schema
+from flight.wire._proto import plan_pb2
+from flight.wire.arrow_types import UNIT_COLUMN, UNIT_TYPE, UNITS_READER, normalize_schema, unit_tag, unit_tags
+from flight.wire.protocol import decode_schema
 
 __all__ = ["UNITS_PER_BATCH", "Env", "InboxLike", "ReceivedUnitLike", "TaskInputs", "feed_scan_reader", "operators", "scan_schema"]
 

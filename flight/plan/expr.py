@@ -2,7 +2,7 @@
 
 Users write ``(col("price") * 2 > 10) & col("name").like("a%")``; the builder
 records an immutable tree of nodes that name only whitelisted
-``pyarrow.compute`` functions (``flight.functions``) with typed options,
+``pyarrow.compute`` functions (``flight.wire.functions``) with typed options,
 and ``to_proto`` flattens it into a ``plan_pb2.Expression`` (a list of nodes in
 post-order), so a plan can cross the wire with nothing executable in it and no
 depth of nesting in its protobuf messages. Arrow types and non-trivial
@@ -30,11 +30,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyarrow import acero
 
-from flight._proto import plan_pb2
 from flight.compute.expressions import to_pyarrow_nodes
 from flight.errors import PlanError, ProtocolError
-from flight.functions import NARY_FUNCTIONS, lookup
-from flight.plan._wire import (
+from flight.plan.expr_nodes import (
     CallNode,
     FieldNode,
     LiteralNode,
@@ -48,6 +46,8 @@ from flight.plan._wire import (
     referenced_fields,
     unflatten,
 )
+from flight.wire._proto import plan_pb2
+from flight.wire.functions import NARY_FUNCTIONS, lookup
 
 __all__ = ["Expr", "call", "coalesce", "col", "if_else", "lit", "output_type"]
 

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from flight._proto import plan_pb2
-from flight.arrow_types import UNITS_READER, normalize_schema
 from flight.errors import PlanError
-from flight.feed import WorkUnitFeed
 from flight.plan.expr import Expr, output_type
-from flight.protocol import encode_schema
+from flight.sources.feed import WorkUnitFeed
+from flight.wire._proto import plan_pb2
+from flight.wire.arrow_types import UNITS_READER, normalize_schema
+from flight.wire.protocol import encode_schema
 
 __all__ = [
     "ExchangeInputNode",

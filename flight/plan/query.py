@@ -20,18 +20,18 @@ from collections.abc import Iterator, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from flight._proto import plan_pb2
-from flight.arrow_types import UNITS_READER
 from flight.errors import FlightExecError, PlanError
-from flight.feed import WorkUnitFeed, WorkUnitFeedProvider
-from flight.footers import footer_derived
 from flight.plan.agg import Agg
 from flight.plan.expr import Expr, coalesce, col, output_type
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, LimitNode, Node, ProjectNode, ValuesNode
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, SortNode, UnionNode
-from flight.protocol import encode_schema
-from flight.providers import FileListProvider, ListingProvider
-from flight.storage import open_input
+from flight.sources.feed import WorkUnitFeed, WorkUnitFeedProvider
+from flight.sources.footers import footer_derived
+from flight.sources.providers import FileListProvider, ListingProvider
+from flight.sources.storage import open_input
+from flight.wire._proto import plan_pb2
+from flight.wire.arrow_types import UNITS_READER
+from flight.wire.protocol import encode_schema
 
 __all__ = ["Query", "from_arrow", "from_feed", "map_input", "read_ipc", "read_parquet", "units"]
 

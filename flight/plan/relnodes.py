@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from flight._proto import plan_pb2
 from flight.compute.relational import aggregate_schema, join_schema
 from flight.errors import PlanError
 from flight.plan.expr import Expr, output_type
 from flight.plan.nodes import Node
-from flight.protocol import encode_schema
+from flight.wire._proto import plan_pb2
+from flight.wire.protocol import encode_schema
 
 __all__ = ["AggCall", "AggregateNode", "JoinNode", "ShuffleReadNode", "SortNode", "UnionNode"]
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from flight._proto import plan_pb2
-from flight.ipc import read_ipc_stream
 from flight.plan.expr import Expr
+from flight.wire._proto import plan_pb2
+from flight.wire.ipc import read_ipc_stream
 
 __all__ = ["MIRROR", "comparison", "conjuncts", "field_name", "literal_value", "set_values"]
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from flight.errors import PlanError
-from flight.feed import FeedContext, WorkUnit, WorkUnitFeedProvider
+from flight.sources.feed import FeedContext, WorkUnit, WorkUnitFeedProvider
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

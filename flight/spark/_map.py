@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from flight.clients import translate_flight_error
 from flight.coordinator.map import map_batches
+from flight.coordinator.resolver import WorkerResolver
 from flight.errors import PlanError, RetryableError
 from flight.plan.nodes import ExchangeInputNode
 from flight.plan.query import Query
-from flight.protocol import decode_schema, encode_schema
-from flight.resolver import WorkerResolver
 from flight.security import SecurityFiles
 from flight.spark._schema import Conformer, arrow_schema, check_conformable, ddl, to_struct
 from flight.spark._workers import Workers, describe_workers, mark_down
+from flight.wire.clients import translate_flight_error
+from flight.wire.protocol import decode_schema, encode_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

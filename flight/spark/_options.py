@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from flight._proto import plan_pb2
+from flight.coordinator.resolver import resolver_from_description
 from flight.errors import PlanError
-from flight.protocol import decode_schema
-from flight.resolver import resolver_from_description
 from flight.security import SecurityFiles
 from flight.spark._workers import Workers, describe_workers
+from flight.wire._proto import plan_pb2
+from flight.wire.protocol import decode_schema
 
 __all__ = ["HeadOptions", "PlanOptions", "b64", "decode_options", "encode_head", "encode_units"]
 

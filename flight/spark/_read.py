@@ -19,17 +19,17 @@ import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import TYPE_CHECKING, Self
 
-from flight._proto import plan_pb2
 from flight.config import ExecOptions
 from flight.coordinator.exec import DetachedQuery, DistributedExec
+from flight.coordinator.resolver import WorkerResolver
 from flight.errors import PlanError
-from flight.feed import FeedContext, WorkUnit, unit_bytes
 from flight.plan.query import Query
-from flight.planner import plan_query
-from flight.protocol import encode_schema
-from flight.resolver import WorkerResolver
+from flight.planner.cut import plan_query
 from flight.security import SecurityFiles
+from flight.sources.feed import FeedContext, WorkUnit, unit_bytes
 from flight.spark._options import Assignment, b64, encode_head, encode_units
+from flight.wire._proto import plan_pb2
+from flight.wire.protocol import encode_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -21,15 +21,15 @@ import pyarrow.flight as fl
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from flight._proto import protocol_pb2
-from flight.clients import read_stream, translate_flight_error
 from flight.errors import WorkerError, WorkerUnavailableError
-from flight.protocol import error_info_of
 from flight.security import SecurityFiles, connect
 from flight.spark._options import Assignment, HeadOptions, PlanOptions, decode_options
 from flight.spark._schema import Conformer, arrow_schema, spark_schema
 from flight.spark._stage_task import run_stage_task
 from flight.spark._workers import Workers
+from flight.wire._proto import protocol_pb2
+from flight.wire.clients import read_stream, translate_flight_error
+from flight.wire.protocol import error_info_of
 
 __all__ = ["READ_ONCE_HINT", "FlightDataSource", "HeadPartition", "StageTaskPartition", "find_replacement"]
 

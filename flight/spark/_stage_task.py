@@ -16,17 +16,17 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from flight._proto import protocol_pb2
-from flight.clients import translate_flight_error
 from flight.coordinator.channel import TaskChannel
 from flight.coordinator.dispatch import FeedDispatcher
 from flight.coordinator.headers import task_header
 from flight.errors import RetryableError, TaskCancelledError, WorkerBusyError, WorkerError
-from flight.feed import FeedContext, WorkUnitFeed, WorkUnitFeedProvider
-from flight.protocol import new_secret
 from flight.security import Security, connect
+from flight.sources.feed import FeedContext, WorkUnitFeed, WorkUnitFeedProvider
 from flight.spark._options import Assignment
 from flight.spark._workers import Workers, mark_down
+from flight.wire._proto import protocol_pb2
+from flight.wire.clients import translate_flight_error
+from flight.wire.protocol import new_secret
 
 __all__ = ["run_stage_task"]
 

@@ -16,10 +16,10 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from flight.clients import health_check
+from flight.coordinator.resolver import StaticWorkerResolver, WorkerResolver, resolver_from_description
 from flight.errors import ResolverError, WorkerUnavailableError
-from flight.resolver import StaticWorkerResolver, WorkerResolver, resolver_from_description
 from flight.security import Security, SecurityFiles
+from flight.wire.clients import health_check
 
 __all__ = ["Workers", "describe_workers"]
 

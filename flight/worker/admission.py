@@ -64,8 +64,8 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flight._proto import protocol_pb2
 from flight.config import WorkerOptions
+from flight.wire._proto import protocol_pb2
 
 __all__ = [
     "ANONYMOUS",

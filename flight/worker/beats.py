@@ -29,7 +29,7 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from flight._proto import protocol_pb2
+from flight.wire._proto import protocol_pb2
 
 __all__ = ["MAX_STALLED", "Heartbeats"]
 

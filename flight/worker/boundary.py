@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 
 import pyarrow.flight as fl
 
-from flight._proto import protocol_pb2
 from flight.errors import light_copy
-from flight.protocol import status_error
+from flight.wire._proto import protocol_pb2
+from flight.wire.protocol import status_error
 
 __all__ = ["error_boundary"]
 

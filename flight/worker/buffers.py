@@ -24,7 +24,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 from flight.errors import TaskCancelledError, TaskFailedError, light_copy
-from flight.limits import MAX_RETAINED_BYTES
+from flight.wire.limits import MAX_RETAINED_BYTES
 
 __all__ = ["OutputBuffer"]
 

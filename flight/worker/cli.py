@@ -27,10 +27,10 @@ import pyarrow as pa
 from flight._version import __version__
 from flight.config import WorkerOptions
 from flight.engine.confine import DataRoots, set_worker_roots
-from flight.engine.duck import EngineSettings, configure
-from flight.limits import DEFAULT_MEMORY_FRACTION, parse_size, physical_memory
+from flight.engine.duck.engine import EngineSettings, configure
 from flight.security import Security
-from flight.storage import FileSystems, load_options, set_filesystems
+from flight.sources.storage import FileSystems, load_options, set_filesystems
+from flight.wire.limits import DEFAULT_MEMORY_FRACTION, parse_size, physical_memory
 from flight.worker.admission import CLIENT_MEMORY_SHARE, CLIENT_SHARE, MAX_QUEUED_PER_CLIENT
 from flight.worker.auth import ServerSecurity, read_tokens
 from flight.worker.memory import limit_malloc_arenas

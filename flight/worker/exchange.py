@@ -14,11 +14,11 @@ import time
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from flight._proto import protocol_pb2
 from flight.errors import FlightExecError, ProtocolError, TaskCancelledError
-from flight.ipc import check_batch
-from flight.limits import clip
-from flight.protocol import decode_coordinator_frame, status_message
+from flight.wire._proto import protocol_pb2
+from flight.wire.ipc import check_batch
+from flight.wire.limits import clip
+from flight.wire.protocol import decode_coordinator_frame, status_message
 from flight.worker.tasks import Task
 
 __all__ = ["Sender", "read_frames"]

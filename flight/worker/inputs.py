@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from flight._proto import protocol_pb2
 from flight.errors import ProtocolError, light_copy
-from flight.feed import LatencyStats, now_ns
-from flight.limits import MAX_FEED_WINDOW, clamp
+from flight.sources.feed import LatencyStats, now_ns
+from flight.wire._proto import protocol_pb2
+from flight.wire.limits import MAX_FEED_WINDOW, clamp
 
 __all__ = ["FeedInbox", "InputQueue", "ReceivedUnit", "UnitBytes"]
 

@@ -18,11 +18,9 @@ from collections.abc import Callable, Iterator
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from flight._proto import plan_pb2, protocol_pb2
 from flight._version import __version__
-from flight.clients import ClientPool
 from flight.config import WorkerOptions
-from flight.engine.pipeline import compile_task, source_threads
+from flight.engine.acero.pipeline import compile_task, source_threads
 from flight.engine.readers import PathRefused, UnitReadError
 from flight.errors import (
     FlightExecError,
@@ -32,7 +30,10 @@ from flight.errors import (
     WorkerError,
     WorkerUnavailableError,
 )
-from flight.limits import (
+from flight.threads import Job, spawn
+from flight.wire._proto import plan_pb2, protocol_pb2
+from flight.wire.clients import ClientPool
+from flight.wire.limits import (
     DEFAULT_HEARTBEAT_MS,
     MAX_ECHO_CHARS,
     MAX_HEARTBEAT_MS,
@@ -43,7 +44,7 @@ from flight.limits import (
     clamp,
     clip,
 )
-from flight.protocol import (
+from flight.wire.protocol import (
     PROTOCOL_VERSION,
     decode_cancel_request,
     decode_header,
@@ -54,7 +55,6 @@ from flight.protocol import (
     status_error,
     status_message,
 )
-from flight.threads import Job, spawn
 from flight.worker.admission import INPUT_RESERVE_BYTES, Admission, Need, worker_capacity
 from flight.worker.auth import MIDDLEWARE_KEY, ServerSecurity, TokenAuth, identity, is_anonymous, same_secret
 from flight.worker.beats import Heartbeats

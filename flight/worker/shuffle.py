@@ -16,11 +16,11 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from flight._proto import protocol_pb2
-from flight.clients import ClientPool, read_stream
 from flight.errors import FlightExecError, TaskFailedError, WorkerUnavailableError
-from flight.protocol import format_stage_key, status_message
 from flight.threads import spawn
+from flight.wire._proto import protocol_pb2
+from flight.wire.clients import ClientPool, read_stream
+from flight.wire.protocol import format_stage_key, status_message
 from flight.worker.auth import same_secret
 from flight.worker.tasks import Task, TaskRegistry
 

@@ -18,12 +18,12 @@ from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
-from flight._proto import plan_pb2, protocol_pb2
 from flight.engine.partition import split_by_hash
 from flight.engine.pruning import ScanStats
 from flight.errors import ProtocolError, TaskCancelledError, TaskFailedError, light_copy
-from flight.ipc import check_batch
-from flight.protocol import format_stage_key
+from flight.wire._proto import plan_pb2, protocol_pb2
+from flight.wire.ipc import check_batch
+from flight.wire.protocol import format_stage_key
 from flight.worker.admission import INPUT_RESERVE_BYTES
 from flight.worker.auth import same_secret
 from flight.worker.buffers import OutputBuffer

@@ -10,21 +10,20 @@ import random
 import subprocess
 import sys
 from collections.abc import Callable
-from typing import Any
 from decimal import Decimal
+from typing import Any
 
 import pyarrow as pa
-import pyarrow.acero as acero
 import pyarrow.compute as pc
 import pytest
-
 from google.protobuf.message import DecodeError
+from pyarrow import acero
 
-from flight._proto import plan_pb2
 from flight.compute.expressions import MAX_DEPTH, MAX_NODES, referenced_fields, to_pyarrow
 from flight.errors import PlanError, ProtocolError
 from flight.plan.expr import Expr, call, coalesce, col, if_else, lit, output_type
-from flight.functions import FUNCTIONS, NARY_FUNCTIONS, FunctionSpec, lookup
+from flight.wire._proto import plan_pb2
+from flight.wire.functions import FUNCTIONS, NARY_FUNCTIONS, FunctionSpec, lookup
 
 TABLE = pa.table(
     {

@@ -34,11 +34,11 @@ ENDINGS = ("release", "abort", "finish", "abort_while_feeding", "bad_frame", "ca
 
 def _child(workdir: Path) -> int:
     import flight
-    from flight._proto import protocol_pb2
     from flight.coordinator.channel import TaskChannel
     from flight.coordinator.headers import task_header
-    from flight.feed import file_unit
-    from flight.protocol import new_secret
+    from flight.sources.feed import file_unit
+    from flight.wire._proto import protocol_pb2
+    from flight.wire.protocol import new_secret
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: tests/ holds support.py
     from support import wait_until

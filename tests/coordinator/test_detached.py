@@ -17,9 +17,9 @@ import pytest
 from support import running_tasks, wait_until
 
 import flight
-from flight.clients import read_stream
 from flight.coordinator.detached import DetachedQuery
 from flight.plan.expr import col
+from flight.wire.clients import read_stream
 
 
 @pytest.fixture(scope="module")

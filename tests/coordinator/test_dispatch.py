@@ -15,9 +15,9 @@ from collections.abc import Iterator
 
 from support import wait_until
 
-from flight._proto import protocol_pb2
 from flight.coordinator.dispatch import FeedDispatcher
-from flight.feed import FeedContext, WorkUnitFeed, WorkUnitFeedProvider
+from flight.sources.feed import FeedContext, WorkUnitFeed, WorkUnitFeedProvider
+from flight.wire._proto import protocol_pb2
 
 
 class Recording:

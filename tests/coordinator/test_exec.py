@@ -9,9 +9,9 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
-import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
+from pyarrow import feather
 from support import make_table, running_tasks, sorted_table, wait_until
 
 import flight

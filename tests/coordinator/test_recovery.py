@@ -25,7 +25,7 @@ from support import running_tasks, tpch_test_files, wait_until
 import flight
 from benchmarks.tpch_queries import ORDERED, compare, duckdb_answer, duckdb_connection, query
 from flight.coordinator.recovery import may_retry
-from flight.testing import SLEEP_SCHEMA, sleep_unit
+from flight.dev.testing import SLEEP_SCHEMA, sleep_unit
 
 SF = 0.05
 SLOW_MS = "150"  # per work unit, on the victim only
@@ -38,7 +38,7 @@ def files() -> dict[str, list[Path]]:
 
 def cluster_with_slow_victim(data_roots: list[Path], victim: int, n: int = 3) -> flight.LocalCluster:
     args = [["--unit-delay-ms", SLOW_MS] if i == victim else [] for i in range(n)]
-    return flight.LocalCluster(n, data_roots=data_roots, per_worker_args=args, extensions=["flight.testing"])
+    return flight.LocalCluster(n, data_roots=data_roots, per_worker_args=args, extensions=["flight.dev.testing"])
 
 
 def run_in_thread(ex: flight.DistributedExec) -> tuple[threading.Thread, dict[str, object]]:

@@ -15,14 +15,14 @@ from support import make_table, running_tasks, wait_until
 
 import flight
 from flight import col
-from flight.testing import SLEEP_SCHEMA, sleep_unit
+from flight.dev.testing import SLEEP_SCHEMA, sleep_unit
 
 
 @pytest.fixture(scope="module")
 def skewed(data_roots: list[Path]) -> Iterator[flight.LocalCluster]:
     """Three workers; the first adds 40 ms to every unit (an overloaded node)."""
     extra = [["--unit-delay-ms", "40"], [], []]
-    with flight.LocalCluster(3, extensions=["flight.testing"], data_roots=data_roots, per_worker_args=extra) as c:
+    with flight.LocalCluster(3, extensions=["flight.dev.testing"], data_roots=data_roots, per_worker_args=extra) as c:
         yield c
 
 

@@ -30,9 +30,9 @@ from flight.coordinator.events import (
     OutputRead,
     ReplaceTask,
     ResultComplete,
+    SenderIdle,
     SendFeedEnd,
     SendUnits,
-    SenderIdle,
     StartSending,
     TaskFinished,
     TaskLost,
@@ -353,7 +353,7 @@ class World:
 
 
 def now_of(event: object) -> float:
-    return float(getattr(event, "now"))
+    return float(event.now)
 
 
 @st.composite

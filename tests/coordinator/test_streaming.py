@@ -10,7 +10,7 @@ import pyarrow as pa
 from support import wait_until
 
 import flight
-from flight.testing import SLEEP_SCHEMA, sleep_unit
+from flight.dev.testing import SLEEP_SCHEMA, sleep_unit
 
 _pause = threading.Event()  # never set: wait() is a pause that needs no sleep
 

@@ -19,11 +19,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flight.arrow_types import UNIT_COLUMN, UNIT_TYPE
 from flight.coordinator.events import CancelTask, CreditGranted, FailQuery, Item, SendUnits, StartSending, UnitsDone, UnitsFound
 from flight.coordinator.state import FeedState
 from flight.coordinator.units import UnitGate
 from flight.errors import ProtocolError
+from flight.wire.arrow_types import UNIT_COLUMN, UNIT_TYPE
 
 PLAIN_TYPES: dict[str, pa.DataType] = {"x": pa.int64(), "name": pa.string()}
 PLAIN = pa.schema(PLAIN_TYPES)

@@ -43,8 +43,8 @@ EXTENSION = '''
 """A test extension: ``confine.lines`` reads a text file, one row per line, through ctx.open_path."""
 import pyarrow as pa
 from flight.engine.readers import UnitReadError, register_reader
-from flight.feed import file_unit  # noqa: F401 - units are FileUnits
-from flight._proto import plan_pb2
+from flight.sources.feed import file_unit  # noqa: F401 - units are FileUnits
+from flight.wire._proto import plan_pb2
 
 
 def read_lines(body, ctx):

@@ -7,25 +7,24 @@ cases is pinned here, so a translation that quietly stops working is noticed.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import datetime as dt
 import math
+import sys
 from collections.abc import Callable
 from decimal import Decimal
+from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from flight.engine.sql import Untranslatable, expression_sql, ident, literal
+from flight.engine.duck.sql import Untranslatable, expression_sql, ident, literal
 from flight.plan.expr import Expr, col, lit
 
 # The expression cases live with the translation's own tests (tests/compute).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compute"))
-from test_expressions import FAMILIES, TABLE, roundtrip  # noqa: E402
+from test_expressions import FAMILIES, TABLE, roundtrip
 
 DECLINED = {
     "set_string-substr_step",
@@ -192,8 +191,8 @@ def test_an_expression_that_reuses_its_nodes_too_deeply_stays_on_acero_rather_th
     # A DAG: each level combines the previous level with itself. As text every use is written out:
     # 2**15 copies of the leaf's 100-character name (within the decoder's bound of 100,000 nodes
     # counted per use). Rendering such a plan held a worker's GIL for minutes (a fuzz case).
-    from flight._proto import plan_pb2
     from flight.compute.expressions import to_pyarrow_nodes
+    from flight.wire._proto import plan_pb2
 
     name = "b" * 100
     nodes = [plan_pb2.ExprNode(field=plan_pb2.FieldRef(name=name))]

@@ -22,7 +22,7 @@ import pytest
 # The independent implementation of the spec lives with the raw client (tests/worker), which is
 # written from docs/protocol.md alone; importing it by name needs its directory on the path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
-from test_raw_client import spec_hashed_positions, spec_key_value, spec_partition  # noqa: E402
+from test_raw_client import spec_hashed_positions, spec_key_value, spec_partition
 
 from flight.engine.partition import hash_columns, key_values, partition_ids, split_by_hash
 

@@ -365,7 +365,7 @@ def test_a_dataframe_of_files_feeds_a_query(spark, files, cluster: flight.LocalC
 def test_objects_in_a_store_read_and_feed_the_same_way(spark, files, data_roots) -> None:  # type: ignore[no-untyped-def]
     """flight.spark.read and feed_from_dataframe with s3:// units: nothing changes on the Spark side."""
     from benchmarks.local_s3 import ACCESS_KEY, SECRET_KEY, local_s3
-    from flight.storage import FileSystems, configure_storage, set_filesystems
+    from flight.sources.storage import FileSystems, configure_storage, set_filesystems
 
     pytest.importorskip("moto", reason="needs moto (the dev extra)")
     with local_s3() as s3:

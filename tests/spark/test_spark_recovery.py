@@ -19,7 +19,7 @@ from support import running_tasks, wait_until
 
 import flight
 import flight.spark as fs
-from flight.testing import SLEEP_SCHEMA, sleep_unit
+from flight.dev.testing import SLEEP_SCHEMA, sleep_unit
 
 pyspark = pytest.importorskip("pyspark", reason="the Spark tests need the spark extra: pip install -e '.[dev,spark]'")
 
@@ -50,7 +50,7 @@ def expected_rows() -> list[tuple[int, int]]:
 def test_a_read_survives_a_worker_killed_during_its_job(spark, data_roots: list[Path]) -> None:  # type: ignore[no-untyped-def]
     # The victim takes 40 ms a unit: its head task is still producing when it is killed.
     args = [[], ["--unit-delay-ms", "40"], []]
-    with flight.LocalCluster(3, data_roots=data_roots, per_worker_args=args, extensions=["flight.testing"]) as cluster:
+    with flight.LocalCluster(3, data_roots=data_roots, per_worker_args=args, extensions=["flight.dev.testing"]) as cluster:
         victim, url = cluster.processes[1], cluster.urls[1]
         with fs.start_read(spark, flight.from_feed(Units(), "testing.sleep", SLEEP_SCHEMA), cluster.urls) as handle:
             wait_until(lambda: running_tasks([url]) > 0, timeout=30.0, what="the victim to run its head task")

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 from support import wait_until
 
-from flight._proto import protocol_pb2
 from flight.config import WorkerOptions
+from flight.wire._proto import protocol_pb2
 from flight.worker.admission import ANONYMOUS, Admission, Capacity, Need, Refusal, worker_capacity
 from flight.worker.beats import Heartbeats
 

@@ -21,8 +21,8 @@ from support import header, units_plan, wait_until
 
 import flight
 from flight import agg, col
-from flight._proto import protocol_pb2
 from flight.security import Security, connect
+from flight.wire._proto import protocol_pb2
 
 pytestmark = pytest.mark.slow  # a worker process of its own, dozens to a thousand exchanges
 

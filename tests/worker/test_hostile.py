@@ -24,12 +24,12 @@ from support import error_of, header, healthy, raw_exchange, running_tasks, wait
 
 import flight
 from flight import col
-from flight._proto import plan_pb2, protocol_pb2
-from flight.engine import pipeline
+from flight.dev.testing import waiting_query
+from flight.engine.acero import pipeline
 from flight.engine.confine import DataRoots
 from flight.errors import InvalidTaskError, QueryTimeoutError, WorkerBusyError, WorkerUnavailableError
-from flight.protocol import encode_schema, error_info_of
-from flight.testing import waiting_query
+from flight.wire._proto import plan_pb2, protocol_pb2
+from flight.wire.protocol import encode_schema, error_info_of
 
 
 def _ipc(table: pa.Table, compression: str | None = None) -> bytes:
@@ -207,7 +207,7 @@ def test_source_threads_counts_exactly_the_blocking_sources(parquet_files: list[
     made: list[object] = []
     real = pipeline._source
     monkeypatch.setattr(pipeline, "_source", lambda reader: made.append(reader) or real(reader))
-    inputs = flight.local._LocalInputs({f.feed.feed_id: (f.feed, f.partitions) for f in flight.planner.plan_query(q.node, max_tasks=1).head.feeds})
+    inputs = flight.dev.local._LocalInputs({f.feed.feed_id: (f.feed, f.partitions) for f in flight.planner.cut.plan_query(q.node, max_tasks=1).head.feeds})
     reader = pipeline.compile_task(plan, inputs, 1024, roots=DataRoots.of([parquet_files[0].parent]))
     reader.read_all()
     assert pipeline.source_threads(plan) == len(made) > 0
@@ -219,7 +219,7 @@ def test_source_threads_counts_exactly_the_blocking_sources(parquet_files: list[
 @pytest.mark.slow
 def test_a_frozen_coordinator_has_its_tasks_freed() -> None:
     with flight.LocalCluster(1, worker_args=["--peer-timeout", "3"]) as one:
-        proc = subprocess.Popen([sys.executable, "-m", "flight.testing", one.urls[0]], stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([sys.executable, "-m", "flight.dev.testing", one.urls[0]], stdout=subprocess.PIPE, text=True)
         try:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
             wait_until(lambda: running_tasks(one.urls) == 1, 10.0, "the task to start")

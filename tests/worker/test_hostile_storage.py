@@ -22,11 +22,11 @@ import pytest
 from support import error_of, header, healthy, raw_exchange
 
 import flight
-from flight._proto import plan_pb2, protocol_pb2
-from flight.arrow_types import UNIT_COLUMN, UNIT_TYPE
 from flight.coordinator.units import UnitGate
 from flight.errors import FlightExecError, PermissionDeniedError, ProtocolError, TaskFailedError
-from flight.protocol import encode_schema
+from flight.wire._proto import plan_pb2, protocol_pb2
+from flight.wire.arrow_types import UNIT_COLUMN, UNIT_TYPE
+from flight.wire.protocol import encode_schema
 
 pytest.importorskip("moto", reason="the object-storage cases need moto (the dev extra)")
 

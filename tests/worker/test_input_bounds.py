@@ -13,8 +13,8 @@ import pyarrow as pa
 import pytest
 from support import wait_until
 
-from flight._proto import protocol_pb2
 from flight.errors import ProtocolError
+from flight.wire._proto import protocol_pb2
 from flight.worker.inputs import FeedInbox, InputQueue, UnitBytes
 
 

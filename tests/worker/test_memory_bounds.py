@@ -23,9 +23,9 @@ from support import wait_until
 
 import flight
 from flight import threads
-from flight._proto import protocol_pb2
 from flight.coordinator.headers import task_header
-from flight.protocol import new_secret
+from flight.wire._proto import protocol_pb2
+from flight.wire.protocol import new_secret
 from flight.worker.memory import release_idle_memory
 
 MB = 1 << 20

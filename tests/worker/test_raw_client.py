@@ -42,7 +42,7 @@ from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTO_DIR = ROOT / "proto"
-PROTO_FILES = ["flight/_proto/protocol.proto", "flight/_proto/plan.proto"]
+PROTO_FILES = ["flight/wire/_proto/protocol.proto", "flight/wire/_proto/plan.proto"]
 PROTOCOL_VERSION = 3  # docs/protocol.md, section 1
 SECRET = b"raw-client-query-secret"  # 16 to 64 bytes: every header, ticket and cancel of a query repeats it
 LISTENING = re.compile(rb"^flight-worker listening on (grpc://\S+)$")
@@ -420,7 +420,7 @@ def spec_key_value(value: Any, t: pa.DataType) -> int:
         return (value - _EPOCH.date()).days * 86_400_000 & SPEC_MASK
     if pa.types.is_timestamp(t):
         if value.tzinfo is not None:
-            value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+            value = value.astimezone(datetime.UTC).replace(tzinfo=None)
         return _spec_ticks(value - _EPOCH, t.unit) & SPEC_MASK
     if pa.types.is_time(t):
         since_midnight = datetime.timedelta(

@@ -16,7 +16,7 @@ import pytest
 from support import worker_info
 
 import flight
-from flight.testing import SLEEP_SCHEMA, sleep_unit
+from flight.dev.testing import SLEEP_SCHEMA, sleep_unit
 
 LISTENING = "flight-worker listening on grpc://127.0.0.1:"
 
@@ -47,7 +47,7 @@ def stop(proc: subprocess.Popen[str]) -> int:
 @pytest.fixture
 def worker() -> Iterator[tuple[subprocess.Popen[str], str]]:
     proc, line = start([sys.executable, "-m", "flight.worker", "--host", "127.0.0.1", "--port", "0",
-                        "--grace", "5", "--extension", "flight.testing"])
+                        "--grace", "5", "--extension", "flight.dev.testing"])
     try:
         yield proc, line
     finally:
@@ -78,7 +78,7 @@ def test_actions_health_info_list(worker: tuple[subprocess.Popen[str], str]) -> 
         with pytest.raises(Exception, match="unknown action"):
             list(client.do_action(fl.Action("reboot", b"")))
     info = worker_info(url)
-    assert info.version == flight.__version__ and info.protocol_version == flight.protocol.PROTOCOL_VERSION
+    assert info.version == flight.__version__ and info.protocol_version == flight.wire.protocol.PROTOCOL_VERSION
     assert info.running_tasks == 0 and info.url == url
 
 
@@ -101,7 +101,7 @@ def test_sigterm_lets_running_tasks_finish_then_exits_zero(worker: tuple[subproc
 
 
 def test_sigterm_cancels_tasks_that_outlive_the_grace() -> None:
-    proc, line = start([sys.executable, "-m", "flight.worker", "--port", "0", "--grace", "0.5", "--extension", "flight.testing"])
+    proc, line = start([sys.executable, "-m", "flight.worker", "--port", "0", "--grace", "0.5", "--extension", "flight.dev.testing"])
     url = line.split(" on ")[1]
     try:
         class Endless(flight.WorkUnitFeedProvider):

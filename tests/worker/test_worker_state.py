@@ -8,11 +8,11 @@ import pyarrow as pa
 import pytest
 from support import wait_until
 
-from flight._proto import plan_pb2, protocol_pb2
 from flight.errors import ProtocolError, TaskCancelledError, TaskFailedError, VersionMismatchError
-from flight.protocol import PROTOCOL_VERSION, decode_header, decode_ticket
-from flight.worker.buffers import OutputBuffer
+from flight.wire._proto import plan_pb2, protocol_pb2
+from flight.wire.protocol import PROTOCOL_VERSION, decode_header, decode_ticket
 from flight.worker.admission import Admission, Capacity, Need, Refusal
+from flight.worker.buffers import OutputBuffer
 from flight.worker.inputs import FeedInbox
 
 

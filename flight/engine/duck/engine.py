@@ -1,0 +1,218 @@
+"""DuckDB as the per-task engine: a checked stage plan becomes one SQL query per task.
+
+Why DuckDB, with the measurements, is in docs/engine.md. How a task runs:
+
+* ``pipeline.compile_task`` checks and types the plan exactly as before (Acero binds
+  every expression over empty inputs), so what reaches this module is a plan the
+  worker accepted; the schema of every operator comes from that pass, and the
+  task's output is conformed to it, so both engines produce the same types.
+* **Work units are read by DuckDB itself.** Above each Parquet feed scan, the longest
+  chain of filters, projects, broadcast joins and a ``partial`` aggregate (which a
+  later aggregate merges) is a *unit fragment* (``duck_units``): one DuckDB query per
+  batch of arrived units, ``... FROM read_parquet([...])``, so decoding, filtering and
+  partial aggregation happen in DuckDB with filter pushdown into the reader, and Python
+  sees result batches only. Units with row groups, or whose file name DuckDB would
+  read as a glob, go through the pyarrow reader and the same query.
+* Everything else of the stage (joins, final aggregates, sorts, limits, unions) is one
+  query over *sources*: the unit fragments' output, shuffle reads from other workers,
+  map input and values, each a ``RecordBatchReader`` registered on the task's cursor.
+* The SQL of a stage is written by ``duck_translate``; a task's cursors, sources and
+  error wording live in ``duck_task``.
+* Text: ``flight.engine.duck.sql`` quotes every identifier and renders every literal; a
+  plan it cannot express with the IR's meaning raises ``Untranslatable`` and the
+  task runs on Acero instead (so does a query DuckDB refuses to bind).
+* One database per worker process (``configure``): its ``memory_limit`` is the worker's
+  ``--memory-limit``; joins, aggregates and sorts past it spill to ``--spill-dir``.
+  File access is limited to the worker's data roots inside DuckDB too (defence in
+  depth: every path was already checked by ``ReaderContext.open_path``), extensions
+  never load, and the configuration is locked.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+import duckdb
+import pyarrow as pa
+
+from flight.engine.confine import DataRoots
+from flight.engine.duck.sql import Untranslatable
+from flight.engine.duck.task import _ENGINE_ERRORS, _Task, stream
+from flight.engine.duck.translate import _Translator
+from flight.engine.duck.units import whole_feeds
+from flight.engine.readers import conform
+from flight.engine.scan import operators
+from flight.wire._proto import plan_pb2
+from flight.wire.limits import clip
+
+__all__ = ["EngineSettings", "Untranslatable", "configure", "run_duckdb", "settings", "worth_it"]
+
+log = logging.getLogger(__name__)
+
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The process's engine settings; ``flight-worker`` sets them from its flags."""
+
+    engine: str = "duckdb"
+    """``duckdb``, or ``acero`` to run every task on the Acero pipeline."""
+    memory_limit: int | None = None
+    """Bytes DuckDB may hold before it spills (None: DuckDB's default, 80% of RAM)."""
+    spill_dir: str | None = None
+    threads: int | None = None
+
+
+_settings = EngineSettings()
+_dbs: dict[tuple[bool, tuple[str, ...]], duckdb.DuckDBPyConnection] = {}
+_lock = threading.Lock()
+
+
+def configure(new: EngineSettings) -> None:
+    """Set this process's engine settings (before the first task; later databases use them)."""
+    global _settings
+    with _lock:
+        _settings = new
+    close_databases()
+
+
+@atexit.register
+def close_databases() -> None:
+    """Close the process's databases (at exit too: DuckDB objects alive then make its bindings complain)."""
+    with _lock:
+        for con in _dbs.values():
+            con.close()
+        _dbs.clear()
+
+
+def settings() -> EngineSettings:
+    return _settings
+
+
+def _database(roots: DataRoots) -> duckdb.DuckDBPyConnection:
+    """The process's DuckDB database for tasks confined to ``roots`` (one per distinct roots)."""
+    key = (roots.unrestricted, roots.paths)
+    with _lock:
+        con = _dbs.get(key)
+        if con is not None:
+            return con
+        # Tasks run on cursors, which never print DuckDB's progress bar.
+        config: dict[str, str | bool | int | float | list[str]] = {
+            "autoinstall_known_extensions": False,
+            "autoload_known_extensions": False,
+            # Give memory back once queries end, so an idle worker does not sit on its peak.
+            "allocator_flush_threshold": "16MiB",
+            "allocator_background_threads": True,
+            # Rows are unordered unless a Sort says otherwise: not keeping input order lets DuckDB
+            # stream and spill with less memory (a sort's order is kept either way).
+            "preserve_insertion_order": False,
+            # DuckDB 2.0 pushes a partial aggregate below a join on its group key; over a stage's
+            # broadcast build (a temporary table) that aggregates the probe side into ~400k
+            # groups before the join drops most of them. Off, TPC-H Q3's lineitem stage runs in
+            # 0.12 s instead of 0.24 s on one thread (docs/engine.md, "DuckDB's settings").
+            "disabled_optimizers": "partial_aggregate_pushdown",
+        }
+        if _settings.memory_limit:
+            config["memory_limit"] = f"{_settings.memory_limit // (1 << 20)}MiB"
+        if _settings.threads:
+            config["threads"] = _settings.threads
+        if _settings.spill_dir:
+            config["temp_directory"] = _settings.spill_dir
+        con = duckdb.connect(":memory:", config=config)
+        if not roots.unrestricted:
+            dirs = [p.rstrip("/") + "/" for p in roots.paths]
+            if dirs:
+                con.execute("SET allowed_directories = $1", [dirs])
+            con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+        _dbs[key] = con
+        return con
+
+
+
+def run_duckdb(
+    plan: plan_pb2.StagePlan,
+    inputs: object,
+    schemas: Mapping[str, pa.Schema],
+    roots: DataRoots,
+    batch_rows: int,
+    delay: Callable[[int], None],
+    scan_reader: Callable[[plan_pb2.FeedScan, str], pa.RecordBatchReader],
+    read_partitions: Callable[[list[tuple[str, bytes]], int, int], Iterator[pa.RecordBatch]],
+    on_cancel: Callable[[Callable[[], None]], None] | None = None,
+) -> pa.RecordBatchReader:
+    """The task's output stream, computed by DuckDB; ``Untranslatable`` if it cannot be (use Acero)."""
+    if not worth_it(plan.root):
+        raise Untranslatable("nothing to compute that DuckDB does better: Acero streams it batch by batch")
+    task = _Task(inputs, schemas, roots, batch_rows, delay, scan_reader, read_partitions, _database(roots))  # type: ignore[arg-type]
+    try:
+        # Joined scans (a co-located join's sides) are one query over all of each side's files:
+        # DuckDB then picks the build side and reads every file itself.
+        translator = _Translator(task, whole=parquet_scans(plan.root) > 1)
+        text = translator.relation(plan.root, "plan.root")
+        out_schema = schemas["plan.root"]
+        if translator.root_fragment is not None:  # the whole stage is one unit fragment: its output is the task's
+            reader = pa.RecordBatchReader.from_batches(out_schema, _closing(task, translator.root_fragment))
+        else:
+            bound = text
+            for name, build in reversed(translator.builds):  # outer builds first: their text names inner ones
+                bound = bound.replace(name, f"({build})")
+            for feed in translator.feeds:  # bound over empty stand-ins; the files are known when the units are
+                bound = bound.replace(feed.token, task.source(schemas[feed.path], iter([])))
+            cur = task.cursor()
+            for name, source in task.sources.items():
+                cur.register(name, source)
+            try:
+                relation = cur.sql(bound)  # parses and binds: a refusal here is a translation gap, not a task failure
+            except duckdb.Error as exc:
+                raise Untranslatable(f"DuckDB does not bind the translated plan: {clip(str(exc).split(chr(10), 1)[0], 300)}") from None
+            if translator.feeds:
+                batches = whole_feeds(task, cur, translator.feeds, translator.builds, text, out_schema)
+            else:
+                batches = _results(task, relation, out_schema)
+            reader = pa.RecordBatchReader.from_batches(out_schema, _closing(task, batches))
+    except BaseException:
+        task.close()
+        raise
+    if on_cancel is not None:
+        on_cancel(task.interrupt)
+    return reader
+
+
+def parquet_scans(root: plan_pb2.Operator) -> int:
+    """How many Parquet feed scans the stage has."""
+    return sum(1 for op in operators(root) if op.WhichOneof("kind") == "feed_scan" and op.feed_scan.reader == "parquet")
+
+
+def worth_it(root: plan_pb2.Operator) -> bool:
+    """Whether the stage reads Parquet units or joins, aggregates or sorts: what DuckDB speeds up.
+
+    Filters and projects over streamed input (map stages, custom readers, shuffle reads) stay
+    on Acero, which passes each batch on as it comes (DuckDB gathers ``batch_rows`` rows first).
+    """
+    return any(
+        op.WhichOneof("kind") in ("aggregate", "hash_join", "sort") or (op.WhichOneof("kind") == "feed_scan" and op.feed_scan.reader == "parquet")
+        for op in operators(root)
+    )
+
+
+def _results(task: _Task, relation: duckdb.DuckDBPyRelation, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    try:
+        for batch in stream(relation, task.batch_rows):
+            if batch.num_rows:
+                yield conform(batch, schema, "the engine's output")
+    except _ENGINE_ERRORS as exc:
+        raise task.failure(exc) from None
+
+
+def _closing(task: _Task, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    try:
+        yield from batches
+    finally:
+        task.close()
+
+

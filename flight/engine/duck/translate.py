@@ -1,0 +1,233 @@
+"""A checked stage plan as DuckDB SQL over the task's sources and unit fragments."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import pyarrow as pa
+
+from flight.engine.duck.sql import Untranslatable, column_list, expression_sql, ident, sql_type
+from flight.engine.duck.task import UNITS, _Task
+from flight.engine.duck.units import WholeFeed, _fragment, _fragment_scan
+from flight.engine.readers import conform
+from flight.wire._proto import plan_pb2
+from flight.wire.ipc import read_ipc_stream
+
+
+class _Translator:
+    """Operators → SQL text over the task's sources (see the module docstring)."""
+
+    def __init__(self, task: _Task, whole: bool = False) -> None:
+        self.task = task
+        self.aliases = itertools.count()
+        self.root_fragment: Iterator[pa.RecordBatch] | None = None
+        self.whole = whole
+        self.feeds: list[WholeFeed] = []
+        """``whole``: the stage is one query, each Parquet scan reading all of its task's units at once
+        (``duck_units.whole_feeds``); these are its scans, their tokens filled in when the units are here."""
+        self.builds: list[tuple[str, str]] = []
+        """``whole``: each join's right side that is more than a scan (``_plain_scan``), made a table
+        before the query (inner ones first), so that DuckDB orders the joins by true sizes; (name, query)."""
+
+    def sub(self, op: plan_pb2.Operator, path: str) -> str:
+        """``op`` as a FROM item: a parenthesised query with an alias."""
+        return f"({self.relation(op, path)}) AS t{next(self.aliases)}"
+
+    def relation(self, op: plan_pb2.Operator, path: str) -> str:
+        if self.whole:
+            if op.WhichOneof("kind") == "feed_scan" and op.feed_scan.reader == "parquet":
+                return self.whole_scan(op.feed_scan, path)
+            return self.operator(op, path)
+        if _fragment_scan(op, path) is None:
+            if op.WhichOneof("kind") == "aggregate":
+                merged = self.local_partial(op, path)
+                if merged is not None:
+                    return merged
+            return self.operator(op, path)
+        fragment = _FragmentTranslator(self.task)
+        text = fragment.relation(op, path)
+        batches = _fragment(self.task, op, path, text, fragment.builds)
+        if path == "plan.root":
+            self.root_fragment = batches  # the whole stage is one fragment: its output is the task's
+            return text
+        # A unit fragment below other operators: its per-unit output is a source of this query.
+        return f"SELECT * FROM {self.task.source(self.task.schemas[path], batches)}"
+
+    def operator(self, op: plan_pb2.Operator, path: str) -> str:
+        kind = op.WhichOneof("kind")
+        here = f"{path}.{kind}"
+        task = self.task
+        schema = task.schemas[path]
+        if kind == "feed_scan":  # not Parquet: the scan's own reader is a source
+            return f"SELECT * FROM {task.source(schema, iter(task.scan_reader(op.feed_scan, here)))}"
+        if kind == "values":
+            table = read_ipc_stream(op.values.ipc_stream, f"{here}.ipc_stream")
+            rows = table.to_batches() if task.inputs.task_number == 0 else []
+            return f"SELECT * FROM {task.source(schema, iter(rows))}"
+        if kind == "exchange_input":
+            batches = (conform(b, schema, "an input batch") for b in task.inputs.input_batches())  # type: ignore[attr-defined]
+            return f"SELECT * FROM {task.source(schema, batches)}"
+        if kind == "shuffle_read":
+            rd = op.shuffle_read
+            producers = [(p.url, p.stage_key) for p in rd.producers]
+            where = f"stage {rd.stage_id} output"
+            read = task.read_partitions(producers, rd.partition_start, rd.partition_end)
+            return f"SELECT * FROM {task.source(schema, (conform(b, schema, where) for b in read))}"
+        if kind == "filter":
+            child_schema = task.schemas[f"{here}.input"]
+            predicate = expression_sql(op.filter.predicate, child_schema, f"{here}.predicate", predicate=True)
+            return f"SELECT * FROM {self.sub(op.filter.input, f'{here}.input')} WHERE {predicate}"
+        if kind == "project":
+            child_schema = task.schemas[f"{here}.input"]
+            items = []
+            for i, ne in enumerate(op.project.exprs):
+                text = expression_sql(ne.expr, child_schema, f"{here}.exprs[{i}].expr")
+                items.append(f"CAST({text} AS {sql_type(schema.field(i).type)}) AS {ident(ne.name)}")
+            return f"SELECT {', '.join(items)} FROM {self.sub(op.project.input, f'{here}.input')}"
+        if kind == "limit":
+            lim = op.limit
+            return f"SELECT * FROM {self.sub(lim.input, f'{here}.input')} LIMIT {int(lim.count)} OFFSET {int(lim.offset)}"
+        if kind == "sort":
+            srt = op.sort
+            nulls = "NULLS FIRST" if srt.nulls_first else "NULLS LAST"
+            keys = ", ".join(f"{ident(k.column)} {'DESC' if k.descending else 'ASC'} {nulls}" for k in srt.keys)
+            fetch = f" LIMIT {int(srt.fetch)}" if srt.fetch else ""
+            return f"SELECT * FROM {self.sub(srt.input, f'{here}.input')} ORDER BY {keys}{fetch}"
+        if kind == "union":
+            parts = [f"SELECT * FROM {self.sub(child, f'{here}.inputs[{i}]')}" for i, child in enumerate(op.union.inputs)]
+            return " UNION ALL ".join(parts)
+        if kind == "aggregate":
+            return self.aggregate(op.aggregate, here, schema)
+        if kind == "hash_join":
+            return self.join(op.hash_join, here, schema)
+        raise Untranslatable(f"operator {kind}")
+
+    def whole_scan(self, scan: plan_pb2.FeedScan, path: str) -> str:
+        feed = WholeFeed(scan, path, f"__flight_units_{next(self.task.names)}__")
+        self.feeds.append(feed)
+        schema = self.task.schemas[path]
+        items = ", ".join(f"CAST({ident(f.name)} AS {sql_type(f.type)}) AS {ident(f.name)}" for f in schema)
+        return f"SELECT {items} FROM {feed.token}"
+
+    def local_partial(self, op: plan_pb2.Operator, path: str) -> str | None:
+        """An aggregate over a unit fragment, split here as the planner splits one across stages:
+        a partial aggregate per work unit (inside the fragment's query), merged by this query.
+
+        The units' rows then never cross into Python; only each unit's groups do. None when the
+        aggregate does not split (``count_distinct``, or a mean that is not a float).
+        """
+        agg = op.aggregate
+        in_path = f"{path}.aggregate.input"
+        if agg.partial or _fragment_scan(agg.input, in_path) is None:
+            return None
+        task = self.task
+        out, source = task.schemas[path], task.schemas[in_path]
+        parts: list[str] = [ident(k) for k in agg.keys]
+        fields: list[pa.Field] = [source.field(k) for k in agg.keys]
+        merged: dict[str, str] = {}
+        for i, a in enumerate(agg.aggregates):
+            t = out.field(a.name).type
+            p, arg = f"__part{i}", ident(a.column) if a.column else ""
+            if a.function in ("count", "count_all"):
+                parts.append(f"count({arg or '*'}) AS {p}")
+                fields.append(pa.field(p, pa.int64()))
+                merged[a.name] = f"coalesce(sum({p}), 0)"
+            elif a.function in ("sum", "min", "max"):
+                parts.append(f"CAST({a.function}({arg}) AS {sql_type(t)}) AS {p}")
+                fields.append(pa.field(p, t))
+                merged[a.name] = f"{a.function}({p})"
+            elif a.function == "mean" and pa.types.is_floating(t):
+                parts.append(f"CAST(sum({arg}) AS DOUBLE) AS {p}s, count({arg}) AS {p}c")
+                fields += [pa.field(f"{p}s", pa.float64()), pa.field(f"{p}c", pa.int64())]
+                merged[a.name] = f"(CASE WHEN sum({p}c) = 0 THEN NULL ELSE sum({p}s) / sum({p}c) END)"
+            else:
+                return None
+        fragment = _FragmentTranslator(task)
+        group = f" GROUP BY {column_list(agg.keys)}" if agg.keys else ""
+        text = f"SELECT {', '.join(parts)} FROM ({fragment.relation(agg.input, in_path)}) AS t{group}"
+        schema = pa.schema(fields)
+        name = task.source(schema, _fragment(task, agg.input, in_path, text, fragment.builds, schema))
+        items = [f"CAST({merged.get(f.name, ident(f.name))} AS {sql_type(f.type)}) AS {ident(f.name)}" for f in out]
+        return f"SELECT {', '.join(items)} FROM {name}{group}"
+
+    def aggregate(self, agg: plan_pb2.Aggregate, here: str, schema: pa.Schema) -> str:
+        calls = {}
+        for a in agg.aggregates:
+            arg = ident(a.column) if a.column else ""
+            calls[a.name] = {
+                "count_all": "count(*)",
+                "count": f"count({arg})",
+                "count_distinct": f"count(DISTINCT {arg})",
+                "sum": f"sum({arg})",
+                "min": f"min({arg})",
+                "max": f"max({arg})",
+                "mean": f"avg({arg})",
+            }[a.function]
+        items = []
+        for f in schema:
+            text = calls.get(f.name, ident(f.name))
+            items.append(f"CAST({text} AS {sql_type(f.type)}) AS {ident(f.name)}")
+        group = f" GROUP BY {column_list(agg.keys)}" if agg.keys else ""
+        return f"SELECT {', '.join(items)} FROM {self.sub(agg.input, f'{here}.input')}{group}"
+
+    def right_side(self, join: plan_pb2.HashJoin, here: str) -> str:
+        text = self.relation(join.right, f"{here}.right")
+        if not self.whole or _plain_scan(join.right):
+            return f"({text})"
+        name = f"__flight_whole_build_{next(self.task.names)}__"
+        self.builds.append((name, text))
+        return name
+
+    def join(self, join: plan_pb2.HashJoin, here: str, schema: pa.Schema) -> str:
+        left = self.task.schemas[f"{here}.left"]
+        right = self.task.schemas[f"{here}.right"]
+        kind = {
+            "inner": "JOIN", "left outer": "LEFT JOIN", "right outer": "RIGHT JOIN", "full outer": "FULL JOIN",
+            "left semi": "SEMI JOIN", "left anti": "ANTI JOIN",
+        }[join.join_type]
+        on = " AND ".join(f"l.{ident(a)} = r.{ident(b)}" for a, b in zip(join.left_keys, join.right_keys))
+        sides = [("l", n) for n in left.names]
+        if join.join_type not in ("left semi", "left anti"):
+            sides += [("r", n) for n in right.names]
+        if len(sides) != len(schema):
+            raise Untranslatable("a join whose output is not its inputs' columns")
+        items = [f"{q}.{ident(n)} AS {ident(out)}" for (q, n), out in zip(sides, schema.names)]
+        lsub = f"({self.relation(join.left, f'{here}.left')}) AS l"
+        rsub = f"{self.right_side(join, here)} AS r"
+        return f"SELECT {', '.join(items)} FROM {lsub} {kind} {rsub} ON {on}"
+
+
+class _FragmentTranslator(_Translator):
+    """A unit fragment's query: the scan reads ``UNITS`` (one unit's file, filled in per unit), and
+    a join's right side is a table built once (``builds``) by a query over the task's sources."""
+
+    def __init__(self, task: _Task) -> None:
+        super().__init__(task)
+        self.builds: list[tuple[str, str]] = []
+
+    def right_side(self, join: plan_pb2.HashJoin, here: str) -> str:
+        table = f"__flight_build_{next(self.task.names)}"
+        self.builds.append((table, _Translator(self.task).relation(join.right, f"{here}.right")))
+        return table
+
+    def relation(self, op: plan_pb2.Operator, path: str) -> str:
+        if op.WhichOneof("kind") == "feed_scan":
+            schema = self.task.schemas[path]
+            items = ", ".join(f"CAST({ident(f.name)} AS {sql_type(f.type)}) AS {ident(f.name)}" for f in schema)
+            return f"SELECT {items} FROM {UNITS}"
+        return self.operator(op, path)
+
+
+def _plain_scan(op: plan_pb2.Operator) -> bool:
+    """Whether ``op`` only filters and projects a Parquet scan. Such a join side stays in the query:
+    DuckDB knows its size from the footers, may build the other side instead (a semi join whose
+    probe side is the smaller: TPC-H Q4's orders against lineitem), and pushes the join's key filter
+    into its scan; made a table first, it is read and written whole (Q4: 37 of 49 ms)."""
+    while True:
+        kind = op.WhichOneof("kind")
+        if kind == "feed_scan":
+            return op.feed_scan.reader == "parquet"
+        if kind not in ("filter", "project"):
+            return False
+        op = getattr(op, kind).input

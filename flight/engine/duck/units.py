@@ -1,0 +1,338 @@
+"""Unit fragments: the part of a stage above a Parquet scan, run by DuckDB per batch of work units.
+
+Above each Parquet feed scan, the longest chain of filters and projects, joins whose right side
+is built once per task (another stage's output), and a ``partial`` aggregate on top, is a *unit
+fragment*: one DuckDB query per batch of the units that have arrived, reading the files itself
+(``read_parquet([...])``). See docs/engine.md.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flight.engine.acero.pipeline import prune_of
+from flight.engine.decode import decode_threads
+from flight.engine.duck.task import _ENGINE_ERRORS, UNITS, _kind, _Task, stream
+from flight.engine.readers import PathRefused, ReaderContext, UnitReadError, conform, read_parquet
+from flight.engine.scan import operators
+from flight.wire._proto import plan_pb2
+
+_GLOB = frozenset("*?[{")
+"""Characters DuckDB reads as a glob in a file name: such files are read by pyarrow."""
+
+
+
+_PER_UNIT_JOINS = ("inner", "left outer", "left semi", "left anti")
+"""Joins that distribute over a union of left pieces: (L1 ∪ L2) ⋈ R = (L1 ⋈ R) ∪ (L2 ⋈ R)."""
+
+
+def _chain(op: plan_pb2.Operator, path: str) -> tuple[plan_pb2.FeedScan, str] | None:
+    """The Parquet feed scan (and its path) under a chain of filters, projects and joins that may run
+    per work unit (the scan on the left, a side built once on the right), if ``op`` is such a chain."""
+    while True:
+        kind = op.WhichOneof("kind")
+        if kind == "feed_scan":
+            return (op.feed_scan, path) if op.feed_scan.reader == "parquet" else None
+        if kind == "hash_join" and op.hash_join.join_type in _PER_UNIT_JOINS and not _scans(op.hash_join.right):
+            op, path = op.hash_join.left, f"{path}.hash_join.left"
+        elif kind in ("filter", "project"):
+            op, path = getattr(op, kind).input, f"{path}.{kind}.input"
+        else:
+            return None
+
+
+def _scans(op: plan_pb2.Operator) -> bool:
+    """Whether ``op`` reads a feed. A join's right side that does not is another stage's output (in a
+    leaf stage: a broadcast, small by the planner's estimate), worth building once per work unit;
+    one that does is read once, as a source, and joined with the fragment's stream."""
+    return any(node.WhichOneof("kind") == "feed_scan" for node in operators(op))
+
+
+def _fragment_scan(op: plan_pb2.Operator, path: str) -> tuple[plan_pb2.FeedScan, str] | None:
+    """The scan of the unit fragment rooted at ``op`` (and its path), or None when ``op`` roots none."""
+    if op.WhichOneof("kind") == "aggregate" and op.aggregate.partial:
+        return _chain(op.aggregate.input, f"{path}.aggregate.input")
+    return _chain(op, path)
+
+
+def _prune(op: plan_pb2.Operator, path: str, scan_path: str) -> pc.Expression | None:
+    """The predicate of the filter right above the fragment's scan (``…filter.input`` is the scan),
+    for the pyarrow reader to skip row groups with; DuckDB prunes the files it reads itself."""
+    if not scan_path.endswith(".filter.input"):
+        return None
+    node, rest = op, scan_path[len(path):].removesuffix(".input").split(".")[1:]
+    try:
+        for name in rest:
+            node = getattr(node, name)
+        return prune_of(node, f"{scan_path.removesuffix('.input')}.predicate")  # type: ignore[arg-type]
+    except AttributeError:
+        return None
+
+
+def _fragment(
+    task: _Task, op: plan_pb2.Operator, path: str, text: str, builds: list[tuple[str, str]], schema: pa.Schema | None = None
+) -> Iterator[pa.RecordBatch]:
+    """The fragment at ``path`` run once per work unit, every unit's rows (of ``schema``, by default
+    the operator's) in turn.
+
+    ``builds`` are the (table, query) pairs of its joins' right sides: each is computed
+    once, into a temporary table of the fragment's cursor, before the first unit.
+    """
+    found = _fragment_scan(op, path)
+    assert found is not None
+    scan, scan_path = found
+    schema = schema if schema is not None else task.schemas[path]
+    ctx = ReaderContext(schema=task.schemas[scan_path], columns=list(scan.columns) or None, roots=task.roots,
+                        batch_rows=task.batch_rows, options=dict(scan.reader_options),
+                        prune=_prune(op, path, scan_path), scan=getattr(task.inputs, "scan_stats", None), decode_threads=decode_threads())
+    feed_id = scan.feed.feed_id
+    cur = task.cursor()
+    if builds:
+        for name, source in task.sources.items():
+            cur.register(name, source)
+        for table, query in builds:
+            try:
+                cur.execute(f"CREATE TEMP TABLE {table} AS {query}")
+            except _ENGINE_ERRORS as exc:
+                raise task.failure(exc) from None
+    count = itertools.count()
+    for got in _unit_batches(task, feed_id):
+        files: list[tuple[str, str, str]] = []
+        for partition, unit in got:
+            where = f"work unit {next(count)} of feed {feed_id!r} partition {partition}"
+            path, real = _unit_file(unit.body, ctx, where)
+            if real:
+                files.append((where, path, real))
+                continue
+            try:  # row groups (or an odd file name): pyarrow reads the unit, DuckDB runs the fragment
+                yield from _pyarrow_unit(task, cur, unit.body, ctx, text, schema, where)
+            except UnitReadError as exc:
+                raise type(exc)(f"{where}: {exc}") from None
+        if files:
+            yield from _files(task, cur, files, text, schema)
+        task.delay(len(got))
+        for _, unit in got:
+            unit.done()
+
+
+@dataclass(frozen=True)
+class WholeFeed:
+    """A Parquet scan of a stage run as one query: ``token`` in the query's text stands for the scan's
+    files until its units are all here."""
+
+    scan: plan_pb2.FeedScan
+    path: str
+    token: str
+
+
+def whole_feeds(
+    task: _Task,
+    cur: duckdb.DuckDBPyConnection,
+    feeds: list[WholeFeed],
+    builds: list[tuple[str, str]],
+    text: str,
+    schema: pa.Schema,
+) -> Iterator[pa.RecordBatch]:
+    """The stage's query once every scan's units have arrived, each scan reading all its files.
+
+    Plain local files are read by DuckDB (``read_parquet([...])``, in parallel, pruned by the
+    query's filters); a scan with other units (row groups, a store's URIs) is read by pyarrow
+    through a stream. Units are credited as they are taken, so a window smaller than a task's
+    files does not hold the feed back.
+    """
+    taken: list[Any] = []
+    files: list[tuple[str, str, str]] = []
+    # Other stages' rows (broadcasts) become tables first: DuckDB orders the joins by their true sizes.
+    for name in list(task.sources):
+        pattern = re.compile(re.escape(name) + r"(?![0-9A-Za-z_])")
+        if not any(pattern.search(t) for t in [text, *(b for _, b in builds)]):
+            continue
+        table = f"{name}_table"
+        try:
+            cur.execute(f"CREATE TEMP TABLE {table} AS SELECT * FROM {name}")
+        except _ENGINE_ERRORS as exc:
+            raise task.failure(exc) from None
+        text = pattern.sub(table, text)
+        builds = [(n, pattern.sub(table, b)) for n, b in builds]
+    for feed in feeds:
+        ctx = ReaderContext(schema=task.schemas[feed.path], columns=list(feed.scan.columns) or None, roots=task.roots,
+                            batch_rows=task.batch_rows, options=dict(feed.scan.reader_options),
+                            scan=getattr(task.inputs, "scan_stats", None), decode_threads=decode_threads())
+        feed_id = feed.scan.feed.feed_id
+        plain: list[tuple[str, str, str]] = []
+        others: list[tuple[str, bytes]] = []
+        count = itertools.count()
+        for got in _unit_batches(task, feed_id):
+            for partition, unit in got:
+                where = f"work unit {next(count)} of feed {feed_id!r} partition {partition}"
+                path, real = _unit_file(unit.body, ctx, where)
+                if real:
+                    plain.append((where, path, real))
+                else:
+                    others.append((where, unit.body))
+                taken.append(unit)
+        if plain and not others:
+            source = "read_parquet([" + ", ".join("'" + real.replace("'", "''") + "'" for _, _, real in plain) + "])"
+            files += plain
+        else:  # pyarrow reads every unit of this scan (or there are none)
+            units = [(w, _file_body(p)) for w, p, _ in plain] + others
+            name = task.source(ctx.schema, _pyarrow_units(units, ctx))
+            cur.register(name, task.sources[name])
+            source = name
+        text = text.replace(feed.token, source)
+        builds = [(n, b.replace(feed.token, source)) for n, b in builds]
+    try:
+        for name, build in builds:  # inner ones first
+            cur.execute(f"CREATE TEMP TABLE {name} AS {build}")
+        for batch in stream(cur.sql(text), task.batch_rows):
+            if batch.num_rows:
+                yield conform(batch, schema, "the stage's output")
+    except _ENGINE_ERRORS as exc:
+        if task.error is not None or _kind(exc) in ("interrupt", "memory") or not files:
+            raise task.failure(exc) from None
+        _blame(cur, files, exc)
+        raise task.failure(exc) from None
+    task.delay(len(taken))
+    for unit in taken:
+        unit.done()
+
+
+def _file_body(path: str) -> bytes:
+    return plan_pb2.FileUnit(path=path).SerializeToString()
+
+
+def _pyarrow_units(units: list[tuple[str, bytes]], ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
+    for where, body in units:
+        try:
+            for batch in read_parquet(body, ctx):
+                yield conform(batch, ctx.schema, where)
+        except UnitReadError as exc:
+            raise type(exc)(f"{where}: {exc}") from None
+
+
+def _blame(cur: duckdb.DuckDBPyConnection, files: list[tuple[str, str, str]], exc: BaseException) -> None:
+    """Raise ``UnitReadError`` naming the first of ``files`` DuckDB cannot read, if one is."""
+    for where, path, real in files:
+        quoted = "'" + real.replace("'", "''") + "'"
+        try:
+            cur.execute(f"SELECT count(*) FROM read_parquet({quoted})")
+        except _ENGINE_ERRORS as one:
+            raise UnitReadError(f"{where}: cannot read Parquet file {path!r}: {_why(one, real)}") from None
+
+
+def _unit_batches(task: _Task, feed_id: str) -> Iterator[list[tuple[int, Any]]]:
+    """The task's units of ``feed_id``, in batches of those already here, from all its partitions.
+
+    Every unit that has arrived joins one query (DuckDB reads the files in parallel, and each
+    query has a fixed cost): each round takes what each partition has (waiting for at least one
+    unit there, or its end) and the batch runs once all partitions were asked.
+    """
+    inboxes = [(p, task.inputs.inbox(feed_id, p)) for p in task.inputs.feed_partitions(feed_id)]
+    while inboxes:
+        batch: list[tuple[int, Any]] = []
+        for partition, inbox in list(inboxes):
+            got = inbox.take(UNITS_PER_QUERY)  # type: ignore[attr-defined]
+            if not got:
+                inboxes.remove((partition, inbox))
+            batch += [(partition, unit) for unit in got]
+            if len(batch) >= UNITS_PER_QUERY:
+                break
+        if batch:
+            yield batch
+
+
+UNITS_PER_QUERY = 64
+"""Most work units one fragment query reads."""
+
+
+def _unit_file(body: bytes, ctx: ReaderContext, where: str) -> tuple[str, str]:
+    """``_plain_file``, a refused path named by the unit it came in (``where``)."""
+    try:
+        return _plain_file(body, ctx)
+    except PathRefused as exc:
+        raise PathRefused(f"{where}: {exc}") from None
+
+
+def _plain_file(body: bytes, ctx: ReaderContext) -> tuple[str, str]:
+    """The unit's path and the real path DuckDB may read it at; ``""`` as the real path when pyarrow
+    must read it (row groups, a glob character, or not a FileUnit: its reader says so in its words)."""
+    unit = plan_pb2.FileUnit()
+    try:
+        unit.ParseFromString(body)
+    except Exception:  # noqa: BLE001 - DecodeError
+        return "", ""
+    if not unit.path:
+        return "", ""
+    real = ctx.open_path(unit.path)
+    if unit.row_groups or _GLOB & set(real) or "\x00" in real or "://" in real:  # a URI: pyarrow.fs reads it
+        return unit.path, ""
+    return unit.path, real
+
+
+def _files(
+    task: _Task, cur: duckdb.DuckDBPyConnection, files: list[tuple[str, str, str]], text: str, schema: pa.Schema
+) -> Iterator[pa.RecordBatch]:
+    """The fragment over whole Parquet files, one query; a failure names the file that causes it."""
+    source = "read_parquet([" + ", ".join("'" + real.replace("'", "''") + "'" for _, _, real in files) + "])"
+    try:
+        for batch in stream(cur.sql(text.replace(UNITS, source)), task.batch_rows):
+            if batch.num_rows:
+                yield conform(batch, schema, files[0][0] if len(files) == 1 else "a fragment's output")
+    except _ENGINE_ERRORS as exc:
+        if task.error is not None or _kind(exc) in ("interrupt", "memory"):
+            raise task.failure(exc) from None
+        for where, path, real in files:  # which file? (the task fails either way: nothing is read twice)
+            try:
+                quoted = "'" + real.replace("'", "''") + "'"
+                cur.execute(f"SELECT count(*) FROM ({text.replace(UNITS, f'read_parquet({quoted})')})")
+            except _ENGINE_ERRORS as one:
+                raise UnitReadError(f"{where}: cannot read Parquet file {path!r}: {_why(one, real)}") from None
+        raise UnitReadError(f"cannot read Parquet files {[p for _, p, _ in files]}: {_why(exc, files[0][2])}") from None
+
+
+def _pyarrow_unit(
+    task: _Task, cur: duckdb.DuckDBPyConnection, body: bytes, ctx: ReaderContext, text: str, schema: pa.Schema, where: str
+) -> Iterator[pa.RecordBatch]:
+    name = "__flight_unit"
+    cur.register(name, task.guarded(ctx.schema, (conform(b, ctx.schema, where) for b in read_parquet(body, ctx))))
+    try:
+        for batch in stream(cur.sql(text.replace(UNITS, name)), task.batch_rows):
+            if batch.num_rows:
+                yield conform(batch, schema, where)
+    except _ENGINE_ERRORS as exc:
+        raise task.failure(exc) from None
+    finally:
+        cur.unregister(name)
+
+
+
+def _why(exc: BaseException, real: str) -> str:
+    """DuckDB's failure in fixed words: its messages quote resolved paths and file contents."""
+    kind = _kind(exc)
+    fixed = {
+        "interrupt": "the task was cancelled",
+        "memory": "the worker's memory limit was reached",
+        "binder": "its columns are not the scan's (a column is missing or of another type)",
+        "conversion": "a value does not convert to the scan's type",
+        "permission": "outside the worker's data roots",
+    }
+    if kind in fixed:
+        return fixed[kind]
+    if not os.path.exists(real):
+        return "no such file"
+    if os.path.isdir(real):
+        return "it is a directory"
+    if kind == "io" and not os.access(real, os.R_OK):
+        return "permission denied"
+    return "not a valid Parquet file, or a damaged one"
+
+

@@ -1,0 +1,635 @@
+"""From a query to stages and tasks, cut at network boundaries.
+
+The planner walks the logical plan bottom-up, growing *fragments* (operators
+that run in the same tasks) and cutting a fragment into a stage where rows
+must cross workers:
+
+* aggregate → partial aggregate in every task, hash shuffle on the keys (one
+  task for a global aggregate), final aggregate; ``mean`` travels as sum and
+  count, ``count_distinct`` shuffles the rows and aggregates once;
+* join → broadcast of the right (build) side when it is estimated small, else a
+  hash shuffle of both sides on the keys; an inner or outer join whose left side
+  is estimated smaller swaps its sides (the smaller side builds the hash table),
+  and a semi or anti join's build side is reduced to its distinct keys in the
+  tasks that produce it, before it crosses the network; a join of two lists of
+  Parquet files clustered by the key runs in place, task t reading key range t
+  of both sides (``flight.planner.colocate``);
+* sort → sort (with fetch for a top-k) in every task, then one task merges;
+  limit → a local limit in every task, then the final limit in one task;
+* union → every input shuffled round-robin into the union's tasks.
+
+A fragment that already runs in one task needs none of that: with one worker
+the whole query is one stage. Leaf stages are sized from their feeds (a
+shared-queue feed by a ``TaskEstimator`` at execution), upper stages from the
+rows estimated to reach them; never more tasks than workers.
+
+Before that, ``flight.planner.optimize`` pushes filters down to the scans and
+prunes the columns nobody reads; ``QueryPlan.rewrites`` lists what moved.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import pyarrow as pa
+
+from flight.errors import PlanError
+from flight.plan.expr import Expr, col, if_else, lit
+from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, LimitNode, Node, ProjectNode, ValuesNode
+from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, ShuffleReadNode, SortNode, UnionNode
+from flight.planner.colocate import EXACT, range_files, rows_read, split_points, straddled
+from flight.planner.cost import row_width, selectivity
+from flight.planner.eager import eager_aggregates
+from flight.planner.optimize import conjuncts, prune_columns, push_filters
+from flight.planner.ranges import range_selectivity
+from flight.planner.replicate import replicate_small_broadcasts
+from flight.sources.estimate import TaskEstimate
+from flight.sources.feed import WorkUnitFeed
+from flight.wire._proto import plan_pb2
+
+__all__ = ["FeedPlan", "PlannerOptions", "QueryPlan", "StageSpec", "plan_query"]
+
+
+@dataclass(frozen=True)
+class PlannerOptions:
+    broadcast_bytes: int = 32 << 20
+    """A join's right side estimated below this is broadcast instead of shuffled."""
+    rows_per_task: int = 250_000
+    """Upper stages get one task per this many estimated input rows (at most one per worker)."""
+    replicate_rows: int = 500_000
+    """A broadcast into a co-located stage whose files hold at most this many rows is read by every
+    task of that stage instead (``flight.planner.replicate``)."""
+
+
+@dataclass(frozen=True)
+class FeedPlan:
+    feed: WorkUnitFeed
+    partitions: int  # discovery streams: 1 for a shared-queue feed
+    shared: bool = False
+
+
+@dataclass
+class StageSpec:
+    """One stage: its operators, its tasks, and how its output reaches its consumer."""
+
+    stage_id: int
+    root: Node
+    max_tasks: int
+    feeds: list[FeedPlan]
+    reads: list[ShuffleReadNode]
+    output_mode: str = "head"  # head, hash, gather, broadcast, round_robin
+    output_keys: list[str] = field(default_factory=list)
+    consumer: int | None = None
+    task_count: int = 0  # fixed at planning, or at execution for a shared-queue leaf
+    estimate: TaskEstimate | None = None
+    notes: list[str] = field(default_factory=list)
+    task_roots: list[Node] | None = None
+    """A co-located stage's per-task operators (``root`` with each scan's key range); its task count
+    is then fixed: task t must read key range t."""
+
+    @property
+    def output_schema(self) -> pa.Schema:
+        return self.root.schema
+
+    @property
+    def shared_feeds(self) -> list[FeedPlan]:
+        return [f for f in self.feeds if f.shared]
+
+    @property
+    def sized_at_execution(self) -> bool:
+        return bool(self.shared_feeds)
+
+    @property
+    def children(self) -> list[int]:
+        return [r.stage_id for r in self.reads]
+
+    def assignments(self, task_count: int) -> list[dict[str, list[int]]]:
+        """Per task: feed id -> the partitions it consumes (its own task number for a shared feed)."""
+        out: list[dict[str, list[int]]] = [{f.feed.feed_id: [] for f in self.feeds} for _ in range(task_count)]
+        for f in self.feeds:
+            if f.shared:
+                for t in range(task_count):
+                    out[t][f.feed.feed_id] = [t]
+            else:
+                for p in range(f.partitions):
+                    out[p % task_count][f.feed.feed_id].append(p)
+        return out
+
+    def output_spec(self, consumer_tasks: int) -> plan_pb2.OutputSpec:
+        if self.output_mode in ("hash", "round_robin"):
+            return plan_pb2.OutputSpec(partitions=consumer_tasks, hash_keys=self.output_keys, readers=1)
+        if self.output_mode == "broadcast":
+            return plan_pb2.OutputSpec(partitions=1, readers=consumer_tasks)
+        return plan_pb2.OutputSpec(partitions=1, readers=1)
+
+
+@dataclass
+class QueryPlan:
+    stages: list[StageSpec]  # children before their consumers; the head is last
+    rewrites: list[str] = field(default_factory=list)
+    """What the optimizer and the planner changed, one line each, for explain()."""
+
+    @property
+    def head(self) -> StageSpec:
+        return self.stages[-1]
+
+    def stage(self, stage_id: int) -> StageSpec:
+        return self.stages[[s.stage_id for s in self.stages].index(stage_id)]
+
+
+@dataclass
+class _Frag:
+    """Operators that will run in the same tasks, not yet cut into a stage."""
+
+    node: Node
+    tasks: int  # at most this many; 1 means certainly one task
+    rows: float | None
+    feeds: list[FeedPlan] = field(default_factory=list)
+    reads: list[ShuffleReadNode] = field(default_factory=list)
+    leaf: bool = False  # sized by its feeds rather than by rows
+    ranges: dict[str, _KeyRanges] = field(default_factory=dict)
+    """Co-located scans by feed id: task t keeps key range t."""
+
+
+class _Planner:
+    def __init__(self, max_tasks: int, options: PlannerOptions, colocate: bool = True) -> None:
+        self.max_tasks = max_tasks
+        self.colocate = colocate
+        self.options = options
+        self.stages: list[StageSpec] = []
+        self.feed_ids: set[str] = set()
+        self.rewrites: list[str] = []
+
+    def upper_tasks(self, rows: float | None) -> int:
+        if rows is None:
+            return self.max_tasks
+        return max(1, min(self.max_tasks, math.ceil(rows / self.options.rows_per_task)))
+
+    def cut(self, frag: _Frag, mode: str, keys: list[str] | None = None) -> ShuffleReadNode:
+        stage_id = len(self.stages)
+        spec = StageSpec(stage_id, frag.node, frag.tasks, frag.feeds, frag.reads, output_mode=mode, output_keys=keys or [])
+        spec.task_count = frag.tasks
+        if frag.ranges:
+            spec.task_roots = [_in_range(frag.node, frag.ranges, t) for t in range(frag.tasks)]
+            spec.notes.append(f"co-located: {frag.tasks} tasks, each reading one key range of every scan (fixed count)")
+            for feed_id, r in frag.ranges.items():
+                cut = [t for t, s in enumerate(r.straddled) if s]
+                spec.notes.append(
+                    f"{feed_id}: tasks {cut} filter {r.column!r} to their range (a file there straddles a boundary)"
+                    if cut else f"{feed_id}: no file straddles a boundary, so no task filters {r.column!r}"
+                )
+        self.stages.append(spec)
+        read_mode = {"hash": "hash", "round_robin": "hash", "gather": "gather", "broadcast": "broadcast", "head": "gather"}[mode]
+        return ShuffleReadNode(stage_id, frag.node.schema, read_mode)
+
+    def consumer(self, node: Node, tasks: int, rows: float | None, reads: list[ShuffleReadNode]) -> _Frag:
+        return _Frag(node, tasks, rows, [], reads)
+
+    # ------------------------------------------------------------- the walk
+
+    def build(self, node: Node) -> _Frag:
+        if isinstance(node, FeedScanNode):
+            return self.scan(node)
+        if isinstance(node, ValuesNode):
+            return _Frag(node, 1, float(node.table.num_rows))
+        if isinstance(node, ExchangeInputNode):
+            raise PlanError("a plan reading exchange input is a map stage: run it with flight.map_batches or flight.spark.flight_map")
+        if isinstance(node, FilterNode):
+            f = self.build(node.input)
+            rows = None if f.rows is None else f.rows * _filter_selectivity(node)
+            return self.wrap(f, FilterNode(f.node, node.predicate, node.origins), rows)
+        if isinstance(node, ProjectNode):
+            f = self.build(node.input)
+            return self.wrap(f, ProjectNode(f.node, node.exprs), f.rows)
+        if isinstance(node, LimitNode):
+            return self.limit(node)
+        if isinstance(node, SortNode):
+            return self.sort(node, fetch=node.fetch)
+        if isinstance(node, AggregateNode):
+            return self.aggregate(node)
+        if isinstance(node, JoinNode):
+            return self.join(node)
+        if isinstance(node, UnionNode):
+            return self.union(node)
+        raise PlanError(f"the planner does not know operator {type(node).__name__}")
+
+    @staticmethod
+    def wrap(f: _Frag, node: Node, rows: float | None) -> _Frag:
+        return _Frag(node, f.tasks, rows, f.feeds, f.reads, f.leaf, f.ranges)
+
+    def scan(self, node: FeedScanNode) -> _Frag:
+        provider = node.feed.inner()
+        if node.feed.feed_id in self.feed_ids:
+            # The same source read twice (a self-join): each read is a feed of its own.
+            node = replace(node, feed=WorkUnitFeed(provider))
+        self.feed_ids.add(node.feed.feed_id)
+        rows = provider.estimated_rows()
+        if provider.shared:
+            return _Frag(node, self.max_tasks, rows, [FeedPlan(node.feed, 1, shared=True)], leaf=True)
+        declared = provider.partitions()
+        if declared is not None and declared < 1:
+            raise PlanError(f"feed {node.feed.feed_id!r}: partitions() returned {declared}; it must be at least 1")
+        tasks = min(self.max_tasks, declared) if declared is not None else self.max_tasks
+        return _Frag(node, tasks, rows, [FeedPlan(node.feed, declared or tasks)], leaf=True)
+
+    def limit(self, node: LimitNode) -> _Frag:
+        if isinstance(node.input, SortNode):  # top-k: every task keeps only its first count + offset rows
+            f = self.sort(node.input, fetch=node.count + node.offset)
+            return self.wrap(f, LimitNode(f.node, node.count, node.offset), float(node.count))
+        f = self.build(node.input)
+        if f.tasks == 1:
+            return self.wrap(f, LimitNode(f.node, node.count, node.offset), float(node.count))
+        read = self.cut(self.wrap(f, LimitNode(f.node, node.count + node.offset, 0), f.rows), "gather")
+        return self.consumer(LimitNode(read, node.count, node.offset), 1, float(node.count), [read])
+
+    def sort(self, node: SortNode, fetch: int) -> _Frag:
+        f = self.build(node.input)
+        if f.tasks == 1:
+            return self.wrap(f, SortNode(f.node, node.keys, node.nulls_first, fetch), f.rows)
+        read = self.cut(self.wrap(f, SortNode(f.node, node.keys, node.nulls_first, fetch), f.rows), "gather")
+        return self.consumer(SortNode(read, node.keys, node.nulls_first, fetch), 1, f.rows, [read])
+
+    def aggregate(self, node: AggregateNode) -> _Frag:
+        f = self.build(node.input)
+        rows = 1.0 if not node.keys else (None if f.rows is None else max(1.0, f.rows * 0.1))
+        if f.tasks == 1 or node.partial:  # partial: a sunk pre-aggregate (flight.planner.eager), merged above
+            return self.wrap(f, AggregateNode(f.node, node.keys, node.calls, node.label_text, partial=node.partial), rows)
+        mode = "hash" if node.keys else "gather"
+        tasks = self.upper_tasks(f.rows) if node.keys else 1
+        if any(c.function == "count_distinct" for c in node.calls):
+            # No partial form: move the rows, aggregate once.
+            read = self.cut(f, mode, node.keys)
+            return self.consumer(AggregateNode(read, node.keys, node.calls, node.label_text), tasks, rows, [read])
+        partial: list[AggCall] = []
+        final: list[AggCall] = []
+        outputs: list[tuple[str, object]] = [(k, col(k)) for k in node.keys]
+        known: dict[tuple[str, bytes], str] = {}
+
+        def part(function: str, expr: Expr | None) -> str:
+            """The partial column computing ``function(expr)``; equal ones are computed once."""
+            key = (function, b"" if expr is None else expr.to_proto().SerializeToString(deterministic=True))
+            if key not in known:
+                name = known[key] = f"__p{len(known)}"
+                again = "sum" if function in ("count", "count_all", "sum") else function
+                partial.append(AggCall(name, function, expr))
+                final.append(AggCall(name, again, col(name)))
+            return known[key]
+
+        for c in node.calls:
+            if c.function == "mean":
+                total, n = col(part("sum", c.expr)).cast(pa.float64()), col(part("count", c.expr)).cast(pa.float64())
+                outputs.append((c.name, if_else(n > 0, total / n, lit(None, pa.float64()))))
+            else:
+                outputs.append((c.name, col(part(c.function, c.expr))))
+        label = node.label_text or "Aggregate"
+        pre = self.wrap(f, AggregateNode(f.node, node.keys, partial, f"Partial{label}", partial=True), f.rows)
+        read = self.cut(pre, mode, node.keys)
+        merged = AggregateNode(read, node.keys, final, f"Final{label}")
+        return self.consumer(ProjectNode(merged, outputs), tasks, rows, [read])  # type: ignore[arg-type]
+
+    def join(self, node: JoinNode) -> _Frag:
+        left, right = self.build(node.left), self.build(node.right)
+        rows = max(left.rows or 0.0, right.rows or 0.0) or None
+        semi = node.join_type in ("left semi", "left anti")
+        out_rows = left.rows if semi else rows  # a semi or anti join keeps at most its left rows
+        swappable = node.join_type in _SWAPPED and not set(left.node.schema.names) & set(right.node.schema.names)
+        if left.tasks == 1 and right.tasks == 1:
+            if swappable and _smaller(left, right):
+                ordered = self.swapped(node, left.node, right.node, "local", left, right)
+                return _Frag(ordered, 1, out_rows, right.feeds + left.feeds, right.reads + left.reads, left.leaf or right.leaf)
+            merged = JoinNode(left.node, right.node, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "local")
+            return _Frag(merged, 1, out_rows, left.feeds + right.feeds, left.reads + right.reads, left.leaf or right.leaf)
+        placed = self.colocated(node, left, right, out_rows, swappable)
+        if placed is not None:
+            return placed
+        reduced = semi and self.reduces(node, left, right)
+        if reduced:
+            right = self.reduced(node, left)
+        distinct = self.distinct_keys(right, node) if semi else None
+        if distinct is not None:
+            right = distinct
+            if reduced and left.rows is not None and right.rows is not None:
+                right.rows = min(right.rows, left.rows)  # no more distinct keys than the probe side has rows
+        # Broadcasting copies the build side into every probe task: worth it when that side is small,
+        # and not larger than the side that would otherwise be shuffled.
+        right_bytes = _bytes(right)
+        known = _bytes(left)
+        left_bytes = float("inf") if known is None else known
+        small = right_bytes is not None and right_bytes <= min(self.options.broadcast_bytes, left_bytes)
+        if small and node.join_type in ("inner", "left outer", "left semi", "left anti"):
+            if distinct is not None:
+                self.rewrites.append(f"{_join_text(node)}: the build side is reduced to its distinct keys {node.right_keys} before it is broadcast")
+            read = self.cut(right, "broadcast")
+            merged = JoinNode(left.node, read, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "broadcast")
+            return _Frag(merged, left.tasks, out_rows, left.feeds, left.reads + [read], left.leaf, left.ranges)
+        left_small = left.rows is not None and left_bytes <= min(self.options.broadcast_bytes, right_bytes or float("inf"))
+        if left_small and node.join_type == "inner" and swappable:
+            # An inner join is symmetric: broadcast the small left side into the right side's tasks,
+            # then put the columns back in the order the query asked for.
+            read = self.cut(left, "broadcast")
+            ordered = self.swapped(node, left.node, right.node, "broadcast", left, right, left_read=read)
+            return _Frag(ordered, right.tasks, out_rows, right.feeds, right.reads + [read], right.leaf, right.ranges)
+        if distinct is not None:
+            self.rewrites.append(f"{_join_text(node)}: the build side is reduced to its distinct keys {node.right_keys} before it is shuffled")
+        tasks = self.upper_tasks(rows)
+        lread = self.cut(left, "hash", node.left_keys)
+        rread = self.cut(right, "hash", node.right_keys)
+        if swappable and _smaller(left, right):
+            ordered = self.swapped(node, lread, rread, "shuffle", left, right)
+            return self.consumer(ordered, tasks, out_rows, [lread, rread])
+        merged = JoinNode(lread, rread, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "shuffle")
+        return self.consumer(merged, tasks, out_rows, [lread, rread])
+
+    def colocated(self, node: JoinNode, left: _Frag, right: _Frag, rows: float | None, swappable: bool) -> _Frag | None:
+        """The join in place, each task reading one range of the first join key on both sides,
+        when each side scans one list of Parquet files whose footers bound that key
+        (``flight.planner.colocate``)."""
+        if not self.colocate or self.max_tasks < 2 or node.join_type not in _KEPT_UNMATCHED:
+            return None
+        sides = []
+        for f, key, keeps in ((left, node.left_keys[0], "left"), (right, node.right_keys[0], "right")):
+            if not f.leaf or len(f.feeds) != 1 or f.feeds[0].shared or f.ranges or any(r.mode != "broadcast" for r in f.reads):
+                return None
+            traced = _key_scan(f.node, key)
+            if traced is None or traced[0].feed.feed_id != f.feeds[0].feed.feed_id or traced[0].reader != "parquet":
+                return None
+            scan, column = traced
+            if not pa.types.is_integer(scan.schema.field(column).type):
+                return None
+            key_ranges = getattr(f.feeds[0].feed.inner(), "key_ranges", None)
+            ranges = key_ranges(column) if key_ranges is not None else None
+            if not ranges or any(max(abs(r.low), abs(r.high)) > EXACT for r in ranges):
+                return None
+            if keeps in _KEPT_UNMATCHED[node.join_type] and any(r.nulls for r in ranges):
+                return None  # its null-keyed rows must come out, and no range reads them
+            sides.append((f, scan, column, ranges))
+        points = split_points(sides[0][3] + sides[1][3], self.max_tasks)
+        if points is None:
+            return None
+        for _, _, _, ranges in sides:  # keys spread over every file (not clustered): a shuffle reads less
+            if rows_read(ranges, points) > _COLOCATE_READ * sum(r.rows for r in ranges):
+                return None
+        tasks = len(points) + 1
+        feeds = []
+        bounds: dict[str, _KeyRanges] = {}
+        for f, scan, column, ranges in sides:
+            feed = f.feeds[0].feed
+            grouped = feed.inner().grouped(range_files(ranges, points))  # type: ignore[attr-defined]  # key_ranges had it
+            feeds.append(FeedPlan(WorkUnitFeed(grouped, feed.feed_id), tasks))
+            bounds[feed.feed_id] = _KeyRanges(column, scan.schema.field(column).type, points, straddled(ranges, points))
+        self.rewrites.append(
+            f"{_join_text(node)}: co-located, nothing shuffled: the Parquet footers bound {sides[0][2]!r} and "
+            f"{sides[1][2]!r}, so task t reads key range t of both sides (boundaries {points})"
+        )
+        reads = left.reads + right.reads
+        if swappable and _smaller(left, right):
+            ordered = self.swapped(node, left.node, right.node, "co-located", left, right)
+            return _Frag(ordered, tasks, rows, feeds, reads, leaf=True, ranges=bounds)
+        merged = JoinNode(left.node, right.node, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "co-located")
+        return _Frag(merged, tasks, rows, feeds, reads, leaf=True, ranges=bounds)
+
+    def swapped(
+        self, node: JoinNode, left: Node, right: Node, strategy: str, lf: _Frag, rf: _Frag, left_read: Node | None = None
+    ) -> Node:
+        """``node`` over ``left`` and ``right`` with its sides swapped (the left one builds), columns in the query's order.
+
+        ``left_read``: what the swapped join reads instead of ``left`` (its broadcast).
+        """
+        build = left_read if left_read is not None else left
+        joined = JoinNode(
+            right, build, node.right_keys, node.left_keys, _SWAPPED[node.join_type], node.right_suffix, f"{strategy}, sides swapped"
+        )
+        self.rewrites.append(
+            f"{_join_text(node)}: sides swapped, the left side ({_size_text(lf)}) is estimated smaller "
+            f"than the right ({_size_text(rf)}), so it builds the hash table"
+        )
+        return ProjectNode(joined, [(n, col(n)) for n in node.schema.names])
+
+    def reduces(self, node: JoinNode, left: _Frag, right: _Frag) -> bool:
+        """Whether a semi or anti join's build side should first be reduced to the probe side's keys.
+
+        Only whether a build key occurs among the probe side's keys matters, so the build rows
+        whose key the probe side lacks can go before the build side's distinct keys are made and
+        moved (TPC-H Q4: 1.4 million lineitem keys against 57,000 orders). It costs a second
+        read of the probe side, so only when that side is estimated at least ``_REDUCE_RATIO``
+        times smaller, small enough to broadcast, and read from repeatable feeds (the second
+        read must see the rows the first does, or keys would be missed).
+        """
+        if left.rows is None or right.rows is None or left.reads or right.tasks == 1:
+            return False
+        keys_bytes = left.rows * row_width(pa.schema([left.node.schema.field(k) for k in node.left_keys]))
+        return left.rows * _REDUCE_RATIO <= right.rows and keys_bytes <= self.options.broadcast_bytes and _repeatable(node.left)
+
+    def reduced(self, node: JoinNode, left: _Frag) -> _Frag:
+        """``node``'s build side semi-joined with a second read of its probe side, on the keys."""
+        reducer = JoinNode(node.right, node.left, node.right_keys, node.left_keys, "left semi", node.right_suffix)
+        frag = self.build(reducer)
+        self.rewrites.append(
+            f"{_join_text(node)}: the build side is first reduced to the keys the probe side has "
+            f"({_size_text(left)}, read a second time for it)"
+        )
+        return frag
+
+    def distinct_keys(self, f: _Frag, node: JoinNode) -> _Frag | None:
+        """A semi or anti join's build side as its distinct keys, computed in the tasks that produce it.
+
+        Only whether a key occurs matters to such a join, so every duplicate that
+        would cross the network is waste. The consumer does not repeat the
+        distinct: the join takes the few duplicates left (a key in several tasks).
+        """
+        keys = list(node.right_keys)
+        if isinstance(f.node, AggregateNode) and not f.node.calls and set(f.node.keys) <= set(keys):
+            return None  # already distinct on (a subset of) the keys
+        reduced = AggregateNode(f.node, keys, [], "PartialDistinct", partial=True)
+        rows = None if f.rows is None else max(1.0, f.rows * _DISTINCT_FRACTION)
+        return self.wrap(f, reduced, rows)
+
+    def union(self, node: UnionNode) -> _Frag:
+        frags = [self.build(n) for n in node.inputs]
+        rows = None if any(f.rows is None for f in frags) else sum(f.rows or 0.0 for f in frags)
+        if all(f.tasks == 1 for f in frags):
+            return _Frag(
+                UnionNode([f.node for f in frags]),
+                1,
+                rows,
+                [fp for f in frags for fp in f.feeds],
+                [r for f in frags for r in f.reads],
+            )
+        tasks = max(f.tasks for f in frags)
+        reads = [self.cut(f, "round_robin") for f in frags]
+        return self.consumer(UnionNode(list(reads)), tasks, rows, reads)
+
+
+_SWAPPED = {"inner": "inner", "left outer": "right outer", "right outer": "left outer", "full outer": "full outer"}
+"""Join types whose sides may swap (Acero builds the right side), and the type after the swap."""
+
+_REDUCE_RATIO = 10.0
+"""How much larger (in rows) a semi or anti join's build side must be estimated than its probe
+side before the planner reduces it with the probe side's keys (``_Planner.reduces``)."""
+
+
+def _filter_selectivity(node: FilterNode) -> float:
+    """The fraction of rows ``node`` keeps: from its source's column ranges when it filters a scan
+    whose provider knows them (``column_range``, Parquet footers), else by the textbook defaults."""
+    if isinstance(node.input, FeedScanNode):
+        column_range = getattr(node.input.feed.inner(), "column_range", None)
+        if column_range is not None:
+            return range_selectivity(node.predicate, column_range)
+    return selectivity(node.predicate.to_proto())
+
+
+def _repeatable(node: Node) -> bool:
+    """Whether reading ``node`` again in the same query gives the same rows: every feed it scans is."""
+    return all(n.feed.inner().repeatable for n in node.walk() if isinstance(n, FeedScanNode))
+
+
+_DISTINCT_FRACTION = 0.1
+"""The fraction of a semi join's build-side rows estimated to be distinct keys (as for a grouped aggregate)."""
+
+
+_COLOCATE_READ = 1.1
+"""A co-located join may read at most this many times each side's rows in all (row groups that
+straddle a key boundary are read by two tasks); beyond, the keys are not clustered enough."""
+
+_KEPT_UNMATCHED = {
+    "inner": (), "left semi": (), "left outer": ("left",), "left anti": ("left",),
+    "right outer": ("right",), "full outer": ("left", "right"),
+}
+"""Join types a co-located join may run, and the sides whose rows come out even unmatched
+(a null key among them would be lost: no key range reads it)."""
+
+
+@dataclass(frozen=True)
+class _KeyRanges:
+    """One co-located scan's key ranges: task t keeps the rows of ``column`` in range t."""
+
+    column: str
+    kind: pa.DataType
+    points: list[int]
+    """The boundaries: range t is ``points[t-1] <= key < points[t]``."""
+    straddled: list[bool]
+    """Per range, whether a file its task reads holds keys outside it (else the task needs no filter)."""
+
+
+def _in_range(node: Node, ranges: dict[str, _KeyRanges], task: int) -> Node:
+    """``node`` with a filter keeping key range ``task`` right above each scan named in ``ranges``
+    whose files for that task hold keys outside it."""
+    if isinstance(node, FeedScanNode):
+        if node.feed.feed_id not in ranges or not ranges[node.feed.feed_id].straddled[task]:
+            return node
+        r = ranges[node.feed.feed_id]
+        column, kind, points = r.column, r.kind, r.points
+        terms = []
+        if task > 0:
+            terms.append(col(column) >= lit(points[task - 1], kind))
+        if task < len(points):
+            terms.append(col(column) < lit(points[task], kind))
+        predicate = terms[0] if len(terms) == 1 else terms[0] & terms[1]
+        return FilterNode(node, predicate, tuple(f"keeps key range {task} of a co-located join" for _ in terms))
+    changes: dict[str, object] = {}
+    for name in ("input", "left", "right"):
+        child = getattr(node, name, None)
+        if isinstance(child, Node):
+            changes[name] = _in_range(child, ranges, task)
+    if isinstance(node, UnionNode):
+        changes["inputs"] = [_in_range(c, ranges, task) for c in node.inputs]
+    return replace(node, **changes) if changes else node  # type: ignore[type-var]
+
+
+def _key_scan(node: Node, name: str) -> tuple[FeedScanNode, str] | None:
+    """The feed scan column ``name`` comes from unchanged (through filters, renames and joins),
+    or None when it is computed or comes from another stage."""
+    while True:
+        if isinstance(node, FeedScanNode):
+            return (node, name) if name in node.schema.names else None
+        if isinstance(node, FilterNode):
+            node = node.input
+        elif isinstance(node, ProjectNode):
+            expr = dict(node.exprs).get(name)
+            source = None if expr is None else expr.column_name()
+            if source is None:
+                return None
+            node, name = node.input, source
+        elif isinstance(node, JoinNode):
+            if name in node.left.schema.names:
+                node = node.left
+            elif name in node.right.schema.names and node.join_type not in ("left semi", "left anti"):
+                node = node.right
+            else:
+                return None
+        else:
+            return None
+
+
+def _bytes(f: _Frag) -> float | None:
+    return None if f.rows is None else f.rows * row_width(f.node.schema)
+
+
+def _smaller(left: _Frag, right: _Frag) -> bool:
+    """Whether the left side is estimated smaller than the right, in bytes (unknown: no)."""
+    lb, rb = _bytes(left), _bytes(right)
+    return lb is not None and rb is not None and lb < rb
+
+
+def _join_text(node: JoinNode) -> str:
+    keys = ", ".join(f"{a}={b}" for a, b in zip(node.left_keys, node.right_keys))
+    return f"HashJoin[{node.join_type}, {keys}]"
+
+
+def _size_text(f: _Frag) -> str:
+    size = _bytes(f)
+    return "?" if f.rows is None or size is None else f"~{f.rows:,.0f} rows, {size / (1 << 20):,.1f} MiB"
+
+
+def plan_query(root: Node, max_tasks: int, options: PlannerOptions | None = None, *, colocate: bool = True) -> QueryPlan:
+    """Cut ``root`` into stages; the head stage (what the caller reads) comes last.
+
+    ``colocate=False``: no co-located joins, for callers that run ``StageSpec.root`` as it is in
+    every task (their tasks would not keep to their key ranges)."""
+    if max_tasks < 1:
+        raise PlanError("the resolver returned no worker URLs; start workers or check the resolver's source")
+    planner = _Planner(max_tasks, options or PlannerOptions(), colocate)
+    pushed = push_filters(root)
+    if max_tasks > 1:  # what it saves is rows moved between tasks
+        pushed, notes = eager_aggregates(pushed)
+        planner.rewrites.extend(notes)
+    frag = planner.build(prune_columns(pushed))
+    planner.cut(frag, "head")
+    stages = replicate_small_broadcasts(planner.stages, planner.options.replicate_rows, planner.rewrites)
+    for stage in stages:
+        for read in stage.reads:
+            stages[read.stage_id].consumer = stage.stage_id
+    for stage in stages:
+        _describe(stage)
+    return QueryPlan(stages, _moved_filters(stages) + planner.rewrites)
+
+
+def _moved_filters(stages: list[StageSpec]) -> list[str]:
+    """One line per filter the optimizer moved or derived: what it reads, why it is there, where that is."""
+    lines = []
+    for stage in stages:
+        for node in stage.root.walk():
+            if isinstance(node, FilterNode) and any(node.origins):
+                below = node.input
+                where = f"the scan of {below.feed.feed_id}" if isinstance(below, FeedScanNode) else below.label().split("[")[0]
+                terms = conjuncts(node.predicate)
+                if len(terms) != len(node.origins):
+                    continue
+                read: dict[str, set[str]] = {}
+                for term, origin in zip(terms, node.origins):
+                    if origin:
+                        read.setdefault(origin, set()).update(term.referenced_fields())
+                for origin, columns in read.items():
+                    lines.append(f"stage {stage.stage_id}: filter on {sorted(columns)} {origin}; now directly above {where}")
+    return lines
+
+
+def _describe(stage: StageSpec) -> None:
+    if stage.shared_feeds:
+        stage.notes.append(f"shared-queue feed: up to {stage.max_tasks} task(s), the count decided from discovery at execution")
+    elif stage.feeds:
+        stage.notes.append(f"{stage.task_count} task(s): feed partitions {[f.partitions for f in stage.feeds]}")
+    if stage.output_mode not in ("head", "gather"):
+        keys = f" on {stage.output_keys}" if stage.output_keys else ""
+        stage.notes.append(f"output: {stage.output_mode}{keys} to stage {stage.consumer}")

@@ -1,0 +1,317 @@
+"""Plan rewrites that change cost, never results.
+
+``push_filters`` moves every filter as far down as it stays exact, so filters
+end directly above the scans (where a worker fuses them into its per-unit
+scan) and joins see fewer rows:
+
+* a filter's conjuncts travel separately (``a & b``: two filters);
+* through a project when the columns they read are plain pass-throughs
+  (renamed as the project renames them), through a sort without a fetch, into
+  every input of a union, below a grouped aggregate when they read only its
+  keys;
+* below a join onto the side whose columns they read, where the join type
+  allows it: both sides of an inner join, only the preserved side of a left
+  (right) outer join, the left side of a semi or anti join, neither side of a
+  full outer join. Names the join suffixed (``right_suffix``) are mapped back
+  to the input's own names;
+* a conjunct that reads both sides and is a disjunction of conjunctions,
+  ``OR_i (AND_j t_ij)``, stays above the join and also gives each side it may
+  filter ``OR_i (AND of the t_ij that read only that side)``: implied by the
+  original (a row it keeps satisfies some disjunct, hence that disjunct's
+  terms on each side), so exact. A side gets nothing unless every disjunct
+  has at least one such term.
+
+A moved or derived filter carries its origin (``FilterNode.origins``), which
+``explain()`` prints next to it. Rewrites that need the planner's size
+estimates (join sides, a semi join's distinct build side) live in
+``flight.planner.cut``.
+
+``prune_columns`` pushes the columns a plan actually uses down into its scans,
+so a worker reads (and a shuffle moves) only those.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+
+from flight.plan.expr import Expr, call
+from flight.plan.expr_nodes import CallNode
+from flight.plan.nodes import FeedScanNode, FilterNode, LimitNode, Node, ProjectNode
+from flight.plan.relnodes import AggregateNode, JoinNode, SortNode, UnionNode
+
+__all__ = ["conjuncts", "derive_side_filter", "disjuncts", "prune_columns", "push_filters"]
+
+_AND = ("and_kleene", "and")
+_OR = ("or_kleene", "or")
+
+# Which sides of a join a filter above it may move onto (the sides whose rows are not null-extended).
+_PUSHABLE_SIDES = {
+    "inner": ("left", "right"),
+    "left outer": ("left",),
+    "right outer": ("right",),
+    "full outer": (),
+    "left semi": ("left",),
+    "left anti": ("left",),
+    "right semi": ("right",),
+    "right anti": ("right",),
+}
+
+
+# ------------------------------------------------------------ expressions
+
+
+def _args(expr: Expr, functions: tuple[str, ...]) -> list[Expr] | None:
+    """The arguments of ``expr`` when it is a call of one of ``functions`` without options, else None."""
+    node = expr._node
+    if isinstance(node, CallNode) and node.function in functions and node.options is None:
+        return [Expr._of(a) for a in node.args]
+    return None
+
+
+def _flatten(expr: Expr, functions: tuple[str, ...]) -> list[Expr]:
+    """The operands of nested calls of ``functions`` under ``expr``, left to right (no recursion)."""
+    out: list[Expr] = []
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        args = _args(e, functions)
+        if args is None:
+            out.append(e)
+        else:
+            stack.extend(reversed(args))
+    return out
+
+
+def conjuncts(expr: Expr) -> list[Expr]:
+    """The terms of a conjunction (``and_kleene`` / ``and``, nested ones flattened); ``[expr]`` otherwise.
+
+    A filter keeps a row when its predicate is true, and a conjunction is true
+    exactly when every term is, so filtering by each term in turn is the same.
+    """
+    return _flatten(expr, _AND)
+
+
+def disjuncts(expr: Expr) -> list[Expr]:
+    """The terms of a disjunction (``or_kleene`` / ``or``, nested ones flattened); ``[expr]`` otherwise."""
+    return _flatten(expr, _OR)
+
+
+def _all(terms: list[Expr]) -> Expr:
+    return terms[0] if len(terms) == 1 else call("and_kleene", *terms)
+
+
+def _any(terms: list[Expr]) -> Expr:
+    return terms[0] if len(terms) == 1 else call("or_kleene", *terms)
+
+
+def derive_side_filter(expr: Expr, columns: set[str]) -> Expr | None:
+    """A predicate on ``columns`` alone implied by ``expr``, from a disjunction of conjunctions; None if none.
+
+    For ``OR_i (AND_j t_ij)``: ``OR_i (AND of the t_ij reading only columns)``,
+    provided every disjunct has such a term (a term reading no column at all
+    does not count). Wherever ``expr`` is true, the result is true.
+    """
+    branches = disjuncts(expr)
+    if len(branches) < 2:
+        return None
+    derived = []
+    for branch in branches:
+        mine = [t for t in conjuncts(branch) if (used := t.referenced_fields()) and used <= columns]
+        if not mine:
+            return None
+        derived.append(_all(mine))
+    return _any(derived)
+
+
+def _rename(expr: Expr, names: dict[str, str]) -> Expr:
+    """``expr`` reading column ``names[n]`` wherever it read ``n``."""
+    if all(names.get(n, n) == n for n in expr.referenced_fields()):
+        return expr
+    msg = expr.to_proto()
+    for node in msg.nodes:
+        if node.WhichOneof("kind") == "field" and node.field.name in names:
+            node.field.name = names[node.field.name]
+    return Expr.from_proto(msg)
+
+
+# ---------------------------------------------------------------- filters
+
+
+@dataclass(frozen=True)
+class _Pred:
+    """One conjunct on its way down, and why it is where it ends up ("": written there)."""
+
+    expr: Expr
+    origin: str = ""
+
+    def moved(self, names: dict[str, str], origin: str) -> _Pred:
+        return _Pred(_rename(self.expr, names), self.origin or origin)
+
+
+def push_filters(node: Node) -> Node:
+    """``node`` with every filter moved as far down as it stays exact (see the module's doc)."""
+    return _push(node, [])
+
+
+def _push(node: Node, preds: list[_Pred]) -> Node:
+    """``node`` with ``preds`` (conjuncts over its output) applied to it, as low as they can go."""
+    if isinstance(node, FilterNode):
+        terms = conjuncts(node.predicate)
+        origins = node.origins if len(node.origins) == len(terms) else ("",) * len(terms)
+        return _push(node.input, [_Pred(t, o) for t, o in zip(terms, origins)] + preds)
+    if isinstance(node, ProjectNode):
+        passthrough = {n: c for n, e in node.exprs if (c := e.column_name()) is not None}
+        down = [p for p in preds if p.expr.referenced_fields() <= passthrough.keys()]
+        stay = [p for p in preds if not p.expr.referenced_fields() <= passthrough.keys()]
+        moved = [p.moved(passthrough, "") for p in down]
+        return _filtered(ProjectNode(_push(node.input, moved), node.exprs), stay)
+    if isinstance(node, SortNode) and node.fetch == 0:
+        return SortNode(_push(node.input, preds), node.keys, node.nulls_first, node.fetch)
+    if isinstance(node, UnionNode):
+        return UnionNode([_push(n, list(preds)) for n in node.inputs])
+    if isinstance(node, AggregateNode) and node.keys:
+        keys = set(node.keys)
+        where = f"pushed below {node.label_text or 'Aggregate'}[keys={node.keys}]"
+        down = [p.moved({}, where) for p in preds if p.expr.referenced_fields() <= keys]
+        stay = [p for p in preds if not p.expr.referenced_fields() <= keys]
+        pushed = replace(node, input=_push(node.input, down)) if down else _children_pushed(node)
+        return _filtered(pushed, stay)
+    if isinstance(node, JoinNode):
+        return _push_join(node, preds)
+    return _filtered(_children_pushed(node), preds)
+
+
+def _children_pushed(node: Node) -> Node:
+    """``node`` with the filters inside each of its inputs pushed down (none from above)."""
+    if isinstance(node, (AggregateNode, LimitNode, SortNode)):
+        return replace(node, input=_push(node.input, []))
+    if isinstance(node, (FilterNode, ProjectNode, UnionNode, JoinNode)):
+        return _push(node, [])
+    return node
+
+
+def _filtered(node: Node, preds: list[_Pred]) -> Node:
+    """``node`` under one filter of ``preds`` (the same conjunct once), or ``node`` itself when there are none."""
+    seen: dict[bytes, _Pred] = {}
+    for p in preds:
+        seen.setdefault(p.expr.to_proto().SerializeToString(deterministic=True), p)
+    unique = list(seen.values())
+    if not unique:
+        return node
+    origins = tuple(p.origin for p in unique)
+    return FilterNode(node, _all([p.expr for p in unique]), origins if any(origins) else ())
+
+
+def join_sides(node: JoinNode) -> dict[str, tuple[str, str]]:
+    """Each output column of ``node`` -> (``"left"`` or ``"right"``, its name in that input).
+
+    Read off the join's own output schema (Acero's: left columns, then right
+    columns, a right one clashing with a left one suffixed), by position. A
+    name the output holds twice is left out: nothing that reads it moves.
+    """
+    ln, rn = node.left.schema.names, node.right.schema.names
+    if node.join_type in ("left semi", "left anti"):
+        pairs = [("left", n) for n in ln]
+    elif node.join_type in ("right semi", "right anti"):
+        pairs = [("right", n) for n in rn]
+    else:
+        pairs = [("left", n) for n in ln] + [("right", n) for n in rn]
+    out = node.schema.names
+    if len(pairs) != len(out):
+        return {}
+    for o, (side, n) in zip(out, pairs):
+        if o != n and not (side == "right" and o == n + node.right_suffix):
+            return {}  # not the layout this knows: move nothing
+    counts = Counter(out)
+    return {o: p for o, p in zip(out, pairs) if counts[o] == 1}
+
+
+def _push_join(node: JoinNode, preds: list[_Pred]) -> Node:
+    sides = join_sides(node)
+    allowed = _PUSHABLE_SIDES.get(node.join_type, ())
+    keys = ", ".join(f"{a}={b}" for a, b in zip(node.left_keys, node.right_keys))
+    here = f"HashJoin[{node.join_type}, {keys}]"
+    down: dict[str, list[_Pred]] = {"left": [], "right": []}
+    stay: list[_Pred] = []
+    for p in preds:
+        used = p.expr.referenced_fields()
+        if not used <= sides.keys():
+            stay.append(p)
+            continue
+        read = {sides[n][0] for n in used}
+        names = {n: sides[n][1] for n in used}
+        target = next((s for s in allowed if read <= {s}), None)
+        if target is not None:
+            down[target].append(p.moved(names, f"pushed below {here}"))
+            continue
+        stay.append(p)
+        for side in allowed:
+            mine = {n for n in sides if sides[n][0] == side}
+            derived = derive_side_filter(p.expr, mine)
+            if derived is not None:
+                rename = {n: sides[n][1] for n in derived.referenced_fields()}
+                down[side].append(_Pred(_rename(derived, rename), f"derived from the OR above {here}"))
+    left = _push(node.left, down["left"])
+    right = _push(node.right, down["right"])
+    joined = JoinNode(left, right, node.left_keys, node.right_keys, node.join_type, node.right_suffix, node.strategy)
+    return _filtered(joined, stay)
+
+
+# ---------------------------------------------------------------- columns
+
+
+def prune_columns(node: Node, needed: set[str] | None = None) -> Node:
+    """``node`` with every scan reading only the columns above it need (``None``: all of its output)."""
+    if needed is None:
+        needed = set(node.schema.names)
+    if isinstance(node, ProjectNode):
+        kept = [(n, e) for n, e in node.exprs if n in needed] or node.exprs[:1]
+        used: set[str] = set().union(*(e.referenced_fields() for _, e in kept))
+        return ProjectNode(prune_columns(node.input, used), kept)
+    if isinstance(node, FilterNode):
+        child = prune_columns(node.input, needed | node.predicate.referenced_fields())
+        return FilterNode(child, node.predicate, node.origins)
+    if isinstance(node, LimitNode):
+        return LimitNode(prune_columns(node.input, needed), node.count, node.offset)
+    if isinstance(node, SortNode):
+        child = prune_columns(node.input, needed | {k for k, _ in node.keys})
+        return SortNode(child, node.keys, node.nulls_first, node.fetch)
+    if isinstance(node, AggregateNode):
+        used = set(node.keys).union(*(c.expr.referenced_fields() for c in node.calls if c.expr is not None))
+        return AggregateNode(prune_columns(node.input, used), node.keys, node.calls, node.label_text, node.partial)
+    if isinstance(node, JoinNode):
+        return _prune_join(node, needed)
+    if isinstance(node, UnionNode):
+        return UnionNode([prune_columns(n, None) for n in node.inputs])
+    if isinstance(node, FeedScanNode):
+        available = node.schema.names
+        columns = [c for c in available if c in needed] or available[:1]
+        if columns == available:
+            return node
+        return replace(node, columns=columns)
+    return node
+
+
+def _prune_join(node: JoinNode, needed: set[str]) -> Node:
+    left_names = set(node.left.schema.names)
+    left_needed = {n for n in left_names if n in needed} | set(node.left_keys)
+    right_needed = set(node.right_keys)
+    if node.join_type not in ("left semi", "left anti"):
+        for r in node.right.schema.names:
+            suffixed = r in left_names
+            if (r + node.right_suffix if suffixed else r) in needed:
+                right_needed.add(r)
+                if suffixed:
+                    left_needed.add(r)  # keep the collision, so the right column keeps its suffixed name
+    # A left column that a kept right column collides with must stay too (same reason).
+    left_needed |= {r for r in right_needed if r in left_names and node.join_type not in ("left semi", "left anti")}
+    return JoinNode(
+        prune_columns(node.left, left_needed),
+        prune_columns(node.right, right_needed),
+        node.left_keys,
+        node.right_keys,
+        node.join_type,
+        node.right_suffix,
+        node.strategy,
+    )

@@ -1,0 +1,172 @@
+"""Small broadcasts into a co-located stage become scans that every task of that stage reads.
+
+Why: a co-located stage (``flight.planner.colocate``) cannot start its query before every stage it
+reads has finished, and each of those is a round of task starts, a scan and a broadcast. TPC-H Q5
+broadcast customer (150,000 rows) and supplier ⋈ nation ⋈ region (two stages in a chain) into its
+lineitem ⋈ orders stage: 73 ms of a 206 ms query went by before that stage's query began, where
+reading those tables took each task a few milliseconds. Read in the stage itself, they are also
+joined in one query, which the engine orders by their true sizes (Q5's customers are cut to one
+region through the supplier's nation).
+
+A broadcast producer qualifies when it only filters, projects and joins Parquet file lists (and
+broadcasts that qualify in turn) and its files hold at most ``max_rows`` rows in all: every task
+reads all of them, so the cost grows with the task count, where a broadcast's grows with the
+bytes moved. The producer's feeds become ``FileGroups`` with every file in every group, task t
+taking group t; the stages left are numbered again from 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from flight.plan.nodes import FeedScanNode, FilterNode, Node, ProjectNode
+from flight.plan.relnodes import JoinNode, ShuffleReadNode, UnionNode
+from flight.sources.feed import WorkUnitFeed
+from flight.sources.providers import FileListProvider
+
+if TYPE_CHECKING:
+    from flight.planner.cut import FeedPlan, StageSpec
+
+__all__ = ["replicate_small_broadcasts"]
+
+
+def replicate_small_broadcasts(stages: list[StageSpec], max_rows: float, rewrites: list[str]) -> list[StageSpec]:
+    """``stages`` with each qualifying broadcast into a co-located stage read by that stage instead."""
+    by_id = {s.stage_id: s for s in stages}
+    gone: set[int] = set()
+    for stage in stages:
+        if stage.task_roots is None or stage.stage_id in gone:
+            continue
+        tasks = len(stage.task_roots)
+        inline: dict[int, Node] = {}
+        for read in stage.reads:
+            producer = by_id[read.stage_id]
+            rows = _rows(producer, by_id, max_rows) if read.mode == "broadcast" else None
+            if rows is None:
+                continue
+            root, feeds, ids = _inlined(producer, by_id)
+            inline[read.stage_id] = root
+            stage.feeds.extend(_replicated_feed(f, tasks) for f in feeds)
+            gone.update(ids)
+            rewrites.append(
+                f"stage {read.stage_id} (a broadcast of ~{rows:,.0f} rows of files) is read by every task of "
+                f"co-located stage {stage.stage_id} instead: it starts without waiting for it"
+            )
+        if inline:
+            stage.root = _substitute(stage.root, inline)
+            stage.task_roots = [_substitute(r, inline) for r in stage.task_roots]
+            stage.reads = [r for r in stage.reads if r.stage_id not in inline]
+    if not gone:
+        return stages
+    kept = [s for s in stages if s.stage_id not in gone]
+    return _renumbered(kept)
+
+
+def _rows(stage: StageSpec, by_id: dict[int, StageSpec], max_rows: float) -> float | None:
+    """The rows ``stage`` and the broadcasts it reads scan, if it may be inlined and they are few enough."""
+    if stage.output_mode != "broadcast" or stage.task_roots is not None:
+        return None
+    return _replicable_rows(stage.root, stage.feeds, stage.reads, max_rows, by_id)
+
+
+def _replicable_rows(
+    root: Node, feeds: list[FeedPlan], reads: list[ShuffleReadNode], max_rows: float, by_id: dict[int, StageSpec] | None = None
+) -> float | None:
+    """The rows the operators ``root`` (over ``feeds``, reading ``reads``) scan, when every task of a
+    co-located stage may compute them whole: only per-row operators over Parquet file lists, at most
+    ``max_rows`` rows, reading only broadcasts (that qualify in turn, when ``by_id`` has them)."""
+    if not feeds or any(not _per_row(n) for n in root.walk()):
+        return None
+    total = 0.0
+    for f in feeds:
+        provider = f.feed.inner()
+        rows = provider.estimated_rows() if isinstance(provider, FileListProvider) and not f.shared else None
+        if rows is None:
+            return None
+        total += rows
+    for read in reads:
+        if read.mode != "broadcast":
+            return None
+        if by_id is not None:
+            inner = _rows(by_id[read.stage_id], by_id, max_rows)
+            if inner is None:
+                return None
+            total += inner
+    return total if total <= max_rows else None
+
+
+def _per_row(node: Node) -> bool:
+    """Operators whose output over all units is the union of their outputs over parts of them
+    (a join's other side being read whole in each task)."""
+    if isinstance(node, JoinNode):
+        return node.join_type in ("inner", "left semi", "left anti", "left outer")
+    return isinstance(node, (FeedScanNode, FilterNode, ProjectNode, ShuffleReadNode))
+
+
+def _inlined(stage: StageSpec, by_id: dict[int, StageSpec]) -> tuple[Node, list[FeedPlan], list[int]]:
+    """``stage``'s operators with the broadcasts it reads inlined; every feed they scan; the stages inlined."""
+    feeds, ids, inline = list(stage.feeds), [stage.stage_id], {}
+    for read in stage.reads:
+        root, more, more_ids = _inlined(by_id[read.stage_id], by_id)
+        inline[read.stage_id] = root
+        feeds += more
+        ids += more_ids
+    return _substitute(stage.root, inline), feeds, ids
+
+
+def _replicated_feed(plan: FeedPlan, tasks: int) -> FeedPlan:
+    """The feed (a ``FileListProvider``'s) with all its files in each of ``tasks`` partitions."""
+    from flight.planner.cut import FeedPlan  # the planner imports this module
+
+    provider = plan.feed.inner()
+    assert isinstance(provider, FileListProvider)  # _replicable_rows checked
+    return FeedPlan(WorkUnitFeed(provider.grouped([provider.paths] * tasks), plan.feed.feed_id), tasks)
+
+
+def _with_children(node: Node, change: Callable[[Node], Node]) -> Node:
+    """``node`` with ``change`` applied to each child (the same object when none changed)."""
+    changes: dict[str, object] = {}
+    for name in ("input", "left", "right"):
+        child = getattr(node, name, None)
+        if isinstance(child, Node):
+            new = change(child)
+            if new is not child:
+                changes[name] = new
+    if isinstance(node, UnionNode):
+        inputs = [change(c) for c in node.inputs]
+        if any(a is not b for a, b in zip(inputs, node.inputs)):
+            changes["inputs"] = inputs
+    if isinstance(node, JoinNode) and any(
+        isinstance(getattr(node, side), ShuffleReadNode) and not isinstance(changes[side], ShuffleReadNode) for side in changes
+    ):
+        changes["strategy"] = node.strategy.replace("broadcast", "replicated")
+    return replace(node, **changes) if changes else node  # type: ignore[type-var]
+
+
+def _substitute(node: Node, inline: dict[int, Node]) -> Node:
+    """``node`` with each read of a stage in ``inline`` replaced by that stage's operators."""
+    if isinstance(node, ShuffleReadNode):
+        return inline.get(node.stage_id, node)
+    return _with_children(node, lambda child: _substitute(child, inline))
+
+
+def _renumbered(stages: list[StageSpec]) -> list[StageSpec]:
+    """``stages`` numbered 0, 1, … in their order, their reads following."""
+    new = {s.stage_id: i for i, s in enumerate(stages)}
+    if all(k == v for k, v in new.items()):
+        return stages
+
+    def renumber(node: Node) -> Node:
+        if isinstance(node, ShuffleReadNode):
+            return replace(node, stage_id=new[node.stage_id])
+        return _with_children(node, renumber)
+
+    for s in stages:
+        s.stage_id = new[s.stage_id]
+        s.root = renumber(s.root)
+        if s.task_roots is not None:
+            s.task_roots = [renumber(r) for r in s.task_roots]
+        s.reads = [replace(r, stage_id=new[r.stage_id]) for r in s.reads]
+    return stages

@@ -1,0 +1,315 @@
+"""Frames of the coordinator ↔ worker protocol: encode, decode, validate.
+
+The wire format is ``proto/flight/wire/_proto/protocol.proto``; docs/protocol.md says
+in which order the frames flow. This module is the only place that parses
+bytes from a peer, so every malformed input becomes one ``ProtocolError``
+naming the field that was wrong, and both sides share the same checks.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from typing import Literal
+
+import pyarrow as pa
+import pyarrow.flight as fl
+from google.protobuf.message import DecodeError, Message
+
+from flight.errors import ProtocolError, VersionMismatchError
+from flight.wire._proto import plan_pb2, protocol_pb2
+from flight.wire.ipc import check_schema
+from flight.wire.limits import (
+    MAX_ECHO_CHARS,
+    MAX_FEED_PARTITIONS,
+    MAX_FEEDS,
+    MAX_FRAME_BYTES,
+    MAX_HEADER_BYTES,
+    MAX_ID_CHARS,
+    MAX_MESSAGE_CHARS,
+    MAX_OUTPUT_PARTITIONS,
+    MAX_OUTPUT_READERS,
+    MAX_SECRET_BYTES,
+    MAX_TASK_COUNT,
+    MAX_UNIT_BYTES,
+    MAX_UNITS_PER_FRAME,
+    MIN_SECRET_BYTES,
+    check_count,
+    clip,
+)
+
+__all__ = [
+    "COMPRESSION",
+    "PROTOCOL_VERSION",
+    "check_id",
+    "check_secret",
+    "decode_cancel_request",
+    "decode_coordinator_frame",
+    "decode_header",
+    "decode_schema",
+    "decode_ticket",
+    "decode_worker_frame",
+    "encode_schema",
+    "error_info_of",
+    "format_stage_key",
+    "ipc_options",
+    "make_stage_key",
+    "new_secret",
+    "status_error",
+    "status_message",
+    "taggable",
+    "unit_chain",
+]
+
+PROTOCOL_VERSION = 3
+"""Bumped on any change a peer of the previous version would misread (2: heartbeats, InputEnd, flat expressions;
+3: the Release frame, which a version-2 worker would refuse as a frame without a member)."""
+
+_ID = re.compile(rf"[A-Za-z0-9._:-]{{1,{MAX_ID_CHARS}}}")
+
+
+COMPRESSION = {
+    "none": protocol_pb2.COMPRESSION_NONE,
+    "lz4": protocol_pb2.COMPRESSION_LZ4,
+    "zstd": protocol_pb2.COMPRESSION_ZSTD,
+}
+"""``ExecOptions.compression`` names and their wire values."""
+
+
+def ipc_options(compression: int) -> pa.ipc.IpcWriteOptions:
+    """IPC write options for a TaskOptions.ipc_compression value (unknown values: none)."""
+    codecs: dict[int, Literal["lz4", "zstd"]] = {COMPRESSION["lz4"]: "lz4", COMPRESSION["zstd"]: "zstd"}
+    return pa.ipc.IpcWriteOptions(compression=codecs.get(compression))
+
+
+def status_message(error: BaseException | str) -> str:
+    """The readable part of a Flight status: what precedes pyarrow's appended detail and context.
+
+    pyarrow adds ". Detail: ..." (a Python traceback for errors escaping a handler) and
+    ". gRPC client debug context: ..." to messages; people should see neither.
+    """
+    text = str(error)
+    for marker in (". Detail:", "\nDetail:", ". gRPC client debug context", ". Client context:"):
+        text = text.split(marker)[0]
+    return text.strip()
+
+
+def make_stage_key(query_id: str, stage_id: int, task_number: int) -> protocol_pb2.StageKey:
+    return protocol_pb2.StageKey(query_id=query_id, stage_id=stage_id, task_number=task_number)
+
+
+def format_stage_key(key: protocol_pb2.StageKey) -> str:
+    """``query/stage/task``: how errors and logs name a task."""
+    return f"{key.query_id}/{key.stage_id}/{key.task_number}"
+
+
+def encode_schema(schema: pa.Schema) -> bytes:
+    return schema.serialize().to_pybytes()
+
+
+def decode_schema(data: bytes, field: str) -> pa.Schema:
+    """An Arrow IPC schema message with unique column names; ``field`` names where it came from for the error."""
+    if not data:
+        raise ProtocolError(f"{field} is empty; expected an Arrow IPC schema", field=field)
+    try:
+        schema = pa.ipc.read_schema(pa.py_buffer(data))
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise ProtocolError(f"{field} is not a valid Arrow IPC schema: {clip(exc)}", field=field) from None
+    return check_schema(schema, field)
+
+
+def _parse(message: Message, data: bytes | memoryview | pa.Buffer, field: str, limit: int) -> None:
+    size = data.size if isinstance(data, pa.Buffer) else len(data)
+    if size > limit:
+        raise ProtocolError(f"{field} is {size} bytes; at most {limit} are accepted", field=field)
+    try:
+        message.ParseFromString(bytes(data) if not isinstance(data, bytes) else data)
+    except DecodeError as exc:
+        # upb refuses messages nested more than 100 deep, among others: say what, not where in C.
+        raise ProtocolError(f"{field} is not a valid {message.DESCRIPTOR.full_name}: {clip(exc)}", field=field) from None
+
+
+def check_id(value: str, field: str) -> None:
+    """A query or feed id: 1 to MAX_ID_CHARS of letters, digits and ``._:-`` (it is echoed in errors and logs)."""
+    if not _ID.fullmatch(value):
+        raise ProtocolError(
+            f"{field} must be 1 to {MAX_ID_CHARS} characters of letters, digits and '._:-', not {clip(value, 40)!r}",
+            field=field,
+        )
+
+
+def check_secret(secret: bytes, field: str) -> None:
+    """A query secret: 16 to 64 bytes (the coordinator draws 16 random ones)."""
+    if not MIN_SECRET_BYTES <= len(secret) <= MAX_SECRET_BYTES:
+        raise ProtocolError(
+            f"{field} must be {MIN_SECRET_BYTES} to {MAX_SECRET_BYTES} bytes, not {len(secret)}: "
+            "every query carries a random secret that its tickets and cancels repeat",
+            field=field,
+        )
+
+
+def _check_stage_key(key: protocol_pb2.StageKey, field: str) -> None:
+    check_id(key.query_id, f"{field}.query_id")
+
+
+def decode_header(data: bytes) -> tuple[protocol_pb2.TaskHeader, plan_pb2.StagePlan]:
+    """Parse and check a DoExchange descriptor: the TaskHeader and the StagePlan inside it."""
+    if not data:
+        raise ProtocolError("the DoExchange descriptor has no command; expected a TaskHeader", field="descriptor.cmd")
+    header = protocol_pb2.TaskHeader()
+    _parse(header, data, "descriptor.cmd", MAX_HEADER_BYTES)
+    if header.protocol_version != PROTOCOL_VERSION:
+        raise VersionMismatchError(
+            f"protocol_version {header.protocol_version} is not supported; this worker speaks {PROTOCOL_VERSION}",
+            field="header.protocol_version",
+        )
+    if not header.HasField("stage_key"):
+        raise ProtocolError("header.stage_key is missing", field="header.stage_key")
+    _check_stage_key(header.stage_key, "header.stage_key")
+    check_secret(header.query_secret, "header.query_secret")
+    if header.task_count == 0:
+        raise ProtocolError("header.task_count is 0; a stage has at least one task", field="header.task_count")
+    if header.stage_key.task_number >= header.task_count:
+        raise ProtocolError(
+            f"header.stage_key.task_number {header.stage_key.task_number} is not below task_count {header.task_count}",
+            field="header.stage_key.task_number",
+        )
+    check_count(header.task_count, MAX_TASK_COUNT, "header.task_count", "tasks")
+    check_count(len(header.feeds), MAX_FEEDS, "header.feeds", "feeds")
+    check_count(sum(len(f.partitions) for f in header.feeds), MAX_FEED_PARTITIONS, "header.feeds", "feed partitions")
+    seen: set[str] = set()
+    for i, feed in enumerate(header.feeds):
+        check_id(feed.feed_id, f"header.feeds[{i}].feed_id")
+        if feed.feed_id in seen:
+            raise ProtocolError(f"header.feeds[{i}] repeats feed {feed.feed_id!r}", field=f"header.feeds[{i}].feed_id")
+        seen.add(feed.feed_id)
+        if len(set(feed.partitions)) != len(feed.partitions):
+            raise ProtocolError(f"header.feeds[{i}].partitions repeats a partition", field=f"header.feeds[{i}].partitions")
+    plan = plan_pb2.StagePlan()
+    if not header.plan:
+        raise ProtocolError("header.plan is empty; expected a StagePlan", field="header.plan")
+    _parse(plan, header.plan, "header.plan", MAX_HEADER_BYTES)
+    if not plan.HasField("root"):
+        raise ProtocolError("header.plan.root is missing", field="header.plan.root")
+    check_count(plan.output.partitions, MAX_OUTPUT_PARTITIONS, "header.plan.output.partitions", "output partitions")
+    check_count(plan.output.readers, MAX_OUTPUT_READERS, "header.plan.output.readers", "readers per partition")
+    if header.options.tag_units and (plan.output.partitions > 1 or not taggable(plan.root)):
+        raise ProtocolError(
+            "header.options.tag_units needs one output partition and a plan of filters and projections over one feed scan",
+            field="header.options.tag_units",
+        )
+    return header, plan
+
+
+PER_ROW_OPERATORS = ("filter", "project")
+"""Operators that work row by row: a task of these over one feed scan can tag its rows with their unit."""
+
+
+def unit_chain(root: plan_pb2.Operator) -> tuple[list[tuple[str, Message, str]], plan_pb2.Operator, str]:
+    """The per-row operators from ``root`` down as (kind, body, field path), the operator below
+    them and its field path (``TaskOptions.tag_units``: it must be a feed scan)."""
+    chain: list[tuple[str, Message, str]] = []
+    op, field = root, "plan.root"
+    while (kind := op.WhichOneof("kind")) in PER_ROW_OPERATORS:
+        body = getattr(op, kind)
+        chain.append((kind, body, f"{field}.{kind}"))
+        op, field = body.input, f"{field}.{kind}.input"
+    return chain, op, field
+
+
+def taggable(root: plan_pb2.Operator) -> bool:
+    """Whether a stage's operators are filters and projections over one feed scan."""
+    return unit_chain(root)[1].WhichOneof("kind") == "feed_scan"
+
+
+def decode_coordinator_frame(data: pa.Buffer | bytes) -> protocol_pb2.CoordinatorFrame:
+    frame = protocol_pb2.CoordinatorFrame()
+    _parse(frame, data, "app_metadata", MAX_FRAME_BYTES)
+    kind = frame.WhichOneof("frame")
+    if kind is None:
+        raise ProtocolError("a CoordinatorFrame has no frame set", field="app_metadata.frame")
+    if kind == "units":
+        units = frame.units.units
+        check_count(len(units), MAX_UNITS_PER_FRAME, "app_metadata.units.units", "units in one frame")
+        for i, unit in enumerate(units):
+            if len(unit.body) > MAX_UNIT_BYTES:
+                raise ProtocolError(
+                    f"work unit {i} is {len(unit.body)} bytes; a unit may be at most {MAX_UNIT_BYTES}",
+                    field=f"app_metadata.units.units[{i}].body",
+                )
+    return frame
+
+
+def decode_worker_frame(data: pa.Buffer | bytes) -> protocol_pb2.WorkerFrame:
+    frame = protocol_pb2.WorkerFrame()
+    _parse(frame, data, "app_metadata", MAX_FRAME_BYTES)
+    if frame.WhichOneof("frame") is None:
+        raise ProtocolError("a WorkerFrame has no frame set", field="app_metadata.frame")
+    return frame
+
+
+def decode_cancel_request(data: bytes) -> protocol_pb2.CancelRequest:
+    """The body of the ``cancel`` action."""
+    req = protocol_pb2.CancelRequest()
+    _parse(req, data, "body", MAX_HEADER_BYTES)
+    check_id(req.query_id, "body.query_id")
+    check_secret(req.query_secret, "body.query_secret")
+    return req
+
+
+def decode_ticket(data: bytes) -> protocol_pb2.Ticket:
+    ticket = protocol_pb2.Ticket()
+    _parse(ticket, data, "ticket", MAX_HEADER_BYTES)
+    if not ticket.HasField("stage_key"):
+        raise ProtocolError("ticket.stage_key is missing", field="ticket.stage_key")
+    _check_stage_key(ticket.stage_key, "ticket.stage_key")
+    if ticket.partition_end <= ticket.partition_start:
+        raise ProtocolError(
+            f"ticket partition range [{ticket.partition_start}, {ticket.partition_end}) is empty",
+            field="ticket.partition_end",
+        )
+    check_count(ticket.partition_end, MAX_OUTPUT_PARTITIONS, "ticket.partition_end", "partitions")
+    check_secret(ticket.query_secret, "ticket.query_secret")
+    return ticket
+
+
+_STATUS = {
+    protocol_pb2.ERROR_CODE_CANCELLED: fl.FlightCancelledError,
+    protocol_pb2.ERROR_CODE_UNAVAILABLE: fl.FlightUnavailableError,
+    protocol_pb2.ERROR_CODE_BUSY: fl.FlightUnavailableError,
+    protocol_pb2.ERROR_CODE_UNAUTHENTICATED: fl.FlightUnauthenticatedError,
+    protocol_pb2.ERROR_CODE_PERMISSION_DENIED: fl.FlightUnauthorizedError,
+}
+"""Flight status classes by ErrorInfo code; every other code is a FlightServerError (gRPC UNKNOWN).
+
+pyarrow adds a Python traceback to the status of any exception that is not a FlightError
+(an ``ArrowInvalid`` becomes INVALID_ARGUMENT *with* the handler's traceback and file paths),
+so a worker raises only FlightErrors; what kind of failure it was travels in the ErrorInfo."""
+
+
+def status_error(info: protocol_pb2.ErrorInfo) -> fl.FlightError:
+    """The Flight error a handler raises for ``info``: its message (clipped) as the status text,
+    the serialized ErrorInfo as ``extra_info`` so clients never parse text."""
+    info.message = clip(" ".join(info.message.split()), MAX_MESSAGE_CHARS - 2 * MAX_ECHO_CHARS)
+    info.field = clip(info.field)
+    kind = _STATUS.get(info.code, fl.FlightServerError)
+    text = info.message + (f" [field: {info.field}]" if info.field else "")
+    return kind(text, extra_info=info.SerializeToString())
+
+
+def error_info_of(exc: BaseException) -> protocol_pb2.ErrorInfo | None:
+    """The ErrorInfo a worker put in a Flight error's ``extra_info``, if there is a valid one."""
+    extra = getattr(exc, "extra_info", None)
+    if not extra:
+        return None
+    info = protocol_pb2.ErrorInfo()
+    try:
+        info.ParseFromString(extra[:MAX_FRAME_BYTES] if isinstance(extra, bytes) else bytes(extra)[:MAX_FRAME_BYTES])
+    except DecodeError:
+        return None
+    return info if info.code != protocol_pb2.ERROR_CODE_UNSPECIFIED else None
+
+
+def new_secret() -> bytes:
+    """A fresh query secret: 128 random bits from the OS."""
+    return secrets.token_bytes(MIN_SECRET_BYTES)
