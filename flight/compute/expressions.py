@@ -49,7 +49,7 @@ from flight.wire.functions import NARY_FUNCTIONS, FunctionSpec, lookup
 from flight.wire.ipc import read_ipc_stream
 from flight.wire.limits import clip
 
-__all__ = ["MAX_DEPTH", "MAX_NODES", "bind", "bound_types", "referenced_fields", "to_pyarrow", "to_pyarrow_nodes"]
+__all__ = ["MAX_DEPTH", "MAX_NODES", "bind", "bound_types", "ipc_column", "literal_value", "referenced_fields", "to_pyarrow", "to_pyarrow_nodes"]
 
 MAX_DEPTH = 1000
 """Deepest expression nesting the decoder accepts, as Acero evaluates it: a leaf is 1 level, a call 1
@@ -105,7 +105,7 @@ def to_pyarrow_nodes(msg: plan_pb2.Expression, field: str = "expr") -> list[pc.E
             item = _Decoded(pc.field(node.field.name))
         elif kind == "literal":
             path = f"{field}.nodes[{i}].literal"
-            value = _literal(node.literal, path)
+            value = literal_value(node.literal, path)
             try:
                 item = _Decoded(pc.scalar(value))  # type: ignore[arg-type]  # stubs: a Scalar is accepted
             except _BAD_INPUT as exc:
@@ -155,7 +155,7 @@ def _operands(function: str, items: list[_Decoded]) -> tuple[int, int]:
     return count, deepest
 
 
-def _literal(msg: plan_pb2.Literal, path: str) -> pa.Scalar:
+def literal_value(msg: plan_pb2.Literal, path: str) -> pa.Scalar:
     kind = msg.WhichOneof("value")
     if kind == "bool_value":
         return pa.scalar(msg.bool_value, pa.bool_())
@@ -168,7 +168,7 @@ def _literal(msg: plan_pb2.Literal, path: str) -> pa.Scalar:
     if kind == "binary_value":
         return pa.scalar(msg.binary_value, pa.binary())
     if kind == "arrow":
-        column = _ipc_column(msg.arrow, f"{path}.arrow", "literal")
+        column = ipc_column(msg.arrow, f"{path}.arrow", "literal")
         if len(column) != 1:
             message = f"An Arrow literal must hold exactly one row, not {len(column)}."
             raise ProtocolError(message, field=f"{path}.arrow")
@@ -176,7 +176,7 @@ def _literal(msg: plan_pb2.Literal, path: str) -> pa.Scalar:
     raise ProtocolError("The literal sets no value.", field=path)
 
 
-def _ipc_column(data: bytes, path: str, what: str) -> pa.Array:
+def ipc_column(data: bytes, path: str, what: str) -> pa.Array:
     """The single column of an Arrow IPC stream holding one record batch: sized before it is
     decompressed and fully validated (``flight.wire.ipc``), so corrupt buffers fail here, not in a kernel."""
     try:
@@ -276,7 +276,7 @@ def _build_options(kind: str, opts: object, path: str) -> pc.FunctionOptions:
         target = _ipc_type(opts.target_type, f"{path}.target_type")
         return pc.CastOptions.safe(target) if opts.safe else pc.CastOptions.unsafe(target)
     if isinstance(opts, plan_pb2.SetLookupOptions):
-        values = _ipc_column(opts.value_set, f"{path}.value_set", "value set")
+        values = ipc_column(opts.value_set, f"{path}.value_set", "value set")
         return pc.SetLookupOptions(values, skip_nulls=opts.skip_nulls)
     if isinstance(opts, plan_pb2.MatchSubstringOptions):
         return pc.MatchSubstringOptions(opts.pattern, ignore_case=opts.ignore_case)

@@ -27,7 +27,8 @@ from flight.errors import (
     WorkerError,
 )
 from flight.plan.query import Query
-from flight.planner.cut import PlannerOptions, QueryPlan, StageSpec, plan_query
+from flight.planner.cut import plan_query
+from flight.planner.stages import PlannerOptions, QueryPlan, StageSpec
 from flight.sources.estimate import DefaultTaskEstimator, TaskEstimator
 from flight.wire.limits import clip
 from flight.wire.protocol import COMPRESSION

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from flight.coordinator.exec import DistributedExec
-    from flight.planner.cut import StageSpec
+    from flight.planner.stages import StageSpec
 
 __all__ = ["explain_plan"]
 

@@ -48,7 +48,7 @@ from flight.wire.protocol import format_stage_key, taggable
 if TYPE_CHECKING:
     from flight.config import ExecOptions
     from flight.coordinator.run import Run
-    from flight.planner.cut import QueryPlan
+    from flight.planner.stages import QueryPlan
 
 __all__ = ["Mode", "Replay", "replay_mode"]
 

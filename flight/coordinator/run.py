@@ -49,7 +49,7 @@ from flight.errors import (
     WorkerError,
     WorkerUnavailableError,
 )
-from flight.planner.cut import StageSpec
+from flight.planner.stages import StageSpec
 from flight.threads import spawn
 from flight.wire._proto import plan_pb2, protocol_pb2
 from flight.wire.arrow_types import UNIT_COLUMN, UNIT_TYPE

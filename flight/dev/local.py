@@ -20,8 +20,9 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
-from flight.engine.acero.pipeline import compile_task, source_threads
+from flight.engine.acero.pipeline import source_threads
 from flight.engine.confine import ANY_PATH, DataRoots
+from flight.engine.select import compile_task
 from flight.errors import PlanError
 from flight.plan.query import Query
 from flight.planner.cut import plan_query

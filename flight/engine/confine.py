@@ -49,7 +49,7 @@ from typing import NoReturn
 from flight.errors import UnitReadError
 from flight.sources.storage import Location, parse_location
 
-__all__ = ["ANY_PATH", "NO_ROOTS", "REFUSED", "REFUSED_RELATIVE", "DataRoots", "set_worker_roots", "worker_roots"]
+__all__ = ["ANY_PATH", "NO_ROOTS", "REFUSED", "REFUSED_RELATIVE", "DataRoots", "PathRefused", "set_worker_roots", "worker_roots"]
 
 REFUSED = "path refused: work units may only name files under the worker's --data-root directories (rule: data roots)"
 """The message of every refused path (``PathRefused``), whatever the path and whether or not it exists."""
@@ -137,10 +137,15 @@ class DataRoots:
         return self.unrestricted or bool(self.paths) or bool(self.locations)
 
 
-def _refuse(message: str) -> NoReturn:
-    # readers imports this module at its top: import its exception when needed
-    from flight.engine.readers import PathRefused
+class PathRefused(UnitReadError):
+    """A unit named a path outside the worker's data roots (or a relative one).
 
+    The message names the rule only (``confine.REFUSED``): never whether the file exists, nor
+    where the path resolves to. The worker reports it as a permission error.
+    """
+
+
+def _refuse(message: str) -> NoReturn:
     raise PathRefused(message)
 
 

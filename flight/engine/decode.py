@@ -32,6 +32,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from flight.engine.settings import settings
+
 __all__ = ["CHUNK_BYTES", "MAX_PARALLEL_GROUP_BYTES", "chunks", "decode_threads", "row_group_batches"]
 
 MAX_PARALLEL_GROUP_BYTES = 256 << 20
@@ -43,8 +45,6 @@ CHUNK_BYTES = 64 << 20
 
 def decode_threads() -> int:
     """How many row groups of one unit a task decodes at once: the worker's engine threads."""
-    from flight.engine.duck.engine import settings  # the worker's --engine-threads; imported late: duck imports readers
-
     return max(1, settings().threads or os.cpu_count() or 1)
 
 

@@ -12,17 +12,20 @@ import threading
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from flight.compute.expressions import to_pyarrow
+from flight.errors import ProtocolError
 from flight.sources.storage import Location
-from flight.wire._proto import protocol_pb2
+from flight.wire._proto import plan_pb2, protocol_pb2
 
 if TYPE_CHECKING:
     from flight.engine.readers import ReaderContext
 
-__all__ = ["ScanStats", "row_groups"]
+__all__ = ["ScanStats", "prune_of", "row_groups"]
 
 log = logging.getLogger(__name__)
 
@@ -75,3 +78,11 @@ def _surviving(groups: list[int], where: str | Location, ctx: ReaderContext) -> 
     except (pa.ArrowException, OSError, TypeError, ValueError) as exc:  # a type statistics cannot meet: read all
         log.debug("row-group pruning skipped: %s", type(exc).__name__)
         return groups
+
+
+def prune_of(flt: plan_pb2.Filter, field: str) -> pc.Expression | None:
+    """A filter's predicate for the scan below it to skip data with (None if it cannot be had)."""
+    try:
+        return to_pyarrow(flt.predicate, field)
+    except ProtocolError:
+        return None  # the filter node reports it

@@ -45,7 +45,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from google.protobuf.message import DecodeError
 
-from flight.engine.confine import NO_ROOTS, DataRoots
+from flight.engine.confine import NO_ROOTS, DataRoots, PathRefused
 from flight.engine.decode import CHUNK_BYTES, row_group_batches
 from flight.engine.pruning import ScanStats, row_groups
 from flight.errors import UnitReadError
@@ -68,14 +68,6 @@ __all__ = [
     "register_reader",
 ]
 
-
-
-class PathRefused(UnitReadError):
-    """A unit named a path outside the worker's data roots (or a relative one).
-
-    The message names the rule only (``confine.REFUSED``): never whether the file exists, nor
-    where the path resolves to. The worker reports it as a permission error.
-    """
 
 
 @dataclass(frozen=True)

@@ -111,7 +111,7 @@ class Env:
     handoffs: Handoffs = dataclasses.field(default_factory=Handoffs)
     """The Python sources of the native readers made while the task's plan compiled and its engine
     started (``relational.handing_off``: at most a few per operator), let go of when the task stops
-    (``pipeline.compile_task``). Sources DuckDB's fragments open later are its task's, which closes them."""
+    (``select.compile_task``). Sources DuckDB's fragments open later are its task's, which closes them."""
 
     def delay(self, units: int) -> None:
         if self.unit_delay_s > 0:

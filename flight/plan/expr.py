@@ -37,13 +37,13 @@ from flight.plan.expr_nodes import (
     FieldNode,
     LiteralNode,
     Node,
-    _options_message,
-    _render,
-    _scalar_bytes,
     canonical_id,
     flatten,
     nary_call,
+    options_message,
     referenced_fields,
+    render,
+    scalar_bytes,
     unflatten,
 )
 from flight.wire._proto import plan_pb2
@@ -144,7 +144,7 @@ class Expr:
         return node.name if isinstance(node, FieldNode) else None
 
     def __repr__(self) -> str:
-        return _render(self._node)
+        return render(self._node)
 
     def __bool__(self) -> NoReturn:
         raise TypeError(
@@ -318,13 +318,13 @@ def lit(value: object, type: pa.DataType | None = None) -> Expr:
         raise PlanError(f"lit() takes a pyarrow DataType as its type, not {type!r}.")
     literal = plan_pb2.Literal()
     if type is not None:
-        literal.arrow = _scalar_bytes(value, type)
+        literal.arrow = scalar_bytes(value, type)
     elif isinstance(value, bool):
         literal.bool_value = value
     elif isinstance(value, int) and _INT64_MIN <= value <= _INT64_MAX:
         literal.int_value = value
     elif isinstance(value, int) and 0 <= value < 2**64:
-        literal.arrow = _scalar_bytes(value, pa.uint64())
+        literal.arrow = scalar_bytes(value, pa.uint64())
     elif isinstance(value, float):
         literal.float_value = value
     elif isinstance(value, str):
@@ -332,7 +332,7 @@ def lit(value: object, type: pa.DataType | None = None) -> Expr:
     elif isinstance(value, (bytes, bytearray, memoryview)):
         literal.binary_value = bytes(value)
     else:
-        literal.arrow = _scalar_bytes(value, None)
+        literal.arrow = scalar_bytes(value, None)
     return Expr._of(LiteralNode(literal))
 
 
@@ -352,7 +352,7 @@ def call(function: str, *args: object, **options: object) -> Expr:
     if not spec.accepts_arity(len(args)):
         raise PlanError(f"Function {function!r} takes {spec.arity_text()} arguments, not {len(args)}.")
     nodes = [_as_expr(arg)._node for arg in args]
-    message = _options_message(spec, options)
+    message = options_message(spec, options)
     if function in NARY_FUNCTIONS and message is None:
         return Expr._of(nary_call(function, nodes))
     return Expr._of(CallNode(function, nodes, message))

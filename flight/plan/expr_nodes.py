@@ -211,9 +211,8 @@ def referenced_fields(root: Node) -> set[str]:
 
 
 def _is_expr(value: object) -> bool:
-    from flight.plan.expr import Expr  # the builder imports this module first
-
-    return isinstance(value, Expr)
+    """Whether ``value`` is an ``Expr`` (it holds its tree in ``_node``; ``expr`` builds on this module)."""
+    return isinstance(getattr(value, "_node", None), Node)
 
 
 def _ipc_stream(array: pa.Array) -> bytes:
@@ -224,7 +223,7 @@ def _ipc_stream(array: pa.Array) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def _scalar_bytes(value: object, type: pa.DataType | None) -> bytes:
+def scalar_bytes(value: object, type: pa.DataType | None) -> bytes:
     try:
         if isinstance(value, pa.Scalar) and type is not None:
             value = value.cast(type)
@@ -324,7 +323,7 @@ _FILLERS: dict[str, tuple[tuple[str, ...], Callable[[plan_pb2.FunctionOptions, _
 }
 
 
-def _options_message(spec: FunctionSpec, given: Mapping[str, object]) -> plan_pb2.FunctionOptions | None:
+def options_message(spec: FunctionSpec, given: Mapping[str, object]) -> plan_pb2.FunctionOptions | None:
     """The typed options of a call of ``spec`` with keyword options ``given`` (None: the call sets none)."""
     if spec.options is None:
         if given:
@@ -397,7 +396,7 @@ def _render_options(options: plan_pb2.FunctionOptions) -> list[str]:
     return parts
 
 
-def _render(root: Node) -> str:
+def render(root: Node) -> str:
     """Readable text, built from a stack of nodes and text pieces (no recursion)."""
     parts: list[str] = []
     leaves: dict[int, str] = {}

@@ -19,26 +19,13 @@ read by ``FileListProvider.key_ranges``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-__all__ = ["EXACT", "FileRange", "range_files", "rows_read", "split_points", "straddled"]
+from flight.sources.statistics import FileRange
+
+__all__ = ["EXACT", "range_files", "rows_read", "split_points", "straddled"]
 
 EXACT = float(1 << 53)
 """Integer keys beyond this are not all exact as floats: such files are never co-located."""
-
-
-@dataclass(frozen=True)
-class FileRange:
-    """One file of one side: its key range (``ranges.as_number`` values), rows, and whether any
-    row group may hold a null key (counted nulls, or no count)."""
-
-    path: str
-    low: float
-    high: float
-    rows: float = 1.0
-    nulls: bool = True
-    groups: tuple[tuple[float, float, float], ...] = ()
-    """Its row groups' (low, high, rows), when known: what a reader keeping one range skips."""
 
 
 def _below(files: Sequence[FileRange], x: float) -> float:

@@ -13,17 +13,16 @@ order says little about how many values lie between two of them).
 
 from __future__ import annotations
 
-import datetime as dt
-import decimal
 from collections.abc import Callable
 
-from flight.compute.expressions import _literal
+from flight.compute.expressions import literal_value
 from flight.plan.expr import Expr
 from flight.plan.expr_nodes import CallNode, FieldNode, LiteralNode
 from flight.planner.cost import selectivity
 from flight.planner.optimize import conjuncts
+from flight.sources.statistics import as_number
 
-__all__ = ["MIN_FRACTION", "as_number", "range_selectivity"]
+__all__ = ["MIN_FRACTION", "range_selectivity"]
 
 MIN_FRACTION = 0.001
 """The least a range is estimated to keep (an estimate of no rows would size nothing)."""
@@ -31,20 +30,6 @@ MIN_FRACTION = 0.001
 ColumnRange = Callable[[str], "tuple[float, float] | None"]
 
 _FLIPPED = {"less": "greater", "less_equal": "greater_equal", "greater": "less", "greater_equal": "less_equal"}
-
-
-def as_number(value: object) -> float | None:
-    """A value on the line ranges are measured on: numbers as they are, dates as day numbers,
-    timestamps as seconds; None for anything else (strings, booleans, nulls)."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, (int, float, decimal.Decimal)):
-        return float(value)
-    if isinstance(value, dt.datetime):
-        return value.timestamp() if value.tzinfo else value.replace(tzinfo=dt.UTC).timestamp()
-    if isinstance(value, dt.date):
-        return float(value.toordinal())
-    return None
 
 
 def _comparison(term: Expr) -> tuple[str, str, float] | None:
@@ -59,7 +44,7 @@ def _comparison(term: Expr) -> tuple[str, str, float] | None:
     if not (isinstance(a, FieldNode) and isinstance(b, LiteralNode)):
         return None
     try:
-        value = as_number(_literal(b.literal, "literal").as_py())
+        value = as_number(literal_value(b.literal, "literal").as_py())
     except Exception:  # noqa: BLE001 - a literal the estimate cannot read: the default applies
         return None
     return None if value is None else (a.name, function, value)

@@ -19,15 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from flight.plan.nodes import FeedScanNode, FilterNode, Node, ProjectNode
 from flight.plan.relnodes import JoinNode, ShuffleReadNode, UnionNode
+from flight.planner.stages import FeedPlan, StageSpec
 from flight.sources.feed import WorkUnitFeed
 from flight.sources.providers import FileListProvider
-
-if TYPE_CHECKING:
-    from flight.planner.cut import FeedPlan, StageSpec
 
 __all__ = ["replicate_small_broadcasts"]
 
@@ -118,8 +115,6 @@ def _inlined(stage: StageSpec, by_id: dict[int, StageSpec]) -> tuple[Node, list[
 
 def _replicated_feed(plan: FeedPlan, tasks: int) -> FeedPlan:
     """The feed (a ``FileListProvider``'s) with all its files in each of ``tasks`` partitions."""
-    from flight.planner.cut import FeedPlan  # the planner imports this module
-
     provider = plan.feed.inner()
     assert isinstance(provider, FileListProvider)  # _replicable_rows checked
     return FeedPlan(WorkUnitFeed(provider.grouped([provider.paths] * tasks), plan.feed.feed_id), tasks)

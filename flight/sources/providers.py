@@ -12,10 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flight.errors import FlightExecError
-from flight.planner.colocate import FileRange
-from flight.planner.ranges import as_number
 from flight.sources.feed import FeedContext, Unit, WorkUnit, WorkUnitFeedProvider, file_unit
 from flight.sources.footers import footer_derived, parquet_metadata
+from flight.sources.statistics import FileRange, as_number
 from flight.sources.storage import Location, open_input, parse_location, process_filesystems
 from flight.wire._proto import plan_pb2
 

@@ -27,7 +27,8 @@ import pyarrow as pa
 from flight._version import __version__
 from flight.config import WorkerOptions
 from flight.engine.confine import DataRoots, set_worker_roots
-from flight.engine.duck.engine import EngineSettings, configure
+from flight.engine.duck.engine import configure
+from flight.engine.settings import EngineSettings
 from flight.security import Security
 from flight.sources.storage import FileSystems, load_options, set_filesystems
 from flight.wire.limits import DEFAULT_MEMORY_FRACTION, parse_size, physical_memory

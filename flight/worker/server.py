@@ -20,8 +20,9 @@ import pyarrow.flight as fl
 
 from flight._version import __version__
 from flight.config import WorkerOptions
-from flight.engine.acero.pipeline import compile_task, source_threads
+from flight.engine.acero.pipeline import source_threads
 from flight.engine.readers import PathRefused, UnitReadError
+from flight.engine.select import compile_task
 from flight.errors import (
     FlightExecError,
     ProtocolError,

@@ -12,8 +12,10 @@ import pytest
 
 import flight
 from flight import agg, col
-from flight.planner.colocate import FileRange, range_files, rows_read, split_points, straddled
-from flight.planner.cut import PlannerOptions, plan_query
+from flight.planner.colocate import range_files, rows_read, split_points, straddled
+from flight.planner.cut import plan_query
+from flight.planner.stages import PlannerOptions
+from flight.sources.statistics import FileRange
 
 # ------------------------------------------------------------------ decisions
 

@@ -41,8 +41,9 @@ from flight.compute.expressions import to_pyarrow
 from flight.plan.agg import Agg
 from flight.plan.nodes import FeedScanNode, FilterNode, Node, ProjectNode
 from flight.plan.relnodes import AggregateNode, JoinNode, ShuffleReadNode
-from flight.planner.cut import PlannerOptions, QueryPlan, plan_query
+from flight.planner.cut import plan_query
 from flight.planner.optimize import conjuncts, derive_side_filter, disjuncts, push_filters
+from flight.planner.stages import PlannerOptions, QueryPlan
 from flight.sources.providers import FileListProvider
 
 # (id, workers, DistributedExec options)

@@ -19,8 +19,9 @@ import flight
 from flight import col, lit
 from flight.planner.cost import selectivity
 from flight.planner.cut import plan_query
-from flight.planner.ranges import MIN_FRACTION, as_number, range_selectivity
+from flight.planner.ranges import MIN_FRACTION, range_selectivity
 from flight.sources.providers import FileListProvider
+from flight.sources.statistics import as_number
 
 N = 20_000
 START = dt.date(1992, 1, 1)

@@ -25,6 +25,7 @@ from support import error_of, header, healthy, raw_exchange, running_tasks, wait
 import flight
 from flight import col
 from flight.dev.testing import waiting_query
+from flight.engine import select
 from flight.engine.acero import pipeline
 from flight.engine.confine import DataRoots
 from flight.errors import InvalidTaskError, QueryTimeoutError, WorkerBusyError, WorkerUnavailableError
@@ -207,8 +208,9 @@ def test_source_threads_counts_exactly_the_blocking_sources(parquet_files: list[
     made: list[object] = []
     real = pipeline._source
     monkeypatch.setattr(pipeline, "_source", lambda reader: made.append(reader) or real(reader))
-    inputs = flight.dev.local._LocalInputs({f.feed.feed_id: (f.feed, f.partitions) for f in flight.planner.cut.plan_query(q.node, max_tasks=1).head.feeds})
-    reader = pipeline.compile_task(plan, inputs, 1024, roots=DataRoots.of([parquet_files[0].parent]))
+    feeds = flight.planner.cut.plan_query(q.node, max_tasks=1).head.feeds
+    inputs = flight.dev.local._LocalInputs({f.feed.feed_id: (f.feed, f.partitions) for f in feeds})
+    reader = select.compile_task(plan, inputs, 1024, roots=DataRoots.of([parquet_files[0].parent]))
     reader.read_all()
     assert pipeline.source_threads(plan) == len(made) > 0
 

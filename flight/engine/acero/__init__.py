@@ -1,1 +1,3 @@
-"""The Acero engine: a stage plan compiled to Acero declarations (``pipeline``), and the unit-tagged stream (``tagged``)."""
+"""The Acero engine: a stage plan compiled to Acero declarations (``pipeline``), and the unit-
+tagged stream (``tagged``).
+"""

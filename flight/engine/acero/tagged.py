@@ -21,7 +21,8 @@ import pyarrow.acero as ac
 import pyarrow.compute as pc
 
 from flight.compute.relational import native_reader
-from flight.engine.acero.pipeline import filter_node, project_node, prune_of
+from flight.engine.acero.pipeline import filter_node, project_node
+from flight.engine.pruning import prune_of
 from flight.engine.scan import Env, feed_scan_reader
 from flight.errors import ProtocolError
 from flight.wire._proto import plan_pb2

@@ -2,7 +2,7 @@
 
 Why DuckDB, with the measurements, is in docs/engine.md. How a task runs:
 
-* ``pipeline.compile_task`` checks and types the plan exactly as before (Acero binds
+* ``select.compile_task`` checks and types the plan exactly as before (Acero binds
   every expression over empty inputs), so what reaches this module is a plan the
   worker accepted; the schema of every operator comes from that pass, and the
   task's output is conformed to it, so both engines produce the same types.
@@ -34,18 +34,18 @@ import atexit
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 
 import duckdb
 import pyarrow as pa
 
 from flight.engine.confine import DataRoots
 from flight.engine.duck.sql import Untranslatable
-from flight.engine.duck.task import _ENGINE_ERRORS, _Task, stream
-from flight.engine.duck.translate import _Translator
+from flight.engine.duck.task import ENGINE_ERRORS, DuckTask, stream
+from flight.engine.duck.translate import Translator
 from flight.engine.duck.units import whole_feeds
 from flight.engine.readers import conform
 from flight.engine.scan import operators
+from flight.engine.settings import EngineSettings, set_settings, settings
 from flight.wire._proto import plan_pb2
 from flight.wire.limits import clip
 
@@ -55,28 +55,14 @@ log = logging.getLogger(__name__)
 
 
 
-@dataclass(frozen=True)
-class EngineSettings:
-    """The process's engine settings; ``flight-worker`` sets them from its flags."""
-
-    engine: str = "duckdb"
-    """``duckdb``, or ``acero`` to run every task on the Acero pipeline."""
-    memory_limit: int | None = None
-    """Bytes DuckDB may hold before it spills (None: DuckDB's default, 80% of RAM)."""
-    spill_dir: str | None = None
-    threads: int | None = None
-
-
-_settings = EngineSettings()
 _dbs: dict[tuple[bool, tuple[str, ...]], duckdb.DuckDBPyConnection] = {}
 _lock = threading.Lock()
 
 
 def configure(new: EngineSettings) -> None:
     """Set this process's engine settings (before the first task; later databases use them)."""
-    global _settings
     with _lock:
-        _settings = new
+        set_settings(new)
     close_databases()
 
 
@@ -87,10 +73,6 @@ def close_databases() -> None:
         for con in _dbs.values():
             con.close()
         _dbs.clear()
-
-
-def settings() -> EngineSettings:
-    return _settings
 
 
 def _database(roots: DataRoots) -> duckdb.DuckDBPyConnection:
@@ -116,6 +98,7 @@ def _database(roots: DataRoots) -> duckdb.DuckDBPyConnection:
             # 0.12 s instead of 0.24 s on one thread (docs/engine.md, "DuckDB's settings").
             "disabled_optimizers": "partial_aggregate_pushdown",
         }
+        _settings = settings()
         if _settings.memory_limit:
             config["memory_limit"] = f"{_settings.memory_limit // (1 << 20)}MiB"
         if _settings.threads:
@@ -148,11 +131,11 @@ def run_duckdb(
     """The task's output stream, computed by DuckDB; ``Untranslatable`` if it cannot be (use Acero)."""
     if not worth_it(plan.root):
         raise Untranslatable("nothing to compute that DuckDB does better: Acero streams it batch by batch")
-    task = _Task(inputs, schemas, roots, batch_rows, delay, scan_reader, read_partitions, _database(roots))  # type: ignore[arg-type]
+    task = DuckTask(inputs, schemas, roots, batch_rows, delay, scan_reader, read_partitions, _database(roots))  # type: ignore[arg-type]
     try:
         # Joined scans (a co-located join's sides) are one query over all of each side's files:
         # DuckDB then picks the build side and reads every file itself.
-        translator = _Translator(task, whole=parquet_scans(plan.root) > 1)
+        translator = Translator(task, whole=parquet_scans(plan.root) > 1)
         text = translator.relation(plan.root, "plan.root")
         out_schema = schemas["plan.root"]
         if translator.root_fragment is not None:  # the whole stage is one unit fragment: its output is the task's
@@ -200,16 +183,16 @@ def worth_it(root: plan_pb2.Operator) -> bool:
     )
 
 
-def _results(task: _Task, relation: duckdb.DuckDBPyRelation, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+def _results(task: DuckTask, relation: duckdb.DuckDBPyRelation, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     try:
         for batch in stream(relation, task.batch_rows):
             if batch.num_rows:
                 yield conform(batch, schema, "the engine's output")
-    except _ENGINE_ERRORS as exc:
+    except ENGINE_ERRORS as exc:
         raise task.failure(exc) from None
 
 
-def _closing(task: _Task, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def _closing(task: DuckTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     try:
         yield from batches
     finally:

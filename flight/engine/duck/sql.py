@@ -25,7 +25,7 @@ from decimal import Decimal
 
 import pyarrow as pa
 
-from flight.compute.expressions import _ipc_column, _literal, bound_types, to_pyarrow_nodes
+from flight.compute.expressions import bound_types, ipc_column, literal_value, to_pyarrow_nodes
 from flight.wire._proto import plan_pb2
 
 __all__ = ["MAX_SQL_CHARS", "MAX_SQL_NODES", "Untranslatable", "expression_sql", "ident", "literal", "sql_type"]
@@ -201,7 +201,7 @@ def _truthy(nodes: Sequence[plan_pb2.ExprNode]) -> set[int]:
 
 
 def _scalar(msg: plan_pb2.Literal, t: pa.DataType) -> pa.Scalar:
-    value = _literal(msg, "literal")
+    value = literal_value(msg, "literal")
     return value if value.type == t else value.cast(t)
 
 
@@ -310,7 +310,7 @@ def _temporal(t: pa.DataType) -> bool:
 
 def _is_in(call: plan_pb2.Call, arg: str, t: pa.DataType, truthy: bool = False) -> str:
     """pyarrow's ``is_in`` (never null); ``truthy``: where a null result may stand for false."""
-    values = _ipc_column(call.options.set_lookup.value_set, "value_set", "value set")
+    values = ipc_column(call.options.set_lookup.value_set, "value_set", "value set")
     if len(values) > MAX_VALUE_SET:
         raise Untranslatable("a large value set")
     if values.type != t:

@@ -64,7 +64,7 @@ class _Inputs(Protocol):
 
 
 @dataclass
-class _Task:
+class DuckTask:
     inputs: _Inputs
     schemas: Mapping[str, pa.Schema]
     """Every operator's output schema, by its field path (``plan.root.filter.input`` ...)."""
@@ -127,7 +127,7 @@ class _Task:
     def failure(self, exc: Exception) -> BaseException:
         if self.error is not None:
             return self.error
-        kind = _kind(exc)
+        kind = error_kind(exc)
         if kind == "interrupt":
             return TaskCancelledError("task cancelled while the engine ran")
         first = clip(str(exc).split("\n", 1)[0], 500)  # DuckDB may quote the whole query
@@ -145,12 +145,12 @@ _KINDS = (
     (duckdb.IOException, "IO Error", "io"),
 )
 
-_ENGINE_ERRORS = (duckdb.Error, pa.ArrowException, OSError)
+ENGINE_ERRORS = (duckdb.Error, pa.ArrowException, OSError)
 """What a DuckDB query raises: its own errors when it starts; from its result stream, the Arrow error or
 OSError pyarrow makes of DuckDB's (with DuckDB's text)."""
 
 
-def _kind(exc: BaseException) -> str:
+def error_kind(exc: BaseException) -> str:
     """What went wrong in DuckDB, from its exception type or, through an Arrow stream, its message."""
     text = str(exc)
     for cls, prefix, kind in _KINDS:

@@ -8,17 +8,17 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 from flight.engine.duck.sql import Untranslatable, column_list, expression_sql, ident, sql_type
-from flight.engine.duck.task import UNITS, _Task
-from flight.engine.duck.units import WholeFeed, _fragment, _fragment_scan
+from flight.engine.duck.task import UNITS, DuckTask
+from flight.engine.duck.units import WholeFeed, fragment_scan, unit_fragment
 from flight.engine.readers import conform
 from flight.wire._proto import plan_pb2
 from flight.wire.ipc import read_ipc_stream
 
 
-class _Translator:
+class Translator:
     """Operators → SQL text over the task's sources (see the module docstring)."""
 
-    def __init__(self, task: _Task, whole: bool = False) -> None:
+    def __init__(self, task: DuckTask, whole: bool = False) -> None:
         self.task = task
         self.aliases = itertools.count()
         self.root_fragment: Iterator[pa.RecordBatch] | None = None
@@ -39,7 +39,7 @@ class _Translator:
             if op.WhichOneof("kind") == "feed_scan" and op.feed_scan.reader == "parquet":
                 return self.whole_scan(op.feed_scan, path)
             return self.operator(op, path)
-        if _fragment_scan(op, path) is None:
+        if fragment_scan(op, path) is None:
             if op.WhichOneof("kind") == "aggregate":
                 merged = self.local_partial(op, path)
                 if merged is not None:
@@ -47,7 +47,7 @@ class _Translator:
             return self.operator(op, path)
         fragment = _FragmentTranslator(self.task)
         text = fragment.relation(op, path)
-        batches = _fragment(self.task, op, path, text, fragment.builds)
+        batches = unit_fragment(self.task, op, path, text, fragment.builds)
         if path == "plan.root":
             self.root_fragment = batches  # the whole stage is one fragment: its output is the task's
             return text
@@ -119,7 +119,7 @@ class _Translator:
         """
         agg = op.aggregate
         in_path = f"{path}.aggregate.input"
-        if agg.partial or _fragment_scan(agg.input, in_path) is None:
+        if agg.partial or fragment_scan(agg.input, in_path) is None:
             return None
         task = self.task
         out, source = task.schemas[path], task.schemas[in_path]
@@ -147,7 +147,7 @@ class _Translator:
         group = f" GROUP BY {column_list(agg.keys)}" if agg.keys else ""
         text = f"SELECT {', '.join(parts)} FROM ({fragment.relation(agg.input, in_path)}) AS t{group}"
         schema = pa.schema(fields)
-        name = task.source(schema, _fragment(task, agg.input, in_path, text, fragment.builds, schema))
+        name = task.source(schema, unit_fragment(task, agg.input, in_path, text, fragment.builds, schema))
         items = [f"CAST({merged.get(f.name, ident(f.name))} AS {sql_type(f.type)}) AS {ident(f.name)}" for f in out]
         return f"SELECT {', '.join(items)} FROM {name}{group}"
 
@@ -198,17 +198,17 @@ class _Translator:
         return f"SELECT {', '.join(items)} FROM {lsub} {kind} {rsub} ON {on}"
 
 
-class _FragmentTranslator(_Translator):
+class _FragmentTranslator(Translator):
     """A unit fragment's query: the scan reads ``UNITS`` (one unit's file, filled in per unit), and
     a join's right side is a table built once (``builds``) by a query over the task's sources."""
 
-    def __init__(self, task: _Task) -> None:
+    def __init__(self, task: DuckTask) -> None:
         super().__init__(task)
         self.builds: list[tuple[str, str]] = []
 
     def right_side(self, join: plan_pb2.HashJoin, here: str) -> str:
         table = f"__flight_build_{next(self.task.names)}"
-        self.builds.append((table, _Translator(self.task).relation(join.right, f"{here}.right")))
+        self.builds.append((table, Translator(self.task).relation(join.right, f"{here}.right")))
         return table
 
     def relation(self, op: plan_pb2.Operator, path: str) -> str:

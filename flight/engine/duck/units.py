@@ -19,9 +19,9 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flight.engine.acero.pipeline import prune_of
 from flight.engine.decode import decode_threads
-from flight.engine.duck.task import _ENGINE_ERRORS, UNITS, _kind, _Task, stream
+from flight.engine.duck.task import ENGINE_ERRORS, UNITS, DuckTask, error_kind, stream
+from flight.engine.pruning import prune_of
 from flight.engine.readers import PathRefused, ReaderContext, UnitReadError, conform, read_parquet
 from flight.engine.scan import operators
 from flight.wire._proto import plan_pb2
@@ -57,7 +57,7 @@ def _scans(op: plan_pb2.Operator) -> bool:
     return any(node.WhichOneof("kind") == "feed_scan" for node in operators(op))
 
 
-def _fragment_scan(op: plan_pb2.Operator, path: str) -> tuple[plan_pb2.FeedScan, str] | None:
+def fragment_scan(op: plan_pb2.Operator, path: str) -> tuple[plan_pb2.FeedScan, str] | None:
     """The scan of the unit fragment rooted at ``op`` (and its path), or None when ``op`` roots none."""
     if op.WhichOneof("kind") == "aggregate" and op.aggregate.partial:
         return _chain(op.aggregate.input, f"{path}.aggregate.input")
@@ -78,8 +78,8 @@ def _prune(op: plan_pb2.Operator, path: str, scan_path: str) -> pc.Expression | 
         return None
 
 
-def _fragment(
-    task: _Task, op: plan_pb2.Operator, path: str, text: str, builds: list[tuple[str, str]], schema: pa.Schema | None = None
+def unit_fragment(
+    task: DuckTask, op: plan_pb2.Operator, path: str, text: str, builds: list[tuple[str, str]], schema: pa.Schema | None = None
 ) -> Iterator[pa.RecordBatch]:
     """The fragment at ``path`` run once per work unit, every unit's rows (of ``schema``, by default
     the operator's) in turn.
@@ -87,7 +87,7 @@ def _fragment(
     ``builds`` are the (table, query) pairs of its joins' right sides: each is computed
     once, into a temporary table of the fragment's cursor, before the first unit.
     """
-    found = _fragment_scan(op, path)
+    found = fragment_scan(op, path)
     assert found is not None
     scan, scan_path = found
     schema = schema if schema is not None else task.schemas[path]
@@ -102,7 +102,7 @@ def _fragment(
         for table, query in builds:
             try:
                 cur.execute(f"CREATE TEMP TABLE {table} AS {query}")
-            except _ENGINE_ERRORS as exc:
+            except ENGINE_ERRORS as exc:
                 raise task.failure(exc) from None
     count = itertools.count()
     for got in _unit_batches(task, feed_id):
@@ -135,7 +135,7 @@ class WholeFeed:
 
 
 def whole_feeds(
-    task: _Task,
+    task: DuckTask,
     cur: duckdb.DuckDBPyConnection,
     feeds: list[WholeFeed],
     builds: list[tuple[str, str]],
@@ -159,7 +159,7 @@ def whole_feeds(
         table = f"{name}_table"
         try:
             cur.execute(f"CREATE TEMP TABLE {table} AS SELECT * FROM {name}")
-        except _ENGINE_ERRORS as exc:
+        except ENGINE_ERRORS as exc:
             raise task.failure(exc) from None
         text = pattern.sub(table, text)
         builds = [(n, pattern.sub(table, b)) for n, b in builds]
@@ -196,8 +196,8 @@ def whole_feeds(
         for batch in stream(cur.sql(text), task.batch_rows):
             if batch.num_rows:
                 yield conform(batch, schema, "the stage's output")
-    except _ENGINE_ERRORS as exc:
-        if task.error is not None or _kind(exc) in ("interrupt", "memory") or not files:
+    except ENGINE_ERRORS as exc:
+        if task.error is not None or error_kind(exc) in ("interrupt", "memory") or not files:
             raise task.failure(exc) from None
         _blame(cur, files, exc)
         raise task.failure(exc) from None
@@ -225,11 +225,11 @@ def _blame(cur: duckdb.DuckDBPyConnection, files: list[tuple[str, str, str]], ex
         quoted = "'" + real.replace("'", "''") + "'"
         try:
             cur.execute(f"SELECT count(*) FROM read_parquet({quoted})")
-        except _ENGINE_ERRORS as one:
+        except ENGINE_ERRORS as one:
             raise UnitReadError(f"{where}: cannot read Parquet file {path!r}: {_why(one, real)}") from None
 
 
-def _unit_batches(task: _Task, feed_id: str) -> Iterator[list[tuple[int, Any]]]:
+def _unit_batches(task: DuckTask, feed_id: str) -> Iterator[list[tuple[int, Any]]]:
     """The task's units of ``feed_id``, in batches of those already here, from all its partitions.
 
     Every unit that has arrived joins one query (DuckDB reads the files in parallel, and each
@@ -279,7 +279,7 @@ def _plain_file(body: bytes, ctx: ReaderContext) -> tuple[str, str]:
 
 
 def _files(
-    task: _Task, cur: duckdb.DuckDBPyConnection, files: list[tuple[str, str, str]], text: str, schema: pa.Schema
+    task: DuckTask, cur: duckdb.DuckDBPyConnection, files: list[tuple[str, str, str]], text: str, schema: pa.Schema
 ) -> Iterator[pa.RecordBatch]:
     """The fragment over whole Parquet files, one query; a failure names the file that causes it."""
     source = "read_parquet([" + ", ".join("'" + real.replace("'", "''") + "'" for _, _, real in files) + "])"
@@ -287,20 +287,20 @@ def _files(
         for batch in stream(cur.sql(text.replace(UNITS, source)), task.batch_rows):
             if batch.num_rows:
                 yield conform(batch, schema, files[0][0] if len(files) == 1 else "a fragment's output")
-    except _ENGINE_ERRORS as exc:
-        if task.error is not None or _kind(exc) in ("interrupt", "memory"):
+    except ENGINE_ERRORS as exc:
+        if task.error is not None or error_kind(exc) in ("interrupt", "memory"):
             raise task.failure(exc) from None
         for where, path, real in files:  # which file? (the task fails either way: nothing is read twice)
             try:
                 quoted = "'" + real.replace("'", "''") + "'"
                 cur.execute(f"SELECT count(*) FROM ({text.replace(UNITS, f'read_parquet({quoted})')})")
-            except _ENGINE_ERRORS as one:
+            except ENGINE_ERRORS as one:
                 raise UnitReadError(f"{where}: cannot read Parquet file {path!r}: {_why(one, real)}") from None
         raise UnitReadError(f"cannot read Parquet files {[p for _, p, _ in files]}: {_why(exc, files[0][2])}") from None
 
 
 def _pyarrow_unit(
-    task: _Task, cur: duckdb.DuckDBPyConnection, body: bytes, ctx: ReaderContext, text: str, schema: pa.Schema, where: str
+    task: DuckTask, cur: duckdb.DuckDBPyConnection, body: bytes, ctx: ReaderContext, text: str, schema: pa.Schema, where: str
 ) -> Iterator[pa.RecordBatch]:
     name = "__flight_unit"
     cur.register(name, task.guarded(ctx.schema, (conform(b, ctx.schema, where) for b in read_parquet(body, ctx))))
@@ -308,7 +308,7 @@ def _pyarrow_unit(
         for batch in stream(cur.sql(text.replace(UNITS, name)), task.batch_rows):
             if batch.num_rows:
                 yield conform(batch, schema, where)
-    except _ENGINE_ERRORS as exc:
+    except ENGINE_ERRORS as exc:
         raise task.failure(exc) from None
     finally:
         cur.unregister(name)
@@ -317,7 +317,7 @@ def _pyarrow_unit(
 
 def _why(exc: BaseException, real: str) -> str:
     """DuckDB's failure in fixed words: its messages quote resolved paths and file contents."""
-    kind = _kind(exc)
+    kind = error_kind(exc)
     fixed = {
         "interrupt": "the task was cancelled",
         "memory": "the worker's memory limit was reached",

@@ -1,0 +1,109 @@
+"""The stage contract: what the planner hands the coordinator.
+
+A ``QueryPlan`` is its stages, children before their consumers and the head last. A
+``StageSpec`` is one stage: its operators (the ``StagePlan`` every task of it runs), how many
+tasks, which feeds drive its leaves (``FeedPlan``), and how its output is partitioned for
+its consumer. ``PlannerOptions`` are the planner's thresholds. The cut that makes them is
+``planner.cut``; the coordinator reads only this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from flight.plan.nodes import Node
+from flight.plan.relnodes import ShuffleReadNode
+from flight.sources.estimate import TaskEstimate
+from flight.sources.feed import WorkUnitFeed
+from flight.wire._proto import plan_pb2
+
+__all__ = ["FeedPlan", "PlannerOptions", "QueryPlan", "StageSpec"]
+
+
+@dataclass(frozen=True)
+class PlannerOptions:
+    broadcast_bytes: int = 32 << 20
+    """A join's right side estimated below this is broadcast instead of shuffled."""
+    rows_per_task: int = 250_000
+    """Upper stages get one task per this many estimated input rows (at most one per worker)."""
+    replicate_rows: int = 500_000
+    """A broadcast into a co-located stage whose files hold at most this many rows is read by every
+    task of that stage instead (``flight.planner.replicate``)."""
+
+
+@dataclass(frozen=True)
+class FeedPlan:
+    feed: WorkUnitFeed
+    partitions: int  # discovery streams: 1 for a shared-queue feed
+    shared: bool = False
+
+
+@dataclass
+class StageSpec:
+    """One stage: its operators, its tasks, and how its output reaches its consumer."""
+
+    stage_id: int
+    root: Node
+    max_tasks: int
+    feeds: list[FeedPlan]
+    reads: list[ShuffleReadNode]
+    output_mode: str = "head"  # head, hash, gather, broadcast, round_robin
+    output_keys: list[str] = field(default_factory=list)
+    consumer: int | None = None
+    task_count: int = 0  # fixed at planning, or at execution for a shared-queue leaf
+    estimate: TaskEstimate | None = None
+    notes: list[str] = field(default_factory=list)
+    task_roots: list[Node] | None = None
+    """A co-located stage's per-task operators (``root`` with each scan's key range); its task count
+    is then fixed: task t must read key range t."""
+
+    @property
+    def output_schema(self) -> pa.Schema:
+        return self.root.schema
+
+    @property
+    def shared_feeds(self) -> list[FeedPlan]:
+        return [f for f in self.feeds if f.shared]
+
+    @property
+    def sized_at_execution(self) -> bool:
+        return bool(self.shared_feeds)
+
+    @property
+    def children(self) -> list[int]:
+        return [r.stage_id for r in self.reads]
+
+    def assignments(self, task_count: int) -> list[dict[str, list[int]]]:
+        """Per task: feed id -> the partitions it consumes (its own task number for a shared feed)."""
+        out: list[dict[str, list[int]]] = [{f.feed.feed_id: [] for f in self.feeds} for _ in range(task_count)]
+        for f in self.feeds:
+            if f.shared:
+                for t in range(task_count):
+                    out[t][f.feed.feed_id] = [t]
+            else:
+                for p in range(f.partitions):
+                    out[p % task_count][f.feed.feed_id].append(p)
+        return out
+
+    def output_spec(self, consumer_tasks: int) -> plan_pb2.OutputSpec:
+        if self.output_mode in ("hash", "round_robin"):
+            return plan_pb2.OutputSpec(partitions=consumer_tasks, hash_keys=self.output_keys, readers=1)
+        if self.output_mode == "broadcast":
+            return plan_pb2.OutputSpec(partitions=1, readers=consumer_tasks)
+        return plan_pb2.OutputSpec(partitions=1, readers=1)
+
+
+@dataclass
+class QueryPlan:
+    stages: list[StageSpec]  # children before their consumers; the head is last
+    rewrites: list[str] = field(default_factory=list)
+    """What the optimizer and the planner changed, one line each, for explain()."""
+
+    @property
+    def head(self) -> StageSpec:
+        return self.stages[-1]
+
+    def stage(self, stage_id: int) -> StageSpec:
+        return self.stages[[s.stage_id for s in self.stages].index(stage_id)]
