@@ -17,7 +17,7 @@ built, printed and compared.
 
 Mistakes are caught on the coordinator, before any worker runs:
 ``call`` rejects unknown functions, wrong arity and unknown options, and
-``output_type`` type-checks an expression against an input schema by letting
+``typecheck.output_type`` type-checks an expression against an input schema by letting
 pyarrow's own Acero bind it (no hand-written type inference).
 """
 
@@ -27,11 +27,8 @@ from collections.abc import Iterable
 from typing import NoReturn
 
 import pyarrow as pa
-import pyarrow.compute as pc
-from pyarrow import acero
 
-from flight.compute.expressions import to_pyarrow_nodes
-from flight.errors import PlanError, ProtocolError
+from flight.errors import PlanError
 from flight.plan.expr_nodes import (
     CallNode,
     FieldNode,
@@ -49,10 +46,9 @@ from flight.plan.expr_nodes import (
 from flight.wire._proto import plan_pb2
 from flight.wire.functions import NARY_FUNCTIONS, lookup
 
-__all__ = ["Expr", "call", "coalesce", "col", "if_else", "lit", "output_type"]
+__all__ = ["Expr", "call", "coalesce", "col", "if_else", "lit"]
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-_BIND_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, KeyError)
 
 
 class Expr:
@@ -368,87 +364,7 @@ def coalesce(*exprs: object) -> Expr:
     return call("coalesce", *exprs)
 
 
-def output_type(expr: Expr, schema: pa.Schema) -> pa.DataType:
-    """The type ``expr`` produces over input ``schema``; ``PlanError`` when it does not fit.
-
-    Binds the decoded expression with Acero over an empty table of ``schema``.
-    """
-    missing = sorted(expr.referenced_fields() - set(schema.names))
-    if missing:
-        available = ", ".join(repr(n) for n in schema.names) or "none"
-        raise PlanError(f"Column {missing[0]!r} is not in the input; available columns: {available}.")
-    msg = expr._proto()
-    if len(msg.nodes) == 1 and msg.nodes[0].WhichOneof("kind") == "field":
-        return schema.field(msg.nodes[0].field.name).type  # a column: nothing to bind
-    key = (msg.SerializeToString(deterministic=True), schema)
-    known = _TYPED.get(key)
-    if known is not None:
-        return known
-    decoded = _decode(msg)
-    try:
-        typed = _types([decoded[-1]], schema)[0]
-        if len(_TYPED) >= _TYPED_MAX:
-            _TYPED.clear()
-        _TYPED[key] = typed
-        return typed
-    except _BIND_ERRORS as exc:
-        failing = _failing_call(msg, decoded, schema)
-        if failing is None:
-            raise PlanError(f"The expression {expr!r} does not fit the input schema: {exc}") from exc
-        function, arg_types = failing
-        types = ", ".join(str(t) for t in arg_types)
-        raise PlanError(f"Function {function!r} cannot be applied to argument types ({types}): {exc}") from exc
-
-
 # ------------------------------------------------------------------ internals
-
-_TYPED: dict[tuple[bytes, pa.Schema], pa.DataType] = {}
-"""Types already bound: the optimizer rebuilds nodes, and each node types its expressions again."""
-_TYPED_MAX = 4096
-
 
 def _as_expr(value: object) -> Expr:
     return value if isinstance(value, Expr) else lit(value)
-
-
-def _decode(msg: plan_pb2.Expression) -> list[pc.Expression]:
-    try:
-        return to_pyarrow_nodes(msg)
-    except ProtocolError as exc:
-        raise PlanError(f"The expression is malformed at {exc.field}: {exc}") from exc
-
-
-def _types(expressions: list[pc.Expression], schema: pa.Schema) -> list[pa.DataType]:
-    """The types ``expressions`` yield over ``schema``, bound together by one Acero project."""
-    source = acero.Declaration("table_source", acero.TableSourceNodeOptions(schema.empty_table()))
-    names = [f"out{i}" for i in range(len(expressions))]
-    project = acero.Declaration("project", acero.ProjectNodeOptions(expressions, names))
-    return list(acero.Declaration.from_sequence([source, project]).to_table().schema.types)
-
-
-def _failing_call(
-    msg: plan_pb2.Expression, decoded: list[pc.Expression], schema: pa.Schema
-) -> tuple[str, list[pa.DataType]] | None:
-    """The innermost call that does not bind and the types of its arguments (None: not a call).
-
-    Walks down from the root (which does not bind) into its first argument that
-    does not bind, until a call whose arguments all bind.
-    """
-    index = len(msg.nodes) - 1
-    while True:
-        node = msg.nodes[index]
-        if node.WhichOneof("kind") != "call":
-            return None
-        refs = list(node.call.args)
-        try:
-            return node.call.function, _types([decoded[ref] for ref in refs], schema)
-        except _BIND_ERRORS:
-            pass
-        for ref in refs:
-            try:
-                _types([decoded[ref]], schema)
-            except _BIND_ERRORS:
-                index = ref
-                break
-        else:  # each argument binds alone, yet not all together: nothing more precise to say
-            return None

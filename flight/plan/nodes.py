@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from flight.errors import PlanError
-from flight.plan.expr import Expr, output_type
+from flight.plan.expr import Expr
+from flight.plan.typecheck import output_type
 from flight.sources.feed import WorkUnitFeed
 from flight.wire._proto import plan_pb2
 from flight.wire.arrow_types import UNITS_READER, normalize_schema

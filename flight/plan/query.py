@@ -22,9 +22,10 @@ import pyarrow.parquet as pq
 
 from flight.errors import FlightExecError, PlanError
 from flight.plan.agg import Agg
-from flight.plan.expr import Expr, coalesce, col, output_type
+from flight.plan.expr import Expr, coalesce, col
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, LimitNode, Node, ProjectNode, ValuesNode
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, SortNode, UnionNode
+from flight.plan.typecheck import output_type
 from flight.sources.feed import WorkUnitFeed, WorkUnitFeedProvider
 from flight.sources.footers import footer_derived
 from flight.sources.providers import FileListProvider, ListingProvider

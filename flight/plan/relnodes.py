@@ -14,8 +14,9 @@ import pyarrow as pa
 
 from flight.compute.relational import aggregate_schema, join_schema
 from flight.errors import PlanError
-from flight.plan.expr import Expr, output_type
+from flight.plan.expr import Expr
 from flight.plan.nodes import Node
+from flight.plan.typecheck import output_type
 from flight.wire._proto import plan_pb2
 from flight.wire.protocol import encode_schema
 

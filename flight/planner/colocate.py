@@ -19,10 +19,16 @@ read by ``FileListProvider.key_ranges``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
+import pyarrow as pa
+
+from flight.plan.expr import col, lit
+from flight.plan.nodes import FeedScanNode, FilterNode, Node, ProjectNode
+from flight.plan.relnodes import JoinNode, UnionNode
 from flight.sources.statistics import FileRange
 
-__all__ = ["EXACT", "range_files", "rows_read", "split_points", "straddled"]
+__all__ = ["COLOCATE_READ", "EXACT", "KEPT_UNMATCHED", "KeyRanges", "in_range", "key_scan", "range_files", "rows_read", "split_points", "straddled"]
 
 EXACT = float(1 << 53)
 """Integer keys beyond this are not all exact as floats: such files are never co-located."""
@@ -120,3 +126,77 @@ def straddled(files: Sequence[FileRange], points: Sequence[int]) -> list[bool]:
             if f.high >= bounds[t] and f.low < bounds[t + 1] and (f.low < bounds[t] or f.high >= bounds[t + 1]):
                 out[t] = True
     return out
+
+
+COLOCATE_READ = 1.1
+"""A co-located join may read at most this many times each side's rows in all (row groups that
+straddle a key boundary are read by two tasks); beyond, the keys are not clustered enough."""
+
+KEPT_UNMATCHED = {
+    "inner": (), "left semi": (), "left outer": ("left",), "left anti": ("left",),
+    "right outer": ("right",), "full outer": ("left", "right"),
+}
+"""Join types a co-located join may run, and the sides whose rows come out even unmatched
+(a null key among them would be lost: no key range reads it)."""
+
+
+@dataclass(frozen=True)
+class KeyRanges:
+    """One co-located scan's key ranges: task t keeps the rows of ``column`` in range t."""
+
+    column: str
+    kind: pa.DataType
+    points: list[int]
+    """The boundaries: range t is ``points[t-1] <= key < points[t]``."""
+    straddled: list[bool]
+    """Per range, whether a file its task reads holds keys outside it (else the task needs no filter)."""
+
+
+def in_range(node: Node, ranges: dict[str, KeyRanges], task: int) -> Node:
+    """``node`` with a filter keeping key range ``task`` right above each scan named in ``ranges``
+    whose files for that task hold keys outside it."""
+    if isinstance(node, FeedScanNode):
+        if node.feed.feed_id not in ranges or not ranges[node.feed.feed_id].straddled[task]:
+            return node
+        r = ranges[node.feed.feed_id]
+        column, kind, points = r.column, r.kind, r.points
+        terms = []
+        if task > 0:
+            terms.append(col(column) >= lit(points[task - 1], kind))
+        if task < len(points):
+            terms.append(col(column) < lit(points[task], kind))
+        predicate = terms[0] if len(terms) == 1 else terms[0] & terms[1]
+        return FilterNode(node, predicate, tuple(f"keeps key range {task} of a co-located join" for _ in terms))
+    changes: dict[str, object] = {}
+    for name in ("input", "left", "right"):
+        child = getattr(node, name, None)
+        if isinstance(child, Node):
+            changes[name] = in_range(child, ranges, task)
+    if isinstance(node, UnionNode):
+        changes["inputs"] = [in_range(c, ranges, task) for c in node.inputs]
+    return replace(node, **changes) if changes else node  # type: ignore[type-var]
+
+
+def key_scan(node: Node, name: str) -> tuple[FeedScanNode, str] | None:
+    """The feed scan column ``name`` comes from unchanged (through filters, renames and joins),
+    or None when it is computed or comes from another stage."""
+    while True:
+        if isinstance(node, FeedScanNode):
+            return (node, name) if name in node.schema.names else None
+        if isinstance(node, FilterNode):
+            node = node.input
+        elif isinstance(node, ProjectNode):
+            expr = dict(node.exprs).get(name)
+            source = None if expr is None else expr.column_name()
+            if source is None:
+                return None
+            node, name = node.input, source
+        elif isinstance(node, JoinNode):
+            if name in node.left.schema.names:
+                node = node.left
+            elif name in node.right.schema.names and node.join_type not in ("left semi", "left anti"):
+                node = node.right
+            else:
+                return None
+        else:
+            return None

@@ -38,11 +38,23 @@ from flight.errors import PlanError
 from flight.plan.expr import Expr, col, if_else, lit
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, LimitNode, Node, ProjectNode, ValuesNode
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, ShuffleReadNode, SortNode, UnionNode
-from flight.planner.colocate import EXACT, range_files, rows_read, split_points, straddled
-from flight.planner.cost import row_width, selectivity
+from flight.planner.colocate import (
+    COLOCATE_READ,
+    EXACT,
+    KEPT_UNMATCHED,
+    KeyRanges,
+    in_range,
+    key_scan,
+    range_files,
+    rows_read,
+    split_points,
+    straddled,
+)
+from flight.planner.cost import row_width
 from flight.planner.eager import eager_aggregates
-from flight.planner.optimize import conjuncts, prune_columns, push_filters
-from flight.planner.ranges import range_selectivity
+from flight.planner.notes import describe, moved_filters
+from flight.planner.optimize import prune_columns, push_filters
+from flight.planner.ranges import filter_selectivity
 from flight.planner.replicate import replicate_small_broadcasts
 from flight.planner.stages import FeedPlan, PlannerOptions, QueryPlan, StageSpec
 from flight.sources.feed import WorkUnitFeed
@@ -60,7 +72,7 @@ class _Frag:
     feeds: list[FeedPlan] = field(default_factory=list)
     reads: list[ShuffleReadNode] = field(default_factory=list)
     leaf: bool = False  # sized by its feeds rather than by rows
-    ranges: dict[str, _KeyRanges] = field(default_factory=dict)
+    ranges: dict[str, KeyRanges] = field(default_factory=dict)
     """Co-located scans by feed id: task t keeps key range t."""
 
 
@@ -83,7 +95,7 @@ class _Planner:
         spec = StageSpec(stage_id, frag.node, frag.tasks, frag.feeds, frag.reads, output_mode=mode, output_keys=keys or [])
         spec.task_count = frag.tasks
         if frag.ranges:
-            spec.task_roots = [_in_range(frag.node, frag.ranges, t) for t in range(frag.tasks)]
+            spec.task_roots = [in_range(frag.node, frag.ranges, t) for t in range(frag.tasks)]
             spec.notes.append(f"co-located: {frag.tasks} tasks, each reading one key range of every scan (fixed count)")
             for feed_id, r in frag.ranges.items():
                 cut = [t for t, s in enumerate(r.straddled) if s]
@@ -109,7 +121,7 @@ class _Planner:
             raise PlanError("a plan reading exchange input is a map stage: run it with flight.map_batches or flight.spark.flight_map")
         if isinstance(node, FilterNode):
             f = self.build(node.input)
-            rows = None if f.rows is None else f.rows * _filter_selectivity(node)
+            rows = None if f.rows is None else f.rows * filter_selectivity(node)
             return self.wrap(f, FilterNode(f.node, node.predicate, node.origins), rows)
         if isinstance(node, ProjectNode):
             f = self.build(node.input)
@@ -257,13 +269,13 @@ class _Planner:
         """The join in place, each task reading one range of the first join key on both sides,
         when each side scans one list of Parquet files whose footers bound that key
         (``flight.planner.colocate``)."""
-        if not self.colocate or self.max_tasks < 2 or node.join_type not in _KEPT_UNMATCHED:
+        if not self.colocate or self.max_tasks < 2 or node.join_type not in KEPT_UNMATCHED:
             return None
         sides = []
         for f, key, keeps in ((left, node.left_keys[0], "left"), (right, node.right_keys[0], "right")):
             if not f.leaf or len(f.feeds) != 1 or f.feeds[0].shared or f.ranges or any(r.mode != "broadcast" for r in f.reads):
                 return None
-            traced = _key_scan(f.node, key)
+            traced = key_scan(f.node, key)
             if traced is None or traced[0].feed.feed_id != f.feeds[0].feed.feed_id or traced[0].reader != "parquet":
                 return None
             scan, column = traced
@@ -273,23 +285,23 @@ class _Planner:
             ranges = key_ranges(column) if key_ranges is not None else None
             if not ranges or any(max(abs(r.low), abs(r.high)) > EXACT for r in ranges):
                 return None
-            if keeps in _KEPT_UNMATCHED[node.join_type] and any(r.nulls for r in ranges):
+            if keeps in KEPT_UNMATCHED[node.join_type] and any(r.nulls for r in ranges):
                 return None  # its null-keyed rows must come out, and no range reads them
             sides.append((f, scan, column, ranges))
         points = split_points(sides[0][3] + sides[1][3], self.max_tasks)
         if points is None:
             return None
         for _, _, _, ranges in sides:  # keys spread over every file (not clustered): a shuffle reads less
-            if rows_read(ranges, points) > _COLOCATE_READ * sum(r.rows for r in ranges):
+            if rows_read(ranges, points) > COLOCATE_READ * sum(r.rows for r in ranges):
                 return None
         tasks = len(points) + 1
         feeds = []
-        bounds: dict[str, _KeyRanges] = {}
+        bounds: dict[str, KeyRanges] = {}
         for f, scan, column, ranges in sides:
             feed = f.feeds[0].feed
             grouped = feed.inner().grouped(range_files(ranges, points))  # type: ignore[attr-defined]  # key_ranges had it
             feeds.append(FeedPlan(WorkUnitFeed(grouped, feed.feed_id), tasks))
-            bounds[feed.feed_id] = _KeyRanges(column, scan.schema.field(column).type, points, straddled(ranges, points))
+            bounds[feed.feed_id] = KeyRanges(column, scan.schema.field(column).type, points, straddled(ranges, points))
         self.rewrites.append(
             f"{_join_text(node)}: co-located, nothing shuffled: the Parquet footers bound {sides[0][2]!r} and "
             f"{sides[1][2]!r}, so task t reads key range t of both sides (boundaries {points})"
@@ -381,16 +393,6 @@ _REDUCE_RATIO = 10.0
 side before the planner reduces it with the probe side's keys (``_Planner.reduces``)."""
 
 
-def _filter_selectivity(node: FilterNode) -> float:
-    """The fraction of rows ``node`` keeps: from its source's column ranges when it filters a scan
-    whose provider knows them (``column_range``, Parquet footers), else by the textbook defaults."""
-    if isinstance(node.input, FeedScanNode):
-        column_range = getattr(node.input.feed.inner(), "column_range", None)
-        if column_range is not None:
-            return range_selectivity(node.predicate, column_range)
-    return selectivity(node.predicate.to_proto())
-
-
 def _repeatable(node: Node) -> bool:
     """Whether reading ``node`` again in the same query gives the same rows: every feed it scans is."""
     return all(n.feed.inner().repeatable for n in node.walk() if isinstance(n, FeedScanNode))
@@ -398,80 +400,6 @@ def _repeatable(node: Node) -> bool:
 
 _DISTINCT_FRACTION = 0.1
 """The fraction of a semi join's build-side rows estimated to be distinct keys (as for a grouped aggregate)."""
-
-
-_COLOCATE_READ = 1.1
-"""A co-located join may read at most this many times each side's rows in all (row groups that
-straddle a key boundary are read by two tasks); beyond, the keys are not clustered enough."""
-
-_KEPT_UNMATCHED = {
-    "inner": (), "left semi": (), "left outer": ("left",), "left anti": ("left",),
-    "right outer": ("right",), "full outer": ("left", "right"),
-}
-"""Join types a co-located join may run, and the sides whose rows come out even unmatched
-(a null key among them would be lost: no key range reads it)."""
-
-
-@dataclass(frozen=True)
-class _KeyRanges:
-    """One co-located scan's key ranges: task t keeps the rows of ``column`` in range t."""
-
-    column: str
-    kind: pa.DataType
-    points: list[int]
-    """The boundaries: range t is ``points[t-1] <= key < points[t]``."""
-    straddled: list[bool]
-    """Per range, whether a file its task reads holds keys outside it (else the task needs no filter)."""
-
-
-def _in_range(node: Node, ranges: dict[str, _KeyRanges], task: int) -> Node:
-    """``node`` with a filter keeping key range ``task`` right above each scan named in ``ranges``
-    whose files for that task hold keys outside it."""
-    if isinstance(node, FeedScanNode):
-        if node.feed.feed_id not in ranges or not ranges[node.feed.feed_id].straddled[task]:
-            return node
-        r = ranges[node.feed.feed_id]
-        column, kind, points = r.column, r.kind, r.points
-        terms = []
-        if task > 0:
-            terms.append(col(column) >= lit(points[task - 1], kind))
-        if task < len(points):
-            terms.append(col(column) < lit(points[task], kind))
-        predicate = terms[0] if len(terms) == 1 else terms[0] & terms[1]
-        return FilterNode(node, predicate, tuple(f"keeps key range {task} of a co-located join" for _ in terms))
-    changes: dict[str, object] = {}
-    for name in ("input", "left", "right"):
-        child = getattr(node, name, None)
-        if isinstance(child, Node):
-            changes[name] = _in_range(child, ranges, task)
-    if isinstance(node, UnionNode):
-        changes["inputs"] = [_in_range(c, ranges, task) for c in node.inputs]
-    return replace(node, **changes) if changes else node  # type: ignore[type-var]
-
-
-def _key_scan(node: Node, name: str) -> tuple[FeedScanNode, str] | None:
-    """The feed scan column ``name`` comes from unchanged (through filters, renames and joins),
-    or None when it is computed or comes from another stage."""
-    while True:
-        if isinstance(node, FeedScanNode):
-            return (node, name) if name in node.schema.names else None
-        if isinstance(node, FilterNode):
-            node = node.input
-        elif isinstance(node, ProjectNode):
-            expr = dict(node.exprs).get(name)
-            source = None if expr is None else expr.column_name()
-            if source is None:
-                return None
-            node, name = node.input, source
-        elif isinstance(node, JoinNode):
-            if name in node.left.schema.names:
-                node = node.left
-            elif name in node.right.schema.names and node.join_type not in ("left semi", "left anti"):
-                node = node.right
-            else:
-                return None
-        else:
-            return None
 
 
 def _bytes(f: _Frag) -> float | None:
@@ -513,35 +441,5 @@ def plan_query(root: Node, max_tasks: int, options: PlannerOptions | None = None
         for read in stage.reads:
             stages[read.stage_id].consumer = stage.stage_id
     for stage in stages:
-        _describe(stage)
-    return QueryPlan(stages, _moved_filters(stages) + planner.rewrites)
-
-
-def _moved_filters(stages: list[StageSpec]) -> list[str]:
-    """One line per filter the optimizer moved or derived: what it reads, why it is there, where that is."""
-    lines = []
-    for stage in stages:
-        for node in stage.root.walk():
-            if isinstance(node, FilterNode) and any(node.origins):
-                below = node.input
-                where = f"the scan of {below.feed.feed_id}" if isinstance(below, FeedScanNode) else below.label().split("[")[0]
-                terms = conjuncts(node.predicate)
-                if len(terms) != len(node.origins):
-                    continue
-                read: dict[str, set[str]] = {}
-                for term, origin in zip(terms, node.origins):
-                    if origin:
-                        read.setdefault(origin, set()).update(term.referenced_fields())
-                for origin, columns in read.items():
-                    lines.append(f"stage {stage.stage_id}: filter on {sorted(columns)} {origin}; now directly above {where}")
-    return lines
-
-
-def _describe(stage: StageSpec) -> None:
-    if stage.shared_feeds:
-        stage.notes.append(f"shared-queue feed: up to {stage.max_tasks} task(s), the count decided from discovery at execution")
-    elif stage.feeds:
-        stage.notes.append(f"{stage.task_count} task(s): feed partitions {[f.partitions for f in stage.feeds]}")
-    if stage.output_mode not in ("head", "gather"):
-        keys = f" on {stage.output_keys}" if stage.output_keys else ""
-        stage.notes.append(f"output: {stage.output_mode}{keys} to stage {stage.consumer}")
+        describe(stage)
+    return QueryPlan(stages, moved_filters(stages) + planner.rewrites)

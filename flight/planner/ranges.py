@@ -18,11 +18,12 @@ from collections.abc import Callable
 from flight.compute.expressions import literal_value
 from flight.plan.expr import Expr
 from flight.plan.expr_nodes import CallNode, FieldNode, LiteralNode
+from flight.plan.nodes import FeedScanNode, FilterNode
 from flight.planner.cost import selectivity
 from flight.planner.optimize import conjuncts
 from flight.sources.statistics import as_number
 
-__all__ = ["MIN_FRACTION", "range_selectivity"]
+__all__ = ["MIN_FRACTION", "filter_selectivity", "range_selectivity"]
 
 MIN_FRACTION = 0.001
 """The least a range is estimated to keep (an estimate of no rows would size nothing)."""
@@ -72,3 +73,13 @@ def range_selectivity(predicate: Expr, column_range: ColumnRange) -> float:
         kept = (1.0 if hi >= lo else 0.0) if width <= 0 else max(0.0, hi - lo) / width
         fraction *= max(MIN_FRACTION, min(1.0, kept))
     return fraction
+
+
+def filter_selectivity(node: FilterNode) -> float:
+    """The fraction of rows ``node`` keeps: from its source's column ranges when it filters a scan
+    whose provider knows them (``column_range``, Parquet footers), else by the textbook defaults."""
+    if isinstance(node.input, FeedScanNode):
+        column_range = getattr(node.input.feed.inner(), "column_range", None)
+        if column_range is not None:
+            return range_selectivity(node.predicate, column_range)
+    return selectivity(node.predicate.to_proto())

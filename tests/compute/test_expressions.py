@@ -21,7 +21,8 @@ from pyarrow import acero
 
 from flight.compute.expressions import MAX_DEPTH, MAX_NODES, referenced_fields, to_pyarrow
 from flight.errors import PlanError, ProtocolError
-from flight.plan.expr import Expr, call, coalesce, col, if_else, lit, output_type
+from flight.plan.expr import Expr, call, coalesce, col, if_else, lit
+from flight.plan.typecheck import output_type
 from flight.wire._proto import plan_pb2
 from flight.wire.functions import FUNCTIONS, NARY_FUNCTIONS, FunctionSpec, lookup
 

@@ -11,7 +11,8 @@ task is ``flight.engine.select``'s decision.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.acero as ac
@@ -118,77 +119,90 @@ def _compile_op(op: plan_pb2.Operator, env: Env, field: str) -> tuple[ac.Declara
     kind = op.WhichOneof("kind")
     if kind is None:
         raise ProtocolError(f"{field} has no operator set", field=field)
-    here = f"{field}.{kind}"
-    if kind == "feed_scan":
-        reader = feed_scan_reader(op.feed_scan, env, here)
-        return _source(reader), reader.schema
-    if kind == "exchange_input":
-        schema = normalize_schema(decode_schema(op.exchange_input.schema, f"{here}.schema"))
-        batches = (conform(b, schema, "an input batch") for b in env.inputs.input_batches())
-        return _source(native_reader(schema, batches)), schema
-    if kind == "values":
-        table = read_ipc_stream(op.values.ipc_stream, f"{here}.ipc_stream")
-        if env.inputs.task_number != 0:
-            table = table.schema.empty_table()
-        return ac.Declaration("table_source", ac.TableSourceNodeOptions(table)), table.schema
-    if kind == "filter":
-        below = op.filter.input
-        if below.WhichOneof("kind") == "feed_scan":  # the readers may skip what the filter excludes
-            reader = feed_scan_reader(below.feed_scan, env, f"{here}.input.feed_scan", prune=prune_of(op.filter, f"{here}.predicate"))
-            child, schema = _source(reader), reader.schema
-            env.schemas[f"{here}.input"] = schema
-        else:
-            child, schema = compile_plan(below, env, f"{here}.input")
-        return ac.Declaration.from_sequence([child, filter_node(op.filter, schema, here)]), schema
-    if kind == "project":
-        child, schema = compile_plan(op.project.input, env, f"{here}.input")
-        project, out = project_node(op.project, schema, here)
-        return ac.Declaration.from_sequence([child, project]), out
-    if kind == "limit":
-        lim = op.limit
-        if lim.count < 0 or lim.offset < 0:
-            raise ProtocolError(f"{here} has a negative count or offset", field=here)
-        child, schema = compile_plan(lim.input, env, f"{here}.input")
-        limited = limit_batches(_deferred(child), lim.count, lim.offset)
-        return _source(native_reader(schema, limited)), schema
-    if kind == "aggregate":
-        return _aggregate(op.aggregate, env, here)
-    if kind == "hash_join":
-        return _hash_join(op.hash_join, env, here)
-    if kind == "sort":
-        srt = op.sort
-        child, schema = compile_plan(srt.input, env, f"{here}.input")
-        keys = [(k.column, k.descending) for k in srt.keys]
-        _check_columns([k for k, _ in keys], schema, f"{here}.keys")
-        if not keys or srt.fetch < 0:
-            raise ProtocolError(f"{here} needs keys and a fetch of at least 0", field=here)
-        decl = sort_decl(child, keys, srt.nulls_first)
-        if not srt.fetch:
-            return decl, schema
-        top = limit_batches(_deferred(decl), srt.fetch, 0)
-        return _source(native_reader(schema, top)), schema
-    if kind == "union":
-        if not op.union.inputs:
-            raise ProtocolError(f"{here}.inputs is empty", field=f"{here}.inputs")
-        parts = [compile_plan(child, env, f"{here}.inputs[{i}]") for i, child in enumerate(op.union.inputs)]
-        schema = parts[0][1]
-        for i, (_, other) in enumerate(parts[1:], 1):
-            if not other.equals(schema):
-                raise ProtocolError(f"{here}.inputs[{i}] has another schema than inputs[0]", field=f"{here}.inputs[{i}]")
-        readers = (decl.to_reader(use_threads=True) for decl, _ in parts)
-        return _source(native_reader(schema, union_batches(readers, schema))), schema
-    if kind == "shuffle_read":
-        rd = op.shuffle_read
-        schema = normalize_schema(decode_schema(rd.schema, f"{here}.schema"))
-        if rd.partition_end <= rd.partition_start:
-            raise ProtocolError(f"{here} has an empty partition range", field=f"{here}.partition_end")
-        check_count(len(rd.producers), MAX_PRODUCERS, f"{here}.producers", "producer tasks")
-        check_count(rd.partition_end, MAX_OUTPUT_PARTITIONS, f"{here}.partition_end", "partitions")
-        producers = [(p.url, p.stage_key) for p in rd.producers]
-        rows = env.read_partitions(producers, rd.partition_start, rd.partition_end)
-        batches = (conform(b, schema, f"stage {rd.stage_id} output") for b in rows)
-        return _source(native_reader(schema, batches)), schema
-    raise ProtocolError(f"{field}: operator {kind!r} is not supported by this worker", field=here)
+    compile_kind = _COMPILERS.get(kind)
+    if compile_kind is None:
+        raise ProtocolError(f"{field}: operator {kind!r} is not supported by this worker", field=f"{field}.{kind}")
+    return compile_kind(getattr(op, kind), env, f"{field}.{kind}")
+
+
+def _feed_scan(scan: plan_pb2.FeedScan, env: Env, here: str) -> tuple[ac.Declaration, pa.Schema]:
+    reader = feed_scan_reader(scan, env, here)
+    return _source(reader), reader.schema
+
+
+def _exchange_input(inp: plan_pb2.ExchangeInput, env: Env, here: str) -> tuple[ac.Declaration, pa.Schema]:
+    schema = normalize_schema(decode_schema(inp.schema, f"{here}.schema"))
+    batches = (conform(b, schema, "an input batch") for b in env.inputs.input_batches())
+    return _source(native_reader(schema, batches)), schema
+
+
+def _values(values: plan_pb2.Values, env: Env, here: str) -> tuple[ac.Declaration, pa.Schema]:
+    table = read_ipc_stream(values.ipc_stream, f"{here}.ipc_stream")
+    if env.inputs.task_number != 0:
+        table = table.schema.empty_table()
+    return ac.Declaration("table_source", ac.TableSourceNodeOptions(table)), table.schema
+
+
+def _filter(flt: plan_pb2.Filter, env: Env, here: str) -> tuple[ac.Declaration, pa.Schema]:
+    below = flt.input
+    if below.WhichOneof("kind") == "feed_scan":  # the readers may skip what the filter excludes
+        reader = feed_scan_reader(below.feed_scan, env, f"{here}.input.feed_scan", prune=prune_of(flt, f"{here}.predicate"))
+        child, schema = _source(reader), reader.schema
+        env.schemas[f"{here}.input"] = schema
+    else:
+        child, schema = compile_plan(below, env, f"{here}.input")
+    return ac.Declaration.from_sequence([child, filter_node(flt, schema, here)]), schema
+
+
+def _project(prj: plan_pb2.Project, env: Env, here: str) -> tuple[ac.Declaration, pa.Schema]:
+    child, schema = compile_plan(prj.input, env, f"{here}.input")
+    project, out = project_node(prj, schema, here)
+    return ac.Declaration.from_sequence([child, project]), out
+
+
+def _limit(lim: plan_pb2.Limit, env: Env, here: str) -> tuple[ac.Declaration, pa.Schema]:
+    if lim.count < 0 or lim.offset < 0:
+        raise ProtocolError(f"{here} has a negative count or offset", field=here)
+    child, schema = compile_plan(lim.input, env, f"{here}.input")
+    limited = limit_batches(_deferred(child), lim.count, lim.offset)
+    return _source(native_reader(schema, limited)), schema
+
+
+def _sort(srt: plan_pb2.Sort, env: Env, here: str) -> tuple[ac.Declaration, pa.Schema]:
+    child, schema = compile_plan(srt.input, env, f"{here}.input")
+    keys = [(k.column, k.descending) for k in srt.keys]
+    _check_columns([k for k, _ in keys], schema, f"{here}.keys")
+    if not keys or srt.fetch < 0:
+        raise ProtocolError(f"{here} needs keys and a fetch of at least 0", field=here)
+    decl = sort_decl(child, keys, srt.nulls_first)
+    if not srt.fetch:
+        return decl, schema
+    top = limit_batches(_deferred(decl), srt.fetch, 0)
+    return _source(native_reader(schema, top)), schema
+
+
+def _union(union: plan_pb2.Union, env: Env, here: str) -> tuple[ac.Declaration, pa.Schema]:
+    if not union.inputs:
+        raise ProtocolError(f"{here}.inputs is empty", field=f"{here}.inputs")
+    parts = [compile_plan(child, env, f"{here}.inputs[{i}]") for i, child in enumerate(union.inputs)]
+    schema = parts[0][1]
+    for i, (_, other) in enumerate(parts[1:], 1):
+        if not other.equals(schema):
+            raise ProtocolError(f"{here}.inputs[{i}] has another schema than inputs[0]", field=f"{here}.inputs[{i}]")
+    readers = (decl.to_reader(use_threads=True) for decl, _ in parts)
+    return _source(native_reader(schema, union_batches(readers, schema))), schema
+
+
+def _shuffle_read(rd: plan_pb2.ShuffleRead, env: Env, here: str) -> tuple[ac.Declaration, pa.Schema]:
+    schema = normalize_schema(decode_schema(rd.schema, f"{here}.schema"))
+    if rd.partition_end <= rd.partition_start:
+        raise ProtocolError(f"{here} has an empty partition range", field=f"{here}.partition_end")
+    check_count(len(rd.producers), MAX_PRODUCERS, f"{here}.producers", "producer tasks")
+    check_count(rd.partition_end, MAX_OUTPUT_PARTITIONS, f"{here}.partition_end", "partitions")
+    producers = [(p.url, p.stage_key) for p in rd.producers]
+    rows = env.read_partitions(producers, rd.partition_start, rd.partition_end)
+    batches = (conform(b, schema, f"stage {rd.stage_id} output") for b in rows)
+    return _source(native_reader(schema, batches)), schema
 
 
 def filter_node(flt: plan_pb2.Filter, schema: pa.Schema, here: str) -> ac.Declaration:
@@ -261,3 +275,19 @@ def _hash_join(join: plan_pb2.HashJoin, env: Env, here: str) -> tuple[ac.Declara
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
         raise ProtocolError(f"{here} does not fit its inputs: {exc}", field=here) from exc
     return join_decl(left, right, *args), out
+
+
+_COMPILERS: dict[str, Callable[[Any, Env, str], tuple[ac.Declaration, pa.Schema]]] = {
+    "feed_scan": _feed_scan,
+    "exchange_input": _exchange_input,
+    "values": _values,
+    "filter": _filter,
+    "project": _project,
+    "limit": _limit,
+    "aggregate": _aggregate,
+    "hash_join": _hash_join,
+    "sort": _sort,
+    "union": _union,
+    "shuffle_read": _shuffle_read,
+}
+"""How each operator kind becomes a declaration (with the schema it produces), checked as it is built."""

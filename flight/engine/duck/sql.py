@@ -210,6 +210,16 @@ def _cast(text: str, t: pa.DataType) -> str:
 
 
 def _call(call: plan_pb2.Call, a: list[str], ts: list[pa.DataType], out: pa.DataType) -> str:
+    """A call as SQL with pyarrow's meaning (``a``: its arguments' SQL, ``ts``: their types, ``out``: its type)."""
+    for translate in (_logic_call, _arithmetic_call, _text_call, _other_call):
+        sql = translate(call, a, ts, out)
+        if sql is not None:
+            return sql
+    raise Untranslatable(f"function {call.function!r} over {ts}")
+
+
+def _logic_call(call: plan_pb2.Call, a: list[str], ts: list[pa.DataType], out: pa.DataType) -> str | None:
+    """Comparisons and boolean logic; None for any other function."""
     fn = call.function
     if fn in _COMPARE:
         plain = f"({a[0]} {_COMPARE[fn]} {a[1]})"
@@ -231,6 +241,11 @@ def _call(call: plan_pb2.Call, a: list[str], ts: list[pa.DataType], out: pa.Data
         return f"({a[0]} <> {a[1]})"
     if fn == "invert":
         return f"(NOT {a[0]})"
+    return None
+
+def _arithmetic_call(call: plan_pb2.Call, a: list[str], ts: list[pa.DataType], out: pa.DataType) -> str | None:
+    """Arithmetic and rounding, typed as pyarrow types them; None for any other function."""
+    fn = call.function
     base = fn.removesuffix("_checked")
     if base in _ARITH:
         if pa.types.is_integer(out) or pa.types.is_floating(out):
@@ -260,6 +275,11 @@ def _call(call: plan_pb2.Call, a: list[str], ts: list[pa.DataType], out: pa.Data
     if fn == "round" and (pa.types.is_floating(out) or pa.types.is_decimal(out)):
         digits = call.options.round.ndigits if call.options.HasField("round") else 0
         return _cast(f"round_even({a[0]}, {int(digits)})", out)
+    return None
+
+def _text_call(call: plan_pb2.Call, a: list[str], ts: list[pa.DataType], out: pa.DataType) -> str | None:
+    """Set membership, matching and string functions; None for any other function."""
+    fn = call.function
     if fn == "is_in":
         return _is_in(call, a[0], ts[0])
     if fn in ("match_like", "match_substring", "starts_with", "ends_with", "match_substring_regex"):
@@ -280,6 +300,11 @@ def _call(call: plan_pb2.Call, a: list[str], ts: list[pa.DataType], out: pa.Data
     if fn == "binary_join_element_wise":  # null if any part is null, as || is
         *parts, sep = a
         return "(" + f" || {sep} || ".join(parts) + ")" if parts else "''"
+    return None
+
+def _other_call(call: plan_pb2.Call, a: list[str], ts: list[pa.DataType], out: pa.DataType) -> str | None:
+    """Casts, date parts, conditionals and null tests; None for any other function."""
+    fn = call.function
     if fn == "cast":
         return _cast_call(call, a[0], ts[0], out)
     if fn in _PARTS and _temporal(ts[0]):
@@ -301,8 +326,7 @@ def _call(call: plan_pb2.Call, a: list[str], ts: list[pa.DataType], out: pa.Data
         return f"isnan({a[0]})"
     if fn == "true_unless_null":
         return f"(CASE WHEN {a[0]} IS NULL THEN NULL ELSE TRUE END)"
-    raise Untranslatable(f"function {fn!r} over {ts}")
-
+    return None
 
 def _temporal(t: pa.DataType) -> bool:
     return pa.types.is_date32(t) or (pa.types.is_timestamp(t) and t.tz is None)

@@ -151,18 +151,7 @@ def whole_feeds(
     """
     taken: list[Any] = []
     files: list[tuple[str, str, str]] = []
-    # Other stages' rows (broadcasts) become tables first: DuckDB orders the joins by their true sizes.
-    for name in list(task.sources):
-        pattern = re.compile(re.escape(name) + r"(?![0-9A-Za-z_])")
-        if not any(pattern.search(t) for t in [text, *(b for _, b in builds)]):
-            continue
-        table = f"{name}_table"
-        try:
-            cur.execute(f"CREATE TEMP TABLE {table} AS SELECT * FROM {name}")
-        except ENGINE_ERRORS as exc:
-            raise task.failure(exc) from None
-        text = pattern.sub(table, text)
-        builds = [(n, pattern.sub(table, b)) for n, b in builds]
+    text, builds = _tables_of_sources(task, cur, text, builds)
     for feed in feeds:
         ctx = ReaderContext(schema=task.schemas[feed.path], columns=list(feed.scan.columns) or None, roots=task.roots,
                             batch_rows=task.batch_rows, options=dict(feed.scan.reader_options),
@@ -204,6 +193,25 @@ def whole_feeds(
     task.delay(len(taken))
     for unit in taken:
         unit.done()
+
+
+def _tables_of_sources(
+    task: DuckTask, cur: duckdb.DuckDBPyConnection, text: str, builds: list[tuple[str, str]]
+) -> tuple[str, list[tuple[str, str]]]:
+    """The query and its builds with the sources they read (other stages' rows, broadcasts) made
+    temporary tables first: DuckDB then orders the joins by their true sizes."""
+    for name in list(task.sources):
+        pattern = re.compile(re.escape(name) + r"(?![0-9A-Za-z_])")
+        if not any(pattern.search(t) for t in [text, *(b for _, b in builds)]):
+            continue
+        table = f"{name}_table"
+        try:
+            cur.execute(f"CREATE TEMP TABLE {table} AS SELECT * FROM {name}")
+        except ENGINE_ERRORS as exc:
+            raise task.failure(exc) from None
+        text = pattern.sub(table, text)
+        builds = [(n, pattern.sub(table, b)) for n, b in builds]
+    return text, builds
 
 
 def _file_body(path: str) -> bytes:

@@ -1,0 +1,39 @@
+"""What explain() says the planner did: each stage's notes, and each filter the optimizer moved."""
+
+from __future__ import annotations
+
+from flight.plan.nodes import FeedScanNode, FilterNode
+from flight.planner.optimize import conjuncts
+from flight.planner.stages import StageSpec
+
+__all__ = ["describe", "moved_filters"]
+
+
+def moved_filters(stages: list[StageSpec]) -> list[str]:
+    """One line per filter the optimizer moved or derived: what it reads, why it is there, where that is."""
+    lines = []
+    for stage in stages:
+        for node in stage.root.walk():
+            if isinstance(node, FilterNode) and any(node.origins):
+                below = node.input
+                where = f"the scan of {below.feed.feed_id}" if isinstance(below, FeedScanNode) else below.label().split("[")[0]
+                terms = conjuncts(node.predicate)
+                if len(terms) != len(node.origins):
+                    continue
+                read: dict[str, set[str]] = {}
+                for term, origin in zip(terms, node.origins):
+                    if origin:
+                        read.setdefault(origin, set()).update(term.referenced_fields())
+                for origin, columns in read.items():
+                    lines.append(f"stage {stage.stage_id}: filter on {sorted(columns)} {origin}; now directly above {where}")
+    return lines
+
+
+def describe(stage: StageSpec) -> None:
+    if stage.shared_feeds:
+        stage.notes.append(f"shared-queue feed: up to {stage.max_tasks} task(s), the count decided from discovery at execution")
+    elif stage.feeds:
+        stage.notes.append(f"{stage.task_count} task(s): feed partitions {[f.partitions for f in stage.feeds]}")
+    if stage.output_mode not in ("head", "gather"):
+        keys = f" on {stage.output_keys}" if stage.output_keys else ""
+        stage.notes.append(f"output: {stage.output_mode}{keys} to stage {stage.consumer}")
