@@ -190,6 +190,8 @@ SETTLE_S = 1.5
 SETTLE_MAX_S = 15.0
 """The longest wait for a settled sample: past the worker's 10 s peer timeout, which frees a task a
 hoarder abandoned without a word."""
+RSS_NOTE_MB = 150.0
+"""An idle sample this far above the baseline is logged with the worker's thread count and whether it was idle."""
 
 FRAME_MEMBERS = [f.name for f in P.CoordinatorFrame.DESCRIPTOR.oneofs_by_name["frame"].fields]
 FLAT_EXPRESSIONS = "nodes" in L.Expression.DESCRIPTOR.fields_by_name
@@ -3139,6 +3141,9 @@ class RssWatch:
         settled = self.settled_kb(worker, idle)
         self.samples.append((case.index, settled))
         growth = (settled - self.base_kb) / 1024
+        if growth > RSS_NOTE_MB:  # what a large sample looked like: the worker still busy, or its threads
+            log(f"idle RSS after case {case.index}: {settled / 1024:.0f} MiB (+{growth:.0f}), "
+                f"{worker.threads()} threads, {'idle' if idle() else 'still running a task'}")
         if tally.rss_growth_mb is None or growth > tally.rss_growth_mb:
             tally.rss_growth_mb = growth
             tally.rss_worst = f"{settled / 1024:.0f} MiB idle after case {case.index} [{case.family}] {case.note[:120]}"
