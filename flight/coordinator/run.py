@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from flight.coordinator.binding import bound_header
 from flight.coordinator.channel import TaskChannel
 from flight.coordinator.dispatch import FeedDispatcher, Source
-from flight.coordinator.headers import task_header
 from flight.coordinator.metrics import QueryMetrics, TaskStats
 from flight.coordinator.replay import Replay, replay_mode
 from flight.coordinator.resolver import normalize_url
@@ -51,38 +51,21 @@ from flight.errors import (
 )
 from flight.planner.stages import StageSpec
 from flight.threads import spawn
-from flight.wire._proto import plan_pb2, protocol_pb2
+from flight.wire._proto import protocol_pb2
 from flight.wire.arrow_types import UNIT_COLUMN, UNIT_TYPE
 from flight.wire.clients import read_stream, shared_pool, translate_flight_error
-from flight.wire.protocol import COMPRESSION, encode_schema, make_stage_key, new_secret
+from flight.wire.protocol import new_secret
 
 if TYPE_CHECKING:
     from flight.coordinator.exec import DistributedExec
 
-__all__ = ["Run", "shuffle_reads"]
+__all__ = ["Run"]
 
 log = logging.getLogger("flight.coordinator.exec")
 
 _BACKOFF_S = 0.05
 _MAX_BACKOFF_S = 1.0
 """Retrying a query that busy workers refused: jittered exponential backoff between these."""
-
-
-def shuffle_reads(op: plan_pb2.Operator) -> Iterator[plan_pb2.ShuffleRead]:
-    """Every ``ShuffleRead`` in the operator tree below ``op`` (itself included)."""
-    stack = [op]
-    while stack:
-        node = stack.pop()
-        kind = node.WhichOneof("kind")
-        if kind is None:
-            continue
-        body = getattr(node, kind)
-        if kind == "shuffle_read":
-            yield body
-            continue
-        for fd, value in body.ListFields():
-            if fd.message_type is plan_pb2.Operator.DESCRIPTOR:
-                stack.extend([value] if isinstance(value, plan_pb2.Operator) else value)
 
 
 class Run:
@@ -164,51 +147,6 @@ class Run:
         stage.estimate, stage.task_count = estimate, estimate.tasks
         log.debug("query %s stage %d: %s", self.query_id, stage.stage_id, estimate.describe())
         return estimate.tasks
-
-    def _task_plan(self, stage: StageSpec, task: int, counts: dict[int, int]) -> bytes:
-        """The stage's operators for one task: its reads bound to the producers' URLs and keys.
-
-        Bound in a copy of the stage's plan, never in the shared plan nodes: one
-        ``DistributedExec`` may run several executions at once.
-        """
-        consumer_tasks = counts[stage.consumer] if stage.consumer is not None else 1
-        plan = plan_pb2.StagePlan(
-            root=(stage.root if stage.task_roots is None else stage.task_roots[task]).to_proto(),
-            output=stage.output_spec(consumer_tasks),
-            output_schema=encode_schema(stage.output_schema),
-        )
-        modes = {read.stage_id: read.mode for read in stage.reads}
-        for read in shuffle_reads(plan.root):
-            del read.producers[:]
-            read.producers.extend(
-                plan_pb2.ProducerTask(url=url, stage_key=make_stage_key(self.query_id, read.stage_id, t).SerializeToString())
-                for t, url in enumerate(self.bound[read.stage_id])
-            )
-            read.partition_start = task if modes.get(read.stage_id) == "hash" else 0
-            read.partition_end = read.partition_start + 1
-        return plan.SerializeToString()
-
-    def _header(self, stage: StageSpec, task: int, count: int, plan: bytes, assigned: dict[str, list[int]]) -> protocol_pb2.TaskHeader:
-        opts = self.options
-        return task_header(
-            query_id=self.query_id,
-            stage_id=stage.stage_id,
-            task=task,
-            task_count=count,
-            plan=plan,
-            url=self.bound[stage.stage_id][task],
-            secret=self.secret,
-            feeds=assigned,
-            shared_windows={f.feed.feed_id: opts.shared_window for f in stage.shared_feeds},
-            options=protocol_pb2.TaskOptions(
-                ipc_compression=COMPRESSION[opts.compression],
-                feed_window=opts.feed_window,
-                output_buffer_bytes=opts.output_buffer_bytes,
-                heartbeat_ms=int(opts.heartbeat * 1000),
-                retain_output=self.retain and stage.consumer is None,
-                tag_units=self.tagged,
-            ),
-        )
 
     def start(self) -> Iterator[pa.RecordBatch]:
         self.launch()
@@ -349,7 +287,10 @@ class Run:
         count = counts[stage.stage_id]
         channels = self.by_stage[stage.stage_id] = []
         for task, assigned in enumerate(stage.assignments(count)):
-            header = self._header(stage, task, count, self._task_plan(stage, task, counts), assigned)
+            header = bound_header(
+                stage, task, counts, assigned, query_id=self.query_id, secret=self.secret, bound=self.bound,
+                options=self.options, retain=self.retain, tagged=self.tagged,
+            )
             channel = self.make_channel(header)
             channels.append(channel)
             self.channels.append(channel)

@@ -1,0 +1,99 @@
+"""What one task of an attempt is sent: its stage's plan bound to the producer tasks it reads, and its header.
+
+Why apart from ``run.py``: binding is a pure function of the plan, the attempt's
+query id and the URLs its tasks were bound to; ``Run`` owns the I/O (channels,
+feeds, results) and calls this once per task, again after each admission retry
+(a new query id).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from flight.config import ExecOptions
+from flight.coordinator.headers import task_header
+from flight.planner.stages import StageSpec
+from flight.wire._proto import plan_pb2, protocol_pb2
+from flight.wire.protocol import COMPRESSION, encode_schema, make_stage_key
+
+__all__ = ["bound_header", "shuffle_reads"]
+
+
+def shuffle_reads(op: plan_pb2.Operator) -> Iterator[plan_pb2.ShuffleRead]:
+    """Every ``ShuffleRead`` in the operator tree below ``op`` (itself included)."""
+    stack = [op]
+    while stack:
+        node = stack.pop()
+        kind = node.WhichOneof("kind")
+        if kind is None:
+            continue
+        body = getattr(node, kind)
+        if kind == "shuffle_read":
+            yield body
+            continue
+        for fd, value in body.ListFields():
+            if fd.message_type is plan_pb2.Operator.DESCRIPTOR:
+                stack.extend([value] if isinstance(value, plan_pb2.Operator) else value)
+
+
+def task_plan(stage: StageSpec, task: int, counts: dict[int, int], query_id: str, bound: dict[int, list[str]]) -> bytes:
+    """The stage's operators for one task: its reads bound to the producers' URLs and keys.
+
+    Bound in a copy of the stage's plan, never in the shared plan nodes: one
+    ``DistributedExec`` may run several executions at once.
+    """
+    consumer_tasks = counts[stage.consumer] if stage.consumer is not None else 1
+    plan = plan_pb2.StagePlan(
+        root=(stage.root if stage.task_roots is None else stage.task_roots[task]).to_proto(),
+        output=stage.output_spec(consumer_tasks),
+        output_schema=encode_schema(stage.output_schema),
+    )
+    modes = {read.stage_id: read.mode for read in stage.reads}
+    for read in shuffle_reads(plan.root):
+        del read.producers[:]
+        read.producers.extend(
+            plan_pb2.ProducerTask(url=url, stage_key=make_stage_key(query_id, read.stage_id, t).SerializeToString())
+            for t, url in enumerate(bound[read.stage_id])
+        )
+        read.partition_start = task if modes.get(read.stage_id) == "hash" else 0
+        read.partition_end = read.partition_start + 1
+    return plan.SerializeToString()
+
+
+def bound_header(
+    stage: StageSpec,
+    task: int,
+    counts: dict[int, int],
+    assigned: dict[str, list[int]],
+    *,
+    query_id: str,
+    secret: bytes,
+    bound: dict[int, list[str]],
+    options: ExecOptions,
+    retain: bool,
+    tagged: bool,
+) -> protocol_pb2.TaskHeader:
+    """Task ``task`` of ``stage``'s header: its bound plan, its feed partitions, and the attempt's options.
+
+    ``retain``: a detached query's head outputs are kept for any number of reads;
+    ``tagged``: the tasks tag their rows with their work unit (``replay.py``).
+    """
+    return task_header(
+        query_id=query_id,
+        stage_id=stage.stage_id,
+        task=task,
+        task_count=counts[stage.stage_id],
+        plan=task_plan(stage, task, counts, query_id, bound),
+        url=bound[stage.stage_id][task],
+        secret=secret,
+        feeds=assigned,
+        shared_windows={f.feed.feed_id: options.shared_window for f in stage.shared_feeds},
+        options=protocol_pb2.TaskOptions(
+            ipc_compression=COMPRESSION[options.compression],
+            feed_window=options.feed_window,
+            output_buffer_bytes=options.output_buffer_bytes,
+            heartbeat_ms=int(options.heartbeat * 1000),
+            retain_output=retain and stage.consumer is None,
+            tag_units=tagged,
+        ),
+    )
