@@ -13,14 +13,12 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Self
+from typing import Self
 
 from flight.coordinator.channel import TaskChannel
+from flight.coordinator.recovery import Attempt
+from flight.coordinator.run import Run
 from flight.errors import TaskCancelledError
-
-if TYPE_CHECKING:
-    from flight.coordinator.recovery import Attempt
-    from flight.coordinator.run import Run
 
 __all__ = ["DetachedQuery", "HeadPartition"]
 
@@ -80,7 +78,7 @@ class DetachedQuery:
     @property
     def attempts(self) -> list[Attempt]:
         """The workers it lost so far, and what replaced their head tasks (``DistributedExec.attempts``)."""
-        return list(self._run.ex.attempts)
+        return list(self._run.context.attempts)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the query ended: every head partition read (read once), or released (retained).

@@ -16,6 +16,7 @@ from dataclasses import replace
 import pyarrow as pa
 
 from flight.config import ExecOptions
+from flight.coordinator.context import RunContext
 from flight.coordinator.detached import DetachedQuery, HeadPartition
 from flight.coordinator.explain import explain_plan
 from flight.coordinator.metrics import QueryMetrics
@@ -132,11 +133,19 @@ class _Attempts:
         self.excluded: set[str] = set()
         self.run: Run | None = None
         ex.attempts = []
+        self.context = RunContext(ex.plan, ex.options, ex.estimator, ex.resolver, ex.attempts, sink=self)
+
+    def named(self, query_id: str, secret: bytes, bound: dict[int, list[str]]) -> None:
+        """The latest attempt's id, secret and bound tasks: what ``DistributedExec`` shows (``RunSink``)."""
+        self.ex.query_id, self.ex.query_secret, self.ex.bound = query_id, secret, bound
+
+    def finished(self, metrics: QueryMetrics) -> None:
+        self.ex.metrics = metrics
 
     def open(self) -> Iterator[pa.RecordBatch]:
         """A launched attempt's batches; lost workers during the launch are retried around here."""
         while True:
-            run = self.run = Run(self.ex, self.excluded)
+            run = self.run = Run(self.context, self.excluded)
             try:
                 return run.start()
             except FlightExecError as exc:
@@ -146,7 +155,7 @@ class _Attempts:
     def launch(self) -> Run:
         """A launched attempt whose head outputs nobody reads here (``start_detached``)."""
         while True:
-            run = self.run = Run(self.ex, self.excluded, retain=self.retain)
+            run = self.run = Run(self.context, self.excluded, retain=self.retain)
             try:
                 run.launch()
                 return run

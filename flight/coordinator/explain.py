@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from flight.coordinator.exec import DistributedExec
-    from flight.planner.stages import StageSpec
+from flight.coordinator.metrics import QueryMetrics
+from flight.coordinator.recovery import Attempt
+from flight.coordinator.resolver import WorkerResolver
+from flight.planner.stages import QueryPlan, StageSpec
 
-__all__ = ["explain_plan"]
+__all__ = ["Explained", "explain_plan"]
 
 
-def explain_plan(ex: DistributedExec, analyze: bool) -> str:
+class Explained(Protocol):
+    """What ``explain()`` reads of a ``DistributedExec``: its plan and its latest execution.
+
+    A protocol, not the class: exec.py imports this module, and this one needs none of exec.py.
+    """
+
+    resolver: WorkerResolver
+    plan: QueryPlan
+    metrics: QueryMetrics | None
+    query_id: str | None
+    bound: dict[int, list[str]]
+    attempts: list[Attempt]
+
+
+def explain_plan(ex: Explained, analyze: bool) -> str:
     urls = ex.resolver.get_urls()
     lines: list[str] = []
     if ex.plan.rewrites:
@@ -33,7 +48,7 @@ def explain_plan(ex: DistributedExec, analyze: bool) -> str:
     return "\n".join(lines)
 
 
-def _stage(ex: DistributedExec, stage: StageSpec, urls: list[str], metrics: dict) -> list[str]:
+def _stage(ex: Explained, stage: StageSpec, urls: list[str], metrics: dict) -> list[str]:
     bound = ex.bound.get(stage.stage_id)
     pending = stage.sized_at_execution and stage.estimate is None
     count = f"up to {stage.max_tasks}" if pending and not bound else str(len(bound) if bound else stage.task_count)

@@ -159,7 +159,7 @@ class Replay:
                 run.bound[stage_id][header.stage_key.task_number] = url
                 run.by_stage[stage_id].append(channel)
                 run.channels.append(channel)
-            run.ex.attempts.append(Attempt(run.query_id, (old.url,), ins.reason, replayed=ins.units, task=base, replaced_by=url))
+            run.context.attempts.append(Attempt(run.query_id, (old.url,), ins.reason, replayed=ins.units, task=base, replaced_by=url))
             run.dispatcher.replace(old.key, channel)
         except FlightExecError as exc:
             run.fail(exc)

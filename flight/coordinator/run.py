@@ -27,12 +27,12 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from flight.coordinator.binding import bound_header
 from flight.coordinator.channel import TaskChannel
+from flight.coordinator.context import RunContext
 from flight.coordinator.dispatch import FeedDispatcher, Source
 from flight.coordinator.metrics import QueryMetrics, TaskStats
 from flight.coordinator.replay import Replay, replay_mode
@@ -56,9 +56,6 @@ from flight.wire.arrow_types import UNIT_COLUMN, UNIT_TYPE
 from flight.wire.clients import read_stream, shared_pool, translate_flight_error
 from flight.wire.protocol import new_secret
 
-if TYPE_CHECKING:
-    from flight.coordinator.exec import DistributedExec
-
 __all__ = ["Run"]
 
 log = logging.getLogger("flight.coordinator.exec")
@@ -71,16 +68,16 @@ _MAX_BACKOFF_S = 1.0
 class Run:
     """One execution (attempt) of a DistributedExec: its channels, feeds and result queue."""
 
-    def __init__(self, ex: DistributedExec, excluded: set[str] | None = None, *, retain: bool = False) -> None:
-        self.ex = ex
+    def __init__(self, context: RunContext, excluded: set[str] | None = None, *, retain: bool = False) -> None:
+        self.context = context
         self.excluded = excluded or set()
         self.retain = retain  # head outputs kept for any number of reads (a detached query's, for Spark)
         self.urls: list[str] = []  # the workers this attempt bound tasks to
-        self.options = ex.options
-        self.plan = ex.plan
-        self.base_id = self.query_id = ex.query_id = uuid.uuid4().hex[:16]
+        self.options = context.options
+        self.plan = context.plan
+        self.base_id = self.query_id = uuid.uuid4().hex[:16]
         self.admitted = False  # every task accepted: from then on any error fails the query
-        self.secret = ex.query_secret = new_secret()  # in every header and ticket: the query id alone opens nothing
+        self.secret = new_secret()  # in every header and ticket: the query id alone opens nothing
         self.retries = 0
         self.clients = shared_pool(self.options.security)
         self.results: queue.Queue[object] = queue.Queue(maxsize=max(1, self.options.result_queue_batches))
@@ -106,7 +103,7 @@ class Run:
         self.started = time.perf_counter()
         self.first_batch_s: float | None = None
         self.bound: dict[int, list[str]] = {}  # this attempt's: stage id -> the URL of each task
-        ex.bound = self.bound  # explain() shows the latest execution's
+        context.sink.named(self.query_id, self.secret, self.bound)  # explain() shows the latest execution's
         self._timer: threading.Timer | None = None
         if self.options.deadline is not None:
             self._timer = threading.Timer(self.options.deadline, self._expire)
@@ -137,7 +134,7 @@ class Run:
             return len(stage.task_roots)  # co-located: task t reads key range t, on whichever worker
         if not stage.sized_at_execution:
             return max(1, min(stage.task_count, workers))
-        estimator = self.ex.estimator
+        estimator = self.context.estimator
         source = self.sources[stage.shared_feeds[0].feed.feed_id][0]
         sample = self.dispatcher.sample(source, estimator.sample_units, estimator.sample_ms / 1000)
         limit = min(stage.max_tasks, workers)
@@ -164,7 +161,7 @@ class Run:
                         self.dispatcher.add_source(f.feed, p, f.partitions, shared=f.shared) for p in range(f.partitions)
                     ]
             self.dispatcher.start_discovery()
-            urls = [u for u in self.ex.resolver.get_urls() if normalize_url(u) not in self.excluded and u not in self.excluded]
+            urls = [u for u in self.context.resolver.get_urls() if normalize_url(u) not in self.excluded and u not in self.excluded]
             if not urls:
                 lost = f" (lost this query: {', '.join(sorted(self.excluded))})" if self.excluded else ""
                 raise ResolverError(f"the resolver returned no worker URLs at execution time{lost}")
@@ -206,7 +203,7 @@ class Run:
             return
         attempt = 1  # a worker queued a task: let everything go, then take the workers in order
         self.retries = attempt
-        self.query_id = self.ex.query_id = f"{self.base_id}.{attempt}"
+        self._rename(attempt)
         while True:
             for stage in self.plan.stages:
                 self._stage_channels(stage, counts)
@@ -235,7 +232,12 @@ class Run:
             if self.failed.wait(backoff * random.uniform(0.5, 1.0)):
                 raise self.error or busy
             backoff = min(backoff * 2, _MAX_BACKOFF_S)
-            self.query_id = self.ex.query_id = f"{self.base_id}.{attempt}"
+            self._rename(attempt)
+
+    def _rename(self, attempt: int) -> None:
+        """A fresh query id for an admission retry: task keys are never reused on a worker."""
+        self.query_id = f"{self.base_id}.{attempt}"
+        self.context.sink.named(self.query_id, self.secret, self.bound)
 
     def _admit_at_once(self, counts: dict[int, int]) -> bool:
         """The first try: open every task on every worker at once, as fast as the workers accept.
@@ -408,12 +410,12 @@ class Run:
             self._timer.cancel()
         for channel in self.channels:
             channel.finish()
-        self.ex.metrics = QueryMetrics(
+        self.context.sink.finished(QueryMetrics(
             query_id=self.query_id,
             elapsed_s=time.perf_counter() - self.started,
             first_batch_s=self.first_batch_s,
             tasks=[TaskStats.from_proto(c.metrics, c.url) for c in self.channels if c.metrics is not None],
             feeds=self.dispatcher.stats,
-        )
+        ))
         if self.error is not None and not isinstance(self.error, FlightExecError):
             log.debug("query %s failed in user code: %r", self.query_id, self.error)
