@@ -123,7 +123,7 @@ def _load_proto(name: str) -> ModuleType:
     full = f"flight.wire._proto.{name}"
     if full in sys.modules:
         return sys.modules[full]
-    path = REPO_ROOT / "flight" / "_proto" / f"{name}.py"
+    path = REPO_ROOT / "flight" / "wire" / "_proto" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(full, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load the generated protobuf module {path}")
