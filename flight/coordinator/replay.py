@@ -43,7 +43,8 @@ from flight.threads import spawn
 from flight.wire._proto import protocol_pb2
 from flight.wire.clients import read_stream, translate_flight_error
 from flight.wire.limits import clip
-from flight.wire.protocol import format_stage_key, taggable
+from flight.wire.operators import taggable
+from flight.wire.protocol import format_stage_key
 
 if TYPE_CHECKING:
     from flight.config import ExecOptions

@@ -24,32 +24,15 @@ from flight.engine.readers import PathRefused, ReaderContext, UnitReadError, con
 from flight.errors import ProtocolError
 from flight.wire._proto import plan_pb2
 from flight.wire.arrow_types import UNIT_COLUMN, UNIT_TYPE, UNITS_READER, normalize_schema, unit_tag, unit_tags
+from flight.wire.operators import operators
 from flight.wire.protocol import decode_schema
 
-__all__ = ["UNITS_PER_BATCH", "Env", "InboxLike", "ReceivedUnitLike", "TaskInputs", "feed_scan_reader", "operators", "scan_schema"]
+__all__ = ["UNITS_PER_BATCH", "Env", "InboxLike", "ReceivedUnitLike", "TaskInputs", "feed_scan_reader", "scan_schema"]
 
 UNITS_PER_BATCH = 4096
 
 _ReadKey = tuple[tuple[tuple[str, bytes], ...], int, int]
 """A shuffle read: its producers (URL, stage key), its partition range."""
-
-
-def operators(root: plan_pb2.Operator) -> Iterator[plan_pb2.Operator]:
-    """Every operator of the stage plan at ``root``, each before its inputs (an unset input is
-    not one; a node of no kind is, for the callers that refuse it)."""
-    stack = [root]
-    while stack:
-        op = stack.pop()
-        yield op
-        kind = op.WhichOneof("kind")
-        if kind == "union":
-            stack.extend(reversed(op.union.inputs))
-        elif kind == "hash_join":
-            stack.extend((op.hash_join.right, op.hash_join.left))
-        elif kind is not None:
-            node = getattr(op, kind)
-            if hasattr(node, "input") and node.HasField("input"):
-                stack.append(node.input)
 
 
 class ReceivedUnitLike(Protocol):

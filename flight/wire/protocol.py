@@ -37,6 +37,7 @@ from flight.wire.limits import (
     check_count,
     clip,
 )
+from flight.wire.operators import taggable
 
 __all__ = [
     "COMPRESSION",
@@ -57,8 +58,6 @@ __all__ = [
     "new_secret",
     "status_error",
     "status_message",
-    "taggable",
-    "unit_chain",
 ]
 
 PROTOCOL_VERSION = 3
@@ -199,27 +198,6 @@ def decode_header(data: bytes) -> tuple[protocol_pb2.TaskHeader, plan_pb2.StageP
             field="header.options.tag_units",
         )
     return header, plan
-
-
-PER_ROW_OPERATORS = ("filter", "project")
-"""Operators that work row by row: a task of these over one feed scan can tag its rows with their unit."""
-
-
-def unit_chain(root: plan_pb2.Operator) -> tuple[list[tuple[str, Message, str]], plan_pb2.Operator, str]:
-    """The per-row operators from ``root`` down as (kind, body, field path), the operator below
-    them and its field path (``TaskOptions.tag_units``: it must be a feed scan)."""
-    chain: list[tuple[str, Message, str]] = []
-    op, field = root, "plan.root"
-    while (kind := op.WhichOneof("kind")) in PER_ROW_OPERATORS:
-        body = getattr(op, kind)
-        chain.append((kind, body, f"{field}.{kind}"))
-        op, field = body.input, f"{field}.{kind}.input"
-    return chain, op, field
-
-
-def taggable(root: plan_pb2.Operator) -> bool:
-    """Whether a stage's operators are filters and projections over one feed scan."""
-    return unit_chain(root)[1].WhichOneof("kind") == "feed_scan"
 
 
 def decode_coordinator_frame(data: pa.Buffer | bytes) -> protocol_pb2.CoordinatorFrame:

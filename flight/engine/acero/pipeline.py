@@ -31,12 +31,13 @@ from flight.compute.relational import (
 )
 from flight.engine.pruning import prune_of
 from flight.engine.readers import conform
-from flight.engine.scan import Env, feed_scan_reader, operators
+from flight.engine.scan import Env, feed_scan_reader
 from flight.errors import ProtocolError
 from flight.wire._proto import plan_pb2
 from flight.wire.arrow_types import normalize_schema
 from flight.wire.ipc import read_ipc_stream
 from flight.wire.limits import MAX_OUTPUT_PARTITIONS, MAX_PRODUCERS, check_count
+from flight.wire.operators import operators
 from flight.wire.protocol import decode_schema
 
 __all__ = ["compile_plan", "filter_node", "limit_batches", "project_node", "source_threads"]

@@ -27,7 +27,7 @@ from flight.engine.scan import Env, feed_scan_reader
 from flight.errors import ProtocolError
 from flight.wire._proto import plan_pb2
 from flight.wire.arrow_types import UNIT_COLUMN, UNIT_TYPE, unit_tag, unit_tags
-from flight.wire.protocol import unit_chain
+from flight.wire.operators import unit_chain
 
 __all__ = ["tagged_task"]
 

@@ -44,10 +44,10 @@ from flight.engine.duck.task import ENGINE_ERRORS, DuckTask, stream
 from flight.engine.duck.translate import Translator
 from flight.engine.duck.units import whole_feeds
 from flight.engine.readers import conform
-from flight.engine.scan import operators
 from flight.engine.settings import EngineSettings, set_settings, settings
 from flight.wire._proto import plan_pb2
 from flight.wire.limits import clip
+from flight.wire.operators import operators
 
 __all__ = ["EngineSettings", "Untranslatable", "configure", "run_duckdb", "settings", "worth_it"]
 

@@ -23,8 +23,8 @@ from flight.engine.decode import decode_threads
 from flight.engine.duck.task import ENGINE_ERRORS, UNITS, DuckTask, error_kind, stream
 from flight.engine.pruning import prune_of
 from flight.engine.readers import PathRefused, ReaderContext, UnitReadError, conform, read_parquet
-from flight.engine.scan import operators
 from flight.wire._proto import plan_pb2
+from flight.wire.operators import operators
 
 _GLOB = frozenset("*?[{")
 """Characters DuckDB reads as a glob in a file name: such files are read by pyarrow."""
