@@ -51,7 +51,8 @@ from flight.coordinator.events import (
     UnitsFound,
 )
 from flight.coordinator.resolver import normalize_url
-from flight.coordinator.state import FeedState, SlotStats
+from flight.coordinator.slots import SlotStats
+from flight.coordinator.state import FeedState
 from flight.sources.estimate import DiscoverySample
 from flight.sources.feed import FeedContext, LatencyStats, Unit, WorkUnit, WorkUnitFeed, now_ns, unit_bytes
 from flight.threads import spawn

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from flight.coordinator.events import (
@@ -65,67 +64,9 @@ from flight.coordinator.events import (
     UnitsFound,
     WorkerLost,
 )
+from flight.coordinator.slots import SlotState, SlotStats, SourceState, TaskState
 
-__all__ = ["FeedState", "SlotStats"]
-
-
-# ------------------------------------------------------------------- state
-
-
-@dataclass
-class SlotStats:
-    """What one task received for one feed partition."""
-
-    feed_id: str
-    partition: int
-    task: str
-    units: int = 0
-    bytes: int = 0
-    frames: int = 0
-    affinity_hits: int = 0
-
-
-@dataclass(eq=False)
-class _Source:
-    feed_id: str
-    shared: bool
-    queue: deque[Item] = field(default_factory=deque)
-    ended: bool = False
-    discovered: int = 0
-    preferred_waiting: int = 0
-    slots: list[_Slot] = field(default_factory=list)
-    urls: set[str] = field(default_factory=set)
-    """The workers of the tasks that read it."""
-
-
-@dataclass(eq=False)
-class _Slot:
-    source: _Source
-    owner: _Task
-    task: str
-    partition: int
-    credit: int = 0
-    end_sent: bool = False
-    stats: SlotStats = field(default_factory=lambda: SlotStats("", 0, ""))
-    replay: deque[Item] = field(default_factory=deque)
-    """A lost exclusive task's units, for its replacement alone: sent before the source's queue."""
-
-
-@dataclass(eq=False)
-class _Task:
-    key: str
-    url: str
-    slots: list[_Slot] = field(default_factory=list)
-    ready: bool = True  # a replacement's is False until TaskReady: nothing goes to it before
-    recoverable: bool = False  # its units are tracked until delivered, and replayed if it is lost
-    exclusive: bool = False  # its replacement alone replays them (a retained output, read by partition)
-    outstanding: dict[int, tuple[_Slot, Item]] = field(default_factory=dict)
-    """A recoverable task's units sent and not yet delivered, by id, in the order sent."""
-    read: bool = False  # a recoverable task's output was read to its end
-    lost: bool = False
-    busy: bool = False  # its sender has units to write: more wait in the queue until SenderIdle
-    finished: bool = False
-    closed: bool = False  # half-closed or cancelled: nothing more goes to it
+__all__ = ["FeedState"]
 
 
 class FeedState:
@@ -142,9 +83,9 @@ class FeedState:
         self.buffer = max(1, buffer)
         self.affinity_wait = affinity_wait
         self.close_grace = close_grace
-        self.sources: list[_Source] = []
-        self.tasks: dict[str, _Task] = {}
-        self._slots: dict[tuple[str, str, int], _Slot] = {}
+        self.sources: list[SourceState] = []
+        self.tasks: dict[str, TaskState] = {}
+        self._slots: dict[tuple[str, str, int], SlotState] = {}
         self.failed: str | None = None
         self.sending = False
         self._preferred_waiting = 0  # over every source: whether an affinity wait may need a tick
@@ -171,7 +112,7 @@ class FeedState:
     # ---------------------------------------------------------------- wiring
 
     def add_source(self, feed_id: str, *, shared: bool) -> int:
-        self.sources.append(_Source(feed_id, shared))
+        self.sources.append(SourceState(feed_id, shared))
         return len(self.sources) - 1
 
     def add_task(self, key: str, url: str, *, recoverable: bool = False, exclusive: bool = False) -> None:
@@ -181,12 +122,12 @@ class FeedState:
         ``UnitsDone`` comes): its output is retained and read as one partition, which the
         replacement must make again whole.
         """
-        self.tasks[key] = _Task(key, url, recoverable=recoverable or exclusive, exclusive=exclusive)
+        self.tasks[key] = TaskState(key, url, recoverable=recoverable or exclusive, exclusive=exclusive)
 
     def add_slot(self, key: str, source_id: int, partition: int) -> None:
         """Task ``key`` reads ``source_id`` as its feed partition ``partition`` (its number on the wire)."""
         source, task = self.sources[source_id], self.tasks[key]
-        slot = _Slot(source, task, key, partition, stats=SlotStats(source.feed_id, partition, key))
+        slot = SlotState(source, task, key, partition, stats=SlotStats(source.feed_id, partition, key))
         source.slots.append(slot)
         source.urls.add(task.url)
         task.slots.append(slot)
@@ -365,9 +306,9 @@ class FeedState:
 
     def _task_replaced(self, event: TaskReplaced, out: list[Instruction]) -> None:
         lost = self.tasks[event.lost]
-        task = self.tasks[event.task] = _Task(event.task, event.url, ready=False, recoverable=lost.recoverable, exclusive=lost.exclusive)
+        task = self.tasks[event.task] = TaskState(event.task, event.url, ready=False, recoverable=lost.recoverable, exclusive=lost.exclusive)
         for old in lost.slots:
-            slot = _Slot(old.source, task, task.key, old.partition, stats=SlotStats(old.source.feed_id, old.partition, task.key))
+            slot = SlotState(old.source, task, task.key, old.partition, stats=SlotStats(old.source.feed_id, old.partition, task.key))
             slot.replay, old.replay = old.replay, deque()
             old.source.slots.append(slot)
             old.source.urls.add(task.url)
@@ -400,7 +341,7 @@ class FeedState:
 
     # ------------------------------------------------------------- sending
 
-    def _pump(self, source: _Source, slots: Iterable[_Slot], now: float, out: list[Instruction], ready: bool = False) -> None:
+    def _pump(self, source: SourceState, slots: Iterable[SlotState], now: float, out: list[Instruction], ready: bool = False) -> None:
         """Units of ``source`` to each of ``slots`` with credit whose sender is idle (``ready``: treat
         it so), one frame each, in order; feed ends once the source is done."""
         if not self.sending:
@@ -435,7 +376,7 @@ class FeedState:
                     slot.end_sent = True
                     out.append(SendFeedEnd(slot.task, source.feed_id, slot.partition))
 
-    def _take(self, slot: _Slot, n: int, url: str, now: float) -> list[Item]:
+    def _take(self, slot: SlotState, n: int, url: str, now: float) -> list[Item]:
         """Up to ``n`` units for ``slot``: in order, skipping (for a while) units meant for other workers."""
         queue = slot.source.queue
         if not slot.source.preferred_waiting:
