@@ -24,9 +24,9 @@ from flight.errors import ProtocolError, TaskCancelledError, TaskFailedError, li
 from flight.wire._proto import plan_pb2, protocol_pb2
 from flight.wire.ipc import check_batch
 from flight.wire.protocol import format_stage_key
-from flight.worker.admission import INPUT_RESERVE_BYTES
 from flight.worker.auth import same_secret
 from flight.worker.buffers import OutputBuffer
+from flight.worker.capacity import INPUT_RESERVE_BYTES
 from flight.worker.inputs import FeedInbox, InputQueue, UnitBytes
 
 __all__ = ["Task", "TaskRegistry"]

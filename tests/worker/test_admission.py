@@ -15,8 +15,9 @@ from support import wait_until
 
 from flight.config import WorkerOptions
 from flight.wire._proto import protocol_pb2
-from flight.worker.admission import ANONYMOUS, Admission, Capacity, Need, Refusal, worker_capacity
+from flight.worker.admission import ANONYMOUS, Admission, Refusal
 from flight.worker.beats import Heartbeats
+from flight.worker.capacity import Capacity, Need, worker_capacity
 
 ONE = Need(1, 1)
 

@@ -11,8 +11,9 @@ from support import wait_until
 from flight.errors import ProtocolError, TaskCancelledError, TaskFailedError, VersionMismatchError
 from flight.wire._proto import plan_pb2, protocol_pb2
 from flight.wire.protocol import PROTOCOL_VERSION, decode_header, decode_ticket
-from flight.worker.admission import Admission, Capacity, Need, Refusal
+from flight.worker.admission import Admission, Refusal
 from flight.worker.buffers import OutputBuffer
+from flight.worker.capacity import Capacity, Need
 from flight.worker.inputs import FeedInbox
 
 
