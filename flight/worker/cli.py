@@ -32,8 +32,8 @@ from flight.engine.settings import EngineSettings
 from flight.security import Security
 from flight.sources.storage import FileSystems, load_options, set_filesystems
 from flight.wire.limits import DEFAULT_MEMORY_FRACTION, parse_size, physical_memory
-from flight.worker.admission import CLIENT_MEMORY_SHARE, CLIENT_SHARE, MAX_QUEUED_PER_CLIENT
 from flight.worker.auth import ServerSecurity, read_tokens
+from flight.worker.capacity import CLIENT_MEMORY_SHARE, CLIENT_SHARE, MAX_QUEUED_PER_CLIENT
 from flight.worker.memory import limit_malloc_arenas
 from flight.worker.server import WorkerServer
 
@@ -48,8 +48,21 @@ SHUTDOWN_WAIT_S = 3.0
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The flags, in the order ``--help`` lists them: each group's helper adds its own."""
     d = WorkerOptions()
     p = argparse.ArgumentParser(prog="flight-worker", description="Run a flight-exec worker (an Arrow Flight server).")
+    _task_flags(p, d)
+    _data_flags(p)
+    _capacity_flags(p, d)
+    _engine_flags(p)
+    _security_flags(p)
+    p.add_argument("--log-level", default="INFO", help="logging level on stderr (default: %(default)s)")
+    p.add_argument("--version", action="version", version=f"flight-worker {__version__}")
+    return p
+
+
+def _task_flags(p: argparse.ArgumentParser, d: WorkerOptions) -> None:
+    """Where the worker listens, and what its tasks get unless they ask otherwise: grace, windows, buffers, a delay."""
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     p.add_argument("--port", type=int, default=50051, help="port to bind; 0 picks a free one (default: %(default)s)")
     p.add_argument("--grace", type=float, default=d.grace, help="seconds running tasks get on SIGTERM (default: %(default)s)")
@@ -61,6 +74,10 @@ def _parser() -> argparse.ArgumentParser:
         default=d.unit_delay_ms,
         help="add this many ms per work unit (an artificially slow worker, for skew tests and benchmarks)",
     )
+
+
+def _data_flags(p: argparse.ArgumentParser) -> None:
+    """What the worker's readers may read, and how they reach it."""
     p.add_argument(
         "--extension",
         action="append",
@@ -86,6 +103,10 @@ def _parser() -> argparse.ArgumentParser:
         "a command line is visible to every user of the machine",
     )
     p.add_argument("--fs-config", metavar="FILE", help="a JSON object of --fs-option keys and values (read at start)")
+
+
+def _capacity_flags(p: argparse.ArgumentParser, d: WorkerOptions) -> None:
+    """How much the worker takes on, per identity too (admission.py), and when it frees a silent coordinator's task."""
     p.add_argument("--max-tasks", type=int, default=d.max_tasks, help="tasks running at once; more are refused as busy (default: %(default)s)")
     p.add_argument(
         "--source-threads",
@@ -136,6 +157,10 @@ def _parser() -> argparse.ArgumentParser:
         default=d.peer_timeout,
         help="seconds without a message (heartbeats included) from a task's coordinator before the task is freed (default: %(default)s)",
     )
+
+
+def _engine_flags(p: argparse.ArgumentParser) -> None:
+    """The per-task engine's settings, shared by the process (engine/settings.py)."""
     eng = p.add_argument_group("engine (docs/engine.md)")
     eng.add_argument("--engine", choices=("duckdb", "acero"), default="duckdb",
                      help="the per-task engine; plans DuckDB cannot run with the plan's meaning run on Acero either way (default: %(default)s)")
@@ -146,6 +171,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="where the engine spills joins, aggregates and sorts past --memory-limit, and retained outputs past their bound "
                           "(default: a fresh temporary directory, removed at exit)")
     eng.add_argument("--engine-threads", type=int, default=None, metavar="N", help="engine threads (default: one per core)")
+
+
+def _security_flags(p: argparse.ArgumentParser) -> None:
+    """Who may call the worker, and how it proves itself to callers and to other workers (read by ``_security``)."""
     sec = p.add_argument_group("security (docs/security.md)")
     sec.add_argument(
         "--auth-token-file",
@@ -162,9 +191,6 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="PEM CA to verify other workers' certificates when reading their outputs (default: --tls-client-ca, else the system's)",
     )
-    p.add_argument("--log-level", default="INFO", help="logging level on stderr (default: %(default)s)")
-    p.add_argument("--version", action="version", version=f"flight-worker {__version__}")
-    return p
 
 
 def _security(args: argparse.Namespace) -> ServerSecurity:
@@ -201,6 +227,37 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         filesystems = FileSystems(load_options(args.fs_option, args.fs_config))
     except ValueError as exc:
         parser.error(str(exc))
+    _prepare_process(args)
+    # The engine's spills and the retained outputs (TaskOptions.retain_output) past their bound.
+    spill_dir = args.spill_dir
+    own_spill = spill_dir is None
+    if own_spill:
+        spill_dir = Path(tempfile.mkdtemp(prefix="flight-spill-"))
+    else:
+        spill_dir.mkdir(parents=True, exist_ok=True)
+    options = _options(args, roots, spill_dir)
+    _configure_readers_and_engine(args, roots, filesystems, spill_dir)
+    wake_r, stop_signals = _catch_stop_signals()
+    security = _checked_security(args)
+    server = _serve(args, options, security)
+    signum = 0
+    while signum not in stop_signals:
+        select.select([wake_r], [], [])
+        signum = next((b for b in os.read(wake_r, 64) if b in stop_signals), 0)
+    log.info("received signal %d; draining", signum)
+    _stop(server, args.grace)
+    # Leave without interpreter finalization: Arrow and gRPC threads that are still winding down
+    # (a stream to a dead peer, say) must not run Python code while the interpreter tears down.
+    if own_spill:
+        shutil.rmtree(spill_dir, ignore_errors=True)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _prepare_process(args: argparse.Namespace) -> None:
+    """What the process needs before any task: the environment, logging, the I/O pool's size, extensions."""
     # Batches that arrive over Flight may sit at any offset; Acero warns on each unless told
     # how to handle them. Copying into aligned memory is the safe choice on every CPU.
     os.environ.setdefault("ACERO_ALIGNMENT_HANDLING", "reallocate")
@@ -215,14 +272,11 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     for module in args.extension:
         importlib.import_module(module)
         log.info("loaded extension %s", module)
-    # The engine's spills and the retained outputs (TaskOptions.retain_output) past their bound.
-    spill_dir = args.spill_dir
-    own_spill = spill_dir is None
-    if own_spill:
-        spill_dir = Path(tempfile.mkdtemp(prefix="flight-spill-"))
-    else:
-        spill_dir.mkdir(parents=True, exist_ok=True)
-    options = WorkerOptions(
+
+
+def _options(args: argparse.Namespace, roots: DataRoots, spill_dir: Path) -> WorkerOptions:
+    """The worker's options from its flags (MiB flags in bytes)."""
+    return WorkerOptions(
         feed_window=args.feed_window,
         output_buffer_bytes=args.output_buffer_mb << 20,
         grace=args.grace,
@@ -239,6 +293,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         data_roots=roots.paths,
         spill_dir=str(spill_dir),
     )
+
+
+def _configure_readers_and_engine(args: argparse.Namespace, roots: DataRoots, filesystems: FileSystems, spill_dir: Path) -> None:
+    """The process's settings every task shares: what its readers may read and how, and the engine's limits."""
     set_worker_roots(roots)  # what this process's tasks may read (compile_task's default)
     set_filesystems(filesystems)  # how its readers reach the stores URIs name
     memory_limit = args.memory_limit or int(physical_memory() * DEFAULT_MEMORY_FRACTION)
@@ -250,15 +308,26 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             log.info("object stores: %s", filesystems.describe())
     else:
         log.info("no --data-root: the file readers refuse every path")
-    # Stop signals: a do-nothing Python handler (so no thread ever dies of the default action)
-    # plus the wakeup fd, which the C-level handler writes the signal number to, from any thread.
-    # The main thread waits on that pipe; no Python code runs inside a signal handler.
+
+
+def _catch_stop_signals() -> tuple[int, set[int]]:
+    """The pipe the stop signals' numbers arrive on (its read end), and those signals.
+
+    A do-nothing Python handler (so no thread ever dies of the default action) plus the
+    wakeup fd, which the C-level handler writes the signal number to, from any thread.
+    The main thread waits on that pipe; no Python code runs inside a signal handler.
+    """
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     stop_signals = {int(signal.SIGTERM), int(signal.SIGINT)}
     for signum in stop_signals:
         signal.signal(signum, lambda *_: None)
+    return wake_r, stop_signals
+
+
+def _checked_security(args: argparse.Namespace) -> ServerSecurity:
+    """The security settings, and the per-client flags checked; a bad one ends the process (status 2)."""
     try:
         security = _security(args)
     except (OSError, ValueError) as exc:
@@ -272,6 +341,11 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         if value is not None and value < 1:
             print(f"flight-worker: {flag} must be at least 1 (got {value})", file=sys.stderr)
             sys.exit(2)
+    return security
+
+
+def _serve(args: argparse.Namespace, options: WorkerOptions, security: ServerSecurity) -> WorkerServer:
+    """The worker, serving; its first line on stdout says where (tools wait for it)."""
     if security.tokens:
         log.info("accepting %d tokens: %s", len(security.tokens), ", ".join(t.name for t in security.tokens))
     server = WorkerServer(
@@ -288,26 +362,18 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     # there later would fill the pipe and block the worker, so stdout goes to stderr from here.
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     log.info("flight-worker %s serving on %s", __version__, server.url)
-    signum = 0
-    while signum not in stop_signals:
-        select.select([wake_r], [], [])
-        signum = next((b for b in os.read(wake_r, 64) if b in stop_signals), 0)
-    log.info("received signal %d; draining", signum)
-    server.drain(args.grace)
+    return server
+
+
+def _stop(server: WorkerServer, grace: float) -> None:
+    """Drain, then stop serving, waiting only a little for calls of clients that never let go."""
+    server.drain(grace)
     # shutdown() waits for every call to end; a client that never half-closes an exchange, or
     # stops reading a DoGet, would hold it forever. The tasks are freed already: wait a little.
     stopper = threading.Thread(target=server.shutdown, name="shutdown", daemon=True)
     stopper.start()
     stopper.join(SHUTDOWN_WAIT_S)
     log.info("stopped" if not stopper.is_alive() else "stopped (calls of unresponsive clients were left open)")
-    # Leave without interpreter finalization: Arrow and gRPC threads that are still winding down
-    # (a stream to a dead peer, say) must not run Python code while the interpreter tears down.
-    if own_spill:
-        shutil.rmtree(spill_dir, ignore_errors=True)
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -2,17 +2,17 @@
 
 ``DoExchange`` runs one task for as long as its coordinator keeps the exchange
 open; ``DoGet`` streams a task's output partitions; ``DoAction`` answers
-health, info, cancel and drain. Errors are translated here, at the boundary:
-a clean ``ErrorInfo`` frame goes to the coordinator, and the call ends with the
-matching Flight status (``INVALID_ARGUMENT`` for bad input), so that neither
-side sees a Python traceback as the message.
+health, info, cancel and drain. Errors are translated here, at the boundary
+(``failures.py`` words them): a clean ``ErrorInfo`` frame goes to the
+coordinator, and the call ends with the matching Flight status
+(``INVALID_ARGUMENT`` for bad input), so that neither side sees a Python
+traceback as the message.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import pyarrow as pa
@@ -21,24 +21,15 @@ import pyarrow.flight as fl
 from flight._version import __version__
 from flight.config import WorkerOptions
 from flight.engine.acero.pipeline import source_threads
-from flight.engine.readers import PathRefused, UnitReadError
+from flight.engine.readers import UnitReadError
 from flight.engine.select import compile_task
-from flight.errors import (
-    FlightExecError,
-    ProtocolError,
-    TaskCancelledError,
-    VersionMismatchError,
-    WorkerError,
-    WorkerUnavailableError,
-)
+from flight.errors import FlightExecError, ProtocolError, TaskCancelledError, WorkerError
 from flight.threads import Job, spawn
 from flight.wire._proto import plan_pb2, protocol_pb2
 from flight.wire.clients import ClientPool
 from flight.wire.limits import (
     DEFAULT_HEARTBEAT_MS,
-    MAX_ECHO_CHARS,
     MAX_HEARTBEAT_MS,
-    MAX_MESSAGE_CHARS,
     MAX_OUTPUT_BUFFER_BYTES,
     MIN_HEARTBEAT_MS,
     MIN_OUTPUT_BUFFER_BYTES,
@@ -54,16 +45,17 @@ from flight.wire.protocol import (
     format_stage_key,
     ipc_options,
     status_error,
-    status_message,
 )
-from flight.worker.admission import INPUT_RESERVE_BYTES, Admission, Need, worker_capacity
+from flight.worker.admission import Admission
 from flight.worker.auth import MIDDLEWARE_KEY, ServerSecurity, TokenAuth, identity, is_anonymous, same_secret
 from flight.worker.beats import Heartbeats
 from flight.worker.boundary import error_boundary
+from flight.worker.capacity import INPUT_RESERVE_BYTES, Need, worker_capacity
 from flight.worker.exchange import Sender, read_frames
-from flight.worker.memory import release_idle_memory
+from flight.worker.failures import error_info, fail, refuse, reject
 from flight.worker.shuffle import read_partitions
 from flight.worker.tasks import Task, TaskRegistry
+from flight.worker.watchdog import watch
 
 __all__ = ["ACTIONS", "WorkerServer"]
 
@@ -114,9 +106,10 @@ class WorkerServer(fl.FlightServerBase):
         self.beats = Heartbeats()
         self._stopped = threading.Event()  # set by shutdown()
         self._idle = threading.Event()  # tasks ran since memory was last handed back
-        # The watchdog runs for the worker's whole life, drained or not: a drain that is undone
-        # (resume) must still free the tasks of coordinators that went silent.
-        threading.Thread(target=self._watch, name="watchdog", daemon=True).start()
+        # The watchdog (watchdog.py) runs for the worker's whole life, drained or not: a drain that
+        # is undone (resume) must still free the tasks of coordinators that went silent.
+        watchdog = (self.registry, self.admission, self.options.peer_timeout, self._stopped, self._idle)
+        threading.Thread(target=watch, args=watchdog, name="watchdog", daemon=True).start()
 
     # ------------------------------------------------------------- DoExchange
 
@@ -132,12 +125,12 @@ class WorkerServer(fl.FlightServerBase):
         try:
             header, plan = decode_header(descriptor.command or b"")
         except ProtocolError as exc:
-            raise self._reject(sender, exc, None) from None
+            raise reject(self.url, sender, exc, None) from None
         key = format_stage_key(header.stage_key)
         client = identity(context)
         if self.draining.is_set():
             message = f"worker {self.url} is draining and accepts no new tasks"
-            raise self._refuse(sender, protocol_pb2.ERROR_CODE_UNAVAILABLE, message, header.stage_key)
+            raise refuse(self.url, sender, protocol_pb2.ERROR_CODE_UNAVAILABLE, message, header.stage_key)
         opts = header.options
         buffer_bytes = clamp(opts.output_buffer_bytes or self.options.output_buffer_bytes, MIN_OUTPUT_BUFFER_BYTES, MAX_OUTPUT_BUFFER_BYTES)
         threads = source_threads(plan)
@@ -163,7 +156,7 @@ class WorkerServer(fl.FlightServerBase):
         if refusal is not None:
             code = protocol_pb2.ERROR_CODE_BUSY if refusal.fits_ever else protocol_pb2.ERROR_CODE_TOO_LARGE
             log.debug("refused task %s of %s: %s", key, client, refusal.reason)
-            raise self._refuse(sender, code, f"worker {self.url} cannot take task {key}: {refusal.reason}", header.stage_key)
+            raise refuse(self.url, sender, code, f"worker {self.url} cannot take task {key}: {refusal.reason}", header.stage_key)
         try:
             self._run_exchange(header, plan, buffer_bytes, sender, reader, client, context.is_cancelled)
         finally:
@@ -180,6 +173,46 @@ class WorkerServer(fl.FlightServerBase):
         gone: Callable[[], bool],
     ) -> None:
         """An admitted task of identity ``client``, from its start to the end of its exchange (or ``gone()``: the call's)."""
+        opts = header.options
+        task, output = self._start_task(header, plan, buffer_bytes, sender, client)
+        log.debug("task %s started (%d feed partitions)", task.key, len(task.inboxes))
+        interval = clamp(opts.heartbeat_ms or DEFAULT_HEARTBEAT_MS, MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS) / 1000
+        runner: Job | None = None
+        try:
+            self._send_ready(task, sender)
+            runner = spawn(self._run, task, output, sender, name=f"task-{task.key}")
+            self.beats.add(sender, interval)  # one thread beats for every task (beats.py)
+            # This thread reads the coordinator's side until it half-closes or goes away;
+            # the reader is only valid while this handler runs, so it is read nowhere else.
+            read_frames(task, reader)
+            # The runner finishes the task; once the task was stopped (a bad frame, a cancel),
+            # a runner stuck in a reader must not hold this call: it is left to end on its own.
+            while runner.is_alive() and not task.cancelled.is_set():
+                if gone():  # the client cancelled the call: nobody reads what the task would still send
+                    task.cancel("the coordinator ended the call")
+                    break
+                runner.join(0.5)
+            runner.join(_RUNNER_STOP_S)
+            if task.failure is None and task.finished and (task.error is not None or task.called_off):
+                # Stopped after it finished (a bad frame, a Cancel): the call still says so (docs/protocol.md §9).
+                task.failure = fail(self.url, task, sender, task.error or TaskCancelledError(task.cancel_reason))
+        finally:
+            self.beats.remove(sender)
+            task.cancel("the task ended")
+            if runner is not None and runner.is_alive():
+                runner.join(timeout=_RUNNER_STOP_S)
+            sender.close()
+            self.registry.remove(task)
+            log.debug("task %s freed", task.key)
+            if not len(self.registry):
+                self._idle.set()  # the watchdog hands freed memory back (release_idle_memory)
+        if task.failure is not None:
+            raise task.failure
+
+    def _start_task(
+        self, header: protocol_pb2.TaskHeader, plan: plan_pb2.StagePlan, buffer_bytes: int, sender: Sender, client: str
+    ) -> tuple[Task, pa.RecordBatchReader]:
+        """The task and its compiled output, registered (visible to DoGet); a plan that cannot run is rejected here."""
         opts = header.options
         task = Task(
             header,
@@ -206,68 +239,8 @@ class WorkerServer(fl.FlightServerBase):
             self.registry.add(task)
         except ProtocolError as exc:
             task.cancel("rejected")
-            raise self._reject(sender, exc, header.stage_key) from None
-        log.debug("task %s started (%d feed partitions)", task.key, len(task.inboxes))
-        interval = clamp(opts.heartbeat_ms or DEFAULT_HEARTBEAT_MS, MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS) / 1000
-        runner: Job | None = None
-        try:
-            self._send_ready(task, sender)
-            runner = spawn(self._run, task, output, sender, name=f"task-{task.key}")
-            self.beats.add(sender, interval)  # one thread beats for every task (beats.py)
-            # This thread reads the coordinator's side until it half-closes or goes away;
-            # the reader is only valid while this handler runs, so it is read nowhere else.
-            read_frames(task, reader)
-            # The runner finishes the task; once the task was stopped (a bad frame, a cancel),
-            # a runner stuck in a reader must not hold this call: it is left to end on its own.
-            while runner.is_alive() and not task.cancelled.is_set():
-                if gone():  # the client cancelled the call: nobody reads what the task would still send
-                    task.cancel("the coordinator ended the call")
-                    break
-                runner.join(0.5)
-            runner.join(_RUNNER_STOP_S)
-            if task.failure is None and task.finished and (task.error is not None or task.called_off):
-                # Stopped after it finished (a bad frame, a Cancel): the call still says so (docs/protocol.md §9).
-                task.failure = self._fail(task, sender, task.error or TaskCancelledError(task.cancel_reason))
-        finally:
-            self.beats.remove(sender)
-            task.cancel("the task ended")
-            if runner is not None and runner.is_alive():
-                runner.join(timeout=_RUNNER_STOP_S)
-            sender.close()
-            self.registry.remove(task)
-            log.debug("task %s freed", task.key)
-            if not len(self.registry):
-                self._idle.set()  # the watchdog hands freed memory back (release_idle_memory)
-        if task.failure is not None:
-            raise task.failure
-
-    def _watch(self) -> None:
-        """Free tasks whose coordinator went silent (frozen, partitioned): nothing else would.
-
-        A handler blocked reading a silent peer cannot be woken (pyarrow's server has no way
-        to cancel a call), so the task's state is released here; the handler thread ends
-        whenever the connection does.
-        """
-        timeout = self.options.peer_timeout
-        while not self._stopped.wait(min(1.0, timeout / 4)):
-            self._free_silent(time.monotonic(), timeout)
-            if len(self.registry):
-                self._idle.set()  # tasks it frees itself (silent clients) leave memory behind too
-            elif self._idle.is_set():
-                self._idle.clear()
-                release_idle_memory()
-
-    def _free_silent(self, now: float, timeout: float) -> None:
-        """One round of the watchdog (a frame of its own: the loop's last task is not kept while the worker idles)."""
-        for task in self.registry.tasks():
-            if task.half_closed:
-                continue  # the client finished sending (a map stage's input): it cannot beat any more
-            silent = now - task.last_heard
-            if silent > timeout:
-                log.warning("task %s: the coordinator sent nothing for %.1fs; freeing the task", task.key, silent)
-                task.cancel(f"the coordinator sent nothing for {silent:.0f}s (heartbeats included)")
-                self.registry.remove(task)
-                self.admission.release(task.key)
+            raise reject(self.url, sender, exc, header.stage_key) from None
+        return task, output
 
     def _send_ready(self, task: Task, sender: Sender) -> None:
         ready = protocol_pb2.Ready(
@@ -305,13 +278,13 @@ class WorkerServer(fl.FlightServerBase):
                 if task.output.all_drained():
                     sender.frame(protocol_pb2.WorkerFrame(drained=protocol_pb2.Drained()))
         except (FlightExecError, UnitReadError, pa.ArrowException, OSError) as exc:
-            task.failure = self._fail(task, sender, exc)
+            task.failure = fail(self.url, task, sender, exc)
         except Exception as exc:
             if task.cancelled.is_set():  # the engine's own way of stopping (DuckDB's InterruptException): expected
                 log.debug("task %s: stopped by its cancel: %s", task.key, type(exc).__name__)
             else:
                 log.warning("task %s: unexpected %s", task.key, type(exc).__name__, exc_info=True)
-            task.failure = self._fail(task, sender, exc)
+            task.failure = fail(self.url, task, sender, exc)
         finally:
             # Native code keeps the errors it pulled (pyarrow's Python error detail, in the reader's
             # Status) and raises them again here: their tracebacks, and the frames of this thread
@@ -323,67 +296,6 @@ class WorkerServer(fl.FlightServerBase):
     ) -> Iterator[tuple[pa.RecordBatch, bool]]:
         return read_partitions(task, self.registry, self.peers, self.url, producers, start, end, self.options.get_wait)
 
-    # ------------------------------------------------------------------ errors
-    # Every error leaves as a FlightError whose extra_info is the ErrorInfo (protocol.status_error):
-    # a clean message, a code, the field, the stage key and this worker's URL; never a traceback.
-
-    def _info(
-        self, code: protocol_pb2.ErrorCode.ValueType, message: str, stage_key: protocol_pb2.StageKey | None, field: str = ""
-    ) -> protocol_pb2.ErrorInfo:
-        # One line (a schema printed by pyarrow spans several), within the cap with the field appended.
-        text = clip(" ".join(message.split()), MAX_MESSAGE_CHARS - 2 * MAX_ECHO_CHARS)
-        info = protocol_pb2.ErrorInfo(code=code, message=text, worker_url=self.url, field=clip(field))
-        if stage_key is not None:
-            info.stage_key.CopyFrom(stage_key)
-        return info
-
-    def _send_error(self, sender: Sender, info: protocol_pb2.ErrorInfo) -> None:
-        try:
-            sender.frame(protocol_pb2.WorkerFrame(error=info))
-        except (pa.ArrowException, OSError) as exc:
-            log.debug("could not send an error frame (the coordinator is gone?): %s", exc)
-
-    def _refuse(
-        self, sender: Sender, code: protocol_pb2.ErrorCode.ValueType, message: str, stage_key: protocol_pb2.StageKey | None
-    ) -> fl.FlightError:
-        """An error frame for the coordinator, and the status the exchange ends with."""
-        info = self._info(code, message, stage_key)
-        self._send_error(sender, info)
-        return status_error(info)
-
-    def _reject(self, sender: Sender, exc: ProtocolError, stage_key: protocol_pb2.StageKey | None) -> fl.FlightError:
-        code = (
-            protocol_pb2.ERROR_CODE_VERSION_MISMATCH
-            if isinstance(exc, VersionMismatchError)
-            else protocol_pb2.ERROR_CODE_INVALID_ARGUMENT
-        )
-        log.info("rejected a task: %s", exc)
-        info = self._info(code, str(exc), stage_key, exc.field)
-        self._send_error(sender, info)
-        return status_error(info)
-
-    def _fail(self, task: Task, sender: Sender, exc: BaseException) -> Exception:
-        """Report a task's failure in a frame; return the Flight error its exchange ends with."""
-        error = task.error or exc
-        key = task.header.stage_key
-        if isinstance(error, ProtocolError):
-            log.info("task %s: bad input from the coordinator: %s", task.key, error)
-            info = self._info(protocol_pb2.ERROR_CODE_INVALID_ARGUMENT, str(error), key, error.field)
-            task.cancel(str(error))
-        elif task.cancelled.is_set() and task.error is None and not isinstance(exc, UnitReadError):
-            log.debug("task %s cancelled: %s", task.key, task.cancel_reason)
-            info = self._info(protocol_pb2.ERROR_CODE_CANCELLED, f"task {task.key} cancelled: {task.cancel_reason}", key)
-        else:
-            message = status_message(error)
-            log.info("task %s failed: %s", task.key, message)
-            code = protocol_pb2.ERROR_CODE_UNAVAILABLE if isinstance(error, WorkerUnavailableError) else protocol_pb2.ERROR_CODE_EXECUTION
-            if isinstance(error, PathRefused):
-                code = protocol_pb2.ERROR_CODE_PERMISSION_DENIED
-            info = self._info(code, f"task {task.key} failed on {self.url}: {message}", key)
-            task.cancel(message, failed=True)
-        self._send_error(sender, info)
-        return status_error(info)
-
     # ------------------------------------------------------------------- DoGet
 
     @error_boundary
@@ -392,21 +304,21 @@ class WorkerServer(fl.FlightServerBase):
         try:
             t = decode_ticket(ticket.ticket)
         except ProtocolError as exc:
-            raise status_error(self._info(invalid, str(exc), None, exc.field)) from None
+            raise status_error(error_info(self.url, invalid, str(exc), None, exc.field)) from None
         key = format_stage_key(t.stage_key)
         task, why = self.registry.get(key, wait=self.options.get_wait)
         if task is not None and not same_secret(t.query_secret, task.header.query_secret):
             message = f"the ticket for task {key} does not carry its query's secret"
-            raise status_error(self._info(protocol_pb2.ERROR_CODE_PERMISSION_DENIED, message, t.stage_key, "ticket.query_secret"))
+            raise status_error(error_info(self.url, protocol_pb2.ERROR_CODE_PERMISSION_DENIED, message, t.stage_key, "ticket.query_secret"))
         if task is None:
             code = protocol_pb2.ERROR_CODE_NOT_FOUND
-            raise status_error(self._info(code, f"no task {key} on worker {self.url}: {why}", t.stage_key, "ticket.stage_key"))
+            raise status_error(error_info(self.url, code, f"no task {key} on worker {self.url}: {why}", t.stage_key, "ticket.stage_key"))
         if task.output is None:
             message = f"task {key} is a map stage: its output streams on its DoExchange"
-            raise status_error(self._info(invalid, message, t.stage_key, "ticket"))
+            raise status_error(error_info(self.url, invalid, message, t.stage_key, "ticket"))
         if t.partition_end > task.output.partitions:
             message = f"ticket asks for partitions [{t.partition_start}, {t.partition_end}) but task {key} has {task.output.partitions}"
-            raise status_error(self._info(invalid, message, t.stage_key, "ticket.partition_end"))
+            raise status_error(error_info(self.url, invalid, message, t.stage_key, "ticket.partition_end"))
         ipc = ipc_options(task.header.options.ipc_compression)
         stream = _stream(task, t.partition_start, t.partition_end)  # (batch, app_metadata) pairs: pyarrow takes them
         return fl.GeneratorStream(task.output_schema, stream, options=ipc)  # type: ignore[arg-type]
@@ -422,10 +334,10 @@ class WorkerServer(fl.FlightServerBase):
         invalid = protocol_pb2.ERROR_CODE_INVALID_ARGUMENT
         if kind != "health" and is_anonymous(context):
             message = f"action {clip(kind, 40)!r} needs a bearer token (only health is public on this worker)"
-            raise status_error(self._info(protocol_pb2.ERROR_CODE_UNAUTHENTICATED, message, None))
+            raise status_error(error_info(self.url, protocol_pb2.ERROR_CODE_UNAUTHENTICATED, message, None))
         if kind == "health":
             if self.draining.is_set():
-                raise status_error(self._info(protocol_pb2.ERROR_CODE_UNAVAILABLE, f"worker {self.url} is draining", None))
+                raise status_error(error_info(self.url, protocol_pb2.ERROR_CODE_UNAVAILABLE, f"worker {self.url} is draining", None))
             return iter([b"ok"])
         if kind == "info":
             return iter([self.info().SerializeToString()])
@@ -433,7 +345,7 @@ class WorkerServer(fl.FlightServerBase):
             try:
                 req = decode_cancel_request(action.body.to_pybytes() if action.body else b"")
             except ProtocolError as exc:
-                raise status_error(self._info(invalid, str(exc), None, exc.field)) from None
+                raise status_error(error_info(self.url, invalid, str(exc), None, exc.field)) from None
             n = self.registry.cancel_query(req.query_id, req.query_secret, "cancelled by request")
             return iter([protocol_pb2.CancelResult(cancelled_tasks=n).SerializeToString()])
         if kind == "drain":
@@ -443,7 +355,7 @@ class WorkerServer(fl.FlightServerBase):
             self.resume()
             return iter([b"resumed"])
         message = f"unknown action {clip(kind, 40)!r}; known: {', '.join(ACTIONS)}"
-        raise status_error(self._info(invalid, message, None, "action.type"))
+        raise status_error(error_info(self.url, invalid, message, None, "action.type"))
 
     def info(self) -> protocol_pb2.WorkerInfo:
         return protocol_pb2.WorkerInfo(

@@ -80,32 +80,41 @@ def read_partitions(
                     if not offer((batch, False)):
                         return
             offer(_END)
-        except FlightExecError as exc:
-            offer(TaskFailedError(f"reading task {name} on {url}: {exc}"))
-        except (fl.FlightUnavailableError, fl.FlightTimedOutError) as exc:
-            # The producer's worker is gone: retryable, and it is that worker the error names.
-            offer(WorkerUnavailableError(f"worker {url} (task {name}) is unavailable: {status_message(exc)}", cause=status_message(exc)))
-        except (pa.ArrowException, OSError) as exc:
-            offer(TaskFailedError(f"reading task {name} on {url}: {status_message(exc)}"))
-        except Exception as exc:  # noqa: BLE001 - anything else must still reach the consumer, or it waits
-            offer(TaskFailedError(f"reading task {name} on {url}: {type(exc).__name__}: {exc}"))
+        except Exception as exc:  # noqa: BLE001 - anything must still reach the consumer, or it waits
+            offer(_read_error(exc, url, name))
 
-    pending = len(producers)
     for p in producers:
         spawn(pump, *p, name=f"shuffle-{task.key}")
     try:
-        while pending:
-            try:
-                item = results.get(timeout=0.1)
-            except queue.Empty:
-                if task.cancelled.is_set():
-                    return
-                continue
-            if item is _END:
-                pending -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield item  # type: ignore[misc]
+        yield from _consume(task, results, len(producers))
     finally:
         stop.set()
+
+
+def _read_error(exc: Exception, url: str, name: str) -> Exception:
+    """What the consumer is told when reading producer task ``name`` on ``url`` failed with ``exc``."""
+    if isinstance(exc, FlightExecError):
+        return TaskFailedError(f"reading task {name} on {url}: {exc}")
+    if isinstance(exc, (fl.FlightUnavailableError, fl.FlightTimedOutError)):
+        # The producer's worker is gone: retryable, and it is that worker the error names.
+        return WorkerUnavailableError(f"worker {url} (task {name}) is unavailable: {status_message(exc)}", cause=status_message(exc))
+    if isinstance(exc, (pa.ArrowException, OSError)):
+        return TaskFailedError(f"reading task {name} on {url}: {status_message(exc)}")
+    return TaskFailedError(f"reading task {name} on {url}: {type(exc).__name__}: {exc}")
+
+
+def _consume(task: Task, results: queue.Queue[object], pending: int) -> Iterator[tuple[pa.RecordBatch, bool]]:
+    """The consumer's side: the batches as the producers' threads offer them, until all ``pending`` ended (or the task stops)."""
+    while pending:
+        try:
+            item = results.get(timeout=0.1)
+        except queue.Empty:
+            if task.cancelled.is_set():
+                return
+            continue
+        if item is _END:
+            pending -= 1
+        elif isinstance(item, BaseException):
+            raise item
+        else:
+            yield item  # type: ignore[misc]

@@ -1,0 +1,50 @@
+"""The worker's watchdog: frees the tasks of silent coordinators, and gives memory back when idle.
+
+Apart from the Flight handlers because it is no call's: one thread for the worker's
+whole life, drained or not (a drain that is undone must still free the tasks of
+coordinators that went silent), that the handlers only signal through two events.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from flight.worker.admission import Admission
+from flight.worker.memory import release_idle_memory
+from flight.worker.tasks import TaskRegistry
+
+__all__ = ["watch"]
+
+log = logging.getLogger("flight.worker.server")
+
+
+def watch(registry: TaskRegistry, admission: Admission, timeout: float, stopped: threading.Event, idle: threading.Event) -> None:
+    """Free tasks whose coordinator went silent (frozen, partitioned) for ``timeout`` seconds: nothing else would.
+
+    A handler blocked reading a silent peer cannot be woken (pyarrow's server has no way
+    to cancel a call), so the task's state is released here; the handler thread ends
+    whenever the connection does. Runs until ``stopped``; ``idle`` says tasks ran since
+    memory was last handed back.
+    """
+    while not stopped.wait(min(1.0, timeout / 4)):
+        _free_silent(registry, admission, time.monotonic(), timeout)
+        if len(registry):
+            idle.set()  # tasks it frees itself (silent clients) leave memory behind too
+        elif idle.is_set():
+            idle.clear()
+            release_idle_memory()
+
+
+def _free_silent(registry: TaskRegistry, admission: Admission, now: float, timeout: float) -> None:
+    """One round of the watchdog (a frame of its own: the loop's last task is not kept while the worker idles)."""
+    for task in registry.tasks():
+        if task.half_closed:
+            continue  # the client finished sending (a map stage's input): it cannot beat any more
+        silent = now - task.last_heard
+        if silent > timeout:
+            log.warning("task %s: the coordinator sent nothing for %.1fs; freeing the task", task.key, silent)
+            task.cancel(f"the coordinator sent nothing for {silent:.0f}s (heartbeats included)")
+            registry.remove(task)
+            admission.release(task.key)
