@@ -37,6 +37,7 @@ import gc
 import logging
 import os
 import time
+from collections.abc import Callable
 
 import pyarrow as pa
 
@@ -53,11 +54,12 @@ SETTLE_S = 1.0
 """How long an idle worker waits for its idle threads to end before it collects their memory."""
 
 
-def _threads_settle(limit_s: float = SETTLE_S) -> None:
-    """Wait until the process's thread count stops falling (threads end asynchronously), at most ``limit_s``."""
+def _threads_settle(busy: Callable[[], bool], limit_s: float = SETTLE_S) -> None:
+    """Wait until the process's thread count stops falling (threads end asynchronously), at most
+    ``limit_s``, and not once ``busy()``."""
     deadline = time.monotonic() + limit_s
     count = _thread_count()
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not busy():
         time.sleep(0.05)
         now = _thread_count()
         if now >= count:
@@ -90,13 +92,18 @@ def limit_malloc_arenas() -> None:
         log.debug("mallopt(M_ARENA_MAX) was refused")
 
 
-def release_idle_memory() -> None:
-    """End idle threads, collect garbage, then hand Arrow's and glibc's free memory back to the system."""
+def release_idle_memory(busy: Callable[[], bool] = lambda: False) -> None:
+    """End idle threads, collect garbage, then hand Arrow's and glibc's free memory back to the system.
+
+    ``busy()`` true (a task arrived) gives the I/O pool its size back at once: its sources need it.
+    """
     retire_idle()
     io_threads = pa.io_thread_count()
     pa.set_io_thread_count(1)  # idle pool threads end (a pool thread that works ends after its task)
-    _threads_settle()
-    pa.set_io_thread_count(io_threads)
+    try:
+        _threads_settle(busy)
+    finally:
+        pa.set_io_thread_count(io_threads)
     gc.collect()
     pa.default_memory_pool().release_unused()
     if _LIBC is not None:
