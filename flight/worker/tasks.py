@@ -23,6 +23,7 @@ from flight.engine.pruning import ScanStats
 from flight.errors import ProtocolError, TaskCancelledError, TaskFailedError, light_copy
 from flight.wire._proto import plan_pb2, protocol_pb2
 from flight.wire.ipc import check_batch
+from flight.wire.operators import operators
 from flight.wire.protocol import format_stage_key
 from flight.worker.auth import same_secret
 from flight.worker.buffers import OutputBuffer
@@ -72,7 +73,7 @@ class Task:
         self.error: BaseException | None = None  # what stopped the task from outside (bad frame)
         self.failure: Exception | None = None  # the Flight error the exchange ends with
         self.finished = False
-        self.is_map = _has_exchange_input(plan.root)
+        self.is_map = any(op.WhichOneof("kind") == "exchange_input" for op in operators(plan.root))
         self.inputs = InputQueue(max_bytes=INPUT_RESERVE_BYTES) if self.is_map else None
         partitions = plan.output.partitions or 1
         self.hash_keys = list(plan.output.hash_keys)
@@ -219,16 +220,6 @@ class Task:
     def held_bytes(self) -> int:
         """What the client makes this worker hold for the task: unread output, units and map input."""
         return self.buffered_bytes + self.unit_bytes.held + (self.inputs.queued_bytes if self.inputs is not None else 0)
-
-
-def _has_exchange_input(op: plan_pb2.Operator) -> bool:
-    kind = op.WhichOneof("kind")
-    if kind == "exchange_input":
-        return True
-    if kind is None:
-        return False
-    child = getattr(op, kind)
-    return child.HasField("input") and _has_exchange_input(child.input) if hasattr(child, "input") else False
 
 
 class TaskRegistry:
