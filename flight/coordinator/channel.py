@@ -4,6 +4,12 @@ A ``TaskChannel`` opens the exchange with the task's header, reads the
 worker's frames on a thread of its own (ready, feed credits, errors, final
 metrics) and lets the coordinator send frames (units, feed ends, cancel).
 Closing the channel is what frees the task on the worker.
+
+A map stage (``map.map_batches``) uses the same channel: it writes the task's
+input batches (``write_input``) and reads the output inline, on the caller's
+thread (``open(inline=True)``, ``output()``). One client for both, so both keep
+the one-writer rule (docs/protocol.md §9): every write under one lock, the
+release a ``Release`` frame, the writer closed only once the reader stopped.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterator
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -50,9 +56,10 @@ class TaskChannel:
         on_error: ErrorHandler | None = None,
         on_finished: FinishedHandler | None = None,
         heartbeat: float = 2.0,
-        peer_timeout: float = 10.0,
+        peer_timeout: float | None = 10.0,
         name: str | None = None,
     ) -> None:
+        """``peer_timeout`` None: no watch for a silent worker (an inline reader may pause between batches)."""
         self.url = url
         self.heartbeat = heartbeat
         self.peer_timeout = peer_timeout
@@ -77,14 +84,21 @@ class TaskChannel:
         self._writer: fl.FlightStreamWriter | None = None
         self._reader: fl.FlightStreamReader | None = None
         self._closing = False
+        self._inline = False  # the caller reads (output()), not a thread of the channel's
+        self._input_begun = False
 
-    def open(self, client: fl.FlightClient) -> None:
+    def open(self, client: fl.FlightClient, *, inline: bool = False) -> None:
+        """Open the exchange; ``inline``: the caller reads it with ``output()`` (a map stage), else a thread does."""
         descriptor = fl.FlightDescriptor.for_command(self.header.SerializeToString())
         try:
             self._writer, self._reader = client.do_exchange(descriptor)
         except (pa.ArrowException, OSError) as exc:
             raise translate_flight_error(exc, self.url, self.key) from exc
         self.last_heard = time.monotonic()
+        self._inline = inline
+        if inline:
+            every(self.heartbeat, self._beat)
+            return
         # One thread started here; the reader registers the heartbeats with the process's ticker
         # thread (flight.threads.every): no thread per heartbeat.
         spawn(self._read, name=f"channel-{self.key}")
@@ -96,10 +110,10 @@ class TaskChannel:
         (a write blocked on a frozen worker, or any other frame) makes the beat skip, and the
         failure is handled on a thread of its own. False ends the beats.
         """
-        if self.done.is_set():
+        if self.done.is_set() or (self._inline and self._closing):
             return False
         silent = time.monotonic() - self.last_heard
-        if silent > self.peer_timeout:
+        if self.peer_timeout is not None and silent > self.peer_timeout:
             spawn(self._lost, silent, name=f"lost-{self.key}")
             return False
         if not self._closing and self._lock.acquire(blocking=False):
@@ -118,7 +132,7 @@ class TaskChannel:
                 stage_key=self.key,
             )
         )
-        self._cancel_call()
+        self.cancel_call()
 
     def ready_or_queued(self, deadline_s: float) -> bool:
         """True once the worker accepted the task, False as soon as it says it queued it for capacity.
@@ -170,6 +184,21 @@ class TaskChannel:
         with self._lock:
             self._write(data)
 
+    def write_input(self, batch: pa.RecordBatch) -> bool:
+        """A map stage's input batch (the first begins the Arrow stream), under the lock.
+
+        False once the channel let go of the task or the call ended: no more input is wanted.
+        A failed write raises (the caller knows whether the worker or the input is to blame).
+        """
+        with self._lock:
+            if self._closing or self._writer is None or self.done.is_set() or self.error is not None:
+                return False
+            if not self._input_begun:
+                self._writer.begin(batch.schema)
+                self._input_begun = True
+            self._writer.write_batch(batch)
+            return True
+
     def _write(self, data: pa.Buffer) -> None:
         """One frame, under ``_lock``: one writer at a time, and none once the call ended or failed
         or was let go (the release is the last write: docs/protocol.md §9, "One writer")."""
@@ -198,7 +227,7 @@ class TaskChannel:
         """
         cancel = protocol_pb2.CoordinatorFrame(cancel=protocol_pb2.Cancel(reason=reason[:200]))
         self._send_last(cancel, protocol_pb2.CoordinatorFrame(release=protocol_pb2.Release()), wait=_LOCK_WAIT_S)
-        self._cancel_call()
+        self.cancel_call()
 
     def _send_last(self, *frames: protocol_pb2.CoordinatorFrame, wait: float = -1) -> None:
         """Write ``frames`` as the channel's last writes: nothing is written after them."""
@@ -221,7 +250,8 @@ class TaskChannel:
         self._on_credit = None
         self._on_finished = None
 
-    def _cancel_call(self) -> None:
+    def cancel_call(self) -> None:
+        """Cut the call (thread-safe in gRPC): the reader raises, and a write blocked on flow control returns."""
         if self._reader is not None and not self.done.is_set():
             try:
                 self._reader.cancel()
@@ -234,11 +264,12 @@ class TaskChannel:
         Closing a Flight writer finishes the call (a half-close, then reading the status),
         which must not overlap the reader thread: wait for the reader to end (cancelling
         the call if the worker does not end it), and leave the writer to the garbage
-        collector if the reader never ends.
+        collector if the reader never ends. An inline reader is the caller, which
+        stopped reading when it calls this.
         """
         self.close()
-        if self._reader is not None and not self.done.wait(_LOCK_WAIT_S):
-            self._cancel_call()
+        if self._reader is not None and not self._inline and not self.done.wait(_LOCK_WAIT_S):
+            self.cancel_call()
             if not self.done.wait(_READER_EXIT_S):
                 log.warning("task %s: the exchange's reader did not stop; leaving the stream open", self.key)
                 return
@@ -249,6 +280,8 @@ class TaskChannel:
                 writer.close()
             except (pa.ArrowException, OSError) as exc:
                 log.debug("task %s: closing the exchange: %s", self.key, status_message(exc))
+        if self._inline:
+            self.done.set()  # the heartbeats end
 
     # ---------------------------------------------------------------- reading
 
@@ -261,8 +294,36 @@ class TaskChannel:
                 self._on_error(self, error)
 
     def _read(self) -> None:
-        assert self._reader is not None
         every(self.heartbeat, self._beat)
+        for _ in self._chunks():
+            pass
+
+    def output(self) -> Iterator[pa.RecordBatch]:
+        """A map stage's output batches, read on the caller's thread (``open(inline=True)``).
+
+        Frames are handled as they come; the task's first error is raised (a worker's error
+        frame at once: the worker keeps the call open until it is let go, ``finish()``).
+        """
+        chunks = self._chunks()
+        try:
+            for data in chunks:
+                if self.error is not None:
+                    break
+                if data is not None and data.num_rows:
+                    yield data
+        finally:
+            chunks.close()
+        if self.error is not None:
+            raise self.error
+
+    def _chunks(self) -> Generator[pa.RecordBatch | None, None, None]:
+        """Every message of the call, its frame handled, its record batch (if any) yielded, until the call ends.
+
+        Errors are recorded (``_fail``), not raised. ``done`` is set when the call ended, not when
+        an inline reader stopped early: then the call is still open, to be let go (``finish()``).
+        """
+        assert self._reader is not None
+        stopped_early = False
         try:
             while True:
                 try:
@@ -272,8 +333,12 @@ class TaskChannel:
                 self.last_heard = time.monotonic()
                 if chunk.app_metadata is not None and chunk.app_metadata.size:
                     self._handle(decode_worker_frame(chunk.app_metadata))
-            if self.metrics is None and self.error is None and not self._closing:
+                yield chunk.data
+            if self.metrics is None and self.error is None and not self._closing and not self._inline:
                 self._fail(TaskFailedError("the worker ended the task's exchange before it finished", worker_url=self.url, stage_key=self.key))
+        except GeneratorExit:
+            stopped_early = True
+            raise
         except ProtocolError as exc:
             self._fail(TaskFailedError(f"the worker sent a malformed frame: {exc}", worker_url=self.url, stage_key=self.key))
         except FlightExecError as exc:
@@ -282,11 +347,9 @@ class TaskChannel:
             if not self._closing or self.metrics is None:
                 self._fail(translate_flight_error(exc, self.url, self.key))
         finally:
-            self.done.set()
-            self._settled.set()
-            self._news.set()
-            self.finished.set()
-            self.drained.set()
+            if not stopped_early:
+                for event in (self.done, self._settled, self._news, self.finished, self.drained):
+                    event.set()
 
     def _handle(self, frame: protocol_pb2.WorkerFrame) -> None:
         kind = frame.WhichOneof("frame")
