@@ -8,32 +8,14 @@ feeds, results) and calls this once per task, again after each admission retry
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from flight.config import ExecOptions
 from flight.coordinator.headers import task_header
 from flight.planner.stages import StageSpec
 from flight.wire._proto import plan_pb2, protocol_pb2
+from flight.wire.operators import operators
 from flight.wire.protocol import COMPRESSION, encode_schema, make_stage_key
 
-__all__ = ["bound_header", "shuffle_reads"]
-
-
-def shuffle_reads(op: plan_pb2.Operator) -> Iterator[plan_pb2.ShuffleRead]:
-    """Every ``ShuffleRead`` in the operator tree below ``op`` (itself included)."""
-    stack = [op]
-    while stack:
-        node = stack.pop()
-        kind = node.WhichOneof("kind")
-        if kind is None:
-            continue
-        body = getattr(node, kind)
-        if kind == "shuffle_read":
-            yield body
-            continue
-        for fd, value in body.ListFields():
-            if fd.message_type is plan_pb2.Operator.DESCRIPTOR:
-                stack.extend([value] if isinstance(value, plan_pb2.Operator) else value)
+__all__ = ["bound_header", "task_plan"]
 
 
 def task_plan(stage: StageSpec, task: int, counts: dict[int, int], query_id: str, bound: dict[int, list[str]]) -> bytes:
@@ -49,7 +31,10 @@ def task_plan(stage: StageSpec, task: int, counts: dict[int, int], query_id: str
         output_schema=encode_schema(stage.output_schema),
     )
     modes = {read.stage_id: read.mode for read in stage.reads}
-    for read in shuffle_reads(plan.root):
+    for op in operators(plan.root):
+        if op.WhichOneof("kind") != "shuffle_read":
+            continue
+        read = op.shuffle_read  # the plan's own message: bound in place
         del read.producers[:]
         read.producers.extend(
             plan_pb2.ProducerTask(url=url, stage_key=make_stage_key(query_id, read.stage_id, t).SerializeToString())
