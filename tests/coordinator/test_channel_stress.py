@@ -95,7 +95,7 @@ def _child(workdir: Path) -> int:
                 channel.send(protocol_pb2.CoordinatorFrame(units=protocol_pb2.WorkUnitBatch(feed_id="no-such-feed", partition=9, units=[unit])))
                 channel.close()
             elif ending == "cancel_call":
-                channel._cancel_call()
+                channel.cancel_call()
             else:
                 channel.finish()
                 channel.abort("after the end")
