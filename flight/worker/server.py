@@ -105,7 +105,7 @@ class WorkerServer(fl.FlightServerBase):
         self.admission = Admission(worker_capacity(o, sec.identifies_callers))
         self.beats = Heartbeats()
         self._stopped = threading.Event()  # set by shutdown()
-        self._idle = threading.Event()  # set when the last task was freed: the watchdog gives memory back
+        self._idle = threading.Event()  # tasks ran since memory was last handed back
         # The watchdog (watchdog.py) runs for the worker's whole life, drained or not: a drain that
         # is undone (resume) must still free the tasks of coordinators that went silent.
         watchdog = (self.registry, self.admission, self.options.peer_timeout, self._stopped, self._idle)

@@ -15,40 +15,27 @@ from flight.worker.admission import Admission
 from flight.worker.memory import release_idle_memory
 from flight.worker.tasks import TaskRegistry
 
-__all__ = ["IDLE_DEBOUNCE_S", "watch"]
+__all__ = ["watch"]
 
 log = logging.getLogger("flight.worker.server")
-
-IDLE_DEBOUNCE_S = 0.2
-"""How long after its last task ended a worker waits before it gives memory back: a query's next
-stage, or the next query of a script, usually comes sooner, and its threads are still there."""
-
 
 def watch(registry: TaskRegistry, admission: Admission, timeout: float, stopped: threading.Event, idle: threading.Event) -> None:
     """Free tasks whose coordinator went silent (frozen, partitioned) for ``timeout`` seconds: nothing else would.
 
     A handler blocked reading a silent peer cannot be woken (pyarrow's server has no way
     to cancel a call), so the task's state is released here; the handler thread ends
-    whenever the connection does. Runs until ``stopped``. A handler sets ``idle`` when it
-    freed the worker's last task: memory is handed back ``IDLE_DEBOUNCE_S`` later if no task
-    came meanwhile (``release_idle_memory``), and after the tasks this watchdog frees too.
+    whenever the connection does. Runs until ``stopped``; ``idle`` says tasks ran since
+    memory was last handed back, which is done at the next round (within a second) that
+    finds no task (``release_idle_memory``). Given back sooner (0.2 s after the last task
+    left), an idle worker kept 250-360 MiB more at some samples of the 2,000-case fuzz run:
+    the calls that just ended free what they held after their task left the registry.
     """
-    every = min(1.0, timeout / 4)
-    ran = False  # tasks ran since memory was last handed back
-    next_round = time.monotonic()
-    while not stopped.is_set():
-        if idle.wait(max(0.0, next_round - time.monotonic())):
-            idle.clear()
-            ran = True
-            if stopped.wait(IDLE_DEBOUNCE_S):
-                return
-        if time.monotonic() >= next_round:
-            _free_silent(registry, admission, time.monotonic(), timeout)
-            next_round = time.monotonic() + every
+    while not stopped.wait(min(1.0, timeout / 4)):
+        _free_silent(registry, admission, time.monotonic(), timeout)
         if len(registry):
-            ran = True
-        elif ran:
-            ran = False
+            idle.set()  # tasks it frees itself (silent clients) leave memory behind too
+        elif idle.is_set():
+            idle.clear()
             release_idle_memory(busy=lambda: len(registry) > 0)
 
 
