@@ -51,8 +51,38 @@ def _write_report() -> None:
         *(f"  rss {v >> 10:6d} MiB  {k}" for k, v in _rss_by_mapping().most_common(20)),
         "threads: " + str(collections.Counter(t.name.rstrip("0123456789-_ ") for t in threading.enumerate()).most_common(10)),
     ]
+    for kind in os.environ.get("MEMDIAG_CHAINS", "").split(","):
+        if kind and kinds.get(kind):
+            lines.append(f"who holds a {kind}: " + _chain(kind))
     with open(OUT, "a") as out:
         out.write("\n".join(lines) + "\n")
+
+
+def _chain(kind: str, depth: int = 10) -> str:
+    """The referrers of one (the last made) object of type ``kind``, a step at a time, up to ``depth``."""
+    import sys
+
+    objects = [o for o in gc.get_objects() if type(o).__name__ == kind]
+    here: object = objects[-1]
+    del objects
+    me = sys._getframe()
+    steps = [kind]
+    seen = {id(here), id(me), id(steps)}
+    for _ in range(depth):
+        holders = [r for r in gc.get_referrers(here) if id(r) not in seen and r is not me]
+        seen.add(id(holders))
+        if not holders:
+            break
+        here = holders[0]
+        seen.add(id(here))
+        name = type(here).__name__
+        if name == "frame":
+            code = here.f_code  # type: ignore[attr-defined]
+            name = f"frame {code.co_name} ({os.path.basename(code.co_filename)}:{here.f_lineno})"  # type: ignore[attr-defined]
+        elif name == "dict":
+            name = f"dict({len(here)} keys: {', '.join(map(str, list(here)[:4]))})"  # type: ignore[arg-type]
+        steps.append(f"{name} [+{len(holders) - 1}]")
+    return " <- ".join(steps)
 
 
 def _report(*_: object) -> None:

@@ -39,10 +39,12 @@ from flight.sources.estimate import DefaultTaskEstimator, DiscoverySample, TaskE
 from flight.sources.feed import FeedContext, Unit, WorkUnit, WorkUnitFeed, WorkUnitFeedProvider, file_unit
 from flight.sources.providers import FileListProvider, ListingProvider
 from flight.sources.storage import configure_storage
+from flight.sql import Catalog, sql
 from flight.tables.delta import read_delta
 from flight.tables.iceberg import read_iceberg
 
 __all__ = [
+    "Catalog",
     "DefaultTaskEstimator",
     "DiscoverySample",
     "DistributedExec",
@@ -105,5 +107,6 @@ __all__ = [
     "read_parquet",
     "register_reader",
     "run_local",
+    "sql",
     "units",
 ]

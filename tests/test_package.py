@@ -21,7 +21,7 @@ EXPECTED_API = {
     "VersionMismatchError", "WorkUnit", "WorkUnitFeed", "WorkUnitFeedProvider", "WorkerError", "WorkerOptions",
     "WorkerResolver", "WorkerBusyError", "WorkerUnavailableError", "__version__", "agg", "call", "coalesce", "col", "configure_storage", "file_unit",
     "from_arrow", "from_feed", "if_else", "lit", "map_batches", "map_input", "read_delta", "read_iceberg", "read_ipc", "read_parquet",
-    "register_reader", "run_local", "units",
+    "register_reader", "run_local", "units", "sql", "Catalog",
 }
 
 
@@ -42,7 +42,7 @@ def test_import_stays_light() -> None:
     code = (
         "import sys; import pyarrow.acero, pyarrow.dataset, pyarrow.flight, pyarrow.parquet, google.protobuf; "
         "base = set(sys.modules); import flight; "
-        "print(sorted(m for m in set(sys.modules) - base if m.split('.')[0] in ('pyspark', 'pandas', 'duckdb', 'py4j')))"
+        "print(sorted(m for m in set(sys.modules) - base if m.split('.')[0] in ('pyspark', 'pandas', 'duckdb', 'py4j', 'datafusion')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"

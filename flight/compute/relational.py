@@ -62,10 +62,12 @@ def join_decl(
     left_keys: Sequence[str],
     right_keys: Sequence[str],
     right_suffix: str,
+    filter: pc.Expression | None = None,
 ) -> ac.Declaration:
-    options = ac.HashJoinNodeOptions(
+    """Acero's hash join; ``filter``: a condition on the joined row beside the key equalities."""
+    options = ac.HashJoinNodeOptions(  # type: ignore[call-arg]  # the stubs lack filter_expression (pyarrow has it)
         join_type,  # type: ignore[arg-type]  # one of JOIN_TYPES, checked by the callers
-        list(left_keys), list(right_keys), output_suffix_for_right=right_suffix
+        list(left_keys), list(right_keys), output_suffix_for_right=right_suffix, filter_expression=filter
     )
     return ac.Declaration("hashjoin", options, inputs=[left, right])
 

@@ -42,6 +42,8 @@ class Query:
 
     def __init__(self, node: Node) -> None:
         self.node = node
+        self.logical_plan: str | None = None
+        """The SQL front end's optimized logical plan, for a query ``flight.sql`` made (explain shows it)."""
 
     @property
     def schema(self) -> pa.Schema:
@@ -113,11 +115,14 @@ class Query:
         right_on: str | Sequence[str] | None = None,
         how: str = "inner",
         suffix: str = "_right",
+        filter: Expr | None = None,
     ) -> Query:
         """Hash join with ``other`` (the build side). ``how``: inner, left, right, full, semi, anti.
 
         With ``on`` the key columns appear once (coalesced for right and full
-        joins); with ``left_on`` / ``right_on`` both sides' keys are kept.
+        joins); with ``left_on`` / ``right_on`` both sides' keys are kept. ``filter`` is a
+        further condition on the joined row (both sides' columns; their names must differ):
+        a left row matches only right rows where it holds.
         """
         if how not in _JOIN_TYPES:
             raise PlanError(f"join: how={how!r} is not one of {', '.join(_JOIN_TYPES)}")
@@ -126,7 +131,7 @@ class Query:
         lk = _names(on if on is not None else left_on)
         rk = _names(on if on is not None else right_on)
         left, right = _widen_int_keys(self, lk, other, rk)
-        node: Node = JoinNode(left.node, right.node, lk, rk, _JOIN_TYPES[how], suffix)
+        node: Node = JoinNode(left.node, right.node, lk, rk, _JOIN_TYPES[how], suffix, filter=filter)
         if on is None or how in ("semi", "anti"):
             return Query(node)
         # One column per key: the left one, or the non-null of both where the right side may lead.
@@ -159,7 +164,10 @@ class Query:
     # -------------------------------------------------------------- outputs
 
     def explain(self) -> str:
-        return "\n".join(self.node.explain_lines())
+        lines = self.node.explain_lines()
+        if self.logical_plan:
+            lines = ["SQL logical plan (DataFusion, optimized):", *("  " + x for x in self.logical_plan.splitlines()), "Plan:", *lines]
+        return "\n".join(lines)
 
     def stage_plan(self) -> plan_pb2.StagePlan:
         """The serialized form a worker runs (one stage)."""

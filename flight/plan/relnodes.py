@@ -141,6 +141,8 @@ class JoinNode(Node):
     join_type: str
     right_suffix: str = "_right"
     strategy: str = ""  # set by the planner: "broadcast" or "shuffle", shown by explain()
+    filter: Expr | None = None
+    """A condition on the joined row beside the key equalities (SQL's ``ON a = b AND x <> y``)."""
     _schema: pa.Schema = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -159,6 +161,13 @@ class JoinNode(Node):
             self._schema = join_schema(ls, rs, self.join_type, self.left_keys, self.right_keys, self.right_suffix)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             raise PlanError(f"join on {self.left_keys} = {self.right_keys}: {exc}") from exc
+        if self.filter is not None:
+            shared = sorted(set(ls.names) & set(rs.names))
+            if shared:
+                raise PlanError(f"join filter: both sides have columns named {shared}; rename one side first")
+            t = output_type(self.filter, pa.schema([*ls, *rs]))
+            if not pa.types.is_boolean(t):
+                raise PlanError(f"join filter: {self.filter!r} is {t}, not a boolean")
 
     @property
     def schema(self) -> pa.Schema:
@@ -176,13 +185,15 @@ class JoinNode(Node):
                 right_keys=self.right_keys,
                 join_type=self.join_type,
                 right_suffix=self.right_suffix,
+                filter=self.filter.to_proto() if self.filter is not None else None,
             )
         )
 
     def label(self) -> str:
         how = f", {self.strategy}" if self.strategy else ""
         keys = ", ".join(f"{a}={b}" for a, b in zip(self.left_keys, self.right_keys))
-        return f"HashJoin[{self.join_type}, {keys}{how}]"
+        where = f", filter={self.filter!r}" if self.filter is not None else ""
+        return f"HashJoin[{self.join_type}, {keys}{where}{how}]"
 
 
 @dataclass(eq=False)

@@ -222,7 +222,7 @@ class _Planner:
             if swappable and _smaller(left, right):
                 ordered = self.swapped(node, left.node, right.node, "local", left, right)
                 return _Frag(ordered, 1, out_rows, right.feeds + left.feeds, right.reads + left.reads, left.leaf or right.leaf)
-            merged = JoinNode(left.node, right.node, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "local")
+            merged = JoinNode(left.node, right.node, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "local", node.filter)
             return _Frag(merged, 1, out_rows, left.feeds + right.feeds, left.reads + right.reads, left.leaf or right.leaf)
         placed = self.colocated(node, left, right, out_rows, swappable)
         if placed is not None:
@@ -230,7 +230,7 @@ class _Planner:
         reduced = semi and self.reduces(node, left, right)
         if reduced:
             right = self.reduced(node, left)
-        distinct = self.distinct_keys(right, node) if semi else None
+        distinct = self.distinct_keys(right, node) if semi and node.filter is None else None  # a filter reads more than keys
         if distinct is not None:
             right = distinct
             if reduced and left.rows is not None and right.rows is not None:
@@ -245,7 +245,7 @@ class _Planner:
             if distinct is not None:
                 self.rewrites.append(f"{_join_text(node)}: the build side is reduced to its distinct keys {node.right_keys} before it is broadcast")
             read = self.cut(right, "broadcast")
-            merged = JoinNode(left.node, read, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "broadcast")
+            merged = JoinNode(left.node, read, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "broadcast", node.filter)
             return _Frag(merged, left.tasks, out_rows, left.feeds, left.reads + [read], left.leaf, left.ranges)
         left_small = left.rows is not None and left_bytes <= min(self.options.broadcast_bytes, right_bytes or float("inf"))
         if left_small and node.join_type == "inner" and swappable:
@@ -262,7 +262,7 @@ class _Planner:
         if swappable and _smaller(left, right):
             ordered = self.swapped(node, lread, rread, "shuffle", left, right)
             return self.consumer(ordered, tasks, out_rows, [lread, rread])
-        merged = JoinNode(lread, rread, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "shuffle")
+        merged = JoinNode(lread, rread, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "shuffle", node.filter)
         return self.consumer(merged, tasks, out_rows, [lread, rread])
 
     def colocated(self, node: JoinNode, left: _Frag, right: _Frag, rows: float | None, swappable: bool) -> _Frag | None:
@@ -310,7 +310,7 @@ class _Planner:
         if swappable and _smaller(left, right):
             ordered = self.swapped(node, left.node, right.node, "co-located", left, right)
             return _Frag(ordered, tasks, rows, feeds, reads, leaf=True, ranges=bounds)
-        merged = JoinNode(left.node, right.node, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "co-located")
+        merged = JoinNode(left.node, right.node, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "co-located", node.filter)
         return _Frag(merged, tasks, rows, feeds, reads, leaf=True, ranges=bounds)
 
     def swapped(
@@ -322,7 +322,7 @@ class _Planner:
         """
         build = left_read if left_read is not None else left
         joined = JoinNode(
-            right, build, node.right_keys, node.left_keys, _SWAPPED[node.join_type], node.right_suffix, f"{strategy}, sides swapped"
+            right, build, node.right_keys, node.left_keys, _SWAPPED[node.join_type], node.right_suffix, f"{strategy}, sides swapped", node.filter
         )
         self.rewrites.append(
             f"{_join_text(node)}: sides swapped, the left side ({_size_text(lf)}) is estimated smaller "

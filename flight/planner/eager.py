@@ -94,7 +94,7 @@ def _map_children(node: Node, f: Callable[[Node], Node]) -> Node:
 
 def _eager(agg: AggregateNode) -> Node | None:
     join = agg.input
-    if not isinstance(join, JoinNode) or join.join_type not in ("inner", "left outer") or not agg.calls:
+    if not isinstance(join, JoinNode) or join.join_type not in ("inner", "left outer") or not agg.calls or join.filter is not None:
         return None
     right_names = set(join.right.schema.names)
     if set(join.left.schema.names) & right_names or list(agg.keys) != list(join.left_keys):
@@ -109,7 +109,7 @@ def _eager(agg: AggregateNode) -> Node | None:
         pre.append(AggCall(part, c.function, c.expr))
         merged.append(AggCall(c.name, _MERGE[c.function], col(part)))
     early = AggregateNode(join.right, list(join.right_keys), pre, "EagerAggregate")
-    joined = JoinNode(join.left, early, join.left_keys, join.right_keys, join.join_type, join.right_suffix)
+    joined = JoinNode(join.left, early, join.left_keys, join.right_keys, join.join_type, join.right_suffix, filter=join.filter)
     final = AggregateNode(joined, list(agg.keys), merged, agg.label_text)
     counts = frozenset(c.name for c in agg.calls if c.function == "count") if join.join_type == "left outer" else frozenset()
     return _merged(agg, final, counts)

@@ -254,7 +254,7 @@ def _push_join(node: JoinNode, preds: list[_Pred]) -> Node:
                 down[side].append(_Pred(_rename(derived, rename), f"derived from the OR above {here}"))
     left = _push(node.left, down["left"])
     right = _push(node.right, down["right"])
-    joined = JoinNode(left, right, node.left_keys, node.right_keys, node.join_type, node.right_suffix, node.strategy)
+    joined = JoinNode(left, right, node.left_keys, node.right_keys, node.join_type, node.right_suffix, node.strategy, node.filter)
     return _filtered(joined, stay)
 
 
@@ -297,6 +297,10 @@ def _prune_join(node: JoinNode, needed: set[str]) -> Node:
     left_names = set(node.left.schema.names)
     left_needed = {n for n in left_names if n in needed} | set(node.left_keys)
     right_needed = set(node.right_keys)
+    if node.filter is not None:  # the join's own condition reads columns of both sides
+        used = node.filter.referenced_fields()
+        left_needed |= used & left_names
+        right_needed |= used & set(node.right.schema.names)
     if node.join_type not in ("left semi", "left anti"):
         for r in node.right.schema.names:
             suffixed = r in left_names
@@ -314,4 +318,5 @@ def _prune_join(node: JoinNode, needed: set[str]) -> Node:
         node.join_type,
         node.right_suffix,
         node.strategy,
+        node.filter,
     )

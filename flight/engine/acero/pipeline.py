@@ -275,7 +275,20 @@ def _hash_join(join: plan_pb2.HashJoin, env: Env, here: str) -> tuple[ac.Declara
         out = join_schema(ls, rs, *args)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
         raise ProtocolError(f"{here} does not fit its inputs: {exc}", field=here) from exc
-    return join_decl(left, right, *args), out
+    return join_decl(left, right, *args, filter=join_filter(join, ls, rs, here)), out
+
+
+def join_filter(join: plan_pb2.HashJoin, ls: pa.Schema, rs: pa.Schema, here: str) -> pc.Expression | None:
+    """The join's condition beside its keys, checked: over both sides' columns (no name shared), a bool."""
+    if not join.HasField("filter"):
+        return None
+    where = f"{here}.filter"
+    if set(ls.names) & set(rs.names):
+        raise ProtocolError(f"{where} is set, but the join's sides share column names", field=where)
+    predicate = to_pyarrow(join.filter, where)
+    if bind(join.filter, predicate, pa.schema([*ls, *rs]), where) != pa.bool_():
+        raise ProtocolError(f"{where} is not of type bool", field=where)
+    return predicate
 
 
 _COMPILERS: dict[str, Callable[[Any, Env, str], tuple[ac.Declaration, pa.Schema]]] = {

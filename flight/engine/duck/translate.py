@@ -187,6 +187,9 @@ class Translator:
             "left semi": "SEMI JOIN", "left anti": "ANTI JOIN",
         }[join.join_type]
         on = " AND ".join(f"l.{ident(a)} = r.{ident(b)}" for a, b in zip(join.left_keys, join.right_keys))
+        if join.HasField("filter"):  # the sides' names differ (checked): unqualified names are unambiguous
+            both = pa.schema([*left, *right])
+            on += f" AND ({expression_sql(join.filter, both, f'{here}.filter', predicate=True)})"
         sides = [("l", n) for n in left.names]
         if join.join_type not in ("left semi", "left anti"):
             sides += [("r", n) for n in right.names]

@@ -727,6 +727,7 @@ class HashJoin(_message.Message):
     RIGHT_KEYS_FIELD_NUMBER: _builtins.int
     JOIN_TYPE_FIELD_NUMBER: _builtins.int
     RIGHT_SUFFIX_FIELD_NUMBER: _builtins.int
+    FILTER_FIELD_NUMBER: _builtins.int
     join_type: _builtins.str
     right_suffix: _builtins.str
     @_builtins.property
@@ -737,6 +738,13 @@ class HashJoin(_message.Message):
     def left_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def right_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def filter(self) -> Global___Expression:
+        """A condition on the joined row beside the key equalities (SQL's ON a = b AND x <> y), over the
+        left's and the right's columns, which must not share a name. Unset: none. A semi or anti join
+        matches a left row only to right rows where it holds.
+        """
+
     def __init__(
         self,
         *,
@@ -746,10 +754,11 @@ class HashJoin(_message.Message):
         right_keys: _abc.Iterable[_builtins.str] | None = ...,
         join_type: _builtins.str = ...,
         right_suffix: _builtins.str = ...,
+        filter: Global___Expression | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["left", b"left", "right", b"right"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter", "left", b"left", "right", b"right"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["join_type", b"join_type", "left", b"left", "left_keys", b"left_keys", "right", b"right", "right_keys", b"right_keys", "right_suffix", b"right_suffix"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter", "join_type", b"join_type", "left", b"left", "left_keys", b"left_keys", "right", b"right", "right_keys", b"right_keys", "right_suffix", b"right_suffix"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,45 @@
+"""SQL in, a ``flight.Query`` out: ``flight.sql(text, tables)``.
+
+DataFusion's planner parses, resolves and optimizes the text (``frontend``); the plan it makes
+is translated node by node into the project's IR (``translate``, ``joins``, ``exprs``), which
+the distributed planner then cuts into stages like any builder plan. SQL text never crosses
+the wire, and nothing reaches a worker until the whole text has planned. docs/sql.md has what
+is taken, what is refused, and where the semantics (DuckDB's) differ from Spark SQL's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from flight.errors import PlanError
+from flight.plan.query import Query
+from flight.sql.catalog import Catalog, Source
+from flight.sql.frontend import plan_text, position
+from flight.sql.translate import Translator
+
+__all__ = ["Catalog", "sql"]
+
+
+def sql(text: str, tables: Mapping[str, Source] | Catalog | None = None, *, dialect: str = "duckdb") -> Query:
+    """The query ``text`` asks, over ``tables`` (a ``Catalog``, or a mapping of names to sources).
+
+    ``dialect``: ``duckdb`` (the default: the engine's own), ``postgres``, ``generic`` or
+    ``spark`` (backtick identifiers). Raises ``PlanError`` naming what is wrong and where.
+    """
+    if not isinstance(text, str):
+        raise PlanError(f"flight.sql takes SQL text, not {type(text).__name__}")
+    catalog = tables if isinstance(tables, Catalog) else Catalog(tables)
+    words = {w.lower() for w in re.findall(r"\w+", text)}
+    schemas = {name: catalog[name].schema for name in catalog if name.lower() in words}
+    plan, statement = plan_text(text, schemas, dialect)
+    try:
+        query = Translator(catalog.__getitem__).query(plan)
+    except PlanError as exc:
+        message = str(exc)
+        for word in ("over", "grouping", "rollup", "cube", "try_cast", "escape", "unnest", "filter"):
+            if word in message.lower() and (where := position(statement, word)):
+                raise PlanError(f"{message} (at {where})") from None
+        raise
+    query.logical_plan = plan.display_indent()
+    return query

@@ -1,0 +1,355 @@
+"""DataFusion's expressions, as the front end typed and simplified them, in the project's own IR.
+
+A DataFusion ``Expr`` becomes a ``flight.Expr`` of whitelisted ``pyarrow.compute`` calls, with
+DuckDB's semantics where the two engines differ (the engine that runs them is DuckDB's):
+
+- ``/`` divides as doubles (DuckDB's ``/`` on integers and decimals yields a DOUBLE);
+- a decimal product has DuckDB's type (scale s1+s2, precision p1+p2, 18 when both fit in 18),
+  made so with a checked cast, and a number literal in decimal arithmetic has the precision of
+  its digits, so ``1 - l_discount`` and ``price * 0.2`` are exact DECIMALs as in DuckDB;
+- ``CASE`` takes a null condition as false, ``IN`` and ``NOT IN`` keep SQL's three-valued logic,
+  ``IS [NOT] DISTINCT FROM`` compares nulls as values.
+
+A subquery DataFusion leaves inside an expression (one it could not make a join) is refused.
+"""
+
+from __future__ import annotations
+
+import decimal
+import re
+from typing import Any
+
+import pyarrow as pa
+
+from flight.errors import PlanError
+from flight.plan.expr import Expr, call, coalesce, col, if_else, lit
+from flight.plan.typecheck import output_type
+from flight.sql.errors import unsupported
+from flight.sql.functions import FUNCTIONS, arrow_type
+
+__all__ = ["ExprTranslator", "unify"]
+
+DFExpr = Any  # datafusion.Expr: the package is an optional dependency (the ``sql`` extra)
+
+
+class ExprTranslator:
+    """Translates expressions over one input relation.
+
+    ``columns`` maps DataFusion's (qualified) field names to the IR's column names; ``schema`` is
+    the IR input's schema (types decide decimal arithmetic)."""
+
+    def __init__(self, columns: dict[str, str], schema: pa.Schema) -> None:
+        self.columns = columns
+        self.schema = schema
+
+    # ------------------------------------------------------------- dispatch
+
+    def __call__(self, e: DFExpr) -> Expr:
+        kind = e.variant_name()
+        handler = getattr(self, f"_{kind}", None)
+        if handler is None:
+            raise unsupported(f"the expression {_text(e)} ({kind})")
+        result: Expr = handler(e)
+        return result
+
+    def type_of(self, e: Expr) -> pa.DataType:
+        return output_type(e, self.schema)
+
+    def _Alias(self, e: DFExpr) -> Expr:
+        return self(e.to_variant().expr())
+
+    def _Column(self, e: DFExpr) -> Expr:
+        v = e.to_variant()
+        name = self.column(v.qualified_name(), v.name())
+        return col(name)
+
+    def column(self, qualified: str, bare: str) -> str:
+        found = self.columns.get(qualified)
+        if found is None:
+            matches = [ir for df, ir in self.columns.items() if df.rsplit(".", 1)[-1] == bare]
+            if len(matches) != 1:
+                raise PlanError(f"SQL: column {qualified!r} is not in the input ({', '.join(self.columns)})")
+            found = matches[0]
+        return found
+
+    def _Literal(self, e: DFExpr) -> Expr:
+        return literal(e.python_value())
+
+    # ------------------------------------------------------------ operators
+
+    def _BinaryExpr(self, e: DFExpr) -> Expr:
+        v = e.to_variant()
+        op = v.op()
+        if op in ("AND", "OR"):
+            parts = [self(x) for x in _flatten(e, op)]
+            return call("and_kleene" if op == "AND" else "or_kleene", *parts)
+        left, right = self(v.left()), self(v.right())
+        simple = _BINARY.get(op)
+        if simple is not None:
+            return call(simple, *self._fit(left, right, 0))
+        if op in ("+", "-"):
+            return call("add_checked" if op == "+" else "subtract_checked", *self._fit(left, right, 1))
+        if op == "*":
+            return self._multiply(left, right)
+        if op == "/":
+            return call("divide", self.as_double(left), self.as_double(right))
+        if op == "||":
+            return call("binary_join_element_wise", self.as_text(left), self.as_text(right), lit(""))
+        if op == "IS DISTINCT FROM":
+            return distinct_from(left, right)
+        if op == "IS NOT DISTINCT FROM":
+            return ~distinct_from(left, right)
+        raise unsupported(f"the operator {op} ({_text(e)})")
+
+    def _fit(self, left: Expr, right: Expr, carry: int) -> tuple[Expr, Expr]:
+        """Two decimals narrowed (a checked cast: an error, never a wrong value) where Arrow's
+        result would need more than 38 digits: their integer digits plus the larger scale, plus
+        ``carry`` (1 for a sum). DuckDB caps such a result at 38 digits and checks at run time."""
+        lt, rt = self.type_of(left), self.type_of(right)
+        if not (pa.types.is_decimal(lt) and pa.types.is_decimal(rt)):
+            return left, right
+        scale = max(lt.scale, rt.scale)
+        room = 38 - carry - scale  # integer digits the result can hold
+        if max(lt.precision - lt.scale, rt.precision - rt.scale) <= room:
+            return left, right
+        if room < 1:
+            raise PlanError(f"SQL: {lt} and {rt} have no common DECIMAL type within 38 digits")
+        fitted = [
+            e if t.precision - t.scale <= room else e.cast(pa.decimal128(room + t.scale, t.scale))
+            for e, t in ((left, lt), (right, rt))
+        ]
+        return fitted[0], fitted[1]
+
+    def _multiply(self, left: Expr, right: Expr) -> Expr:
+        lt, rt = self.type_of(left), self.type_of(right)
+        if not (pa.types.is_decimal(lt) and pa.types.is_decimal(rt)):
+            return call("multiply_checked", left, right)
+        scale = lt.scale + rt.scale
+        if scale > 38:
+            raise PlanError(f"SQL: the product of {lt} and {rt} has {scale} digits after the point; DECIMAL holds 38")
+        precision = lt.precision + rt.precision  # DuckDB's type for the product
+        if precision > 18 and lt.precision <= 18 and rt.precision <= 18 and scale <= 18:
+            precision = 18
+        precision = min(precision, 38)
+        if lt.precision + rt.precision + 1 > 38:  # Arrow's product type would not fit: narrow the wider factor
+            wide, narrow = (left, lt), (right, rt)
+            if rt.precision > lt.precision:
+                wide, narrow = narrow, wide
+            digits = 37 - narrow[1].precision
+            if digits < wide[1].scale + 1:
+                raise PlanError(f"SQL: the product of {lt} and {rt} does not fit DECIMAL's 38 digits")
+            narrowed = wide[0].cast(pa.decimal128(digits, wide[1].scale))
+            left, right = (narrowed, narrow[0]) if wide[0] is left else (narrow[0], narrowed)
+        return call("multiply_checked", left, right).cast(pa.decimal128(precision, scale))
+
+    def as_double(self, e: Expr) -> Expr:
+        t = self.type_of(e)
+        return e if pa.types.is_floating(t) else e.cast(pa.float64())
+
+    def as_text(self, e: Expr) -> Expr:
+        t = self.type_of(e)
+        return e if pa.types.is_string(t) or pa.types.is_large_string(t) else e.cast(pa.string())
+
+    def _Not(self, e: DFExpr) -> Expr:
+        return ~self(e.to_variant().expr())
+
+    def _Negative(self, e: DFExpr) -> Expr:
+        return call("negate_checked", self(e.to_variant().expr()))
+
+    def _IsNull(self, e: DFExpr) -> Expr:
+        return self(e.to_variant().expr()).is_null()
+
+    def _IsNotNull(self, e: DFExpr) -> Expr:
+        return self(e.to_variant().expr()).is_not_null()
+
+    def _IsTrue(self, e: DFExpr) -> Expr:
+        return coalesce(self(e.to_variant().expr()), lit(False))
+
+    def _IsFalse(self, e: DFExpr) -> Expr:
+        return coalesce(~self(e.to_variant().expr()), lit(False))
+
+    def _IsNotTrue(self, e: DFExpr) -> Expr:
+        return ~self._IsTrue(e)
+
+    def _IsNotFalse(self, e: DFExpr) -> Expr:
+        return ~self._IsFalse(e)
+
+    def _IsUnknown(self, e: DFExpr) -> Expr:
+        return self(e.to_variant().expr()).is_null()
+
+    def _IsNotUnknown(self, e: DFExpr) -> Expr:
+        return self(e.to_variant().expr()).is_not_null()
+
+    def _Between(self, e: DFExpr) -> Expr:
+        v = e.to_variant()
+        x = self(v.expr())
+        inside = (x >= self(v.low())) & (x <= self(v.high()))
+        return ~inside if v.negated() else inside
+
+    def _Like(self, e: DFExpr) -> Expr:
+        return self._like(e, ignore_case=False)
+
+    def _ILike(self, e: DFExpr) -> Expr:
+        return self._like(e, ignore_case=True)
+
+    def _like(self, e: DFExpr, ignore_case: bool) -> Expr:
+        v = e.to_variant()
+        if v.escape_char() not in (None, "\\"):
+            raise unsupported(f"LIKE with ESCAPE {v.escape_char()!r} ({_text(e)})")
+        pattern = v.pattern()
+        if pattern.variant_name() != "Literal":
+            raise unsupported(f"LIKE with a pattern that is not a constant ({_text(e)})")
+        text = pattern.python_value().as_py()
+        if text is None:
+            return lit(None, pa.bool_())
+        case_insensitive = ignore_case or "ilike" in str(e.rex_call_operator()).lower()
+        matched = self(v.expr()).like(text, ignore_case=case_insensitive)
+        return ~matched if v.negated() else matched
+
+    def _InList(self, e: DFExpr) -> Expr:
+        v = e.to_variant()
+        x = self(v.expr())
+        items = list(v.list())
+        if all(i.variant_name() == "Literal" for i in items) and items:
+            values = [i.python_value() for i in items]
+            found = in_values(x, [s for s in values if s.is_valid], any(not s.is_valid for s in values))
+        else:
+            found = call("or_kleene", *[x == self(i) for i in items]) if len(items) > 1 else x == self(items[0])
+        return ~found if v.negated() else found
+
+    def _Case(self, e: DFExpr) -> Expr:
+        v = e.to_variant()
+        base = v.expr()
+        subject = self(base) if base is not None else None
+        otherwise = v.else_expr()
+        pairs = [(self(w), self(t)) for w, t in v.when_then_expr()]
+        values = self.common([t for _, t in pairs] + ([self(otherwise)] if otherwise is not None else []))
+        result = values[-1] if otherwise is not None else lit(None, self.type_of(values[0]))
+        for (when, _), then in reversed(list(zip(pairs, values))):
+            cond = (subject == when) if subject is not None else when
+            result = if_else(coalesce(cond, lit(False)), then, result)
+        return result
+
+    def common(self, exprs: list[Expr]) -> list[Expr]:
+        """``exprs`` cast to one type where theirs differ, as SQL unifies the branches of a CASE.
+
+        Said explicitly because Acero's binding of ``if_else`` types a decimal result by its
+        last argument (a ``0`` literal's DECIMAL(5,4)), where its kernel widens."""
+        types = [self.type_of(e) for e in exprs]
+        target = unify(types)
+        return [e if t == target or pa.types.is_null(target) else e.cast(target) for e, t in zip(exprs, types)]
+
+    def _Cast(self, e: DFExpr) -> Expr:
+        v = e.to_variant()
+        target = arrow_type(_cast_target(e))
+        inner = v.expr()
+        if inner.variant_name() == "Literal":
+            value = inner.python_value()
+            if pa.types.is_decimal(target) and value.is_valid and isinstance(value.as_py(), (int, decimal.Decimal)):
+                return literal(pa.scalar(decimal.Decimal(value.as_py()), target))
+        return self(inner).cast(target)
+
+    def _TryCast(self, e: DFExpr) -> Expr:
+        raise unsupported(f"TRY_CAST ({_text(e)}); write CAST, which fails on a value it cannot convert")
+
+    def _ScalarFunction(self, e: DFExpr) -> Expr:
+        name = str(e.rex_call_operator()).lower()
+        args = list(e.rex_call_operands())
+        make = FUNCTIONS.get(name)
+        if make is None:
+            raise unsupported(f"the function {name}() ({_text(e)})")
+        return make(self, args, e)
+
+
+# ----------------------------------------------------------------- helpers
+
+
+def literal(value: pa.Scalar) -> Expr:
+    """A constant of DataFusion's, typed as DuckDB types one: a decimal gets the precision of its digits."""
+    t = value.type
+    if not value.is_valid:
+        return lit(None, t if not pa.types.is_null(t) else pa.null())
+    if pa.types.is_decimal(t):
+        d = value.as_py()
+        digits = max(len(str(abs(int(d)))) if int(d) else 1, 1)
+        return lit(d, pa.decimal128(min(38, digits + t.scale), t.scale))
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return lit(value.as_py())
+    if pa.types.is_integer(t):
+        v = value.as_py()
+        return lit(v, pa.int32() if -(2**31) <= v < 2**31 else pa.int64())
+    return lit(value.as_py(), t)
+
+
+_INT_DIGITS = {8: 3, 16: 5, 32: 10, 64: 19}
+
+
+def unify(types: list[pa.DataType]) -> pa.DataType:
+    """The one type values of ``types`` meet in (SQL's rule for CASE branches and COALESCE)."""
+    known = [t for t in types if not pa.types.is_null(t)]
+    if not known:
+        return pa.null()
+    if all(t == known[0] for t in known):
+        return known[0]
+    if all(pa.types.is_integer(t) for t in known):
+        return pa.int64()
+    if all(pa.types.is_decimal(t) or pa.types.is_integer(t) for t in known):
+        scale = max(t.scale for t in known if pa.types.is_decimal(t))
+        digits = max(t.precision - t.scale if pa.types.is_decimal(t) else _INT_DIGITS[t.bit_width] for t in known)
+        return pa.decimal128(min(38, digits + scale), scale)
+    if all(pa.types.is_integer(t) or pa.types.is_decimal(t) or pa.types.is_floating(t) for t in known):
+        return pa.float64()
+    if all(pa.types.is_string(t) or pa.types.is_large_string(t) for t in known):
+        return pa.string()
+    raise PlanError(f"SQL: values of types {', '.join(sorted({str(t) for t in known}))} do not meet in one type")
+
+
+def distinct_from(a: Expr, b: Expr) -> Expr:
+    """``a IS DISTINCT FROM b``: unequal values, or exactly one of them null."""
+    return coalesce(a != b, a.is_null() != b.is_null())
+
+
+def in_values(x: Expr, values: list[pa.Scalar], has_null: bool) -> Expr:
+    """SQL's ``x IN (values)``: null when x is null, or when nothing matched and the list holds a null."""
+    if not values:
+        return if_else(x.is_null(), lit(None, pa.bool_()), lit(None, pa.bool_()) if has_null else lit(False))
+    found = if_else(x.is_null(), lit(None, pa.bool_()), x.isin([v.as_py() for v in values], skip_nulls=True))
+    if has_null:
+        found = if_else(found, lit(True), lit(None, pa.bool_()))
+    return found
+
+
+def _flatten(e: DFExpr, op: str) -> list[DFExpr]:
+    """The operands of a chain of one associative operator (``a AND b AND c``), without recursion."""
+    out, stack = [], [e]
+    while stack:
+        x = stack.pop()
+        while x.variant_name() == "Alias":
+            x = x.to_variant().expr()
+        if x.variant_name() == "BinaryExpr" and x.to_variant().op() == op:
+            v = x.to_variant()
+            stack += [v.right(), v.left()]
+        else:
+            out.append(x)
+    return out
+
+
+def _text(e: DFExpr) -> str:
+    text = e.canonical_name() if hasattr(e, "canonical_name") else str(e)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+_BINARY = {
+    "=": "equal", "!=": "not_equal", "<>": "not_equal", "<": "less", "<=": "less_equal",
+    ">": "greater", ">=": "greater_equal",
+}
+
+
+def _cast_target(e: DFExpr) -> str:
+    """The target type of a CAST as DataFusion prints it (its Python API gives no other way)."""
+    match = re.search(r" AS ([^()]+(?:\([^()]*\))?)\)\)?$", str(e))
+    if match is None:
+        raise unsupported(f"a CAST whose target type cannot be read ({_text(e)})")
+    return match.group(1)
+
+

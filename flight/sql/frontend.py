@@ -1,0 +1,210 @@
+"""SQL text to DataFusion's optimized logical plan: statements, the session, and errors a person can act on.
+
+DataFusion parses, resolves, type-checks, decorrelates and optimizes (docs/sql.md says why it
+and not sqlglot: 3.8 ms against 44 ms median over the 22 TPC-H queries, and subqueries come
+out as joins). It plans only: every table is registered as an empty in-memory table of its
+schema, so nothing is read and nothing runs here. Its session is set to DuckDB's semantics
+where they differ: NULLS LAST by default, a number with a point is a DECIMAL.
+
+The text may hold several statements: ``CREATE [OR REPLACE] VIEW`` and ``DROP VIEW`` shape the
+session, and exactly one query is the result (TPC-H Q15). Any other statement is refused before
+DataFusion sees it: ``CREATE EXTERNAL TABLE`` would read the coordinator's files while planning.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from flight.errors import PlanError
+
+__all__ = ["Statement", "plan_text", "position", "split_statements"]
+
+_SETTINGS = {
+    "datafusion.sql_parser.default_null_ordering": "nulls_last",
+    "datafusion.sql_parser.parse_float_as_decimal": "true",
+    "datafusion.sql_parser.map_string_types_to_utf8view": "false",
+    "datafusion.optimizer.enable_physical_uncorrelated_scalar_subquery": "false",  # a join instead
+}
+
+DIALECTS = {"duckdb": "duckdb", "generic": "generic", "postgres": "postgresql", "spark": "databricks"}
+"""The dialects ``flight.sql`` takes, and the DataFusion parser dialect each one uses."""
+
+
+class Statement:
+    """One statement of the text: where it starts (line, column: 1-based) and its text."""
+
+    def __init__(self, text: str, line: int, column: int) -> None:
+        self.text, self.line, self.column = text, line, column
+
+    def keywords(self) -> list[str]:
+        return re.findall(r"[a-z_]+", _strip_comments(self.text).lower())[:4]
+
+
+def split_statements(text: str) -> list[Statement]:
+    """The statements of ``text``, split at semicolons outside quotes and comments."""
+    out: list[Statement] = []
+    start, i, n = 0, 0, len(text)
+    while i < n:
+        c = text[i]
+        if c in "'\"`":
+            end = text.find(c, i + 1)
+            while end != -1 and end + 1 < n and text[end + 1] == c:  # a doubled quote inside
+                end = text.find(c, end + 2)
+            i = n if end == -1 else end + 1
+        elif text.startswith("--", i):
+            end = text.find("\n", i)
+            i = n if end == -1 else end + 1
+        elif text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            i = n if end == -1 else end + 2
+        elif c == ";":
+            _add(out, text, start, i)
+            start = i = i + 1
+        else:
+            i += 1
+    _add(out, text, start, n)
+    return out
+
+
+def _add(out: list[Statement], text: str, start: int, end: int) -> None:
+    piece = text[start:end]
+    if not _strip_comments(piece).strip():
+        return
+    lead = len(piece) - len(piece.lstrip())
+    line, column = _line_column(text, start + lead)
+    out.append(Statement(piece.strip(), line, column))
+
+
+def _line_column(text: str, offset: int) -> tuple[int, int]:
+    line = text.count("\n", 0, offset) + 1
+    return line, offset - (text.rfind("\n", 0, offset) + 1) + 1
+
+
+def _strip_comments(text: str) -> str:
+    return re.sub(r"--[^\n]*|/\*.*?\*/", " ", text, flags=re.S)
+
+
+def position(statement: Statement, word: str) -> str:
+    """``line L:C`` of the first whole-word ``word`` in ``statement`` (case-insensitive), or ''."""
+    match = re.search(rf"(?<![\w.]){re.escape(word)}(?!\w)", statement.text, flags=re.I)
+    if match is None:
+        return ""
+    before = statement.text[: match.start()]
+    line = statement.line + before.count("\n")
+    column = (statement.column if "\n" not in before else 1) + len(before) - (before.rfind("\n") + 1)
+    return f"line {line}:{column}"
+
+
+def session(schemas: dict[str, pa.Schema], dialect: str) -> Any:
+    """A DataFusion session that knows each table by its schema (and holds no data)."""
+    try:
+        import datafusion
+    except ImportError:
+        raise PlanError("flight.sql needs DataFusion's SQL planner: pip install 'flight-exec[sql]'") from None
+    if dialect not in DIALECTS:
+        raise PlanError(f"SQL: dialect {dialect!r} is not one of {', '.join(DIALECTS)}")
+    config = datafusion.SessionConfig()
+    for key, value in {**_SETTINGS, "datafusion.sql_parser.dialect": DIALECTS[dialect]}.items():
+        config = config.set(key, value)
+    ctx = datafusion.SessionContext(config)
+    for name, schema in schemas.items():
+        ctx.register_record_batches(name, [[pa.RecordBatch.from_pylist([], schema=_plannable(schema))]])
+    return ctx
+
+
+def _plannable(schema: pa.Schema) -> pa.Schema:
+    """The schema as DataFusion's planner sees it: its metadata left out (nothing there is SQL)."""
+    return pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema])
+
+
+def plan_text(text: str, schemas: dict[str, pa.Schema], dialect: str = "duckdb") -> tuple[Any, Statement]:
+    """The optimized logical plan of the one query in ``text``, and that query's statement."""
+    import datafusion
+
+    statements = split_statements(text)
+    if not statements:
+        raise PlanError("SQL: the text holds no statement")
+    ctx = session(schemas, dialect)
+    query_only = datafusion.SQLOptions().with_allow_ddl(False).with_allow_dml(False).with_allow_statements(False)
+    views = datafusion.SQLOptions().with_allow_dml(False).with_allow_statements(False)
+    result: tuple[Any, Statement] | None = None
+    for st in statements:
+        words = st.keywords()
+        if _is_view(words):
+            _run(ctx, st, views, schemas)
+        elif (words and words[0] in ("select", "with", "values", "from")) or st.text.startswith("("):
+            if result is not None:
+                raise PlanError(f"SQL: the text holds more than one query (the second at line {st.line}:{st.column}); send one")
+            result = (_run(ctx, st, query_only, schemas), st)
+        else:
+            what = " ".join(words[:2]).upper() or st.text[:20]
+            raise PlanError(
+                f"SQL: {what} at line {st.line}:{st.column} is not supported; a text holds queries, CREATE VIEW and DROP VIEW"
+            )
+    if result is None:
+        raise PlanError("SQL: the text holds no query (only views)")
+    frame, st = result
+    try:
+        return frame.optimized_logical_plan(), st
+    except (ValueError, RuntimeError) as exc:  # DataFusion raises ValueErrors with its own wording
+        raise PlanError(explain_error(str(exc), st, schemas)) from None
+
+
+def _is_view(words: list[str]) -> bool:
+    if words[:1] == ["drop"]:
+        return words[1:2] == ["view"]
+    if words[:1] != ["create"]:
+        return False
+    rest = [w for w in words[1:] if w not in ("or", "replace", "temp", "temporary")]
+    return rest[:1] == ["view"]
+
+
+def _run(ctx: Any, st: Statement, options: Any, schemas: dict[str, pa.Schema]) -> Any:
+    try:
+        return ctx.sql_with_options(st.text, options)
+    except (ValueError, RuntimeError) as exc:  # DataFusion raises ValueErrors with its own wording
+        raise PlanError(explain_error(str(exc), st, schemas)) from None
+
+
+def explain_error(message: str, st: Statement, schemas: dict[str, pa.Schema]) -> str:
+    """DataFusion's error as a person can act on it: what, where (line:column), the nearest names."""
+    first = message.strip().splitlines()[0] if message.strip() else "planning failed"
+    m = re.search(r"at Line: (\d+), Column: (\d+)", first)
+    if m:
+        line = st.line + int(m.group(1)) - 1
+        column = int(m.group(2)) + (st.column - 1 if m.group(1) == "1" else 0)
+        what = re.sub(r"^SQL error: ParserError\(\"?|\"?\)$|\s*at Line: \d+, Column: \d+", "", first)
+        return f"SQL syntax error at line {line}:{column}: {what}"
+    m = re.search(r"table '(?:[\w]+\.)*([^'.]+)' not found", first)
+    if m:
+        name = m.group(1)
+        return _unknown("table", name, list(schemas), st)
+    m = re.search(r"No field named \"?([^\".]+(?:\.[^\".]+)?)\"?\.?", first)
+    if m:
+        name = m.group(1).rsplit(".", 1)[-1]
+        columns = sorted({f.name for s in schemas.values() for f in s})
+        return _unknown("column", name, columns, st)
+    text = re.sub(r"^(Error during planning|Schema error|This feature is not implemented|Optimizer rule '[^']*' failed): ", "", first)
+    return f"SQL: {text}"
+
+
+def _unknown(kind: str, name: str, known: list[str], st: Statement) -> str:
+    where = position(st, name)
+    nearest = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(repr(n) for n in nearest)}?" if nearest else ""
+    listed = f"; {kind}s: {', '.join(known[:20])}" if not nearest and known else ""
+    return f"SQL: unknown {kind} {name!r}" + (f" at {where}" if where else "") + hint + listed
+
+
+def iter_plans(plan: Any) -> Iterator[Any]:
+    """Every node of ``plan``, parents first (for checks that look for one kind)."""
+    stack = [plan]
+    while stack:
+        p = stack.pop()
+        yield p
+        stack.extend(p.inputs())

@@ -1,0 +1,147 @@
+"""SQL's scalar functions and types in the IR: DataFusion's names for them, and Arrow's.
+
+``FUNCTIONS`` maps the function names DataFusion's plans use to what builds the IR for them;
+a name not there is refused by name. ``arrow_type`` reads a type as DataFusion prints it (its
+Python API gives a CAST's target type no other way).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from flight.plan.expr import Expr, call, coalesce, if_else, lit
+from flight.sql.errors import unsupported
+
+if TYPE_CHECKING:
+    from flight.sql.exprs import ExprTranslator
+
+__all__ = ["FUNCTIONS", "arrow_type"]
+
+DFExpr = Any
+
+_SIMPLE_TYPES: dict[str, pa.DataType] = {
+    "Boolean": pa.bool_(), "Int8": pa.int8(), "Int16": pa.int16(), "Int32": pa.int32(), "Int64": pa.int64(),
+    "UInt8": pa.uint8(), "UInt16": pa.uint16(), "UInt32": pa.uint32(), "UInt64": pa.uint64(),
+    "Float16": pa.float16(), "Float32": pa.float32(), "Float64": pa.float64(), "Utf8": pa.string(),
+    "LargeUtf8": pa.large_string(), "Utf8View": pa.string(), "Binary": pa.binary(), "LargeBinary": pa.large_binary(),
+    "BinaryView": pa.binary(), "Date32": pa.date32(), "Date64": pa.date64(), "Null": pa.null(),
+}
+
+
+def arrow_type(text: str) -> pa.DataType:
+    """The Arrow type DataFusion prints as ``text`` (``Decimal128(15, 2)``, ``Timestamp(ns)``, ...)."""
+    text = text.strip()
+    simple = _SIMPLE_TYPES.get(text)
+    if simple is not None:
+        return simple
+    m = re.fullmatch(r"Decimal(?:128|256)\((\d+),\s*(-?\d+)\)", text)
+    if m:
+        return pa.decimal128(int(m.group(1)), int(m.group(2)))
+    m = re.fullmatch(r"Timestamp\((\w+)(?:,\s*(?:Some\()?\"?([^\")]*)\"?\)?)?\)", text)
+    if m:
+        unit = {"Second": "s", "Millisecond": "ms", "Microsecond": "us", "Nanosecond": "ns"}.get(m.group(1), m.group(1))
+        tz = m.group(2) if m.group(2) not in (None, "None", "") else None
+        if unit not in ("s", "ms", "us", "ns"):
+            raise unsupported(f"the type {text}")
+        return pa.timestamp(unit, tz)  # type: ignore[call-overload]
+    raise unsupported(f"the type {text}")
+
+
+def _arg_literal(args: list[DFExpr], i: int, what: str) -> Any:
+    if len(args) <= i or args[i].variant_name() != "Literal":
+        raise unsupported(f"{what} that is not a constant")
+    return args[i].python_value().as_py()
+
+
+def _substr(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
+    start = int(_arg_literal(args, 1, "a SUBSTRING start"))
+    length = int(_arg_literal(args, 2, "a SUBSTRING length")) if len(args) > 2 else None
+    begin = max(start, 1) - 1
+    stop = None if length is None else max(start + length - 1, 0)
+    return t(args[0]).substr(begin, stop if stop is None or stop > begin else begin)
+
+
+def _date_part(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
+    part = str(_arg_literal(args, 0, "a date part")).lower()
+    functions = {
+        "year": "year", "month": "month", "day": "day", "quarter": "quarter", "hour": "hour",
+        "minute": "minute", "second": "second", "doy": "day_of_year", "isoyear": "iso_year",
+    }
+    if part == "dow":  # SQL's Sunday = 0; Arrow's Monday = 0
+        weekday = call("day_of_week", t(args[1]))
+        return call("add_checked", weekday, lit(1)) - (call("add_checked", weekday, lit(1)) >= lit(7)).cast(pa.int64()) * 7
+    if part not in functions:
+        raise unsupported(f"EXTRACT({part.upper()} ...)")
+    return call(functions[part], t(args[1]))
+
+
+def _nullif(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
+    a, b = t(args[0]), t(args[1])
+    return if_else(coalesce(a == b, lit(False)), lit(None, t.type_of(a)), a)
+
+
+def _concat(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
+    parts = [coalesce(t.as_text(t(a)), lit("")) for a in args]
+    return call("binary_join_element_wise", *parts, lit(""))
+
+
+def _round(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
+    digits = int(_arg_literal(args, 1, "ROUND's digits")) if len(args) > 1 else 0
+    return t(args[0]).round(digits)
+
+
+def _unary(function: str) -> Callable[[ExprTranslator, list[DFExpr], DFExpr], Expr]:
+    def make(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
+        if len(args) != 1:
+            raise unsupported(f"{function} with {len(args)} arguments")
+        return call(function, t(args[0]))
+
+    return make
+
+
+def _coalesce(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
+    return coalesce(*t.common([t(a) for a in args]))
+
+
+def _starts_with(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
+    return t(args[0]).startswith(str(_arg_literal(args, 1, "STARTS_WITH's prefix")))
+
+
+def _ends_with(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
+    return t(args[0]).endswith(str(_arg_literal(args, 1, "ENDS_WITH's suffix")))
+
+
+def _power(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
+    return call("power", t.as_double(t(args[0])), t.as_double(t(args[1])))
+
+
+FUNCTIONS: dict[str, Callable[[ExprTranslator, list[DFExpr], DFExpr], Expr]] = {
+    "substr": _substr,
+    "substring": _substr,
+    "date_part": _date_part,
+    "datepart": _date_part,
+    "nullif": _nullif,
+    "concat": _concat,
+    "round": _round,
+    "coalesce": _coalesce,
+    "starts_with": _starts_with,
+    "ends_with": _ends_with,
+    "power": _power,
+    "pow": _power,
+    "upper": _unary("utf8_upper"),
+    "lower": _unary("utf8_lower"),
+    "length": _unary("utf8_length"),
+    "char_length": _unary("utf8_length"),
+    "character_length": _unary("utf8_length"),
+    "btrim": _unary("utf8_trim_whitespace"),
+    "trim": _unary("utf8_trim_whitespace"),
+    "abs": _unary("abs_checked"),
+    "floor": _unary("floor"),
+    "ceil": _unary("ceil"),
+    "sqrt": _unary("sqrt"),
+}
+"""DataFusion's scalar functions (by the name its plans give them) that have an IR form."""

@@ -1,0 +1,156 @@
+"""DataFusion's joins as ``JoinNode``s: keys, the condition beside them, and SQL's null rules.
+
+- Equality keys become the join's keys; both sides are cast to one type when they differ
+  (DataFusion compares an INT with a BIGINT, a hash join needs one type).
+- The rest of the ON condition is the join's filter, evaluated on the joined row, so a semi or
+  anti join with ``l2.l_suppkey <> l1.l_suppkey`` (TPC-H Q21) keeps its meaning.
+- Keys compared with ``IS NOT DISTINCT FROM`` (``INTERSECT``, ``EXCEPT``) become a null flag and
+  a non-null stand-in value each.
+- ``NOT IN`` arrives as a null-aware anti join: no row survives a null in the list, and a null
+  probe survives only an empty list. Two counts of the list (rows, non-null keys), joined in as
+  one row, decide it.
+- A join without keys (a cross join, ``ON true``) joins on a constant.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from flight.plan import agg
+from flight.plan.expr import Expr, coalesce, col, lit
+from flight.plan.query import Query
+from flight.sql.errors import unsupported
+from flight.sql.exprs import ExprTranslator
+from flight.sql.rel import Rel, fields_of
+
+if TYPE_CHECKING:
+    from flight.sql.translate import Translator
+
+__all__ = ["join"]
+
+_HOW = {"Inner": "inner", "Left": "left", "Right": "right", "Full": "full", "LeftSemi": "semi", "LeftAnti": "anti"}
+
+
+def join(tr: Translator, v: Any, plan: Any) -> Rel:
+    kind = str(v.join_type())
+    left, right = tr.relation(v.left()), tr.relation(v.right())
+    pairs = list(v.on())
+    if kind in ("RightSemi", "RightAnti"):
+        left, right = right, left
+        pairs = [(b, a) for a, b in pairs]
+        kind = "Left" + kind[len("Right"):]
+    if kind not in _HOW:
+        raise unsupported(f"a {kind} join (an EXISTS or IN under OR, for one)")
+    right = _disjoint(left, right, tr)
+    lt = ExprTranslator(left.columns(), left.query.schema)
+    rt = ExprTranslator(right.columns(), right.query.schema)
+    lq, rq = left.query, right.query
+    lkeys: list[str] = []
+    rkeys: list[str] = []
+    null_equal = bool(v.null_equals_null())
+    for a, b in pairs:
+        le, re_ = lt(a), rt(b)
+        le, re_ = _one_type(le, re_, lt.type_of(le), rt.type_of(re_))
+        if null_equal:
+            flags = [(le.is_null(), re_.is_null())]
+            values = [(coalesce(le, _stand_in(lt.type_of(le))), coalesce(re_, _stand_in(rt.type_of(re_))))]
+            key_pairs = flags + values
+        else:
+            key_pairs = [(le, re_)]
+        for x, y in key_pairs:
+            lq, lk = _as_column(lq, x, tr)
+            rq, rk = _as_column(rq, y, tr)
+            lkeys.append(lk)
+            rkeys.append(rk)
+    if not lkeys:  # a cross join, or one on a condition that is not an equality
+        lq, lk = _as_column(lq, lit(1), tr, force=True)
+        rq, rk = _as_column(rq, lit(1), tr, force=True)
+        lkeys, rkeys = [lk], [rk]
+    condition = v.filter()
+    both = ExprTranslator({**left.columns(), **right.columns()}, pa.schema([*lq.schema, *rq.schema]))
+    predicate = both(condition) if condition is not None else None
+    how = _HOW[kind]
+    null_aware = plan.display().rstrip().endswith("null_aware")
+    if null_aware and (predicate is not None or len(pairs) != 1):
+        raise unsupported("NOT IN over more than one column or with a further condition")
+    joined = lq.join(rq, left_on=lkeys, right_on=rkeys, how=how, filter=predicate)
+    kept = list(left.query.schema.names) + ([] if how in ("semi", "anti") else list(right.query.schema.names))
+    if null_aware:
+        joined = _null_aware(joined, rq, lkeys[0], rkeys[0], tr)
+    if joined.schema.names != kept:
+        joined = joined.select(*kept)
+    fields = fields_of(plan)
+    return Rel(joined, fields)
+
+
+def _disjoint(left: Rel, right: Rel, tr: Translator) -> Rel:
+    """``right`` with its IR names renamed where they are also ``left``'s."""
+    taken = set(left.query.schema.names)
+    if not taken & set(right.query.schema.names):
+        return right
+    items: dict[str, Expr] = {}
+    for name in right.query.schema.names:
+        new = name
+        while new in taken or new in items:
+            new = f"{name}{tr.fresh('_')}"
+        items[new] = col(name)
+    return Rel(right.query.select(**items), right.fields)
+
+
+def _as_column(query: Query, expr: Expr, tr: Translator, force: bool = False) -> tuple[Query, str]:
+    name = expr.column_name()
+    if name is not None and not force:
+        return query, name
+    name = tr.fresh("key")
+    return query.with_columns(**{name: expr}), name
+
+
+def _one_type(a: Expr, b: Expr, ta: pa.DataType, tb: pa.DataType) -> tuple[Expr, Expr]:
+    if ta == tb:
+        return a, b
+    if pa.types.is_integer(ta) and pa.types.is_integer(tb):
+        return a.cast(pa.int64()), b.cast(pa.int64())
+    if pa.types.is_decimal(ta) and pa.types.is_decimal(tb):
+        scale = max(ta.scale, tb.scale)
+        digits = max(ta.precision - ta.scale, tb.precision - tb.scale)
+        common = pa.decimal128(min(38, digits + scale), scale)
+        return a.cast(common), b.cast(common)
+    if {_family(ta), _family(tb)} == {"string"}:
+        return a.cast(pa.string()), b.cast(pa.string())
+    if _family(ta) == _family(tb) == "number":
+        return a.cast(pa.float64()), b.cast(pa.float64())
+    raise unsupported(f"a join of {ta} with {tb}")
+
+
+def _family(t: pa.DataType) -> str:
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string"
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return "number"
+    return str(t)
+
+
+def _stand_in(t: pa.DataType) -> Expr:
+    """A non-null value of type ``t``, standing for a null key beside its null flag."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return lit("").cast(t)
+    if pa.types.is_boolean(t):
+        return lit(False)
+    if pa.types.is_date32(t):
+        return lit(0).cast(pa.int32()).cast(t)
+    if pa.types.is_temporal(t):
+        return lit(0).cast(t)
+    return lit(0).cast(t)
+
+
+def _null_aware(anti: Query, list_side: Query, probe: str, key: str, tr: Translator) -> Query:
+    """``x NOT IN (list)`` from the anti join on ``x``: no row when the list holds a null, and a
+    null ``x`` only when the list is empty."""
+    rows, keys, one, one2 = tr.fresh("rows"), tr.fresh("keys"), tr.fresh("one"), tr.fresh("one")
+    counts = list_side.aggregate([], {rows: agg.count_all(), keys: agg.count(col(key))})
+    counts = counts.select(**{one2: lit(1), rows: col(rows), keys: col(keys)})
+    with_counts = anti.with_columns(**{one: lit(1)}).join(counts, left_on=one, right_on=one2, how="left")
+    keep = (col(rows) == lit(0)) | (col(probe).is_not_null() & (col(rows) == col(keys)))
+    return with_counts.filter(coalesce(keep, lit(False))).select(*anti.schema.names)

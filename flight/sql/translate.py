@@ -1,0 +1,292 @@
+"""DataFusion's optimized logical plan, node by node, as a ``flight.Query``.
+
+DataFusion has already resolved names, coerced types, decorrelated subqueries into joins and
+pushed filters down; what is left here is to say each node in the project's IR:
+
+- every column of a relation has an IR name unique within it (``Rel``); DataFusion's qualified
+  names (``l1.l_orderkey``) map to them, so self-joins need no suffixes;
+- a join's equality keys become ``JoinNode`` keys and its other condition the join's filter;
+  keys compared with ``IS NOT DISTINCT FROM`` (``INTERSECT``, ``EXCEPT``) become a null flag and
+  a non-null value each, and a ``NOT IN`` (DataFusion's null-aware anti join) keeps SQL's rule
+  that a null in the list excludes every row;
+- a join without equality keys (a cross join; an uncorrelated scalar subquery, which DataFusion
+  is set to make a join) joins on a constant key, so the subquery is computed once, on a worker,
+  as part of the same plan.
+
+Anything else is a ``PlanError`` naming the construct. Nothing runs here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+
+from flight.plan import agg
+from flight.plan.expr import Expr, col, lit
+from flight.plan.query import Query, from_arrow
+from flight.sql.errors import unsupported
+from flight.sql.exprs import DFExpr, ExprTranslator
+from flight.sql.joins import join
+from flight.sql.rel import DFPlan, Rel, fields_of, output_names
+
+__all__ = ["Translator"]
+
+
+
+class Translator:
+    """Translates one statement's plan; ``source`` gives the query of a table by name."""
+
+    def __init__(self, source: Callable[[str], Query]) -> None:
+        self.source = source
+        self._fresh = itertools.count(1)
+
+    def fresh(self, stem: str) -> str:
+        return f"__{stem}{next(self._fresh)}"
+
+    def query(self, plan: DFPlan) -> Query:
+        """The whole statement, its columns named as the user sees them."""
+        rel = self.relation(plan)
+        names = output_names(rel.fields)
+        if names == rel.query.schema.names:
+            return rel.query
+        return rel.query.select(**{n: col(c) for n, c in zip(names, rel.query.schema.names)})
+
+    def relation(self, plan: DFPlan) -> Rel:
+        v = plan.to_variant()
+        kind = type(v).__name__
+        handler = getattr(self, f"_{kind}", None)
+        if handler is None:
+            raise unsupported(_KINDS.get(kind, f"the plan node {kind}"))
+        rel: Rel = handler(v, plan)
+        return rel
+
+    def exprs(self, rel: Rel) -> ExprTranslator:
+        return ExprTranslator(rel.columns(), rel.query.schema)
+
+    # ---------------------------------------------------------------- nodes
+
+    def _TableScan(self, v: Any, plan: DFPlan) -> Rel:
+        table = v.table_name()
+        base = self.source(table)
+        names = [name for _, name in v.projection()]
+        query = base.select(*names) if names != base.schema.names else base
+        if not names:  # count(*) reads no column: keep one, the rows are what counts
+            query = base.select(**{self.fresh("row"): lit(1)})
+        rel = Rel(query, fields_of(plan) if names else [])
+        for f in v.filters():
+            rel = Rel(rel.query.filter(self.exprs(rel)(f)), rel.fields)
+        if v.fetch() is not None:
+            rel = Rel(rel.query.limit(int(v.fetch())), rel.fields)
+        return rel
+
+    def _SubqueryAlias(self, v: Any, plan: DFPlan) -> Rel:
+        return self.relation(plan.inputs()[0]).renamed(fields_of(plan))
+
+    def _Filter(self, v: Any, plan: DFPlan) -> Rel:
+        rel = self.relation(plan.inputs()[0])
+        return Rel(rel.query.filter(self.exprs(rel)(v.predicate())), rel.fields)
+
+    def _Projection(self, v: Any, plan: DFPlan) -> Rel:
+        rel = self.relation(plan.inputs()[0])
+        t = self.exprs(rel)
+        fields = fields_of(plan)
+        items: list[tuple[str, Expr]] = []
+        taken: set[str] = set()
+        for e in v.projections():
+            expr = t(e)
+            name = _unique(_stem(e, expr), taken)
+            items.append((name, expr))
+        return Rel(rel.query.select(**dict(items)), fields)
+
+    def _Aggregate(self, v: Any, plan: DFPlan) -> Rel:
+        rel = self.relation(plan.inputs()[0])
+        t = self.exprs(rel)
+        extra: dict[str, Expr] = {}
+        keys: list[str] = []
+        taken = set(rel.query.schema.names)
+        for g in v.group_by_exprs():
+            if g.variant_name() in ("GroupingSet",):
+                raise unsupported("GROUPING SETS, ROLLUP and CUBE")
+            expr = t(g)
+            name = expr.column_name()
+            if name is None or name in keys:
+                name = _unique(_stem(g, expr), taken)
+                extra[name] = expr
+            keys.append(name)
+        query = rel.query.with_columns(**extra) if extra else rel.query
+        calls: dict[str, agg.Agg] = {}
+        out_taken = set(keys)
+        for a in v.aggregate_exprs():
+            calls[_unique(_stem(a, None), out_taken)] = self.aggregate_call(a, t)
+        return Rel(query.aggregate(keys, calls), fields_of(plan))
+
+    def aggregate_call(self, e: DFExpr, t: ExprTranslator) -> agg.Agg:
+        while e.variant_name() == "Alias":
+            e = e.to_variant().expr()
+        if e.variant_name() != "AggregateFunction":
+            raise unsupported(f"the aggregate expression {e.canonical_name()}")
+        text = e.canonical_name()
+        if " FILTER (WHERE" in text or " ORDER BY [" in text:
+            raise unsupported(f"an aggregate with FILTER or ORDER BY ({text})")
+        v = e.to_variant()
+        name = str(v.aggregate_type()).lower()
+        args = list(v.args())
+        if name == "count" and not v.is_distinct() and (not args or _non_null_literal(args[0])):
+            return agg.count_all()
+        if len(args) != 1:
+            raise unsupported(f"the aggregate {name}() with {len(args)} arguments")
+        arg = t(args[0])
+        if v.is_distinct():
+            if name != "count":
+                raise unsupported(f"{name.upper()}(DISTINCT ...)")
+            return agg.count_distinct(arg)
+        make = _AGGREGATES.get(name)
+        if make is None:
+            raise unsupported(f"the aggregate function {name}()")
+        return make(arg)
+
+    def _Sort(self, v: Any, plan: DFPlan) -> Rel:
+        rel = self.relation(plan.inputs()[0])
+        t = self.exprs(rel)
+        keys: list[str] = []
+        descending: list[bool] = []
+        nulls = set()
+        extra: dict[str, Expr] = {}
+        for s in v.sort_exprs():
+            expr = t(s.expr())
+            name = expr.column_name()
+            if name is None:
+                name = self.fresh("sort")
+                extra[name] = expr
+            keys.append(name)
+            descending.append(not s.ascending())
+            nulls.add(bool(s.nulls_first()))
+        if len(nulls) > 1:
+            raise unsupported("an ORDER BY that mixes NULLS FIRST and NULLS LAST")
+        query = rel.query.with_columns(**extra) if extra else rel.query
+        query = query.sort(keys, descending, nulls="first" if nulls == {True} else "last")
+        fetch = v.get_fetch_val()
+        if fetch is not None:
+            query = query.limit(int(fetch))
+        if extra:
+            query = query.select(*rel.query.schema.names)
+        return Rel(query, rel.fields)
+
+    def _Limit(self, v: Any, plan: DFPlan) -> Rel:
+        rel = self.relation(plan.inputs()[0])
+        skip, fetch = v.skip(), v.fetch()
+        if (skip is not None and not isinstance(skip, int)) or (fetch is not None and not isinstance(fetch, int)):
+            raise unsupported("a LIMIT or OFFSET that is not a constant")
+        count = fetch if fetch is not None else 2**62
+        return Rel(rel.query.limit(count, skip or 0), rel.fields)
+
+    def _Distinct(self, v: Any, plan: DFPlan) -> Rel:
+        rel = self.relation(plan.inputs()[0])
+        return Rel(rel.query.distinct(), rel.fields)
+
+    def _Union(self, v: Any, plan: DFPlan) -> Rel:
+        inputs = [self.relation(p) for p in plan.inputs()]
+        first = inputs[0].query
+        names = first.schema.names
+        aligned = [first]
+        for rel in inputs[1:]:
+            items = {}
+            for name, source, target in zip(names, rel.query.schema.names, first.schema.types):
+                expr = col(source)
+                if rel.query.schema.field(source).type != target:
+                    expr = expr.cast(target)
+                items[name] = expr
+            aligned.append(rel.query.select(**items))
+        return Rel(first.union(*aligned[1:]), fields_of(plan))
+
+    def _EmptyRelation(self, v: Any, plan: DFPlan) -> Rel:
+        rows = 1 if v.produce_one_row() else 0
+        table = pa.table({self.fresh("empty"): pa.array([None] * rows, pa.null())})
+        return Rel(from_arrow(table), [])
+
+    def _Values(self, v: Any, plan: DFPlan) -> Rel:
+        fields = fields_of(plan)
+        rows = v.values()
+        columns: list[list[object]] = [[] for _ in fields]
+        types: list[pa.DataType | None] = [None] * len(fields)
+        for row in rows:
+            for i, e in enumerate(row):
+                while e.variant_name() in ("Alias", "Cast"):
+                    e = e.to_variant().expr()
+                if e.variant_name() != "Literal":
+                    raise unsupported("VALUES with an expression that is not a constant")
+                scalar = e.python_value()
+                columns[i].append(scalar.as_py())
+                if scalar.is_valid:
+                    types[i] = types[i] or scalar.type
+        names = [f"column{i + 1}" for i in range(len(fields))]
+        arrays = [pa.array(c, _values_type(t)) for c, t in zip(columns, types)]
+        return Rel(from_arrow(pa.table(dict(zip(names, arrays)))), fields)
+
+    def _Join(self, v: Any, plan: DFPlan) -> Rel:
+        return join(self, v, plan)
+
+    def _Window(self, v: Any, plan: DFPlan) -> Rel:
+        raise unsupported("window functions (OVER ...)")
+
+
+_KINDS = {
+    "Window": "window functions (OVER ...)",
+    "Subquery": "a correlated subquery that could not be turned into a join",
+    "Unnest": "UNNEST",
+    "RecursiveQuery": "WITH RECURSIVE",
+    "Explain": "EXPLAIN (call .explain() on the query)",
+    "Analyze": "EXPLAIN ANALYZE",
+    "Extension": "this statement",
+    "CopyTo": "COPY",
+    "Dml": "INSERT, UPDATE and DELETE",
+    "Ddl": "this statement (only CREATE VIEW and DROP VIEW are taken)",
+    "Repartition": "DISTRIBUTE BY",
+}
+
+_AGGREGATES: dict[str, Callable[[Expr], agg.Agg]] = {
+    "sum": agg.sum, "min": agg.min, "max": agg.max, "avg": agg.mean, "mean": agg.mean, "count": agg.count,
+}
+
+
+def _values_type(t: pa.DataType | None) -> pa.DataType:
+    if t is None:
+        return pa.null()
+    if pa.types.is_string_view(t):
+        return pa.string()
+    return t
+
+
+def _non_null_literal(e: DFExpr) -> bool:
+    while e.variant_name() == "Alias":
+        e = e.to_variant().expr()
+    return bool(e.variant_name() == "Literal" and e.python_value().is_valid)
+
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+
+def _stem(e: DFExpr, expr: Expr | None) -> str:
+    """A readable IR name for an expression's column: its alias or column name, else a generic one."""
+    if e.variant_name() == "Alias":
+        name = e.to_variant().alias()
+        if _IDENT.fullmatch(name):
+            return str(name)
+    if expr is not None and (column := expr.column_name()) is not None:
+        return column
+    if e.variant_name() == "Column":
+        return str(e.to_variant().name())
+    return "_expr"
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    out, n = name, 1
+    while out in taken:
+        n += 1
+        out = f"{name}_{n}"
+    taken.add(out)
+    return out
