@@ -331,7 +331,7 @@ def duckdb_connection(files: Files) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def _decimals_as_numbers(table: pa.Table) -> pa.Table:
+def decimals_as_numbers(table: pa.Table) -> pa.Table:
     """DECIMAL columns as float64, or int64 when their scale is 0 (DuckDB sums ints as HUGEINT)."""
     columns = []
     for column in table.columns:
@@ -347,7 +347,7 @@ def duckdb_answer(n: int, files: Files, con: duckdb.DuckDBPyConnection | None = 
     if con is None:
         con = duckdb_connection(files)
     try:
-        return _decimals_as_numbers(duckdb_table(con, SQL[n]))
+        return decimals_as_numbers(duckdb_table(con, SQL[n]))
     finally:
         if own:
             con.close()

@@ -65,7 +65,7 @@ from benchmarks.tpch_queries import (
     Files,
     _date,
     _dec,
-    _decimals_as_numbers,
+    decimals_as_numbers,
     _f,
     _scan,
     compare,
@@ -290,7 +290,7 @@ def references(cases: Sequence[Case], files: Files) -> dict[str, pa.Table]:
         for case in cases:
             rel = con.sql(case.sql)
             fetch = getattr(rel, "to_arrow_table", None) or rel.fetch_arrow_table  # to_arrow_table: duckdb >= 1.4
-            answers[case.name] = _decimals_as_numbers(fetch())
+            answers[case.name] = decimals_as_numbers(fetch())
         return answers
     finally:
         con.close()

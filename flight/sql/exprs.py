@@ -93,6 +93,8 @@ class ExprTranslator:
             return self._multiply(left, right)
         if op == "/":
             return call("divide", self.as_double(left), self.as_double(right))
+        if op == "%":
+            return self._modulo(left, right, e)
         if op == "||":
             return call("binary_join_element_wise", self.as_text(left), self.as_text(right), lit(""))
         if op == "IS DISTINCT FROM":
@@ -141,6 +143,14 @@ class ExprTranslator:
             narrowed = wide[0].cast(pa.decimal128(digits, wide[1].scale))
             left, right = (narrowed, narrow[0]) if wide[0] is left else (narrow[0], narrowed)
         return call("multiply_checked", left, right).cast(pa.decimal128(precision, scale))
+
+    def _modulo(self, left: Expr, right: Expr, e: DFExpr) -> Expr:
+        """``a % b`` of integers, signed as the dividend (C's and DuckDB's rule): a - trunc(a / b) * b."""
+        lt, rt = self.type_of(left), self.type_of(right)
+        if not (pa.types.is_integer(lt) and pa.types.is_integer(rt)):
+            raise unsupported(f"% of {lt} and {rt} ({_text(e)}); it takes integers")
+        a, b = left.cast(pa.int64()), right.cast(pa.int64())
+        return a - call("divide_checked", a, b) * b
 
     def as_double(self, e: Expr) -> Expr:
         t = self.type_of(e)
@@ -194,14 +204,13 @@ class ExprTranslator:
 
     def _like(self, e: DFExpr, ignore_case: bool) -> Expr:
         v = e.to_variant()
-        if v.escape_char() not in (None, "\\"):
-            raise unsupported(f"LIKE with ESCAPE {v.escape_char()!r} ({_text(e)})")
         pattern = v.pattern()
         if pattern.variant_name() != "Literal":
             raise unsupported(f"LIKE with a pattern that is not a constant ({_text(e)})")
         text = pattern.python_value().as_py()
         if text is None:
             return lit(None, pa.bool_())
+        text = like_pattern(text, v.escape_char())
         case_insensitive = ignore_case or "ilike" in str(e.rex_call_operator()).lower()
         matched = self(v.expr()).like(text, ignore_case=case_insensitive)
         return ~matched if v.negated() else matched
@@ -247,7 +256,12 @@ class ExprTranslator:
             value = inner.python_value()
             if pa.types.is_decimal(target) and value.is_valid and isinstance(value.as_py(), (int, decimal.Decimal)):
                 return literal(pa.scalar(decimal.Decimal(value.as_py()), target))
-        return self(inner).cast(target)
+        source = self(inner)
+        if pa.types.is_decimal(target) and pa.types.is_integer(t := self.type_of(source)):
+            digits = len(str(2 ** (t.bit_width - 1)))
+            if target.precision - target.scale < digits:  # Arrow wants room for any value; DuckDB checks the values
+                return source.cast(pa.decimal128(min(38, digits + target.scale), target.scale)).cast(target)
+        return source.cast(target)
 
     def _TryCast(self, e: DFExpr) -> Expr:
         raise unsupported(f"TRY_CAST ({_text(e)}); write CAST, which fails on a value it cannot convert")
@@ -267,8 +281,10 @@ class ExprTranslator:
 def literal(value: pa.Scalar) -> Expr:
     """A constant of DataFusion's, typed as DuckDB types one: a decimal gets the precision of its digits."""
     t = value.type
-    if not value.is_valid:
-        return lit(None, t if not pa.types.is_null(t) else pa.null())
+    if not value.is_valid:  # an untyped NULL is an INTEGER, as in DuckDB
+        return lit(None, t if not pa.types.is_null(t) else pa.int32())
+    if pa.types.is_decimal(t) and t.scale < 0:  # 1e3: a number with an exponent is a DOUBLE in DuckDB
+        return lit(float(value.as_py()))
     if pa.types.is_decimal(t):
         d = value.as_py()
         digits = max(len(str(abs(int(d)))) if int(d) else 1, 1)
@@ -302,6 +318,22 @@ def unify(types: list[pa.DataType]) -> pa.DataType:
     if all(pa.types.is_string(t) or pa.types.is_large_string(t) for t in known):
         return pa.string()
     raise PlanError(f"SQL: values of types {', '.join(sorted({str(t) for t in known}))} do not meet in one type")
+
+
+def like_pattern(pattern: str, escape: str | None) -> str:
+    """A SQL LIKE pattern in Arrow's spelling, where a backslash escapes: without ESCAPE, SQL has
+    no escape character (a backslash is itself); with one, that character escapes."""
+    out = []
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if escape and c == escape and i + 1 < len(pattern):
+            out.append("\\" + pattern[i + 1])
+            i += 2
+            continue
+        out.append("\\\\" if c == "\\" else c)
+        i += 1
+    return "".join(out)
 
 
 def distinct_from(a: Expr, b: Expr) -> Expr:

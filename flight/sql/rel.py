@@ -13,7 +13,7 @@ from typing import Any
 
 from flight.plan.query import Query
 
-__all__ = ["DFPlan", "Rel", "fields_of", "output_names"]
+__all__ = ["DFPlan", "Rel", "fields_of", "output_names", "schema_of"]
 
 DFPlan = Any  # datafusion.LogicalPlan: the package is an optional dependency (the ``sql`` extra)
 
@@ -34,6 +34,31 @@ class Rel:
 
 def fields_of(plan: DFPlan) -> list[str]:
     return list(plan.to_variant().schema().field_names())
+
+
+def schema_of(plan: DFPlan) -> list[tuple[str, str]]:
+    """Each output field of ``plan`` as (name, type as DataFusion prints it).
+
+    Read from the plan's display: DataFusion's Python API names a plan's fields but gives no
+    types (needed where a relation has no rows to say them: ``WHERE false``, ``LIMIT 0``)."""
+    line = plan.display_indent_schema().splitlines()[0]
+    inner = line[line.rindex(" [") + 2 : -1] if line.endswith("]") else ""
+    items, depth, start = [], 0, 0
+    for i, c in enumerate(inner):
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif c == "," and depth == 0 and inner[i + 1 : i + 2] == " ":
+            items.append(inner[start:i])
+            start = i + 2
+    if inner:
+        items.append(inner[start:])
+    out = []
+    for item in items:
+        name, _, rest = item.rpartition(":")
+        out.append((name, rest.split(";")[0]))
+    return out
 
 
 _QUALIFIER = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\.(?=[A-Za-z_\"])")

@@ -31,7 +31,8 @@ from flight.plan.query import Query, from_arrow
 from flight.sql.errors import unsupported
 from flight.sql.exprs import DFExpr, ExprTranslator
 from flight.sql.joins import join
-from flight.sql.rel import DFPlan, Rel, fields_of, output_names
+from flight.sql.functions import arrow_type
+from flight.sql.rel import DFPlan, Rel, fields_of, output_names, schema_of
 
 __all__ = ["Translator"]
 
@@ -73,10 +74,11 @@ class Translator:
         table = v.table_name()
         base = self.source(table)
         names = [name for _, name in v.projection()]
-        query = base.select(*names) if names != base.schema.names else base
-        if not names:  # count(*) reads no column: keep one, the rows are what counts
-            query = base.select(**{self.fresh("row"): lit(1)})
-        rel = Rel(query, fields_of(plan) if names else [])
+        if names:
+            rel = Rel(base.select(*names) if names != base.schema.names else base, fields_of(plan))
+        else:  # count(*) reads no column: one constant stands in, the rows are what counts
+            row = self.fresh("row")
+            rel = Rel(base.select(**{row: lit(1)}), [row])
         for f in v.filters():
             rel = Rel(rel.query.filter(self.exprs(rel)(f)), rel.fields)
         if v.fetch() is not None:
@@ -150,11 +152,12 @@ class Translator:
         return make(arg)
 
     def _Sort(self, v: Any, plan: DFPlan) -> Rel:
+        """ORDER BY: keys that are expressions become hidden columns; a key whose nulls go the other
+        way than the sort's (NULLS LAST) is preceded by its null flag, which has no nulls."""
         rel = self.relation(plan.inputs()[0])
         t = self.exprs(rel)
         keys: list[str] = []
         descending: list[bool] = []
-        nulls = set()
         extra: dict[str, Expr] = {}
         for s in v.sort_exprs():
             expr = t(s.expr())
@@ -162,13 +165,16 @@ class Translator:
             if name is None:
                 name = self.fresh("sort")
                 extra[name] = expr
+            desc = not s.ascending()
+            if bool(s.nulls_first()):  # the flag (true for a null) sorts descending: nulls first
+                flag = self.fresh("nulls")
+                extra[flag] = expr.is_null()
+                keys.append(flag)
+                descending.append(True)
             keys.append(name)
-            descending.append(not s.ascending())
-            nulls.add(bool(s.nulls_first()))
-        if len(nulls) > 1:
-            raise unsupported("an ORDER BY that mixes NULLS FIRST and NULLS LAST")
+            descending.append(desc)
         query = rel.query.with_columns(**extra) if extra else rel.query
-        query = query.sort(keys, descending, nulls="first" if nulls == {True} else "last")
+        query = query.sort(keys, descending, nulls="last")
         fetch = v.get_fetch_val()
         if fetch is not None:
             query = query.limit(int(fetch))
@@ -178,9 +184,7 @@ class Translator:
 
     def _Limit(self, v: Any, plan: DFPlan) -> Rel:
         rel = self.relation(plan.inputs()[0])
-        skip, fetch = v.skip(), v.fetch()
-        if (skip is not None and not isinstance(skip, int)) or (fetch is not None and not isinstance(fetch, int)):
-            raise unsupported("a LIMIT or OFFSET that is not a constant")
+        skip, fetch = _constant(v.skip(), "OFFSET"), _constant(v.fetch(), "LIMIT")
         count = fetch if fetch is not None else 2**62
         return Rel(rel.query.limit(count, skip or 0), rel.fields)
 
@@ -204,9 +208,13 @@ class Translator:
         return Rel(first.union(*aligned[1:]), fields_of(plan))
 
     def _EmptyRelation(self, v: Any, plan: DFPlan) -> Rel:
-        rows = 1 if v.produce_one_row() else 0
-        table = pa.table({self.fresh("empty"): pa.array([None] * rows, pa.null())})
-        return Rel(from_arrow(table), [])
+        if v.produce_one_row():  # SELECT without FROM: one row, no columns (one stands in)
+            name = self.fresh("row")
+            return Rel(from_arrow(pa.table({name: pa.array([None], pa.int32())})), [name])
+        fields = fields_of(plan)  # WHERE false, LIMIT 0: no rows, of the plan's types
+        types = [arrow_type(t) for _, t in schema_of(plan)]
+        names = [f"c{i}" for i in range(len(fields))]
+        return Rel(from_arrow(pa.schema(list(zip(names, types))).empty_table()), fields)
 
     def _Values(self, v: Any, plan: DFPlan) -> Rel:
         fields = fields_of(plan)
@@ -251,6 +259,17 @@ _KINDS = {
 _AGGREGATES: dict[str, Callable[[Expr], agg.Agg]] = {
     "sum": agg.sum, "min": agg.min, "max": agg.max, "avg": agg.mean, "mean": agg.mean, "count": agg.count,
 }
+
+
+def _constant(value: Any, what: str) -> int | None:
+    """A LIMIT's or OFFSET's count: DataFusion gives an int, an expression, or None (no limit)."""
+    if value is None or isinstance(value, int):
+        return value
+    if hasattr(value, "variant_name") and value.variant_name() == "Literal":
+        number = value.python_value().as_py()
+        if number is None or isinstance(number, int) and number >= 0:
+            return number
+    raise unsupported(f"a {what} that is not a constant count")
 
 
 def _values_type(t: pa.DataType | None) -> pa.DataType:
