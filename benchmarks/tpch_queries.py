@@ -312,8 +312,7 @@ def query(n: int, files: Files) -> flight.Query:
     return build(files)
 
 
-from benchmarks.tpch_sql import ORDERED, SQL  # noqa: E402,F401  (re-exported: the harness imports them from here)
-
+from benchmarks.tpch_sql import ORDERED, SQL  # noqa: E402  (re-exported: the harness imports them from here)
 
 # ------------------------------------------------------------------- DuckDB
 

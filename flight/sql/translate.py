@@ -30,8 +30,8 @@ from flight.plan.expr import Expr, col, lit
 from flight.plan.query import Query, from_arrow
 from flight.sql.errors import unsupported
 from flight.sql.exprs import DFExpr, ExprTranslator
-from flight.sql.joins import join
 from flight.sql.functions import arrow_type
+from flight.sql.joins import join
 from flight.sql.rel import DFPlan, Rel, fields_of, output_names, schema_of
 
 __all__ = ["Translator"]
@@ -267,7 +267,7 @@ def _constant(value: Any, what: str) -> int | None:
         return value
     if hasattr(value, "variant_name") and value.variant_name() == "Literal":
         number = value.python_value().as_py()
-        if number is None or isinstance(number, int) and number >= 0:
+        if number is None or (isinstance(number, int) and number >= 0):
             return number
     raise unsupported(f"a {what} that is not a constant count")
 

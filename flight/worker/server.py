@@ -23,7 +23,7 @@ from flight.config import WorkerOptions
 from flight.engine.acero.pipeline import source_threads
 from flight.engine.readers import UnitReadError
 from flight.engine.select import compile_task
-from flight.errors import FlightExecError, ProtocolError, TaskCancelledError, WorkerError
+from flight.errors import FlightExecError, ProtocolError, TaskCancelledError, WorkerError, light_copy
 from flight.threads import Job, spawn
 from flight.wire._proto import plan_pb2, protocol_pb2
 from flight.wire.clients import ClientPool
@@ -206,8 +206,13 @@ class WorkerServer(fl.FlightServerBase):
             log.debug("task %s freed", task.key)
             if not len(self.registry):
                 self._idle.set()  # the watchdog hands freed memory back (release_idle_memory)
-        if task.failure is not None:
-            raise task.failure
+        failure = task.failure
+        if failure is not None:
+            # Raised as a copy: the stored error would take this frame (and with it the task) into
+            # its traceback, and the task holds the error: a cycle that native code keeping the
+            # raised error (pyarrow's error detail) makes permanent (issue 24's fuzz growth).
+            del task, output, runner, sender, reader, plan, header
+            raise light_copy(failure)
 
     def _start_task(
         self, header: protocol_pb2.TaskHeader, plan: plan_pb2.StagePlan, buffer_bytes: int, sender: Sender, client: str

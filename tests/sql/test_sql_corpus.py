@@ -20,12 +20,11 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from corpus import CORPUS, tables
 
 import flight
 from benchmarks.tpch_queries import duckdb_table
 from flight.sql.frontend import split_statements
-
-from corpus import CORPUS, tables
 
 CASES = [(group, i, text) for group, texts in CORPUS.items() for i, text in enumerate(texts)]
 
