@@ -26,6 +26,7 @@ from flight.engine.scan import Env, TaskInputs, feed_scan_reader
 from flight.errors import ProtocolError
 from flight.wire._proto import plan_pb2
 from flight.wire.limits import clip
+from flight.wire.operators import operators
 
 __all__ = ["SMALL_INPUT_ROWS", "compile_task"]
 
@@ -87,6 +88,8 @@ def _tell(inputs: TaskInputs, engine: str) -> None:
 
 
 def _acero(plan: plan_pb2.StagePlan, env: Env, decl: ac.Declaration) -> pa.RecordBatchReader:
+    if any(op.WhichOneof("kind") == "window" for op in operators(plan.root)):
+        raise ProtocolError("window functions run on the DuckDB engine only (this task was to run on Acero)", field="plan.root")
     if plan.root.WhichOneof("kind") == "feed_scan":
         # Nothing to compute: Acero would only copy batches between threads.
         return feed_scan_reader(plan.root.feed_scan, env, "plan.root.feed_scan")
@@ -97,7 +100,8 @@ def _duck_or_acero(plan: plan_pb2.StagePlan, env: Env, decl: ac.Declaration) -> 
     from flight.engine.duck import engine as duck
 
     # Started here, on the task's thread: the native readers made now are the task's too (no yield in these blocks).
-    if env.prefetch(plan.root, SMALL_INPUT_ROWS):
+    windowed = any(op.WhichOneof("kind") == "window" for op in operators(plan.root))
+    if not windowed and env.prefetch(plan.root, SMALL_INPUT_ROWS):
         # Other stages' rows, and few: Acero's run costs less than DuckDB's start (Env.prefetch).
         _tell(env.inputs, "acero")
         with handing_off(env.handoffs):

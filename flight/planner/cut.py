@@ -38,6 +38,7 @@ from flight.errors import PlanError
 from flight.plan.expr import Expr, col, if_else, lit
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, LimitNode, Node, ProjectNode, ValuesNode
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, ShuffleReadNode, SortNode, UnionNode
+from flight.plan.window import WindowNode
 from flight.planner.colocate import (
     COLOCATE_READ,
     EXACT,
@@ -57,6 +58,7 @@ from flight.planner.optimize import prune_columns, push_filters
 from flight.planner.ranges import filter_selectivity
 from flight.planner.replicate import replicate_small_broadcasts
 from flight.planner.stages import FeedPlan, PlannerOptions, QueryPlan, StageSpec
+from flight.planner.windows import cut_window
 from flight.sources.feed import WorkUnitFeed
 
 __all__ = ["plan_query"]
@@ -136,6 +138,8 @@ class _Planner:
             return self.join(node)
         if isinstance(node, UnionNode):
             return self.union(node)
+        if isinstance(node, WindowNode):
+            return cut_window(self, node)
         raise PlanError(f"the planner does not know operator {type(node).__name__}")
 
     @staticmethod

@@ -39,6 +39,7 @@ from flight.plan.expr import Expr, call
 from flight.plan.expr_nodes import CallNode
 from flight.plan.nodes import FeedScanNode, FilterNode, LimitNode, Node, ProjectNode
 from flight.plan.relnodes import AggregateNode, JoinNode, SortNode, UnionNode
+from flight.plan.window import WindowNode
 
 __all__ = ["conjuncts", "derive_side_filter", "disjuncts", "prune_columns", "push_filters"]
 
@@ -184,7 +185,7 @@ def _push(node: Node, preds: list[_Pred]) -> Node:
 
 def _children_pushed(node: Node) -> Node:
     """``node`` with the filters inside each of its inputs pushed down (none from above)."""
-    if isinstance(node, (AggregateNode, LimitNode, SortNode)):
+    if isinstance(node, (AggregateNode, LimitNode, SortNode, WindowNode)):
         return replace(node, input=_push(node.input, []))
     if isinstance(node, (FilterNode, ProjectNode, UnionNode, JoinNode)):
         return _push(node, [])
@@ -284,6 +285,9 @@ def prune_columns(node: Node, needed: set[str] | None = None) -> Node:
         return _prune_join(node, needed)
     if isinstance(node, UnionNode):
         return UnionNode([prune_columns(n, None) for n in node.inputs])
+    if isinstance(node, WindowNode):
+        used = (needed & set(node.input.schema.names)) | set(node.partition_by) | {k for k, _ in node.order_by}
+        return replace(node, input=prune_columns(node.input, used | {c.column for c in node.calls if c.column}))
     if isinstance(node, FeedScanNode):
         available = node.schema.names
         columns = [c for c in available if c in needed] or available[:1]

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -138,6 +139,8 @@ def _stand_in(t: pa.DataType) -> Expr:
         return lit("").cast(t)
     if pa.types.is_boolean(t):
         return lit(False)
+    if pa.types.is_decimal(t):
+        return lit(Decimal(0), t)
     if pa.types.is_date32(t):
         return lit(0).cast(pa.int32()).cast(t)
     if pa.types.is_temporal(t):

@@ -33,6 +33,7 @@ from flight.sql.exprs import DFExpr, ExprTranslator
 from flight.sql.functions import arrow_type
 from flight.sql.joins import join
 from flight.sql.rel import DFPlan, Rel, fields_of, output_names, schema_of
+from flight.sql.windows import window
 
 __all__ = ["Translator"]
 
@@ -238,12 +239,11 @@ class Translator:
     def _Join(self, v: Any, plan: DFPlan) -> Rel:
         return join(self, v, plan)
 
-    def _Window(self, v: Any, plan: DFPlan) -> Rel:
-        raise unsupported("window functions (OVER ...)")
+    def _WindowExpr(self, v: Any, plan: DFPlan) -> Rel:
+        return window(self, v, plan)
 
 
 _KINDS = {
-    "Window": "window functions (OVER ...)",
     "Subquery": "a correlated subquery that could not be turned into a join",
     "Unnest": "UNNEST",
     "RecursiveQuery": "WITH RECURSIVE",

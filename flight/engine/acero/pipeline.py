@@ -29,6 +29,8 @@ from flight.compute.relational import (
     sort_decl,
     union_batches,
 )
+from flight.compute.window import FUNCTIONS as WINDOW_FUNCTIONS
+from flight.compute.window import window_type
 from flight.engine.pruning import prune_of
 from flight.engine.readers import conform
 from flight.engine.scan import Env, feed_scan_reader
@@ -182,6 +184,42 @@ def _sort(srt: plan_pb2.Sort, env: Env, here: str) -> tuple[ac.Declaration, pa.S
     return _source(native_reader(schema, top)), schema
 
 
+def _window(win: plan_pb2.Window, env: Env, here: str) -> tuple[ac.Declaration, pa.Schema]:
+    """Checked and typed here; computed only by DuckDB (Acero has no window node): the
+    declaration returned is the input's, which ``select`` never runs for a window."""
+    child, schema = compile_plan(win.input, env, f"{here}.input")
+    return child, window_schema(win, schema, here)
+
+
+def window_schema(win: plan_pb2.Window, schema: pa.Schema, here: str) -> pa.Schema:
+    """The window's output schema (its input's columns, then one per call), every name and count checked."""
+    check_count(len(win.calls), MAX_WINDOW_CALLS, f"{here}.calls", "window calls")
+    _check_columns(list(win.partition_by), schema, f"{here}.partition_by")
+    _check_columns([k.column for k in win.order_by], schema, f"{here}.order_by")
+    fields = list(schema)
+    for i, c in enumerate(win.calls):
+        where = f"{here}.calls[{i}]"
+        if c.function not in WINDOW_FUNCTIONS:
+            raise ProtocolError(f"{where}.function {c.function[:40]!r} is not a window function", field=f"{where}.function")
+        if c.column:
+            _check_columns([c.column], schema, f"{where}.column")
+        if not c.name or c.name in {f.name for f in fields}:
+            raise ProtocolError(f"{where}.name must be a new column name", field=f"{where}.name")
+        if not 0 <= c.offset <= MAX_WINDOW_OFFSET or not all(
+            abs(x) <= MAX_WINDOW_OFFSET for x in (c.frame.start, c.frame.end)
+        ):
+            raise ProtocolError(f"{where}: an offset beyond {MAX_WINDOW_OFFSET}", field=where)
+        try:
+            fields.append(pa.field(c.name, window_type(c.function, schema.field(c.column).type if c.column else None)))
+        except ValueError as exc:
+            raise ProtocolError(f"{where}: {exc}", field=where) from None
+    return pa.schema(fields)
+
+
+MAX_WINDOW_CALLS = 1024
+MAX_WINDOW_OFFSET = 1 << 31
+
+
 def _union(union: plan_pb2.Union, env: Env, here: str) -> tuple[ac.Declaration, pa.Schema]:
     if not union.inputs:
         raise ProtocolError(f"{here}.inputs is empty", field=f"{here}.inputs")
@@ -303,5 +341,6 @@ _COMPILERS: dict[str, Callable[[Any, Env, str], tuple[ac.Declaration, pa.Schema]
     "sort": _sort,
     "union": _union,
     "shuffle_read": _shuffle_read,
+    "window": _window,
 }
 """How each operator kind becomes a declaration (with the schema it produces), checked as it is built."""

@@ -101,7 +101,27 @@ class Translator:
             return self.aggregate(op.aggregate, here, schema)
         if kind == "hash_join":
             return self.join(op.hash_join, here, schema)
+        if kind == "window":
+            return self.window(op.window, here, schema)
         raise Untranslatable(f"operator {kind}")
+
+    def window(self, win: plan_pb2.Window, here: str, schema: pa.Schema) -> str:
+        """``SELECT *, f(...) OVER (...)``: the calls share the partition and the order."""
+        over = []
+        if win.partition_by:
+            over.append(f"PARTITION BY {column_list(win.partition_by)}")
+        if win.order_by:
+            over.append("ORDER BY " + ", ".join(f"{ident(k.column)} {'DESC' if k.descending else 'ASC'} NULLS LAST" for k in win.order_by))
+        items = ["*"]
+        for c in win.calls:
+            arg = ident(c.column) if c.column else ""
+            text = {
+                "row_number": "row_number()", "rank": "rank()", "dense_rank": "dense_rank()", "count_all": "count(*)",
+                "lag": f"lag({arg}, {max(c.offset, 1)})", "lead": f"lead({arg}, {max(c.offset, 1)})", "mean": f"avg({arg})",
+            }.get(c.function, f"{c.function}({arg})")
+            frame = _frame(c.frame) if c.HasField("frame") else ""
+            items.append(f"CAST({text} OVER ({' '.join(over)}{frame}) AS {sql_type(schema.field(c.name).type)}) AS {ident(c.name)}")
+        return f"SELECT {', '.join(items)} FROM {self.sub(win.input, f'{here}.input')}"
 
     def whole_scan(self, scan: plan_pb2.FeedScan, path: str) -> str:
         feed = WholeFeed(scan, path, f"__flight_units_{next(self.task.names)}__")
@@ -220,6 +240,18 @@ class _FragmentTranslator(Translator):
             items = ", ".join(f"CAST({ident(f.name)} AS {sql_type(f.type)}) AS {ident(f.name)}" for f in schema)
             return f"SELECT {items} FROM {UNITS}"
         return self.operator(op, path)
+
+
+def _frame(frame: plan_pb2.WindowFrame) -> str:
+    def bound(unbounded: bool, offset: int, side: str) -> str:
+        if unbounded:
+            return f"UNBOUNDED {side}"
+        if offset == 0:
+            return "CURRENT ROW"
+        return f"{abs(int(offset))} {'PRECEDING' if offset < 0 else 'FOLLOWING'}"
+
+    start = bound(frame.start_unbounded, frame.start, "PRECEDING")
+    return f" ROWS BETWEEN {start} AND {bound(frame.end_unbounded, frame.end, 'FOLLOWING')}"
 
 
 def _plain_scan(op: plan_pb2.Operator) -> bool:

@@ -396,6 +396,7 @@ class Operator(_message.Message):
     SORT_FIELD_NUMBER: _builtins.int
     UNION_FIELD_NUMBER: _builtins.int
     SHUFFLE_READ_FIELD_NUMBER: _builtins.int
+    WINDOW_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def feed_scan(self) -> Global___FeedScan: ...
     @_builtins.property
@@ -418,6 +419,8 @@ class Operator(_message.Message):
     def union(self) -> Global___Union: ...
     @_builtins.property
     def shuffle_read(self) -> Global___ShuffleRead: ...
+    @_builtins.property
+    def window(self) -> Global___Window: ...
     def __init__(
         self,
         *,
@@ -432,16 +435,126 @@ class Operator(_message.Message):
         sort: Global___Sort | None = ...,
         union: Global___Union | None = ...,
         shuffle_read: Global___ShuffleRead | None = ...,
+        window: Global___Window | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["aggregate", b"aggregate", "exchange_input", b"exchange_input", "feed_scan", b"feed_scan", "filter", b"filter", "hash_join", b"hash_join", "kind", b"kind", "limit", b"limit", "project", b"project", "shuffle_read", b"shuffle_read", "sort", b"sort", "union", b"union", "values", b"values"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["aggregate", b"aggregate", "exchange_input", b"exchange_input", "feed_scan", b"feed_scan", "filter", b"filter", "hash_join", b"hash_join", "kind", b"kind", "limit", b"limit", "project", b"project", "shuffle_read", b"shuffle_read", "sort", b"sort", "union", b"union", "values", b"values", "window", b"window"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aggregate", b"aggregate", "exchange_input", b"exchange_input", "feed_scan", b"feed_scan", "filter", b"filter", "hash_join", b"hash_join", "kind", b"kind", "limit", b"limit", "project", b"project", "shuffle_read", b"shuffle_read", "sort", b"sort", "union", b"union", "values", b"values"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aggregate", b"aggregate", "exchange_input", b"exchange_input", "feed_scan", b"feed_scan", "filter", b"filter", "hash_join", b"hash_join", "kind", b"kind", "limit", b"limit", "project", b"project", "shuffle_read", b"shuffle_read", "sort", b"sort", "union", b"union", "values", b"values", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["feed_scan", "exchange_input", "values", "filter", "project", "limit", "aggregate", "hash_join", "sort", "union", "shuffle_read"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["feed_scan", "exchange_input", "values", "filter", "project", "limit", "aggregate", "hash_join", "sort", "union", "shuffle_read", "window"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___Operator: _TypeAlias = Operator  # noqa: Y015
+
+@_typing.final
+class Window(_message.Message):
+    """Window functions over partitions of the input (SQL's OVER): the input's columns, then one
+    column per call. Every call shares the partition and the order; rows stay as they came
+    within no guarantee of order.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INPUT_FIELD_NUMBER: _builtins.int
+    PARTITION_BY_FIELD_NUMBER: _builtins.int
+    ORDER_BY_FIELD_NUMBER: _builtins.int
+    CALLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def input(self) -> Global___Operator: ...
+    @_builtins.property
+    def partition_by(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def order_by(self) -> _containers.RepeatedCompositeFieldContainer[Global___SortKey]:
+        """nulls sort last"""
+
+    @_builtins.property
+    def calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___WindowCall]: ...
+    def __init__(
+        self,
+        *,
+        input: Global___Operator | None = ...,
+        partition_by: _abc.Iterable[_builtins.str] | None = ...,
+        order_by: _abc.Iterable[Global___SortKey] | None = ...,
+        calls: _abc.Iterable[Global___WindowCall] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "input", b"input", "order_by", b"order_by", "partition_by", b"partition_by"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Window: _TypeAlias = Window  # noqa: Y015
+
+@_typing.final
+class WindowCall(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FUNCTION_FIELD_NUMBER: _builtins.int
+    COLUMN_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    FRAME_FIELD_NUMBER: _builtins.int
+    function: _builtins.str
+    """row_number, rank, dense_rank, lag, lead, first_value, last_value, sum, min, max, mean,
+    count, count_all.
+    """
+    column: _builtins.str
+    """the argument column; empty for row_number, rank, dense_rank and count_all"""
+    name: _builtins.str
+    """the output column"""
+    offset: _builtins.int
+    """lag and lead: how many rows back or ahead (0 means 1)"""
+    @_builtins.property
+    def frame(self) -> Global___WindowFrame:
+        """unset: SQL's default (with an order, the rows up to the current row's peers; without, all)"""
+
+    def __init__(
+        self,
+        *,
+        function: _builtins.str = ...,
+        column: _builtins.str = ...,
+        name: _builtins.str = ...,
+        offset: _builtins.int = ...,
+        frame: Global___WindowFrame | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["frame", b"frame"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["column", b"column", "frame", b"frame", "function", b"function", "name", b"name", "offset", b"offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WindowCall: _TypeAlias = WindowCall  # noqa: Y015
+
+@_typing.final
+class WindowFrame(_message.Message):
+    """ROWS BETWEEN <start> AND <end>: offsets from the current row, negative before it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_UNBOUNDED_FIELD_NUMBER: _builtins.int
+    START_FIELD_NUMBER: _builtins.int
+    END_UNBOUNDED_FIELD_NUMBER: _builtins.int
+    END_FIELD_NUMBER: _builtins.int
+    start_unbounded: _builtins.bool
+    start: _builtins.int
+    end_unbounded: _builtins.bool
+    end: _builtins.int
+    def __init__(
+        self,
+        *,
+        start_unbounded: _builtins.bool = ...,
+        start: _builtins.int = ...,
+        end_unbounded: _builtins.bool = ...,
+        end: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "end_unbounded", b"end_unbounded", "start", b"start", "start_unbounded", b"start_unbounded"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WindowFrame: _TypeAlias = WindowFrame  # noqa: Y015
 
 @_typing.final
 class WorkUnitFeed(_message.Message):

@@ -1,0 +1,119 @@
+"""DataFusion's window expressions (``WindowAggr``) as ``WindowNode``s, one per expression.
+
+Partition keys, order keys and arguments that are expressions become hidden columns first
+(dropped after); an order key with NULLS FIRST is preceded by its null flag, as in ORDER BY.
+A frame is SQL's default, or ROWS between offsets; a RANGE frame with offsets is refused.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from flight.plan.expr import Expr
+from flight.plan.query import Query
+from flight.plan.window import WindowCall, WindowNode
+from flight.sql.errors import unsupported
+from flight.sql.exprs import DFExpr, ExprTranslator
+from flight.sql.rel import DFPlan, Rel, fields_of
+
+if TYPE_CHECKING:
+    from flight.sql.translate import Translator
+
+__all__ = ["window"]
+
+_FUNCTIONS = {
+    "row_number": "row_number", "rank": "rank", "dense_rank": "dense_rank", "lag": "lag", "lead": "lead",
+    "first_value": "first_value", "last_value": "last_value", "sum": "sum", "min": "min", "max": "max",
+    "avg": "mean", "mean": "mean", "count": "count",
+}
+
+
+def window(tr: Translator, v: Any, plan: DFPlan) -> Rel:
+    rel = tr.relation(plan.inputs()[0])
+    t = ExprTranslator(rel.columns(), rel.query.schema)
+    query = rel.query
+    outputs: list[str] = []
+    for e in v.get_window_expr():
+        hidden: dict[str, Expr] = {}
+
+        def column(expr: Expr, hidden: dict[str, Expr] = hidden) -> str:
+            name = expr.column_name()
+            if name is None:
+                name = tr.fresh("w")
+                hidden[name] = expr
+            return name
+
+        name = str(v.window_func_name(e)).lower()
+        function = _FUNCTIONS.get(name)
+        if function is None:
+            raise unsupported(f"the window function {name}()")
+        args = list(v.get_args(e))
+        offset = 0
+        if function in ("lag", "lead"):
+            if len(args) > 2:
+                raise unsupported(f"{name}() with a default value")
+            offset = _count(args[1], f"{name}'s offset") if len(args) > 1 else 1
+            args = args[:1]
+        if function == "count" and (not args or _literal(args[0])):
+            function, args = "count_all", []
+        argument = column(t(args[0])) if args else ""
+        partition = [column(t(p)) for p in v.get_partition_exprs(e)]
+        order: list[tuple[str, bool]] = []
+        for s in v.get_sort_exprs(e):
+            key = t(s.expr())
+            if bool(s.nulls_first()):
+                order.append((column(key.is_null()), True))
+            order.append((column(key), not s.ascending()))
+        out = tr.fresh("win")
+        call = WindowCall(function, argument, out, offset, _frame(v.get_frame(e), bool(order)))
+        base = query.with_columns(**hidden) if hidden else query
+        query = Query(WindowNode(base.node, partition, order, [call]))
+        if hidden:
+            query = query.select(*[n for n in query.schema.names if n not in hidden])
+        outputs.append(out)
+        t = ExprTranslator({**rel.columns()}, query.schema)
+    return Rel(query, fields_of(plan))
+
+
+def _literal(e: DFExpr) -> bool:
+    while e.variant_name() == "Alias":
+        e = e.to_variant().expr()
+    return bool(e.variant_name() == "Literal")
+
+
+def _count(e: DFExpr, what: str) -> int:
+    while e.variant_name() in ("Alias", "Cast"):
+        e = e.to_variant().expr()
+    value = e.python_value().as_py() if e.variant_name() == "Literal" else None
+    if not isinstance(value, int) or value < 0:
+        raise unsupported(f"{what} that is not a constant count")
+    return value
+
+
+def _frame(frame: Any, ordered: bool) -> tuple[int | None, int | None] | None:
+    """The frame as ROWS offsets; None for SQL's default (what DataFusion writes out for it)."""
+    if frame is None:
+        return None
+    lower, upper = frame.get_lower_bound(), frame.get_upper_bound()
+    units = str(frame.get_frame_units()).upper()
+
+    def offset(bound: Any) -> int | None:
+        if bound.is_unbounded():
+            return None
+        if bound.is_current_row():
+            return 0
+        n = int(bound.get_offset())
+        return -n if bound.is_preceding() else n
+
+    start, end = offset(lower), offset(upper)
+    if units == "RANGE":
+        if start is None and end == 0:
+            return None  # the default with an order: up to the current row's last peer
+        if start is None and end is None:
+            return (None, None)
+        raise unsupported("a RANGE frame with offsets (write ROWS)")
+    if units != "ROWS":
+        raise unsupported(f"a {units} frame")
+    if not ordered and start is None and end is None:
+        return None
+    return (start, end)
