@@ -85,8 +85,14 @@ class DistributedExec:
         return self.plan.stages
 
     def explain(self, analyze: bool = False) -> str:
-        """Stages, their operators, tasks and workers; with ``analyze``, what each task measured."""
-        return explain_plan(self, analyze)
+        """Stages, their operators, tasks and workers; with ``analyze``, what each task measured.
+
+        A query ``flight.sql`` made starts with the SQL front end's optimized logical plan."""
+        stages = explain_plan(self, analyze)
+        logical = getattr(self.query, "logical_plan", None)
+        if not logical:
+            return stages
+        return "\n".join(["SQL logical plan (DataFusion, optimized):", *("  " + x for x in logical.splitlines()), "", stages])
 
     def to_table(self) -> pa.Table:
         return self.execute().read_all()

@@ -32,7 +32,7 @@ def sql(text: str, tables: Mapping[str, Source] | Catalog | None = None, *, dial
     catalog = tables if isinstance(tables, Catalog) else Catalog(tables)
     words = {w.lower() for w in re.findall(r"\w+", text)}
     schemas = {name: catalog[name].schema for name in catalog if name.lower() in words}
-    plan, statement = plan_text(text, schemas, dialect)
+    plan, statement = plan_text(text, schemas, dialect, list(catalog))
     try:
         query = Translator(catalog.__getitem__).query(plan)
     except PlanError as exc:

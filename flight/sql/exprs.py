@@ -264,7 +264,7 @@ class ExprTranslator:
         return source.cast(target)
 
     def _TryCast(self, e: DFExpr) -> Expr:
-        raise unsupported(f"TRY_CAST ({_text(e)}); write CAST, which fails on a value it cannot convert")
+        raise unsupported(f"TRY_CAST ({_text(e)})")
 
     def _ScalarFunction(self, e: DFExpr) -> Expr:
         name = str(e.rex_call_operator()).lower()

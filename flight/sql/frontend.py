@@ -122,8 +122,13 @@ def _plannable(schema: pa.Schema) -> pa.Schema:
     return pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema])
 
 
-def plan_text(text: str, schemas: dict[str, pa.Schema], dialect: str = "duckdb") -> tuple[Any, Statement]:
-    """The optimized logical plan of the one query in ``text``, and that query's statement."""
+def plan_text(
+    text: str, schemas: dict[str, pa.Schema], dialect: str = "duckdb", tables: list[str] | None = None
+) -> tuple[Any, Statement]:
+    """The optimized logical plan of the one query in ``text``, and that query's statement.
+
+    ``schemas``: the tables the text may name; ``tables``: every table there is (for errors)."""
+    known = tables if tables is not None else list(schemas)
     import datafusion
 
     statements = split_statements(text)
@@ -136,11 +141,11 @@ def plan_text(text: str, schemas: dict[str, pa.Schema], dialect: str = "duckdb")
     for st in statements:
         words = st.keywords()
         if _is_view(words):
-            _run(ctx, st, views, schemas)
+            _run(ctx, st, views, schemas, known)
         elif (words and words[0] in ("select", "with", "values", "from")) or st.text.startswith("("):
             if result is not None:
                 raise PlanError(f"SQL: the text holds more than one query (the second at line {st.line}:{st.column}); send one")
-            result = (_run(ctx, st, query_only, schemas), st)
+            result = (_run(ctx, st, query_only, schemas, known), st)
         else:
             what = " ".join(words[:2]).upper() or st.text[:20]
             raise PlanError(
@@ -151,8 +156,8 @@ def plan_text(text: str, schemas: dict[str, pa.Schema], dialect: str = "duckdb")
     frame, st = result
     try:
         return frame.optimized_logical_plan(), st
-    except (ValueError, RuntimeError) as exc:  # DataFusion raises ValueErrors with its own wording
-        raise PlanError(explain_error(str(exc), st, schemas)) from None
+    except Exception as exc:  # noqa: BLE001 - DataFusion's optimizer raises plain Exceptions, worded its way
+        raise PlanError(explain_error(str(exc), st, schemas, known)) from None
 
 
 def _is_view(words: list[str]) -> bool:
@@ -164,30 +169,38 @@ def _is_view(words: list[str]) -> bool:
     return rest[:1] == ["view"]
 
 
-def _run(ctx: Any, st: Statement, options: Any, schemas: dict[str, pa.Schema]) -> Any:
+def _run(ctx: Any, st: Statement, options: Any, schemas: dict[str, pa.Schema], known: list[str]) -> Any:
     try:
         return ctx.sql_with_options(st.text, options)
     except (ValueError, RuntimeError) as exc:  # DataFusion raises ValueErrors with its own wording
-        raise PlanError(explain_error(str(exc), st, schemas)) from None
+        raise PlanError(explain_error(str(exc), st, schemas, known)) from None
 
 
-def explain_error(message: str, st: Statement, schemas: dict[str, pa.Schema]) -> str:
+def explain_error(message: str, st: Statement, schemas: dict[str, pa.Schema], tables: list[str]) -> str:
     """DataFusion's error as a person can act on it: what, where (line:column), the nearest names."""
-    first = message.strip().splitlines()[0] if message.strip() else "planning failed"
+    lines = [x.strip() for x in message.strip().splitlines() if x.strip() and not x.strip().startswith("caused by")]
+    first = next((x for x in reversed(lines) if x.startswith(("Error during planning", "Schema error"))), None)
+    first = first or (lines[0] if lines else "planning failed")
     m = re.search(r"at Line: (\d+), Column: (\d+)", first)
     if m:
         line = st.line + int(m.group(1)) - 1
         column = int(m.group(2)) + (st.column - 1 if m.group(1) == "1" else 0)
         what = re.sub(r"^SQL error: ParserError\(\"?|\"?\)$|\s*at Line: \d+, Column: \d+", "", first)
         return f"SQL syntax error at line {line}:{column}: {what}"
+    if "ParserError" in first:
+        what = re.sub(r"^SQL error: ParserError\(\"?|\"?\)$", "", first)
+        return f"SQL syntax error at the end of the statement that starts at line {st.line}:{st.column}: {what}"
     m = re.search(r"table '(?:[\w]+\.)*([^'.]+)' not found", first)
     if m:
         name = m.group(1)
-        return _unknown("table", name, list(schemas), st)
-    m = re.search(r"No field named \"?([^\".]+(?:\.[^\".]+)?)\"?\.?", first)
+        return _unknown("table", name, tables, st)
+    m = re.search(r"No field named (\S+?)\.?(?:\s|$)", first)
     if m:
-        name = m.group(1).rsplit(".", 1)[-1]
+        name = m.group(1).strip('"').rsplit(".", 1)[-1].strip('"')
         columns = sorted({f.name for s in schemas.values() for f in s})
+        if name in columns:
+            where = position(st, name)
+            return f"SQL: column {name!r} cannot be used there" + (f" (at {where})" if where else "")
         return _unknown("column", name, columns, st)
     text = re.sub(r"^(Error during planning|Schema error|This feature is not implemented|Optimizer rule '[^']*' failed): ", "", first)
     return f"SQL: {text}"

@@ -44,6 +44,8 @@ def join(tr: Translator, v: Any, plan: Any) -> Rel:
         kind = "Left" + kind[len("Right"):]
     if kind not in _HOW:
         raise unsupported(f"a {kind} join (an EXISTS or IN under OR, for one)")
+    if not pairs and not at_most_one_row(v.right()) and _alias(v.right()).startswith("__scalar_sq"):
+        raise unsupported("a scalar subquery that may return more than one row (aggregate it, or add LIMIT 1)")
     right = _disjoint(left, right, tr)
     lt = ExprTranslator(left.columns(), left.query.schema)
     rt = ExprTranslator(right.columns(), right.query.schema)
@@ -84,6 +86,31 @@ def join(tr: Translator, v: Any, plan: Any) -> Rel:
         joined = joined.select(*kept)
     fields = fields_of(plan)
     return Rel(joined, fields)
+
+
+def _alias(plan: Any) -> str:
+    v = plan.to_variant()
+    return str(v.alias()) if type(v).__name__ == "SubqueryAlias" else ""
+
+
+def at_most_one_row(plan: Any) -> bool:
+    """Whether ``plan`` returns at most one row whatever the data: a global aggregate, a LIMIT 1."""
+    while True:
+        v = plan.to_variant()
+        kind = type(v).__name__
+        if kind == "Aggregate":
+            return not list(v.group_by_exprs())
+        if kind == "Limit":
+            fetch = v.fetch()
+            fetch = fetch.python_value().as_py() if hasattr(fetch, "python_value") else fetch
+            return isinstance(fetch, int) and fetch <= 1
+        if kind == "Sort" and v.get_fetch_val() is not None:
+            return bool(v.get_fetch_val() <= 1)
+        if kind == "EmptyRelation":
+            return True
+        if kind not in ("Projection", "SubqueryAlias", "Filter", "Sort"):
+            return False
+        plan = plan.inputs()[0]
 
 
 def _disjoint(left: Rel, right: Rel, tr: Translator) -> Rel:

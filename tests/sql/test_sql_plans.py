@@ -1,0 +1,69 @@
+"""The stages TPC-H's subquery queries plan to, asserted as shapes.
+
+Every correlated subquery is a join (semi, anti, or inner with the condition beside its keys)
+against an aggregate grouped by the correlation keys, computed once: never a per-row loop.
+Planned for two workers that need not exist (planning talks to no worker).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from support import tpch_test_files
+
+import flight
+from benchmarks.tpch_queries import TABLES
+from benchmarks.tpch_sql import SQL
+
+URLS = ["grpc://127.0.0.1:1", "grpc://127.0.0.1:2"]
+
+
+@pytest.fixture(scope="module")
+def catalog() -> flight.Catalog:
+    files: dict[str, list[Path]] = tpch_test_files(0.1)
+    return flight.Catalog({t: flight.read_parquet([str(p.resolve()) for p in files[t]]) for t in TABLES})
+
+
+def plan(n: int, catalog: flight.Catalog) -> str:
+    return flight.DistributedExec(flight.sql(SQL[n], catalog), URLS).explain()
+
+
+SHAPES = {
+    # Q2: the minimum supply cost per part, joined back on the part and the cost.
+    2: [r"FinalAggregate\[keys=\['ps_partkey'\]; .*min", r"HashJoin\[(left semi|inner), p_partkey=ps_partkey"],
+    # Q17: the average quantity per part; a line is kept by a semi join whose condition compares with it.
+    17: [r"FinalAggregate\[keys=\['l_partkey'\]", r"HashJoin\[left semi, p_partkey=l_partkey, filter=\(.*l_quantity"],
+    # Q20: half the shipped quantity per (part, supplier), then parts named 'forest%', as semi joins.
+    20: [r"Aggregate\[keys=\['l_partkey', 'l_suppkey'\]", r"HashJoin\[left semi, ps_partkey=l_partkey, ps_suppkey=l_suppkey, filter=",
+         r"HashJoin\[left semi, (s_suppkey|ps_suppkey)"],
+    # Q21: EXISTS and NOT EXISTS on the same order with another supplier: a semi and an anti join with conditions.
+    21: [r"HashJoin\[left semi, l_orderkey=l_orderkey___?\d+, filter=", r"HashJoin\[left anti, l_orderkey=l_orderkey___?\d+, filter="],
+    # Q22: the average balance once (a global aggregate, broadcast), customers without orders by an anti join.
+    22: [r"FinalAggregate\[keys=\[\]", r"HashJoin\[left anti, c_custkey=o_custkey", r"HashJoin\[inner, __key\d+=__key\d+, filter=\(.*c_acctbal"],
+}
+
+
+@pytest.mark.parametrize("n", sorted(SHAPES), ids=lambda n: f"q{n}")
+def test_subqueries_plan_as_joins(n: int, catalog: flight.Catalog) -> None:
+    text = plan(n, catalog)
+    for shape in SHAPES[n]:
+        assert re.search(shape, text), f"Q{n}: no {shape!r} in\n{text}"
+    stages = len(re.findall(r"^Stage \d+", text, flags=re.M))
+    assert stages <= 12, f"Q{n}: {stages} stages\n{text}"
+
+
+def test_explain_shows_the_optimized_logical_plan(catalog: flight.Catalog) -> None:
+    """Where each filter went, the join order, the decorrelated subqueries: DataFusion's plan first."""
+    text = flight.sql(SQL[17], catalog).explain()
+    assert text.startswith("SQL logical plan (DataFusion, optimized):")
+    assert "LeftSemi Join: part.p_partkey = __scalar_sq_1.l_partkey Filter:" in text
+    assert "Filter: part.p_brand = " in text  # pushed to the scan of part
+    assert "\nPlan:\n" in text
+
+
+def test_distributed_explain_starts_with_the_logical_plan(catalog: flight.Catalog) -> None:
+    text = plan(21, catalog)
+    assert text.startswith("SQL logical plan (DataFusion, optimized):")
+    assert text.index("LeftAnti Join") < text.index("Stage ")
