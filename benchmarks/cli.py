@@ -33,6 +33,7 @@ from benchmarks.engines import (
     Engine,
     FailedEngine,
     FlightEngine,
+    Plans,
     PolarsEngine,
     SailEngine,
     SparkEngine,
@@ -50,6 +51,7 @@ from benchmarks.progress import Progress
 from benchmarks.suite import run_suite
 from benchmarks.tpch import ROWS_PER_SF, ensure_tpch, sf_dir, table_ready
 from benchmarks.tpch_queries import QUERY_NUMBERS, SQL, TABLES, Files, duckdb_answer, duckdb_connection, tpch_files
+from benchmarks.tpch_sql import ALL_QUERIES
 
 __all__ = ["main"]
 
@@ -104,8 +106,12 @@ def parser() -> argparse.ArgumentParser:
                "'flight-bench micro --help' lists the micro benchmarks.",
     )
     p.add_argument("--sf", type=float, default=0.1, help="TPC-H scale factor (default: %(default)s)")
-    p.add_argument("--queries", type=_ints, default=list(QUERY_NUMBERS),
-                   help=f"comma-separated query numbers (default: all of {','.join(map(str, QUERY_NUMBERS))})")
+    p.add_argument("--queries", type=_ints, default=None,
+                   help="comma-separated query numbers (default: all 22; with --flight-plans builder, the "
+                        f"builder's {','.join(map(str, QUERY_NUMBERS))})")
+    p.add_argument("--flight-plans", choices=("sql", "builder"), default="sql",
+                   help="what flight-exec runs: flight.sql of each query's SQL text, the text every engine runs "
+                        "(default), or the hand-written builder plans (benchmarks/tpch_queries.py)")
     p.add_argument("--engines", type=_names, default=None,
                    help=f"comma-separated subset of {','.join(ENGINES)} (default: all; pyspark only "
                         "when it is installed and java is found, the others when their packages are installed)")
@@ -173,9 +179,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return micro.main(argv[1:], OUT_DEFAULT)
     p = parser()
     args = p.parse_args(argv)
-    unknown = [n for n in args.queries if n not in QUERY_NUMBERS]
+    suite = ALL_QUERIES if args.flight_plans == "sql" else QUERY_NUMBERS
+    if args.queries is None:
+        args.queries = list(suite)
+    unknown = [n for n in args.queries if n not in suite]
     if unknown:
-        p.error(f"queries {unknown} are not in the suite; it has {','.join(map(str, QUERY_NUMBERS))}")
+        p.error(f"queries {unknown} are not in the suite; it has {','.join(map(str, suite))}")
     if args.runs < 1 or min(args.workers) < 1:
         p.error("--runs and --workers must be at least 1")
     explicit = args.engines is not None
@@ -203,12 +212,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         files = tpch_files(data_dir, tables)
 
         engines: list[Engine] = []
+        plans = Plans(files, args.flight_plans)
         if "duckdb" in names:
             engines.append(stack.enter_context(closing(DuckDBEngine(files))))
         worker_counts = [len(urls)] if urls is not None else sorted(set(args.workers))
         if "flight" in names:
             if urls is not None:
-                engines.append(FlightEngine(files, urls, None, flight.Security.from_env() if args.secure else None))
+                engines.append(FlightEngine(files, urls, None, flight.Security.from_env() if args.secure else None, plans))
             else:
                 bar = progress.add(f"starting LocalCluster({max(worker_counts)})", total=1)
                 memory = ["--memory-limit", args.worker_memory] if args.worker_memory else []
@@ -218,9 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 progress.finish(bar, description=f"LocalCluster: {', '.join(cluster.urls)}")
                 for k in worker_counts:
                     pids = [p.pid for p in cluster.processes[:k]]
-                    engines.append(FlightEngine(files, cluster.urls[:k], pids, cluster.security if args.secure else None))
+                    engines.append(FlightEngine(files, cluster.urls[:k], pids, cluster.security if args.secure else None, plans))
         if "acero" in names:
-            engines.append(AceroEngine(files))
+            engines.append(AceroEngine(files, plans))
         if "pyspark" in names:
             cores = args.spark_cores or max(worker_counts)
             bar = progress.add(f"starting Spark local[{cores}]", total=1)
@@ -264,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "command": ["flight-bench", *argv],
             "machine": {**info, "load_average_1_5_15_min": {"start": load_start, "end": report.load_average()}},
             "versions": report.versions(with_java="pyspark" in names),
-            "settings": {"sf": args.sf, "queries": numbers, "runs": args.runs, "warmups": 1,
+            "settings": {"sf": args.sf, "queries": numbers, "runs": args.runs, "warmups": 1, "flight_plans": args.flight_plans,
                          "workers": worker_counts, "external_workers": urls is not None,
                          "engines": [e.key for e in engines], "reference_answer": "duckdb",
                          "peak_rss": "per run: the sum of the VmHWM of the engine's processes, each reset before "
@@ -277,6 +287,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         })
 
     print(markdown, flush=True)
+    planning = plans.describe()["planning_ms_median"]
+    if planning is not None:
+        print(f"flight-exec planning ({args.flight_plans} plans, text to stages): median {planning} ms per query", flush=True)
     print(f"wrote {out / stem}.md, .json{'' if args.no_chart else ', .png'} in {time.perf_counter() - started:.0f}s", flush=True)
     problems = [c for c in cells if c.status != "ok"]
     ok = not problems

@@ -26,14 +26,15 @@ import os
 import selectors
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import pyarrow as pa
 
@@ -41,11 +42,27 @@ import flight
 from benchmarks.memory import children_of
 from benchmarks.tpch import REPO_ROOT
 from benchmarks.tpch_queries import SQL, Files, duckdb_answer, duckdb_connection, query
+from benchmarks.tpch_sql import run_statements
+
+T = TypeVar("T")
 
 __all__ = [
-    "AceroEngine", "DataFusionEngine", "DuckDBEngine", "Engine", "FailedEngine", "FlightEngine", "PolarsEngine",
-    "SailEngine", "SparkEngine", "datafusion_available", "ensure_sail_venv", "java_available", "polars_available",
-    "sail_available", "spark_available",
+    "AceroEngine",
+    "DataFusionEngine",
+    "DuckDBEngine",
+    "Engine",
+    "FailedEngine",
+    "FlightEngine",
+    "Plans",
+    "PolarsEngine",
+    "SailEngine",
+    "SparkEngine",
+    "datafusion_available",
+    "ensure_sail_venv",
+    "java_available",
+    "polars_available",
+    "sail_available",
+    "spark_available",
 ]
 
 
@@ -87,14 +104,44 @@ class FailedEngine(Engine):
         return {**super().describe(), "error": f"{type(self.error).__name__}: {self.error}"}
 
 
+class Plans:
+    """What flight-exec runs for query ``n``: ``flight.sql(SQL[n], catalog)`` (``sql``, the default: the
+    text every engine runs) or the hand-written builder plan (``builder``, ``tpch_queries.query``).
+
+    Planning (text to the query, and the stages) is timed per run: ``planning_ms`` in the JSON."""
+
+    def __init__(self, files: Files, kind: str = "sql") -> None:
+        if kind not in ("sql", "builder"):
+            raise ValueError(f"plans must be 'sql' or 'builder', not {kind!r}")
+        self.kind, self.files = kind, files
+        self.catalog = flight.Catalog({t: flight.read_parquet([str(p) for p in paths]) for t, paths in files.items()})
+        self.seconds: dict[int, list[float]] = {}
+
+    def query(self, n: int) -> flight.Query:
+        return flight.sql(SQL[n], self.catalog) if self.kind == "sql" else query(n, self.files)
+
+    def timed(self, n: int, make: Callable[[flight.Query], T]) -> T:
+        started = time.perf_counter()
+        made = make(self.query(n))
+        self.seconds.setdefault(n, []).append(time.perf_counter() - started)
+        return made
+
+    def describe(self) -> dict[str, object]:
+        medians = {n: round(statistics.median(v) * 1000, 2) for n, v in sorted(self.seconds.items())}
+        overall = round(statistics.median(medians.values()), 2) if medians else None
+        return {"plans": self.kind, "planning_ms": medians, "planning_ms_median": overall}
+
+
 class FlightEngine(Engine):
     """flight-exec: the coordinator in this process, tasks on the workers behind ``urls``."""
 
     def __init__(
-        self, files: Files, urls: Sequence[str], worker_pids: Sequence[int] | None, security: flight.Security | None = None
+        self, files: Files, urls: Sequence[str], worker_pids: Sequence[int] | None, security: flight.Security | None = None,
+        plans: Plans | None = None,
     ) -> None:
         self.security = security
         self.files = files
+        self.plans = plans or Plans(files)
         self.urls = list(urls)
         self.worker_pids = list(worker_pids) if worker_pids is not None else None
         self.key = f"flight[{len(self.urls)}]"
@@ -102,7 +149,8 @@ class FlightEngine(Engine):
         self.short = self.label
 
     def run(self, n: int) -> pa.Table:
-        return flight.DistributedExec(query(n, self.files), self.urls, security=self.security).to_table()
+        ex = self.plans.timed(n, lambda q: flight.DistributedExec(q, self.urls, security=self.security))
+        return ex.to_table()
 
     def pids(self) -> list[int]:
         return [os.getpid(), *(self.worker_pids or [])]
@@ -110,7 +158,7 @@ class FlightEngine(Engine):
     def describe(self) -> dict[str, object]:
         memory = ("coordinator + worker processes" if self.worker_pids is not None
                   else "coordinator only (external workers)")
-        return {**super().describe(), "workers": self.urls, "memory_covers": memory}
+        return {**super().describe(), "workers": self.urls, "memory_covers": memory, **self.plans.describe()}
 
 
 class AceroEngine(Engine):
@@ -120,14 +168,16 @@ class AceroEngine(Engine):
     label = "Acero, 1 process"
     short = "Acero"
 
-    def __init__(self, files: Files) -> None:
+    def __init__(self, files: Files, plans: Plans | None = None) -> None:
         self.files = files
+        self.plans = plans or Plans(files)
 
     def run(self, n: int) -> pa.Table:
-        return flight.run_local(query(n, self.files), engine="acero").read_all()
+        return flight.run_local(self.plans.query(n), engine="acero").read_all()
 
     def describe(self) -> dict[str, object]:
-        return {**super().describe(), "how": "flight.run_local(query(n, files), engine='acero'): the same plan, one in-process Acero pipeline"}
+        how = "flight.run_local(query, engine='acero'): the same plan, one in-process Acero pipeline"
+        return {**super().describe(), "how": how, "plans": self.plans.kind}
 
 
 class DuckDBEngine(Engine):
@@ -225,7 +275,7 @@ class SparkEngine(Engine):
         self.version = self.spark.version
 
     def run(self, n: int) -> pa.Table:
-        df = self.spark.sql(SPARK_SQL[n])
+        df = run_statements(SPARK_SQL[n], self.spark.sql)
         to_arrow = getattr(df, "toArrow", None)  # PySpark >= 4.0
         return to_arrow() if to_arrow is not None else pa.Table.from_pandas(df.toPandas(), preserve_index=False)
 
@@ -297,7 +347,7 @@ class DataFusionEngine(Engine):
         self.startup_seconds = time.perf_counter() - started
 
     def run(self, n: int) -> pa.Table:
-        return self.ctx.sql(SQL[n]).to_arrow_table()
+        return run_statements(SQL[n], self.ctx.sql).to_arrow_table()
 
     def describe(self) -> dict[str, object]:
         rows = self.ctx.sql("select value from information_schema.df_settings "
@@ -342,7 +392,7 @@ class PolarsEngine(Engine):
         self.startup_seconds = time.perf_counter() - started
 
     def run(self, n: int) -> pa.Table:
-        return self.ctx.execute(SQL[n]).collect().to_arrow()
+        return run_statements(SQL[n], self.ctx.execute).collect().to_arrow()
 
     def describe(self) -> dict[str, object]:
         return {**super().describe(), "polars_version": self.version, "threads": self.threads,

@@ -42,7 +42,14 @@ def main() -> int:
                     spark.read.parquet(*paths).createOrReplaceTempView(table)
                 _answer({"ok": True, "version": spark.version})
                 continue
-            result = spark.sql(request["sql"]).toArrow()
+            result = None  # the text's one query; Q15 makes and drops a view around it (no ';' in TPC-H strings)
+            for statement in (x.strip() for x in request["sql"].split(";")):
+                if statement:
+                    frame = spark.sql(statement)
+                    if statement.split(None, 1)[0].lower() in ("select", "with"):
+                        result = frame.toArrow()
+            if result is None:
+                raise ValueError("the text holds no query")
             with pa.OSFile(request["out"], "wb") as sink, pa.ipc.new_file(sink, result.schema) as writer:
                 writer.write_table(result)
             _answer({"ok": True, "rows": result.num_rows})

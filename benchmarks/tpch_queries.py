@@ -429,7 +429,8 @@ def _first_difference(names: list[str], got: list[tuple[object, ...]], want: lis
 def compare(got: pa.Table, expected: pa.Table, ordered_by: Sequence[str] | None = None) -> str | None:
     """None when ``got`` matches ``expected``, else a description of the first difference.
 
-    Same column names in the same order and the same row count; integer widths,
+    Same column names in the same order (a column DuckDB names by its expression, by position
+    only) and the same row count; integer widths,
     decimals (as float64) and string layouts are made alike, then types must
     agree; floats match within ``REL_TOL`` relative or ``ABS_TOL`` absolute,
     everything else exactly. Row order matters only along ``ordered_by``: the
@@ -439,7 +440,15 @@ def compare(got: pa.Table, expected: pa.Table, ordered_by: Sequence[str] | None 
     """
     names = got.column_names
     if names != expected.column_names:
-        return f"columns {names}, expected {expected.column_names}"
+        # An unaliased expression's column (Q18's sum(l_quantity)) is named as each engine prints
+        # it (DataFusion: sum(lineitem.l_quantity)): such a column is matched by its position.
+        same = len(names) == len(expected.column_names) and all(
+            a == b or "(" in b for a, b in zip(names, expected.column_names)
+        )
+        if not same:
+            return f"columns {names}, expected {expected.column_names}"
+        got = got.rename_columns(expected.column_names)
+        names = got.column_names
     if got.num_rows != expected.num_rows:
         return f"{got.num_rows} rows, expected {expected.num_rows}"
     got, expected = _canonical(got), _canonical(expected)

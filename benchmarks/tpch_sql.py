@@ -10,6 +10,11 @@ same text runs everywhere.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
 SQL: dict[int, str] = {
     1: """
 select l_returnflag, l_linestatus,
@@ -338,6 +343,20 @@ order by cntrycode
 }
 
 ALL_QUERIES = tuple(sorted(SQL))
+
+
+def run_statements(text: str, run: Callable[[str], T]) -> T:
+    """``run`` each statement of ``text`` in order; the result of its one query (Q15 makes and
+    drops a view around it). TPC-H texts hold no ';' inside a string, so a split at ';' is exact."""
+    result: list[T] = []
+    for statement in (s.strip() for s in text.split(";")):
+        if statement:
+            out = run(statement)
+            if statement.split(None, 1)[0].lower() in ("select", "with"):
+                result.append(out)
+    if len(result) != 1:
+        raise ValueError(f"the text holds {len(result)} queries, not one")
+    return result[0]
 
 ORDERED: dict[int, list[str]] = {
     1: ["l_returnflag", "l_linestatus"],
