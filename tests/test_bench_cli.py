@@ -1,6 +1,6 @@
 """The benchmark harness end to end: ``python -m benchmarks`` at a tiny scale factor, as a subprocess.
 
-Runs every TPC-H query of the suite on flight-exec (1 and 2 workers of a
+Runs all 22 TPC-H queries' SQL text on flight-exec (1 and 2 workers of a
 LocalCluster), single-process Acero and DuckDB, one timed run each, and checks
 the exit code, the results JSON (every cell present and matching DuckDB, times
 and peak memory recorded) and the Markdown table. The chart is drawn only when
@@ -29,7 +29,8 @@ from benchmarks.engines import (
     SailError,
 )
 from benchmarks.tpch import tpchgen_cli
-from benchmarks.tpch_queries import ORDERED, QUERY_NUMBERS, compare, duckdb_answer
+from benchmarks.tpch_queries import ORDERED, compare, duckdb_answer
+from benchmarks.tpch_sql import ALL_QUERIES
 
 REPO = Path(__file__).resolve().parent.parent
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
@@ -57,7 +58,7 @@ def test_tiny_run_writes_checked_results(tmp_path: Path) -> None:
     engines = {"flight[1]", "flight[2]", "acero", "duckdb"}
     assert set(data["engines"]) == engines
     cells = {(r["query"], r["engine"]): r for r in data["results"]}
-    assert set(cells) == {(n, e) for n in QUERY_NUMBERS for e in engines}
+    assert set(cells) == {(n, e) for n in ALL_QUERIES for e in engines}
     for r in cells.values():
         assert r["status"] == "ok", r
         assert len(r["runs"]) == 1 and r["runs"][0]["seconds"] > 0
@@ -68,6 +69,9 @@ def test_tiny_run_writes_checked_results(tmp_path: Path) -> None:
     assert data["summary"]["ok"] is True and data["summary"]["ratios_to"] == "flight[2]"
     assert set(data["summary"]["geomean_ratio"]) == {"flight[1]", "acero", "duckdb"}
     assert data["settings"]["sf"] == 0.01 and data["versions"]["pyarrow"]
+    assert data["settings"]["flight_plans"] == "sql"
+    assert data["engines"]["flight[2]"]["plans"] == "sql" and data["engines"]["flight[2]"]["planning_ms_median"] > 0
+    assert "flight-exec planning (sql plans, text to stages): median" in proc.stdout
 
     table = (out / "tpch-sf0.01.md").read_text()
     assert "| Q19 |" in table and "**geomean**" in table and "matches DuckDB's" in table
@@ -76,10 +80,29 @@ def test_tiny_run_writes_checked_results(tmp_path: Path) -> None:
     assert (out / "tpch-sf0.01.png").exists() == HAS_MATPLOTLIB
 
 
+def test_builder_plans_cover_only_their_queries(tmp_path: Path) -> None:
+    proc = bench("--flight-plans", "builder", "--queries", "2", "--out", str(tmp_path), timeout=60)
+    assert proc.returncode == 2 and "queries [2] are not in the suite; it has 1,3,4,5,6,10,12,13,14,19" in proc.stderr
+
+
+@pytest.mark.slow
+def test_builder_plans_still_run(tmp_path: Path) -> None:
+    try:
+        tpchgen_cli()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    out = tmp_path / "results"
+    proc = bench("--sf", "0.01", "--engines", "flight,duckdb", "--workers", "1", "--queries", "1,13", "--runs", "1",
+                 "--flight-plans", "builder", "--no-chart", "--out", str(out), "--plain")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((out / "tpch-sf0.01.json").read_text())
+    assert data["settings"]["flight_plans"] == "builder" and data["summary"]["ok"] is True
+
+
 def test_bad_arguments_are_usage_errors(tmp_path: Path) -> None:
     proc = bench("--engines", "flight,nosuch", "--out", str(tmp_path), timeout=60)
     assert proc.returncode == 2 and "engines" in proc.stderr
-    proc = bench("--queries", "2", "--out", str(tmp_path), timeout=60)
+    proc = bench("--queries", "23", "--out", str(tmp_path), timeout=60)
     assert proc.returncode == 2 and "not in the suite" in proc.stderr
     proc = bench("micro", "nosuch", "--out", str(tmp_path), timeout=60)
     assert proc.returncode == 2 and "unknown micro benchmark" in proc.stderr
