@@ -284,6 +284,10 @@ def _build_options(kind: str, opts: object, path: str) -> pc.FunctionOptions:
         stop = opts.stop if opts.HasField("stop") else None
         return pc.SliceOptions(opts.start, stop, opts.step or 1)
     if isinstance(opts, plan_pb2.RoundOptions):
+        if opts.round_mode == "half_towards_infinity":  # SQL's ROUND: half away from zero
+            return pc.RoundOptions(opts.ndigits, round_mode="half_towards_infinity")
+        if opts.round_mode not in ("", "half_to_even"):
+            raise ProtocolError(f"round_mode {opts.round_mode[:40]!r} is not half_to_even or half_towards_infinity", field=path)
         return pc.RoundOptions(opts.ndigits)
     if isinstance(opts, plan_pb2.NullOptions):
         return pc.NullOptions(nan_is_null=opts.nan_is_null)

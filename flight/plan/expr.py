@@ -254,9 +254,10 @@ class Expr:
         """The number of characters of each string."""
         return call("utf8_length", self)
 
-    def round(self, ndigits: int = 0) -> Expr:
-        """Round half to even to ``ndigits`` decimal places, as Python's ``round``."""
-        return call("round", self, ndigits=ndigits)
+    def round(self, ndigits: int = 0, mode: str = "half_to_even") -> Expr:
+        """Round to ``ndigits`` decimal places: half to even, as Python's ``round``, or
+        ``mode="half_towards_infinity"``, as SQL's ``ROUND``."""
+        return call("round", self, ndigits=ndigits, **({} if mode == "half_to_even" else {"round_mode": mode}))
 
     def year(self) -> Expr:
         return call("year", self)

@@ -303,9 +303,16 @@ def _fill_slice(out: plan_pb2.FunctionOptions, o: _Options) -> None:
     out.slice.step = step
 
 
+ROUND_MODES = ("", "half_to_even", "half_towards_infinity")
+
+
 def _fill_round(out: plan_pb2.FunctionOptions, o: _Options) -> None:
     out.round.SetInParent()
     out.round.ndigits = o.get("ndigits", int, 0)
+    mode = o.get("round_mode", str, "")
+    if mode not in ROUND_MODES:
+        raise PlanError(f"Option round_mode of {o.function!r} must be one of {ROUND_MODES}, not {mode!r}.")
+    out.round.round_mode = mode
 
 
 def _fill_null(out: plan_pb2.FunctionOptions, o: _Options) -> None:
@@ -318,7 +325,7 @@ _FILLERS: dict[str, tuple[tuple[str, ...], Callable[[plan_pb2.FunctionOptions, _
     "set_lookup": (("value_set", "skip_nulls"), _fill_set_lookup),
     "match_substring": (("pattern", "ignore_case"), _fill_match_substring),
     "slice": (("start", "stop", "step"), _fill_slice),
-    "round": (("ndigits",), _fill_round),
+    "round": (("ndigits", "round_mode"), _fill_round),
     "null": (("nan_is_null",), _fill_null),
 }
 

@@ -88,6 +88,9 @@ class ExprTranslator:
         if simple is not None:
             return call(simple, *self._fit(left, right, 0))
         if op in ("+", "-"):
+            dated = self._dates(v, left, right, op)
+            if dated is not None:
+                return dated
             return call("add_checked" if op == "+" else "subtract_checked", *self._fit(left, right, 1))
         if op == "*":
             return self._multiply(left, right)
@@ -97,11 +100,37 @@ class ExprTranslator:
             return self._modulo(left, right, e)
         if op == "||":
             return call("binary_join_element_wise", self.as_text(left), self.as_text(right), lit(""))
+        if op in ("~", "~*", "!~", "!~*"):  # a regular expression (Spark's RLIKE), RE2 in both engines
+            pattern = v.right()
+            if pattern.variant_name() != "Literal":
+                raise unsupported(f"a regular expression that is not a constant ({_text(e)})")
+            found = call("match_substring_regex", left, pattern=pattern.python_value().as_py(), ignore_case="*" in op)
+            return ~found if op.startswith("!") else found
         if op == "IS DISTINCT FROM":
             return distinct_from(left, right)
         if op == "IS NOT DISTINCT FROM":
             return ~distinct_from(left, right)
         raise unsupported(f"the operator {op} ({_text(e)})")
+
+    def _dates(self, v: Any, left: Expr, right: Expr, op: str) -> Expr | None:
+        """Date arithmetic: a date plus or minus days (a day interval, or an integer), a date minus a
+        date (days, as DuckDB's BIGINT); None when neither side is a date."""
+        lt, rt = self.type_of(left), self.type_of(right)
+        if pa.types.is_date32(lt) and pa.types.is_date32(rt) and op == "-":
+            return left.cast(pa.int32()).cast(pa.int64()) - right.cast(pa.int32()).cast(pa.int64())
+        if not pa.types.is_date32(lt):
+            return None
+        if pa.types.is_integer(rt):
+            days = right.cast(pa.int32())
+        elif rt == pa.month_day_nano_interval():
+            value = v.right().python_value().as_py() if v.right().variant_name() == "Literal" else None
+            if value is None or value.months or value.nanoseconds:
+                raise unsupported("adding months or a time to a date column (only whole days)")
+            days = lit(int(value.days), pa.int32())
+        else:
+            return None
+        shifted = call("add_checked" if op == "+" else "subtract_checked", left.cast(pa.int32()), days)
+        return shifted.cast(pa.date32())
 
     def _fit(self, left: Expr, right: Expr, carry: int) -> tuple[Expr, Expr]:
         """Two decimals narrowed (a checked cast: an error, never a wrong value) where Arrow's

@@ -31,8 +31,9 @@ _SETTINGS = {
     "datafusion.optimizer.enable_physical_uncorrelated_scalar_subquery": "false",  # a join instead
 }
 
-DIALECTS = {"duckdb": "duckdb", "generic": "generic", "postgres": "postgresql", "spark": "databricks"}
-"""The dialects ``flight.sql`` takes, and the DataFusion parser dialect each one uses."""
+DIALECTS = {"duckdb": "duckdb", "generic": "generic", "postgres": "postgresql", "spark": "postgresql"}
+"""The dialects ``flight.sql`` takes, and the DataFusion parser dialect each one uses (Spark's text
+is first rewritten in PostgreSQL's spelling by ``flight.sql.spark``)."""
 
 
 class Statement:
@@ -138,6 +139,10 @@ def plan_text(
     query_only = datafusion.SQLOptions().with_allow_ddl(False).with_allow_dml(False).with_allow_statements(False)
     views = datafusion.SQLOptions().with_allow_dml(False).with_allow_statements(False)
     result: tuple[Any, Statement] | None = None
+    if dialect == "spark":
+        from flight.sql.spark import to_postgres
+
+        statements = [Statement(to_postgres(st.text), st.line, st.column) for st in statements]
     for st in statements:
         words = st.keywords()
         if _is_view(words):

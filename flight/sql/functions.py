@@ -91,7 +91,7 @@ def _concat(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
 
 def _round(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
     digits = int(_arg_literal(args, 1, "ROUND's digits")) if len(args) > 1 else 0
-    return t(args[0]).round(digits)
+    return t(args[0]).round(digits, "half_towards_infinity")  # SQL's (and DuckDB's) rounding
 
 
 def _unary(function: str) -> Callable[[ExprTranslator, list[DFExpr], DFExpr], Expr]:
@@ -101,6 +101,11 @@ def _unary(function: str) -> Callable[[ExprTranslator, list[DFExpr], DFExpr], Ex
         return call(function, t(args[0]))
 
     return make
+
+
+def _left(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
+    n = int(_arg_literal(args, 1, "LEFT's length"))
+    return t(args[0]).substr(0, max(n, 0))
 
 
 def _coalesce(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
@@ -128,6 +133,7 @@ FUNCTIONS: dict[str, Callable[[ExprTranslator, list[DFExpr], DFExpr], Expr]] = {
     "concat": _concat,
     "round": _round,
     "coalesce": _coalesce,
+    "left": _left,
     "starts_with": _starts_with,
     "ends_with": _ends_with,
     "power": _power,

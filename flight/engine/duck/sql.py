@@ -274,7 +274,8 @@ def _arithmetic_call(call: plan_pb2.Call, a: list[str], ts: list[pa.DataType], o
         return _cast(f"{fn}({a[0]})", out)
     if fn == "round" and (pa.types.is_floating(out) or pa.types.is_decimal(out)):
         digits = call.options.round.ndigits if call.options.HasField("round") else 0
-        return _cast(f"round_even({a[0]}, {int(digits)})", out)
+        away = call.options.HasField("round") and call.options.round.round_mode == "half_towards_infinity"
+        return _cast(f"{'round' if away else 'round_even'}({a[0]}, {int(digits)})", out)
     return None
 
 def _text_call(call: plan_pb2.Call, a: list[str], ts: list[pa.DataType], out: pa.DataType) -> str | None:

@@ -323,15 +323,19 @@ class RoundOptions(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     NDIGITS_FIELD_NUMBER: _builtins.int
+    ROUND_MODE_FIELD_NUMBER: _builtins.int
     ndigits: _builtins.int
+    round_mode: _builtins.str
+    """"" or "half_to_even" (Python's round, the default); "half_towards_infinity" (SQL's ROUND)."""
     def __init__(
         self,
         *,
         ndigits: _builtins.int = ...,
+        round_mode: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ndigits", b"ndigits"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ndigits", b"ndigits", "round_mode", b"round_mode"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
