@@ -10,9 +10,10 @@ Setup: TPC-H at ``--sf`` (generated once into the benchmarks' cache), a
 each query runs once on flight-exec and once in DuckDB (one process, the
 reference answer), alternating. Prints per query both times and whether the
 answers match, each worker's peak RSS (its ``VmHWM``, over the whole run) and
-last ``scale_sf{SF}: N/10 match, worker_peak_rss_mb: A, B``.
+last ``scale_sf{SF}: N/22 match, worker_peak_rss_mb: A, B``. flight-exec runs each query's SQL
+text through ``flight.sql`` (``--flight-plans builder``: the ten builder plans).
 
-    python -m benchmarks.micro.scale [--sf 10] [--workers 2] [--memory-limit 4GB] [--queries 1,3]
+    python -m benchmarks.micro.scale [--sf 10] [--workers 2] [--memory-limit 4GB] [--queries 1,3] [--flight-plans sql]
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ if __name__ == "__main__" and not __package__:
 
 import flight
 from benchmarks.tpch import ensure_tpch
-from benchmarks.tpch_queries import ORDERED, QUERY_NUMBERS, TABLES, compare, duckdb_answer, duckdb_connection, query, tpch_files
+from benchmarks.tpch_queries import QUERY_NUMBERS, TABLES, compare, duckdb_answer, duckdb_connection, query, tpch_files
+from benchmarks.tpch_sql import ALL_QUERIES, ORDERED, SQL
 
 
 def _hwm_mb(pid: int) -> float:
@@ -43,12 +45,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sf", type=float, default=10.0)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--memory-limit", default="4GB", help="each worker's --memory-limit (default: %(default)s)")
-    p.add_argument("--queries", default=",".join(map(str, QUERY_NUMBERS)))
+    p.add_argument("--queries", default=None, help="default: all 22 (the builder's ten with --flight-plans builder)")
+    p.add_argument("--flight-plans", choices=("sql", "builder"), default="sql")
     args = p.parse_args(argv)
-    numbers = [int(q) for q in args.queries.split(",")]
+    suite = ALL_QUERIES if args.flight_plans == "sql" else QUERY_NUMBERS
+    numbers = [int(q) for q in args.queries.split(",")] if args.queries else list(suite)
     root = ensure_tpch(args.sf, TABLES)
     files = tpch_files(root, TABLES)
     con = duckdb_connection(files)
+    catalog = flight.Catalog({t: flight.read_parquet([str(f) for f in files[t]]) for t in TABLES})
+
+    def make(n: int) -> flight.Query:
+        return flight.sql(SQL[n], catalog) if args.flight_plans == "sql" else query(n, files)
+
     matched = 0
     print(f"TPC-H SF {args.sf:g}, {args.workers} workers with --memory-limit {args.memory_limit}; DuckDB as the reference")
     print(f"{'query':>5} {'flight s':>9} {'duckdb s':>9}  result")
@@ -57,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in numbers:
             started = time.perf_counter()
             try:
-                got = flight.DistributedExec(query(n, files), cluster.urls).to_table()
+                got = flight.DistributedExec(make(n), cluster.urls).to_table()
                 error = None
             except flight.FlightExecError as exc:
                 got, error = None, str(exc)

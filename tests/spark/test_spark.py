@@ -23,6 +23,7 @@ from support import running_tasks, tpch_test_files, wait_until
 import flight
 import flight.spark as fs
 from benchmarks.tpch_queries import ORDERED, compare, duckdb_answer, duckdb_connection, query
+from benchmarks.tpch_sql import SQL
 from flight import agg, col, lit
 from flight.errors import PlanError, WorkerUnavailableError
 
@@ -249,6 +250,19 @@ def test_read_a_tpch_query_as_a_dataframe(spark, files, expected, cluster: fligh
     handle.release()
     assert handle.wait(10)  # released: the query ended and freed its tasks
     wait_until(lambda: running_tasks(cluster.urls) == 0, what="the query's tasks to be freed")
+
+
+def test_read_a_sql_query_as_a_dataframe(spark, files, cluster: flight.LocalCluster) -> None:  # type: ignore[no-untyped-def]
+    """flight.sql's query is a Query like any other: the data source reads it (TPC-H Q4's text, against DuckDB)."""
+    catalog = flight.Catalog({t: flight.read_parquet([str(p) for p in files[t]]) for t in ("orders", "lineitem")})
+    handle = fs.start_read(spark, flight.sql(SQL[4], catalog), cluster.urls)
+    con = duckdb_connection(files)
+    try:
+        assert compare(_rows(handle.df), duckdb_answer(4, files, con), ORDERED.get(4)) is None
+    finally:
+        con.close()
+        handle.release()
+    assert handle.wait(10)
 
 
 def test_read_gives_one_partition_per_head_task(spark, files, cluster: flight.LocalCluster) -> None:  # type: ignore[no-untyped-def]
