@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from flight.errors import FlightExecError, PlanError
 from flight.plan.agg import Agg
+from flight.plan.decimals import with_decimal_literals
 from flight.plan.expr import Expr, coalesce, col
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, LimitNode, Node, ProjectNode, ValuesNode
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, SortNode, UnionNode
@@ -52,7 +53,7 @@ class Query:
     # ----------------------------------------------------------- transforms
 
     def filter(self, predicate: Expr) -> Query:
-        return Query(FilterNode(self.node, _expr(predicate, "filter")))
+        return Query(FilterNode(self.node, with_decimal_literals(_expr(predicate, "filter"), self.schema)))
 
     def select(self, *columns: str | Expr, **named: Expr | object) -> Query:
         """Keep ``columns`` (names or field expressions) and add ``named`` expressions, in that order.
@@ -67,7 +68,7 @@ class Query:
                 exprs.append((name, c))
             else:
                 raise PlanError(f"select: {c!r} needs a name; pass it as a keyword, e.g. select(total={c!r})")
-        exprs += [(name, _expr(e, f"select {name}")) for name, e in named.items()]
+        exprs += [(name, with_decimal_literals(_expr(e, f"select {name}"), self.schema)) for name, e in named.items()]
         if not exprs:
             raise PlanError("select: no columns given")
         return Query(ProjectNode(self.node, exprs))
@@ -75,7 +76,7 @@ class Query:
     def with_columns(self, **named: Expr | object) -> Query:
         """All current columns, with ``named`` ones added or replaced."""
         exprs = {name: col(name) for name in self.schema.names}
-        exprs.update({name: _expr(e, f"with_columns {name}") for name, e in named.items()})
+        exprs.update({name: with_decimal_literals(_expr(e, f"with_columns {name}"), self.schema) for name, e in named.items()})
         return Query(ProjectNode(self.node, list(exprs.items())))
 
     def limit(self, n: int, offset: int = 0) -> Query:
@@ -92,7 +93,7 @@ class Query:
         for name, a in items.items():
             if not isinstance(a, Agg):
                 raise PlanError(f"aggregate {name!r}: {a!r} is not an aggregate; use flight.agg.sum(...) and friends")
-            expr = a.expr
+            expr = None if a.expr is None else with_decimal_literals(a.expr, self.schema)
             if a.function == "mean" and expr is not None:
                 t = output_type(expr, self.schema)
                 if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)):
