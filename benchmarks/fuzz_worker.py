@@ -486,7 +486,8 @@ def plan_bytes(root: bytes, plan: Any) -> bytes:
 # ---------------------------------------------------------------------- seeds
 
 SOURCES = ("values", "parquet", "csv", "ipc", "units", "exchange", "shuffle")
-TEMPLATES = ("identity", "filter", "filter_str", "project", "limit", "aggregate", "sort", "union", "join", "partitioned")
+TEMPLATES = ("identity", "filter", "filter_str", "project", "limit", "aggregate", "sort", "union", "join", "join_filter", "window",
+             "partitioned")
 MAP_TEMPLATES = ("identity", "filter", "filter_str", "project", "limit", "aggregate", "sort")
 UNIT_TEMPLATES = ("identity", "limit", "filter_len", "count", "project_len")
 NAME_TEMPLATES = ("identity", "filter_str", "project", "aggregate", "sort", "join", "partitioned")
@@ -620,6 +621,7 @@ def _project_exprs() -> list[tuple[str, Tree]]:
         ("id32", call("cast", col("id"), options=_options(cast=L.CastOptions(target_type=schema_bytes(pa.schema([("t", pa.int32())])))))),
         ("year", call("year", col("day"))),
         ("rounded", call("round", col("score"), options=_options(round=L.RoundOptions(ndigits=1)))),
+        ("rounded_sql", call("round", col("score"), options=_options(round=L.RoundOptions(ndigits=1, round_mode="half_towards_infinity")))),
         ("prefix", call("utf8_slice_codeunits", col("name"), options=_options(slice=L.SliceOptions(start=0, stop=3)))),
         ("label", call("coalesce", col("name"), lit(string_value="?"))),
         ("joined", call("binary_join_element_wise", col("name"), lit(string_value="x"), lit(string_value="-"))),
@@ -664,6 +666,16 @@ def data_root(template: str, src: Any) -> Any:
     if template == "join":
         join = L.HashJoin(left=src, right=_labels(), left_keys=["name"], right_keys=["name"], join_type="left outer", right_suffix="_r")
         return L.Operator(hash_join=join)
+    if template == "join_filter":  # a condition beside the keys: the sides' names must differ
+        right = _project(_labels(), [("lname", col("name")), ("label", col("label"))])
+        condition = expression(call("greater", col("score"), lit(float_value=10.0)))
+        join = L.HashJoin(left=src, right=right, left_keys=["name"], right_keys=["lname"], join_type="left semi", filter=condition)
+        return L.Operator(hash_join=join)
+    if template == "window":
+        calls = [L.WindowCall(function="row_number", name="rn"), L.WindowCall(function="lag", column="score", name="prev", offset=2),
+                 L.WindowCall(function="sum", column="score", name="run", frame=L.WindowFrame(start=-2, end=0))]
+        order = [L.SortKey(column="id"), L.SortKey(column="score", descending=True)]
+        return L.Operator(window=L.Window(input=src, partition_by=["name"], order_by=order, calls=calls))
     raise ValueError(f"unknown template {template!r}")
 
 
