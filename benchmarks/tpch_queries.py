@@ -312,7 +312,7 @@ def query(n: int, files: Files) -> flight.Query:
     return build(files)
 
 
-from benchmarks.tpch_sql import ORDERED, SQL  # noqa: E402  (re-exported: the harness imports them from here)
+from benchmarks.tpch_sql import ORDERED, SQL, run_statements  # noqa: E402  (re-exported: the harness imports them from here)
 
 # ------------------------------------------------------------------- DuckDB
 
@@ -354,17 +354,16 @@ def duckdb_answer(n: int, files: Files, con: duckdb.DuckDBPyConnection | None = 
 
 def duckdb_table(con: duckdb.DuckDBPyConnection, text: str) -> pa.Table:
     """The result of the one query in ``text`` (which may also create and drop views, as Q15 does)."""
-    from flight.sql.frontend import split_statements
+    def run(statement: str) -> pa.Table | None:  # a query's rows are fetched at once: a later DROP VIEW ends its relation
+        rel = con.sql(statement)
+        if rel is None:
+            return None
+        fetch = getattr(rel, "to_arrow_table", None) or rel.fetch_arrow_table  # to_arrow_table: duckdb >= 1.4
+        return fetch()
 
-    result = None
-    for statement in split_statements(text):
-        rel = con.sql(statement.text)
-        if rel is not None and statement.keywords()[:1] in (["select"], ["with"], ["values"]):
-            fetch = getattr(rel, "to_arrow_table", None) or rel.fetch_arrow_table  # to_arrow_table: duckdb >= 1.4
-            result = fetch()
-    if result is None:
-        raise ValueError("the text holds no query")
-    return result
+    table = run_statements(text, run)
+    assert table is not None
+    return table
 
 
 # --------------------------------------------------------------- comparison
