@@ -38,7 +38,6 @@ from flight.sql.windows import window
 __all__ = ["Translator"]
 
 
-
 class Translator:
     """Translates one statement's plan; ``source`` gives the query of a table by name."""
 
