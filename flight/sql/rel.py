@@ -13,7 +13,7 @@ from typing import Any
 
 from flight.plan.query import Query
 
-__all__ = ["DFPlan", "Rel", "fields_of", "output_names", "schema_of"]
+__all__ = ["DFPlan", "Rel", "fields_of", "output_names", "schema_of", "unique"]
 
 DFPlan = Any  # datafusion.LogicalPlan: the package is an optional dependency (the ``sql`` extra)
 
@@ -66,12 +66,15 @@ _QUALIFIER = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\.(?=[A-Za-z_\"])")
 
 def output_names(fields: list[str]) -> list[str]:
     """The names a user sees: DataFusion's without table qualifiers, made unique as DuckDB does."""
-    out: list[str] = []
-    for f in fields:
-        name = _QUALIFIER.sub("", f)
-        base, n = name, 0
-        while name in out:
-            n += 1
-            name = f"{base}_{n}"
-        out.append(name)
+    taken: set[str] = set()
+    return [unique(_QUALIFIER.sub("", f), taken, first=1) for f in fields]
+
+
+def unique(name: str, taken: set[str], first: int = 2) -> str:
+    """``name``, or ``name_<k>`` for the first k from ``first`` not in ``taken``; added to ``taken``."""
+    out, k = name, first
+    while out in taken:
+        out = f"{name}_{k}"
+        k += 1
+    taken.add(out)
     return out

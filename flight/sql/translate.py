@@ -32,7 +32,7 @@ from flight.sql.errors import unsupported
 from flight.sql.exprs import DFExpr, ExprTranslator
 from flight.sql.functions import arrow_type
 from flight.sql.joins import join
-from flight.sql.rel import DFPlan, Rel, fields_of, output_names, schema_of
+from flight.sql.rel import DFPlan, Rel, fields_of, output_names, schema_of, unique
 from flight.sql.windows import window
 
 __all__ = ["Translator"]
@@ -100,7 +100,7 @@ class Translator:
         taken: set[str] = set()
         for e in v.projections():
             expr = t(e)
-            name = _unique(_stem(e, expr), taken)
+            name = unique(_stem(e, expr), taken)
             items.append((name, expr))
         return Rel(rel.query.select(**dict(items)), fields)
 
@@ -116,14 +116,14 @@ class Translator:
             expr = t(g)
             name = expr.column_name()
             if name is None or name in keys:
-                name = _unique(_stem(g, expr), taken)
+                name = unique(_stem(g, expr), taken)
                 extra[name] = expr
             keys.append(name)
         query = rel.query.with_columns(**extra) if extra else rel.query
         calls: dict[str, agg.Agg] = {}
         out_taken = set(keys)
         for a in v.aggregate_exprs():
-            calls[_unique(_stem(a, None), out_taken)] = self.aggregate_call(a, t)
+            calls[unique(_stem(a, None), out_taken)] = self.aggregate_call(a, t)
         return Rel(query.aggregate(keys, calls), fields_of(plan))
 
     def aggregate_call(self, e: DFExpr, t: ExprTranslator) -> agg.Agg:
@@ -300,11 +300,3 @@ def _stem(e: DFExpr, expr: Expr | None) -> str:
         return str(e.to_variant().name())
     return "_expr"
 
-
-def _unique(name: str, taken: set[str]) -> str:
-    out, n = name, 1
-    while out in taken:
-        n += 1
-        out = f"{name}_{n}"
-    taken.add(out)
-    return out
