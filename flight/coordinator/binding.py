@@ -24,10 +24,9 @@ def task_plan(stage: StageSpec, task: int, counts: dict[int, int], query_id: str
     Bound in a copy of the stage's plan, never in the shared plan nodes: one
     ``DistributedExec`` may run several executions at once.
     """
-    consumer_tasks = counts[stage.consumer] if stage.consumer is not None else 1
     plan = plan_pb2.StagePlan(
         root=(stage.root if stage.task_roots is None else stage.task_roots[task]).to_proto(),
-        output=stage.output_spec(consumer_tasks),
+        output=stage.output_spec([counts[c] for c in stage.consumers] or [1]),
         output_schema=encode_schema(stage.output_schema),
     )
     modes = {read.stage_id: read.mode for read in stage.reads}
@@ -60,7 +59,9 @@ def bound_header(
 ) -> protocol_pb2.TaskHeader:
     """Task ``task`` of ``stage``'s header: its bound plan, its feed partitions, and the attempt's options.
 
-    ``retain``: a detached query's head outputs are kept for any number of reads;
+    ``retain``: a detached query's head outputs are kept for any number of reads (a stage read by
+    several consumers always is: a consumer that reads late, e.g. a join's probe side waiting for its
+    build side, must not hold the producer and through it the other consumers);
     ``tagged``: the tasks tag their rows with their work unit (``replay.py``).
     """
     return task_header(
@@ -78,7 +79,7 @@ def bound_header(
             feed_window=options.feed_window,
             output_buffer_bytes=options.output_buffer_bytes,
             heartbeat_ms=int(options.heartbeat * 1000),
-            retain_output=retain and stage.consumer is None,
+            retain_output=(retain and stage.consumer is None) or stage.shared,
             tag_units=tagged,
         ),
     )

@@ -53,6 +53,8 @@ def _stage(ex: Explained, stage: StageSpec, urls: list[str], metrics: dict) -> l
     pending = stage.sized_at_execution and stage.estimate is None
     count = f"up to {stage.max_tasks}" if pending and not bound else str(len(bound) if bound else stage.task_count)
     role = "head" if stage.consumer is None else f"-> stage {stage.consumer} ({stage.output_mode})"
+    if stage.shared:
+        role = f"-> stages {', '.join(map(str, stage.consumers))} ({stage.output_mode}, retained: read {len(stage.consumers)} times)"
     kind = "leaf" if stage.feeds else "values" if not stage.reads else "upper"
     lines = [f"Stage {stage.stage_id} [{kind}, {role}]: {count} task(s), {'bound' if bound else 'planned'} workers"]
     lines += [f"  note: {n}" for n in stage.notes]

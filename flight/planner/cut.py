@@ -16,7 +16,8 @@ must cross workers:
   of both sides (``flight.planner.colocate``);
 * sort → sort (with fetch for a top-k) in every task, then one task merges;
   limit → a local limit in every task, then the final limit in one task;
-* union → every input shuffled round-robin into the union's tasks.
+* union → every input shuffled round-robin into the union's tasks;
+* the same subplan twice (a CTE used twice) → one stage, read by each use (``flight.planner.reuse``).
 
 A fragment that already runs in one task needs none of that: with one worker
 the whole query is one stage. Leaf stages are sized from their feeds (a
@@ -30,7 +31,7 @@ prunes the columns nobody reads; ``QueryPlan.rewrites`` lists what moved.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import pyarrow as pa
 
@@ -53,29 +54,17 @@ from flight.planner.colocate import (
 )
 from flight.planner.cost import row_width
 from flight.planner.eager import eager_aggregates
-from flight.planner.notes import describe, moved_filters
+from flight.planner.frag import Frag, frag_bytes, size_text, smaller
+from flight.planner.notes import describe, join_text, moved_filters, repeatable
 from flight.planner.optimize import prune_columns, push_filters
 from flight.planner.ranges import filter_selectivity
 from flight.planner.replicate import replicate_small_broadcasts
+from flight.planner.reuse import align_task_counts, fingerprint, link_consumers, repeated_subtrees
 from flight.planner.stages import FeedPlan, PlannerOptions, QueryPlan, StageSpec
 from flight.planner.windows import cut_window
 from flight.sources.feed import WorkUnitFeed
 
 __all__ = ["plan_query"]
-
-
-@dataclass
-class _Frag:
-    """Operators that will run in the same tasks, not yet cut into a stage."""
-
-    node: Node
-    tasks: int  # at most this many; 1 means certainly one task
-    rows: float | None
-    feeds: list[FeedPlan] = field(default_factory=list)
-    reads: list[ShuffleReadNode] = field(default_factory=list)
-    leaf: bool = False  # sized by its feeds rather than by rows
-    ranges: dict[str, KeyRanges] = field(default_factory=dict)
-    """Co-located scans by feed id: task t keeps key range t."""
 
 
 class _Planner:
@@ -86,14 +75,23 @@ class _Planner:
         self.stages: list[StageSpec] = []
         self.feed_ids: set[str] = set()
         self.rewrites: list[str] = []
+        self.made: dict[bytes, int] = {}  # stage ids by fingerprint (flight.planner.reuse)
+        self.repeated: set[int] = set()  # ids of the nodes each use of a CTE starts at
 
     def upper_tasks(self, rows: float | None) -> int:
         if rows is None:
             return self.max_tasks
         return max(1, min(self.max_tasks, math.ceil(rows / self.options.rows_per_task)))
 
-    def cut(self, frag: _Frag, mode: str, keys: list[str] | None = None) -> ShuffleReadNode:
+    def cut(self, frag: Frag, mode: str, keys: list[str] | None = None) -> ShuffleReadNode:
+        read_mode = {"hash": "hash", "round_robin": "hash", "gather": "gather", "broadcast": "broadcast", "head": "gather"}[mode]
+        same = None if frag.ranges or mode == "head" else fingerprint(frag.node, frag.feeds, frag.tasks, mode, keys or [])
+        if same in self.made:  # the same subplan again (a CTE used twice): read the stage it made
+            self.rewrites.append(f"stage {self.made[same]} is computed once and read again (the same subplan twice)")
+            return ShuffleReadNode(self.made[same], frag.node.schema, read_mode)
         stage_id = len(self.stages)
+        if same is not None:
+            self.made[same] = stage_id
         spec = StageSpec(stage_id, frag.node, frag.tasks, frag.feeds, frag.reads, output_mode=mode, output_keys=keys or [])
         spec.task_count = frag.tasks
         if frag.ranges:
@@ -106,19 +104,20 @@ class _Planner:
                     if cut else f"{feed_id}: no file straddles a boundary, so no task filters {r.column!r}"
                 )
         self.stages.append(spec)
-        read_mode = {"hash": "hash", "round_robin": "hash", "gather": "gather", "broadcast": "broadcast", "head": "gather"}[mode]
         return ShuffleReadNode(stage_id, frag.node.schema, read_mode)
 
-    def consumer(self, node: Node, tasks: int, rows: float | None, reads: list[ShuffleReadNode]) -> _Frag:
-        return _Frag(node, tasks, rows, [], reads)
+    def consumer(self, node: Node, tasks: int, rows: float | None, reads: list[ShuffleReadNode]) -> Frag:
+        return Frag(node, tasks, rows, [], reads)
 
     # ------------------------------------------------------------- the walk
 
-    def build(self, node: Node) -> _Frag:
+    def build(self, node: Node) -> Frag:
+        if id(node) in self.repeated:
+            return self.shared(node)
         if isinstance(node, FeedScanNode):
             return self.scan(node)
         if isinstance(node, ValuesNode):
-            return _Frag(node, 1, float(node.table.num_rows))
+            return Frag(node, 1, float(node.table.num_rows))
         if isinstance(node, ExchangeInputNode):
             raise PlanError("a plan reading exchange input is a map stage: run it with flight.map_batches or flight.spark.flight_map")
         if isinstance(node, FilterNode):
@@ -142,11 +141,24 @@ class _Planner:
             return cut_window(self, node)
         raise PlanError(f"the planner does not know operator {type(node).__name__}")
 
-    @staticmethod
-    def wrap(f: _Frag, node: Node, rows: float | None) -> _Frag:
-        return _Frag(node, f.tasks, rows, f.feeds, f.reads, f.leaf, f.ranges)
+    def shared(self, node: Node) -> Frag:
+        """One use of a subplan the query holds more than once: its own stage when its scans would
+        run in the use's tasks, made once and read by each use (``flight.planner.reuse``)."""
+        self.repeated.discard(id(node))
+        try:
+            f = self.build(node)
+        finally:
+            self.repeated.add(id(node))
+        if not f.feeds or f.tasks == 1 or f.ranges:  # its scans are behind a cut (reused there), or one task reads all
+            return f
+        read = self.cut(f, "round_robin")
+        return self.consumer(read, f.tasks, f.rows, [read])
 
-    def scan(self, node: FeedScanNode) -> _Frag:
+    @staticmethod
+    def wrap(f: Frag, node: Node, rows: float | None) -> Frag:
+        return Frag(node, f.tasks, rows, f.feeds, f.reads, f.leaf, f.ranges)
+
+    def scan(self, node: FeedScanNode) -> Frag:
         provider = node.feed.inner()
         if node.feed.feed_id in self.feed_ids:
             # The same source read twice (a self-join): each read is a feed of its own.
@@ -154,14 +166,14 @@ class _Planner:
         self.feed_ids.add(node.feed.feed_id)
         rows = provider.estimated_rows()
         if provider.shared:
-            return _Frag(node, self.max_tasks, rows, [FeedPlan(node.feed, 1, shared=True)], leaf=True)
+            return Frag(node, self.max_tasks, rows, [FeedPlan(node.feed, 1, shared=True)], leaf=True)
         declared = provider.partitions()
         if declared is not None and declared < 1:
             raise PlanError(f"feed {node.feed.feed_id!r}: partitions() returned {declared}; it must be at least 1")
         tasks = min(self.max_tasks, declared) if declared is not None else self.max_tasks
-        return _Frag(node, tasks, rows, [FeedPlan(node.feed, declared or tasks)], leaf=True)
+        return Frag(node, tasks, rows, [FeedPlan(node.feed, declared or tasks)], leaf=True)
 
-    def limit(self, node: LimitNode) -> _Frag:
+    def limit(self, node: LimitNode) -> Frag:
         if isinstance(node.input, SortNode):  # top-k: every task keeps only its first count + offset rows
             f = self.sort(node.input, fetch=node.count + node.offset)
             return self.wrap(f, LimitNode(f.node, node.count, node.offset), float(node.count))
@@ -171,14 +183,14 @@ class _Planner:
         read = self.cut(self.wrap(f, LimitNode(f.node, node.count + node.offset, 0), f.rows), "gather")
         return self.consumer(LimitNode(read, node.count, node.offset), 1, float(node.count), [read])
 
-    def sort(self, node: SortNode, fetch: int) -> _Frag:
+    def sort(self, node: SortNode, fetch: int) -> Frag:
         f = self.build(node.input)
         if f.tasks == 1:
             return self.wrap(f, SortNode(f.node, node.keys, node.nulls_first, fetch), f.rows)
         read = self.cut(self.wrap(f, SortNode(f.node, node.keys, node.nulls_first, fetch), f.rows), "gather")
         return self.consumer(SortNode(read, node.keys, node.nulls_first, fetch), 1, f.rows, [read])
 
-    def aggregate(self, node: AggregateNode) -> _Frag:
+    def aggregate(self, node: AggregateNode) -> Frag:
         f = self.build(node.input)
         rows = 1.0 if not node.keys else (None if f.rows is None else max(1.0, f.rows * 0.1))
         if f.tasks == 1 or node.partial:  # partial: a sunk pre-aggregate (flight.planner.eager), merged above
@@ -216,18 +228,18 @@ class _Planner:
         merged = AggregateNode(read, node.keys, final, f"Final{label}")
         return self.consumer(ProjectNode(merged, outputs), tasks, rows, [read])  # type: ignore[arg-type]
 
-    def join(self, node: JoinNode) -> _Frag:
+    def join(self, node: JoinNode) -> Frag:
         left, right = self.build(node.left), self.build(node.right)
         rows = max(left.rows or 0.0, right.rows or 0.0) or None
         semi = node.join_type in ("left semi", "left anti")
         out_rows = left.rows if semi else rows  # a semi or anti join keeps at most its left rows
         swappable = node.join_type in _SWAPPED and not set(left.node.schema.names) & set(right.node.schema.names)
         if left.tasks == 1 and right.tasks == 1:
-            if swappable and _smaller(left, right):
+            if swappable and smaller(left, right):
                 ordered = self.swapped(node, left.node, right.node, "local", left, right)
-                return _Frag(ordered, 1, out_rows, right.feeds + left.feeds, right.reads + left.reads, left.leaf or right.leaf)
+                return Frag(ordered, 1, out_rows, right.feeds + left.feeds, right.reads + left.reads, left.leaf or right.leaf)
             merged = JoinNode(left.node, right.node, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "local", node.filter)
-            return _Frag(merged, 1, out_rows, left.feeds + right.feeds, left.reads + right.reads, left.leaf or right.leaf)
+            return Frag(merged, 1, out_rows, left.feeds + right.feeds, left.reads + right.reads, left.leaf or right.leaf)
         placed = self.colocated(node, left, right, out_rows, swappable)
         if placed is not None:
             return placed
@@ -241,35 +253,35 @@ class _Planner:
                 right.rows = min(right.rows, left.rows)  # no more distinct keys than the probe side has rows
         # Broadcasting copies the build side into every probe task: worth it when that side is small,
         # and not larger than the side that would otherwise be shuffled.
-        right_bytes = _bytes(right)
-        known = _bytes(left)
+        right_bytes = frag_bytes(right)
+        known = frag_bytes(left)
         left_bytes = float("inf") if known is None else known
         small = right_bytes is not None and right_bytes <= min(self.options.broadcast_bytes, left_bytes)
         if small and node.join_type in ("inner", "left outer", "left semi", "left anti"):
             if distinct is not None:
-                self.rewrites.append(f"{_join_text(node)}: the build side is reduced to its distinct keys {node.right_keys} before it is broadcast")
+                self.rewrites.append(f"{join_text(node)}: the build side is reduced to its distinct keys {node.right_keys} before it is broadcast")
             read = self.cut(right, "broadcast")
             merged = JoinNode(left.node, read, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "broadcast", node.filter)
-            return _Frag(merged, left.tasks, out_rows, left.feeds, left.reads + [read], left.leaf, left.ranges)
+            return Frag(merged, left.tasks, out_rows, left.feeds, left.reads + [read], left.leaf, left.ranges)
         left_small = left.rows is not None and left_bytes <= min(self.options.broadcast_bytes, right_bytes or float("inf"))
         if left_small and node.join_type == "inner" and swappable:
             # An inner join is symmetric: broadcast the small left side into the right side's tasks,
             # then put the columns back in the order the query asked for.
             read = self.cut(left, "broadcast")
             ordered = self.swapped(node, left.node, right.node, "broadcast", left, right, left_read=read)
-            return _Frag(ordered, right.tasks, out_rows, right.feeds, right.reads + [read], right.leaf, right.ranges)
+            return Frag(ordered, right.tasks, out_rows, right.feeds, right.reads + [read], right.leaf, right.ranges)
         if distinct is not None:
-            self.rewrites.append(f"{_join_text(node)}: the build side is reduced to its distinct keys {node.right_keys} before it is shuffled")
+            self.rewrites.append(f"{join_text(node)}: the build side is reduced to its distinct keys {node.right_keys} before it is shuffled")
         tasks = self.upper_tasks(rows)
         lread = self.cut(left, "hash", node.left_keys)
         rread = self.cut(right, "hash", node.right_keys)
-        if swappable and _smaller(left, right):
+        if swappable and smaller(left, right):
             ordered = self.swapped(node, lread, rread, "shuffle", left, right)
             return self.consumer(ordered, tasks, out_rows, [lread, rread])
         merged = JoinNode(lread, rread, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "shuffle", node.filter)
         return self.consumer(merged, tasks, out_rows, [lread, rread])
 
-    def colocated(self, node: JoinNode, left: _Frag, right: _Frag, rows: float | None, swappable: bool) -> _Frag | None:
+    def colocated(self, node: JoinNode, left: Frag, right: Frag, rows: float | None, swappable: bool) -> Frag | None:
         """The join in place, each task reading one range of the first join key on both sides,
         when each side scans one list of Parquet files whose footers bound that key
         (``flight.planner.colocate``)."""
@@ -307,18 +319,18 @@ class _Planner:
             feeds.append(FeedPlan(WorkUnitFeed(grouped, feed.feed_id), tasks))
             bounds[feed.feed_id] = KeyRanges(column, scan.schema.field(column).type, points, straddled(ranges, points))
         self.rewrites.append(
-            f"{_join_text(node)}: co-located, nothing shuffled: the Parquet footers bound {sides[0][2]!r} and "
+            f"{join_text(node)}: co-located, nothing shuffled: the Parquet footers bound {sides[0][2]!r} and "
             f"{sides[1][2]!r}, so task t reads key range t of both sides (boundaries {points})"
         )
         reads = left.reads + right.reads
-        if swappable and _smaller(left, right):
+        if swappable and smaller(left, right):
             ordered = self.swapped(node, left.node, right.node, "co-located", left, right)
-            return _Frag(ordered, tasks, rows, feeds, reads, leaf=True, ranges=bounds)
+            return Frag(ordered, tasks, rows, feeds, reads, leaf=True, ranges=bounds)
         merged = JoinNode(left.node, right.node, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "co-located", node.filter)
-        return _Frag(merged, tasks, rows, feeds, reads, leaf=True, ranges=bounds)
+        return Frag(merged, tasks, rows, feeds, reads, leaf=True, ranges=bounds)
 
     def swapped(
-        self, node: JoinNode, left: Node, right: Node, strategy: str, lf: _Frag, rf: _Frag, left_read: Node | None = None
+        self, node: JoinNode, left: Node, right: Node, strategy: str, lf: Frag, rf: Frag, left_read: Node | None = None
     ) -> Node:
         """``node`` over ``left`` and ``right`` with its sides swapped (the left one builds), columns in the query's order.
 
@@ -329,12 +341,12 @@ class _Planner:
             right, build, node.right_keys, node.left_keys, _SWAPPED[node.join_type], node.right_suffix, f"{strategy}, sides swapped", node.filter
         )
         self.rewrites.append(
-            f"{_join_text(node)}: sides swapped, the left side ({_size_text(lf)}) is estimated smaller "
-            f"than the right ({_size_text(rf)}), so it builds the hash table"
+            f"{join_text(node)}: sides swapped, the left side ({size_text(lf)}) is estimated smaller "
+            f"than the right ({size_text(rf)}), so it builds the hash table"
         )
         return ProjectNode(joined, [(n, col(n)) for n in node.schema.names])
 
-    def reduces(self, node: JoinNode, left: _Frag, right: _Frag) -> bool:
+    def reduces(self, node: JoinNode, left: Frag, right: Frag) -> bool:
         """Whether a semi or anti join's build side should first be reduced to the probe side's keys.
 
         Only whether a build key occurs among the probe side's keys matters, so the build rows
@@ -347,19 +359,19 @@ class _Planner:
         if left.rows is None or right.rows is None or left.reads or right.tasks == 1:
             return False
         keys_bytes = left.rows * row_width(pa.schema([left.node.schema.field(k) for k in node.left_keys]))
-        return left.rows * _REDUCE_RATIO <= right.rows and keys_bytes <= self.options.broadcast_bytes and _repeatable(node.left)
+        return left.rows * _REDUCE_RATIO <= right.rows and keys_bytes <= self.options.broadcast_bytes and repeatable(node.left)
 
-    def reduced(self, node: JoinNode, left: _Frag) -> _Frag:
+    def reduced(self, node: JoinNode, left: Frag) -> Frag:
         """``node``'s build side semi-joined with a second read of its probe side, on the keys."""
         reducer = JoinNode(node.right, node.left, node.right_keys, node.left_keys, "left semi", node.right_suffix)
         frag = self.build(reducer)
         self.rewrites.append(
-            f"{_join_text(node)}: the build side is first reduced to the keys the probe side has "
-            f"({_size_text(left)}, read a second time for it)"
+            f"{join_text(node)}: the build side is first reduced to the keys the probe side has "
+            f"({size_text(left)}, read a second time for it)"
         )
         return frag
 
-    def distinct_keys(self, f: _Frag, node: JoinNode) -> _Frag | None:
+    def distinct_keys(self, f: Frag, node: JoinNode) -> Frag | None:
         """A semi or anti join's build side as its distinct keys, computed in the tasks that produce it.
 
         Only whether a key occurs matters to such a join, so every duplicate that
@@ -373,11 +385,11 @@ class _Planner:
         rows = None if f.rows is None else max(1.0, f.rows * _DISTINCT_FRACTION)
         return self.wrap(f, reduced, rows)
 
-    def union(self, node: UnionNode) -> _Frag:
+    def union(self, node: UnionNode) -> Frag:
         frags = [self.build(n) for n in node.inputs]
         rows = None if any(f.rows is None for f in frags) else sum(f.rows or 0.0 for f in frags)
         if all(f.tasks == 1 for f in frags):
-            return _Frag(
+            return Frag(
                 UnionNode([f.node for f in frags]),
                 1,
                 rows,
@@ -393,37 +405,10 @@ _SWAPPED = {"inner": "inner", "left outer": "right outer", "right outer": "left 
 """Join types whose sides may swap (Acero builds the right side), and the type after the swap."""
 
 _REDUCE_RATIO = 10.0
-"""How much larger (in rows) a semi or anti join's build side must be estimated than its probe
-side before the planner reduces it with the probe side's keys (``_Planner.reduces``)."""
+"""How much larger (in rows) a semi or anti join's build side must be before ``_Planner.reduces``."""
 
 
-def _repeatable(node: Node) -> bool:
-    """Whether reading ``node`` again in the same query gives the same rows: every feed it scans is."""
-    return all(n.feed.inner().repeatable for n in node.walk() if isinstance(n, FeedScanNode))
-
-
-_DISTINCT_FRACTION = 0.1
-"""The fraction of a semi join's build-side rows estimated to be distinct keys (as for a grouped aggregate)."""
-
-
-def _bytes(f: _Frag) -> float | None:
-    return None if f.rows is None else f.rows * row_width(f.node.schema)
-
-
-def _smaller(left: _Frag, right: _Frag) -> bool:
-    """Whether the left side is estimated smaller than the right, in bytes (unknown: no)."""
-    lb, rb = _bytes(left), _bytes(right)
-    return lb is not None and rb is not None and lb < rb
-
-
-def _join_text(node: JoinNode) -> str:
-    keys = ", ".join(f"{a}={b}" for a, b in zip(node.left_keys, node.right_keys))
-    return f"HashJoin[{node.join_type}, {keys}]"
-
-
-def _size_text(f: _Frag) -> str:
-    size = _bytes(f)
-    return "?" if f.rows is None or size is None else f"~{f.rows:,.0f} rows, {size / (1 << 20):,.1f} MiB"
+_DISTINCT_FRACTION = 0.1  # of a semi join's build-side rows estimated distinct keys (as for a grouped aggregate)
 
 
 def plan_query(root: Node, max_tasks: int, options: PlannerOptions | None = None, *, colocate: bool = True) -> QueryPlan:
@@ -438,12 +423,14 @@ def plan_query(root: Node, max_tasks: int, options: PlannerOptions | None = None
     if max_tasks > 1:  # what it saves is rows moved between tasks
         pushed, notes = eager_aggregates(pushed)
         planner.rewrites.extend(notes)
-    frag = planner.build(prune_columns(pushed))
+    pruned = prune_columns(pushed)
+    planner.repeated = repeated_subtrees(pruned)
+    frag = planner.build(pruned)
     planner.cut(frag, "head")
+    link_consumers(planner.stages)
     stages = replicate_small_broadcasts(planner.stages, planner.options.replicate_rows, planner.rewrites)
-    for stage in stages:
-        for read in stage.reads:
-            stages[read.stage_id].consumer = stage.stage_id
+    link_consumers(stages)
+    align_task_counts(stages)
     for stage in stages:
         describe(stage)
     return QueryPlan(stages, moved_filters(stages) + planner.rewrites)

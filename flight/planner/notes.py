@@ -1,12 +1,14 @@
-"""What explain() says the planner did: each stage's notes, and each filter the optimizer moved."""
+"""What explain() says the planner did: each stage's notes, and each filter the optimizer moved (and the
+small facts about a plan the cutter's notes and choices read)."""
 
 from __future__ import annotations
 
-from flight.plan.nodes import FeedScanNode, FilterNode
+from flight.plan.nodes import FeedScanNode, FilterNode, Node
+from flight.plan.relnodes import JoinNode
 from flight.planner.optimize import conjuncts
 from flight.planner.stages import StageSpec
 
-__all__ = ["describe", "moved_filters"]
+__all__ = ["describe", "join_text", "moved_filters", "repeatable"]
 
 
 def moved_filters(stages: list[StageSpec]) -> list[str]:
@@ -36,4 +38,15 @@ def describe(stage: StageSpec) -> None:
         stage.notes.append(f"{stage.task_count} task(s): feed partitions {[f.partitions for f in stage.feeds]}")
     if stage.output_mode not in ("head", "gather"):
         keys = f" on {stage.output_keys}" if stage.output_keys else ""
-        stage.notes.append(f"output: {stage.output_mode}{keys} to stage {stage.consumer}")
+        stage.notes.append(f"output: {stage.output_mode}{keys} to stage{'s' if stage.shared else ''} {', '.join(map(str, stage.consumers))}")
+
+
+def join_text(node: JoinNode) -> str:
+    """A join as the planner's rewrite notes name it: ``HashJoin[inner, a=b]``."""
+    keys = ", ".join(f"{a}={b}" for a, b in zip(node.left_keys, node.right_keys))
+    return f"HashJoin[{node.join_type}, {keys}]"
+
+
+def repeatable(node: Node) -> bool:
+    """Whether reading ``node`` again in the same query gives the same rows: every feed it scans is."""
+    return all(n.feed.inner().repeatable for n in node.walk() if isinstance(n, FeedScanNode))

@@ -63,8 +63,8 @@ def replicate_small_broadcasts(stages: list[StageSpec], max_rows: float, rewrite
 
 def _rows(stage: StageSpec, by_id: dict[int, StageSpec], max_rows: float) -> float | None:
     """The rows ``stage`` and the broadcasts it reads scan, if it may be inlined and they are few enough."""
-    if stage.output_mode != "broadcast" or stage.task_roots is not None:
-        return None
+    if stage.output_mode != "broadcast" or stage.task_roots is not None or stage.shared:
+        return None  # a shared stage (flight.planner.reuse) has other readers: it stays
     return _replicable_rows(stage.root, stage.feeds, stage.reads, max_rows, by_id)
 
 

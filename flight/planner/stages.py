@@ -3,7 +3,8 @@
 A ``QueryPlan`` is its stages, children before their consumers and the head last. A
 ``StageSpec`` is one stage: its operators (the ``StagePlan`` every task of it runs), how many
 tasks, which feeds drive its leaves (``FeedPlan``), and how its output is partitioned for
-its consumer. ``PlannerOptions`` are the planner's thresholds. The cut that makes them is
+its consumers: one, or several when the plan holds the same subplan twice (a CTE or a view used
+twice is computed once, and its stage is read by each use). ``PlannerOptions`` are the planner's thresholds. The cut that makes them is
 ``planner.cut``; the coordinator reads only this.
 """
 
@@ -42,7 +43,7 @@ class FeedPlan:
 
 @dataclass
 class StageSpec:
-    """One stage: its operators, its tasks, and how its output reaches its consumer."""
+    """One stage: its operators, its tasks, and how its output reaches its consumers."""
 
     stage_id: int
     root: Node
@@ -51,7 +52,9 @@ class StageSpec:
     reads: list[ShuffleReadNode]
     output_mode: str = "head"  # head, hash, gather, broadcast, round_robin
     output_keys: list[str] = field(default_factory=list)
-    consumer: int | None = None
+    consumers: list[int] = field(default_factory=list)
+    """The stages that read this one, once per read (a stage reading it twice is listed twice); none
+    for the head. Consumers of a hash output all have one task count (``plan_query`` sees to it)."""
     task_count: int = 0  # fixed at planning, or at execution for a shared-queue leaf
     estimate: TaskEstimate | None = None
     notes: list[str] = field(default_factory=list)
@@ -62,6 +65,17 @@ class StageSpec:
     @property
     def output_schema(self) -> pa.Schema:
         return self.root.schema
+
+    @property
+    def consumer(self) -> int | None:
+        """The first stage reading this one (None for the head)."""
+        return self.consumers[0] if self.consumers else None
+
+    @property
+    def shared(self) -> bool:
+        """Read more than once: its output is retained until the query ends (memory, then spill
+        files), so that no consumer's pace can hold the others (``binding.bound_header``)."""
+        return len(self.consumers) > 1
 
     @property
     def shared_feeds(self) -> list[FeedPlan]:
@@ -87,12 +101,13 @@ class StageSpec:
                     out[p % task_count][f.feed.feed_id].append(p)
         return out
 
-    def output_spec(self, consumer_tasks: int) -> plan_pb2.OutputSpec:
+    def output_spec(self, reader_tasks: list[int]) -> plan_pb2.OutputSpec:
+        """The output's partitions and readers, given the task count of each read of it (``[1]`` for the head)."""
         if self.output_mode in ("hash", "round_robin"):
-            return plan_pb2.OutputSpec(partitions=consumer_tasks, hash_keys=self.output_keys, readers=1)
+            return plan_pb2.OutputSpec(partitions=reader_tasks[0], hash_keys=self.output_keys, readers=len(reader_tasks))
         if self.output_mode == "broadcast":
-            return plan_pb2.OutputSpec(partitions=1, readers=consumer_tasks)
-        return plan_pb2.OutputSpec(partitions=1, readers=1)
+            return plan_pb2.OutputSpec(partitions=1, readers=sum(reader_tasks))
+        return plan_pb2.OutputSpec(partitions=1, readers=len(reader_tasks))
 
 
 @dataclass

@@ -10,13 +10,14 @@ from dataclasses import replace
 from typing import Any
 
 from flight.plan.window import WindowNode
+from flight.planner.frag import Frag
 
 __all__ = ["cut_window"]
 
 
-def cut_window(planner: Any, node: WindowNode) -> Any:
+def cut_window(planner: Any, node: WindowNode) -> Frag:
     """The fragment computing ``node`` (``planner``: the cut's planner)."""
-    f = planner.build(node.input)
+    f: Frag = planner.build(node.input)
     if f.tasks == 1:
         return planner.wrap(f, replace(node, input=f.node), f.rows)
     if node.partition_by:

@@ -102,6 +102,9 @@ class Translator:
             expr = t(e)
             name = unique(_stem(e, expr), taken)
             items.append((name, expr))
+        if not items:  # no column is read above (a count(*)): one constant stands in, as for a scan
+            row = self.fresh("row")
+            return Rel(rel.query.select(**{row: lit(1)}), [row])
         return Rel(rel.query.select(**dict(items)), fields)
 
     def _Aggregate(self, v: Any, plan: DFPlan) -> Rel:

@@ -305,11 +305,16 @@ CORPUS: dict[str, list[str]] = {
         "with s as (select g, sum(d) as total from t group by g) select g from s where total = (select max(total) from s)",
         "with a as (select id from t), b as (select id from a where id < 10) select id from b",
         "create view v as select id, x from t where x > 0; select id from v where x < 10; drop view v",
-        "create or replace view v as select g, count(*) as n from t group by g; select g, n from v",
+        "create or replace view v as select g, count(*) as n from t group by g; select g, n from v; drop view v",
         "select id from (select id, x from t where x > 2) sub where x < 8",
         "select c from (select count(*) as c from t group by g) q",
         "with g1 as (select g, count(*) as n from t group by g) select a.g, a.n, b.n as m from g1 a join g1 b on a.g = b.g",
         "with x as (select id, d from t where d is not null) select count(*) as n, sum(d) as s from x",
+        # used twice: computed once (flight.planner.reuse)
+        "with s as (select g, sum(e) as total from t group by g) select a.g, a.total - b.total as z from s a join s b on a.g = b.g",
+        "with s as (select id, x from t where x > 0) select count(x) as c from s union all select sum(x) from s",
+        "with s as (select g, count(*) as n from t group by g) select s.g, s.n, u.y from s join u on s.g = u.g "
+        "union all select s.g, s.n, t.x from s join t on s.g = t.g",
     ],
     "windows": [
         "select id, row_number() over (order by id) as rn from t",

@@ -114,7 +114,7 @@ def test_statement_matches_duckdb(
     assert difference is None, f"{text}\n{difference}"
 
 
-DISTRIBUTED = [(g, i, text) for g, i, text in CASES if g in ("windows", "joins", "aggregates", "set operations", "exists and scalar subqueries")]
+DISTRIBUTED = [(g, i, text) for g, i, text in CASES if g in ("windows", "joins", "aggregates", "set operations", "exists and scalar subqueries", "ctes and views")]
 
 
 @pytest.fixture(scope="module")

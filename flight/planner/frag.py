@@ -1,0 +1,46 @@
+"""A fragment: operators the cutter (``flight.planner.cut``) has grown that will run in the same
+tasks, not yet cut into a stage, with the sizes its choices compare.
+
+Apart from the cutter so that its helpers (``flight.planner.windows``) can make and read fragments
+without importing it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from flight.plan.nodes import Node
+from flight.plan.relnodes import ShuffleReadNode
+from flight.planner.colocate import KeyRanges
+from flight.planner.cost import row_width
+from flight.planner.stages import FeedPlan
+
+__all__ = ["Frag", "frag_bytes", "size_text", "smaller"]
+
+
+@dataclass
+class Frag:
+    """Operators that will run in the same tasks, not yet cut into a stage."""
+
+    node: Node
+    tasks: int  # at most this many; 1 means certainly one task
+    rows: float | None
+    feeds: list[FeedPlan] = field(default_factory=list)
+    reads: list[ShuffleReadNode] = field(default_factory=list)
+    leaf: bool = False  # sized by its feeds rather than by rows
+    ranges: dict[str, KeyRanges] = field(default_factory=dict)
+    """Co-located scans by feed id: task t keeps key range t."""
+
+
+def frag_bytes(f: Frag) -> float | None:
+    return None if f.rows is None else f.rows * row_width(f.node.schema)
+
+
+def smaller(left: Frag, right: Frag) -> bool:
+    """Whether the left side is estimated smaller than the right, in bytes (unknown: no)."""
+    lb, rb = frag_bytes(left), frag_bytes(right)
+    return lb is not None and rb is not None and lb < rb
+
+
+def size_text(f: Frag) -> str:
+    size = frag_bytes(f)
+    return "?" if f.rows is None or size is None else f"~{f.rows:,.0f} rows, {size / (1 << 20):,.1f} MiB"

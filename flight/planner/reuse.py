@@ -1,0 +1,106 @@
+"""The same subplan twice in one query becomes one stage, read by each use.
+
+Why: SQL inlines a CTE or a view at each place it is named (DataFusion's planner does), so TPC-H
+Q15's ``revenue0`` reaches the planner as two equal subtrees, each scanning lineitem. Like Spark's
+reuse of equal exchanges, the cutter asks before it makes a stage whether an equal one exists: the
+same operators over the same sources, reading the same stages, cut the same way for the same number
+of tasks. If so, the use reads that stage. The scan then happens once, and the rows it makes are
+the same for every use, which matters for a source that is not repeatable.
+
+Reuse at the cut alone misses a CTE whose scans share a fragment with each use's own operators (an
+aggregate straight over it: each use's partial aggregate differs, so no cut is equal, and the source
+would be scanned once per use). ``repeated_subtrees`` finds the equal subtrees that scan something
+before the cut; the cutter makes such a subtree a stage of its own when its scans would run in the
+use's tasks, its rows spread round-robin to the tasks of each use. That moves the rows once where a
+second scan would read them again, and it is what makes a source that is not repeatable (a feed of
+units discovered at run time) give every use the same rows.
+
+A stage read more than once keeps its output until the query ends (``StageSpec.shared``: retained,
+spilled past the output bound), since one use may start reading only after another finished (a
+join's probe side waits for its build side), and bounded buffers would then hold the producer for
+the slow reader while the fast one waits for rows. The uses of a hash output read one partition
+each, so they must have the same task count: ``align_task_counts`` gives them the largest.
+"""
+
+from __future__ import annotations
+
+from flight.plan.nodes import FeedScanNode, Node
+from flight.planner.stages import FeedPlan, StageSpec
+from flight.wire._proto import plan_pb2
+from flight.wire.operators import operators
+
+__all__ = ["align_task_counts", "fingerprint", "link_consumers", "repeated_subtrees"]
+
+
+def _canonical(node: Node) -> plan_pb2.Operator:
+    """``node``'s operators, each scan named by its source (its provider), not its feed id: a
+    second scan of a source gets a feed of its own."""
+    providers = {n.feed.feed_id: id(n.feed.inner()) for n in node.walk() if isinstance(n, FeedScanNode)}
+    proto = node.to_proto()
+    for op in operators(proto):
+        if op.WhichOneof("kind") == "feed_scan":
+            op.feed_scan.feed.feed_id = f"provider-{providers[op.feed_scan.feed.feed_id]}"
+    return proto
+
+
+def fingerprint(node: Node, feeds: list[FeedPlan], tasks: int, mode: str, keys: list[str]) -> bytes:
+    """What makes two cuts the same stage: operators, sources, the stages read, the feed partitions,
+    the task count and the output partitioning."""
+    shape = repr((sorted((id(f.feed.inner()), f.partitions, f.shared) for f in feeds), tasks, mode, keys))
+    return _canonical(node).SerializeToString(deterministic=True) + shape.encode()
+
+
+def repeated_subtrees(root: Node) -> set[int]:
+    """The ids of the largest subtrees of ``root`` that occur more than once (equal operators over the
+    same sources) and scan something: each use of a CTE or a view."""
+    scans = [id(n.feed.inner()) for n in root.walk() if isinstance(n, FeedScanNode)]
+    if len(scans) == len(set(scans)):
+        return set()  # no source is scanned twice: no subtree that scans can repeat
+    nodes = list(root.walk())
+    scanning: dict[int, bool] = {}
+    for node in reversed(nodes):  # children before parents
+        scanning[id(node)] = isinstance(node, FeedScanNode) or any(scanning[id(c)] for c in node.children())
+    keys = {id(n): _canonical(n).SerializeToString(deterministic=True) for n in nodes if scanning[id(n)]}
+    seen: dict[bytes, int] = {}
+    for key in keys.values():
+        seen[key] = seen.get(key, 0) + 1
+    out: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        known = keys.get(id(node))
+        if known is not None and seen[known] > 1:
+            out.add(id(node))
+        else:
+            stack.extend(node.children())
+    return out
+
+
+def link_consumers(stages: list[StageSpec]) -> None:
+    """Each stage's ``consumers``: the stages that read it, once per read."""
+    for stage in stages:
+        stage.consumers = []
+    for stage in stages:
+        for read in stage.reads:
+            stages[read.stage_id].consumers.append(stage.stage_id)
+
+
+def align_task_counts(stages: list[StageSpec]) -> None:
+    """Give the consumers of each shared hash output one task count, the largest planned.
+
+    Such consumers are upper stages (a shuffle's reader has no feeds), whose count the planner
+    chose from estimated rows and may raise. Raising one can make it differ from a fellow consumer
+    of another shared output, so this repeats until nothing changes.
+    """
+    changed = True
+    while changed:
+        changed = False
+        for stage in stages:
+            if stage.output_mode not in ("hash", "round_robin") or not stage.shared:
+                continue
+            readers = [stages[c] for c in set(stage.consumers)]
+            count = max(r.task_count for r in readers)
+            for r in readers:
+                if r.task_count != count:
+                    assert not r.feeds and r.task_roots is None, f"stage {r.stage_id} reads a hash output yet is sized by its feeds"
+                    r.task_count, r.max_tasks, changed = count, max(r.max_tasks, count), True
