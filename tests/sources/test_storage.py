@@ -215,12 +215,12 @@ def test_a_worker_configuration_is_described_with_its_secrets_masked() -> None:
 
 # ---------------------------------------------------------------- listing a prefix as the query runs
 
-LISTED = 1000
+LISTED = 200
 
 
 @pytest.fixture(scope="module")
 def listed_prefix(s3: LocalS3, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """1,000 small Parquet objects under one prefix (ids 10*i .. 10*i+9), and one that is not Parquet."""
+    """200 small Parquet objects under one prefix (ids 10*i .. 10*i+9), and one that is not Parquet."""
     local = tmp_path_factory.mktemp("listed")
     for i in range(LISTED):
         pq.write_table(pa.table({"id": pa.array(range(10 * i, 10 * i + 10), pa.int64())}), local / f"part-{i:04d}.parquet")
@@ -233,7 +233,7 @@ class PausedListing(flight.ListingProvider):
     """Lists as ``ListingProvider`` does, but waits after its first page until ``go`` is set."""
 
     def __init__(self, prefix: str, go: threading.Event) -> None:
-        super().__init__(prefix, "*.parquet", page_size=100)
+        super().__init__(prefix, "*.parquet", page_size=20)
         self.go = go
         self.pages_when_rows_arrived: int | None = None
 
@@ -252,12 +252,12 @@ def test_a_prefix_is_listed_page_by_page_and_rows_arrive_before_the_listing_ends
     listing = PausedListing(listed_prefix, go)
     scan = flight.read_parquet(listing, schema=pa.schema([("id", pa.int64())]))
     reader = flight.DistributedExec(scan, s3_cluster.urls).execute()
-    first = reader.read_next_batch()  # the listing is held after its first page of 100 keys
+    first = reader.read_next_batch()  # the listing is held after its first page of 20 keys
     assert first.num_rows > 0 and listing.pages == 2, "rows arrived only after the listing went on"
     go.set()
     ids = pa.Table.from_batches([first, *reader])["id"]
     assert sorted(ids.to_pylist()) == list(range(10 * LISTED))  # every object once; _SUCCESS left out
-    assert listing.pages == 11  # 1,001 keys in pages of 100
+    assert listing.pages == 11  # 201 keys in pages of 20
 
 
 @pytest.mark.slow

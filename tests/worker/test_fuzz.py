@@ -1,8 +1,8 @@
 """The wire fuzzer (``benchmarks/fuzz_worker.py``) against a real worker: no input may crash or wedge it.
 
 Unit tests send the malformed inputs someone thought of; the fuzzer sends a
-thousand mutated headers, frames, tickets, actions and Arrow payloads that
-nobody did, to a ``flight-worker`` it starts itself, and checks ``health``
+couple of thousand mutated headers, frames, tickets, actions and Arrow payloads
+that nobody did (and hoarders and floods), to a ``flight-worker`` it starts itself, and checks ``health``
 after each. It runs as a subprocess in its own session, so that whatever
 happens to it (or to the workers it starts) cannot take pytest down, and a
 deadline ends the whole group.
@@ -25,7 +25,6 @@ from benchmarks import fuzz_worker as fz
 ROOT = Path(__file__).resolve().parents[2]
 SUMMARY = re.compile(r"^fuzz_cases: (\d+), crashes: (\d+), hangs: (\d+), unclear: (\d+), max_rss_growth_mb: (-?\d+|n/a)$")
 SEED = 20261122  # fixed: every run sends the same inputs
-CASES = 1_000
 RUN_TIMEOUT = 600.0  # a hang costs the fuzzer 10 s; a worker that hangs on many inputs fails the test here
 
 
@@ -42,29 +41,6 @@ def run_fuzzer(tmp_path: Path, *args: str) -> tuple[int, str, str]:
     return proc.returncode, out, err
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(RUN_TIMEOUT + 60)
-def test_a_thousand_mutated_inputs_neither_crash_nor_hang_the_worker(tmp_path: Path) -> None:
-    # Deadlines well above what the slowest legitimate case needs on a busy CI machine (a few seconds):
-    # a worker that deadlocks still fails, one that is merely slow under load does not.
-    code, out, err = run_fuzzer(tmp_path, "--cases", str(CASES), "--seed", str(SEED), "--timeout", "30", "--health-timeout", "5")
-    lines = out.strip().splitlines()
-    match = SUMMARY.match(lines[-1]) if lines else None
-    assert match, f"no summary line (exit code {code}); stderr ends with:\n{err[-4000:]}"
-    cases, crashes, hangs, unclear = (int(g) for g in match.groups()[:4])
-    kept = sorted(p.name for p in (tmp_path / "corpus").glob("*.json"))
-    report = (
-        f"{lines[-1]} ({unclear} unclear tolerated)\nkept inputs (replay with python -m benchmarks.fuzz_worker --replay FILE): {kept}\n"
-        f"fuzzer report:\n{err[-6000:]}"
-    )
-    assert cases == CASES, report
-    # Only crashes and hangs fail the test. Unclear errors (a message with a traceback or a path,
-    # longer than 2,000 characters, or an internal error without a field) are counted and shown
-    # in this message but tolerated while the worker's error texts are being brought in line.
-    assert crashes == 0 and hangs == 0, report
-    assert code == 0, report
-
-
 HOSTILE_CASES = 2_000
 RSS_GROWTH_MB = 200
 
@@ -74,6 +50,11 @@ RSS_GROWTH_MB = 200
 def test_two_thousand_hostile_cases_leave_the_worker_within_200_mb_of_its_baseline(tmp_path: Path) -> None:
     """2,000 mixed cases (hoarders and floods among them) against one worker: no crash, no hang, and what the
     idle worker keeps (its settled RSS every 100 cases) within 200 MiB of its idle RSS after its first 20 cases.
+
+    Deadlines are well above what the slowest legitimate case needs on a busy CI machine (a few
+    seconds): a worker that deadlocks still fails, one that is merely slow under load does not. Unclear
+    errors (a message with a traceback or a path, longer than 2,000 characters, or an internal error
+    without a field) are counted and shown, not failed: the seeds' own test checks their texts.
 
     The memory bound is an expected failure where it is exceeded (``pytest.xfail`` at that point, after
     the crash and hang checks, which must pass): it held on quiet runs of `--seed 1`, not yet on every seed or
@@ -93,7 +74,11 @@ def test_two_thousand_hostile_cases_leave_the_worker_within_200_mb_of_its_baseli
     assert match, f"no summary line (exit code {code}); stderr ends with:\n{err[-4000:]}"
     cases, crashes, hangs = (int(g) for g in match.groups()[:3])
     growth = match.group(5)
-    report = f"{lines[-1]}\nfuzzer report:\n{err[-6000:]}"
+    kept = sorted(p.name for p in (tmp_path / "corpus").glob("*.json"))
+    report = (
+        f"{lines[-1]}\nkept inputs (replay with python -m benchmarks.fuzz_worker --replay FILE): {kept}\n"
+        f"fuzzer report:\n{err[-6000:]}"
+    )
     assert cases == HOSTILE_CASES, report
     assert re.search(r"per family: .*\bhoard [1-9]\d* in", err) and re.search(r"per family: .*\bflood [1-9]\d* in", err), report
     assert crashes == 0 and hangs == 0, report
