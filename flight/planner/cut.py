@@ -55,6 +55,7 @@ from flight.planner.colocate import (
 from flight.planner.cost import row_width
 from flight.planner.eager import eager_aggregates
 from flight.planner.frag import Frag, frag_bytes, size_text, smaller
+from flight.planner.keysets import reduce_aggregate_inputs
 from flight.planner.notes import describe, join_text, moved_filters, repeatable
 from flight.planner.optimize import prune_columns, push_filters
 from flight.planner.ranges import filter_selectivity
@@ -151,6 +152,8 @@ class _Planner:
             self.repeated.add(id(node))
         if not f.feeds or f.tasks == 1 or f.ranges:  # its scans are behind a cut (reused there), or one task reads all
             return f
+        if repeatable(node) and f.rows is not None and f.rows <= self.options.replicate_rows:
+            return f  # a small read of files costs less again than a stage more
         read = self.cut(f, "round_robin")
         return self.consumer(read, f.tasks, f.rows, [read])
 
@@ -420,6 +423,10 @@ def plan_query(root: Node, max_tasks: int, options: PlannerOptions | None = None
         raise PlanError("the resolver returned no worker URLs; start workers or check the resolver's source")
     planner = _Planner(max_tasks, options or PlannerOptions(), colocate)
     pushed = push_filters(root)
+    uses = repeated_subtrees(pushed)
+    ctes = {id(n) for top in pushed.walk() if id(top) in uses for n in top.walk()}
+    pushed, notes = reduce_aggregate_inputs(pushed, planner.options.broadcast_bytes, ctes)
+    planner.rewrites.extend(notes)
     if max_tasks > 1:  # what it saves is rows moved between tasks
         pushed, notes = eager_aggregates(pushed)
         planner.rewrites.extend(notes)

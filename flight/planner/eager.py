@@ -44,7 +44,7 @@ from flight.plan.expr import Expr, coalesce, col, lit
 from flight.plan.nodes import FilterNode, LimitNode, Node, ProjectNode
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, SortNode, UnionNode
 
-__all__ = ["eager_aggregates"]
+__all__ = ["eager_aggregates", "map_children"]
 
 _MERGE = {"count": "sum", "sum": "sum", "min": "min", "max": "max"}
 
@@ -56,7 +56,7 @@ def eager_aggregates(node: Node) -> tuple[Node, list[str]]:
 
 
 def _walk(node: Node, notes: list[str]) -> Node:
-    node = _map_children(node, lambda child: _walk(child, notes))
+    node = map_children(node, lambda child: _walk(child, notes))
     if isinstance(node, AggregateNode) and not node.partial:
         sunk = _sunk(node)
         if sunk is not None:
@@ -79,7 +79,8 @@ def _walk(node: Node, notes: list[str]) -> Node:
     return node
 
 
-def _map_children(node: Node, f: Callable[[Node], Node]) -> Node:
+def map_children(node: Node, f: Callable[[Node], Node]) -> Node:
+    """``node`` with ``f`` applied to each child (itself when no child changed)."""
     if isinstance(node, (AggregateNode, LimitNode, SortNode, FilterNode, ProjectNode)):
         child = f(node.input)
         return node if child is node.input else replace(node, input=child)

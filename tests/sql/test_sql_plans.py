@@ -32,12 +32,15 @@ def plan(n: int, catalog: flight.Catalog) -> str:
 
 SHAPES = {
     # Q2: the minimum supply cost per part, joined back on the part and the cost.
-    2: [r"FinalAggregate\[keys=\['ps_partkey'\]; .*min", r"HashJoin\[(left semi|inner), p_partkey=ps_partkey"],
+    # (Q2, Q17, Q20: the aggregate reads only the parts the outer query keeps, flight.planner.keysets.)
+    2: [r"FinalAggregate\[keys=\['ps_partkey'\]; .*min", r"HashJoin\[(left semi|inner), p_partkey=ps_partkey",
+        r"Aggregate\[keys=\['ps_partkey'\]\] below .*reads only the 'p_partkey' values"],
     # Q17: the average quantity per part; a line is kept by a semi join whose condition compares with it.
-    17: [r"FinalAggregate\[keys=\['l_partkey'\]", r"HashJoin\[left semi, p_partkey=l_partkey, filter=\(.*l_quantity"],
+    17: [r"FinalAggregate\[keys=\['l_partkey'\]", r"HashJoin\[left semi, p_partkey=l_partkey, filter=\(.*l_quantity",
+         r"Aggregate\[keys=\['l_partkey'\]\] below .*reads only the 'p_partkey' values"],
     # Q20: half the shipped quantity per (part, supplier), then parts named 'forest%', as semi joins.
     20: [r"Aggregate\[keys=\['l_partkey', 'l_suppkey'\]", r"HashJoin\[left semi, ps_partkey=l_partkey, ps_suppkey=l_suppkey, filter=",
-         r"HashJoin\[left semi, (s_suppkey|ps_suppkey)"],
+         r"HashJoin\[left semi, (s_suppkey|ps_suppkey)", r"Aggregate\[keys=\['l_partkey', 'l_suppkey'\]\] below .*reads only the 'p_partkey'"],
     # Q21: EXISTS and NOT EXISTS on the same order with another supplier: a semi and an anti join with conditions.
     21: [r"HashJoin\[left semi, l_orderkey=l_orderkey___?\d+, filter=", r"HashJoin\[left anti, l_orderkey=l_orderkey___?\d+, filter="],
     # Q22: the average balance once (a global aggregate, broadcast), customers without orders by an anti join.

@@ -87,12 +87,21 @@ def test_a_self_join_of_a_cte_scans_once(catalog: flight.Catalog) -> None:
 
 def test_aggregates_straight_over_a_cte_scan_once(catalog: flight.Catalog) -> None:
     """Each use's partial aggregate would run in the scan's tasks: the CTE becomes a stage of its
-    own, its rows spread round-robin to each use."""
+    own, its rows spread round-robin to each use (a directory's size is unknown before it is listed,
+    so it is not taken for a small read)."""
     text = "with s as (select id, x from t where x > 0) select count(x) as c from s union all select sum(x) from s"
     plan = planned(text, catalog)
     assert scans(plan) == 1
     shared = [s for s in plan.stages if s.shared]
     assert len(shared) == 1 and shared[0].output_mode == "round_robin"
+
+
+def test_a_small_cte_of_listed_files_is_read_again_by_each_use(paths: dict[str, Path]) -> None:
+    """Files of known size below ``replicate_rows`` cost less read twice than moved through a stage more."""
+    listed = flight.Catalog({"t": flight.read_parquet(sorted(str(f) for f in paths["t"].glob("*.parquet")))})
+    text = "with s as (select id, x from t where x > 0) select count(x) as c from s union all select sum(x) from s"
+    assert scans(planned(text, listed)) == 2
+    assert scans(planned(text, listed, replicate_rows=0)) == 1
 
 
 def test_uses_reading_other_columns_are_other_subplans(catalog: flight.Catalog) -> None:

@@ -178,7 +178,9 @@ def test_beyond_capacity_a_query_waits_then_names_the_busy_worker() -> None:
         holders = [flight.DistributedExec(waiting, small.urls) for _ in range(4)]
         readers = [h.execute() for h in holders]
         wait_until(lambda: running_tasks(small.urls) == 4, 20.0, "four admitted tasks")
-        more = flight.DistributedExec(waiting, small.urls, admission_wait=1.0)
+        # A queued task waits for the connect timeout before the admission wait is looked at:
+        # both short, so the refusal comes after seconds, not the default connect timeout's ten.
+        more = flight.DistributedExec(waiting, small.urls, admission_wait=1.0, connect_timeout=2.0)
         with pytest.raises(WorkerBusyError) as raised:
             more.to_table()
         assert small.urls[0] in str(raised.value) and "at capacity" in str(raised.value)
@@ -243,7 +245,7 @@ def test_a_silent_worker_fails_the_query_naming_it() -> None:
     waiting = waiting_query()
     with flight.LocalCluster(1) as one:
         pid = one.processes[0].pid
-        reader = flight.DistributedExec(waiting, one.urls, peer_timeout=3.0, heartbeat=0.5).execute()
+        reader = flight.DistributedExec(waiting, one.urls, peer_timeout=1.5, heartbeat=0.25).execute()
         wait_until(lambda: running_tasks(one.urls) == 1, 10.0, "the task to start")
         os.kill(pid, signal.SIGSTOP)
         try:
