@@ -4,6 +4,13 @@ The embedded default for the main job, the tests and the benchmarks: each
 worker is the same daemon users run, started as a subprocess with ``--port 0``;
 its URL is read from the first line it prints, with a deadline.
 
+The workers go with the process that started them: each inherits the read end of a pipe whose
+write end only the cluster holds (``--parent-fd``), and drains and exits at its end of file, which
+comes when the cluster stops or its process dies, even of SIGKILL. (A pipe rather than Linux's
+parent-death signal, which fires when the *thread* that started the child ends. A child forked
+without exec, e.g. by ``multiprocessing``'s fork start method, inherits the write end and keeps the
+workers until it ends too.)
+
 Workers read files only under ``data_roots`` (each becomes a ``--data-root``);
 without any, their file readers refuse every path.
 
@@ -101,20 +108,27 @@ class LocalCluster:
         self._grace = grace
         self.processes: list[subprocess.Popen[str]] = []
         self.urls: list[str] = []
+        self._lifeline: int | None = None  # the write end of the workers' --parent-fd pipe
 
     def start(self) -> Self:
         try:
-            for i in range(self.n_workers):
-                extra = list(self._per_worker[i]) if self._per_worker else []
-                cmd = [sys.executable, "-m", "flight.worker", "--host", "127.0.0.1", "--port", "0",
-                       "--log-level", self._log_level, "--grace", str(self._grace), *self._args, *extra]
-                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, **self._env, "PYTHONUNBUFFERED": "1"})
-                self.processes.append(proc)
+            life_r, self._lifeline = os.pipe()  # neither end is inherited by anything but the workers
+            try:
+                for i in range(self.n_workers):
+                    self.processes.append(self._spawn(life_r, list(self._per_worker[i]) if self._per_worker else []))
+            finally:
+                os.close(life_r)
             self.urls = [self._wait_listening(p) for p in self.processes]
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _spawn(self, life_r: int, extra: list[str]) -> subprocess.Popen[str]:
+        cmd = [sys.executable, "-m", "flight.worker", "--host", "127.0.0.1", "--port", "0", "--parent-fd", str(life_r),
+               "--log-level", self._log_level, "--grace", str(self._grace), *self._args, *extra]
+        env = {**os.environ, **self._env, "PYTHONUNBUFFERED": "1"}
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, pass_fds=(life_r,), env=env)
 
     def _wait_listening(self, proc: subprocess.Popen[str]) -> str:
         assert proc.stdout is not None
@@ -168,6 +182,9 @@ class LocalCluster:
             if proc.stdout is not None:
                 proc.stdout.close()
         self.processes = []
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
         if self._secrets is not None:
             self._secrets.cleanup()
             self._secrets = None

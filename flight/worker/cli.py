@@ -3,6 +3,9 @@
 The first line on stdout is exactly ``flight-worker listening on grpc://HOST:PORT``
 (tools and ``LocalCluster`` wait for it); everything else is logging on stderr.
 SIGTERM (and Ctrl-C) drain: no new tasks, running ones get ``--grace`` seconds.
+So does the end of ``--parent-fd``'s pipe: a worker started by a program that holds the pipe's
+write end (``LocalCluster``, ``flight-coordinator --local-workers``) goes when that program goes,
+even when it was killed with SIGKILL and ran no code of its own.
 """
 
 from __future__ import annotations
@@ -57,6 +60,10 @@ def _parser() -> argparse.ArgumentParser:
     _engine_flags(p)
     _security_flags(p)
     p.add_argument("--log-level", default="INFO", help="logging level on stderr (default: %(default)s)")
+    p.add_argument(
+        "--parent-fd", type=int, default=None, metavar="FD",
+        help="an inherited pipe's read end: at its end of file (the program holding the write end is gone) the worker drains and exits",
+    )
     p.add_argument("--version", action="version", version=f"flight-worker {__version__}")
     return p
 
@@ -237,14 +244,15 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         spill_dir.mkdir(parents=True, exist_ok=True)
     options = _options(args, roots, spill_dir)
     _configure_readers_and_engine(args, roots, filesystems, spill_dir)
+    if args.parent_fd is not None:
+        try:
+            os.fstat(args.parent_fd)
+        except OSError:
+            parser.error(f"--parent-fd: {args.parent_fd} is not an open file descriptor")
     wake_r, stop_signals = _catch_stop_signals()
     security = _checked_security(args)
     server = _serve(args, options, security)
-    signum = 0
-    while signum not in stop_signals:
-        select.select([wake_r], [], [])
-        signum = next((b for b in os.read(wake_r, 64) if b in stop_signals), 0)
-    log.info("received signal %d; draining", signum)
+    log.info("%s; draining", _wait_for_stop(wake_r, stop_signals, args.parent_fd))
     _stop(server, args.grace)
     # Leave without interpreter finalization: Arrow and gRPC threads that are still winding down
     # (a stream to a dead peer, say) must not run Python code while the interpreter tears down.
@@ -308,6 +316,19 @@ def _configure_readers_and_engine(args: argparse.Namespace, roots: DataRoots, fi
             log.info("object stores: %s", filesystems.describe())
     else:
         log.info("no --data-root: the file readers refuse every path")
+
+
+def _wait_for_stop(wake_r: int, stop_signals: set[int], parent_fd: int | None) -> str:
+    """Block until a stop signal arrives or the parent's pipe ends; why, in words."""
+    watched = [wake_r] if parent_fd is None else [wake_r, parent_fd]
+    while True:
+        ready, _, _ = select.select(watched, [], [])
+        if wake_r in ready:
+            signum = next((b for b in os.read(wake_r, 64) if b in stop_signals), 0)
+            if signum:
+                return f"received signal {signum}"
+        if parent_fd is not None and parent_fd in ready and not os.read(parent_fd, 64):
+            return f"the parent process is gone (end of file on --parent-fd {parent_fd})"
 
 
 def _catch_stop_signals() -> tuple[int, set[int]]:
