@@ -243,15 +243,25 @@ def test_a_worker_without_roots_refuses_every_path(layout: dict[str, Path]) -> N
 
 
 def test_a_data_root_that_is_not_a_directory_stops_the_worker_at_start(tmp_path: Path) -> None:
-    for bad in (tmp_path / "missing", tmp_path / "file.txt"):
-        if bad.name == "file.txt":
-            bad.write_text("x")
-        proc = subprocess.run(
+    (tmp_path / "file.txt").write_text("x")
+    bads = (tmp_path / "missing", tmp_path / "file.txt")
+    # Both workers start at once: each spends its seconds importing before it parses its flags.
+    procs = [
+        subprocess.Popen(
             [sys.executable, "-m", "flight.worker", "--port", "0", "--data-root", str(tmp_path), "--data-root", str(bad)],
-            capture_output=True, text=True, timeout=60, check=False,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
-        assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout)
-        assert f"--data-root: data root {str(bad)!r} is not an existing directory" in proc.stderr, proc.stderr
+        for bad in bads
+    ]
+    try:
+        outputs = [proc.communicate(timeout=60) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    for bad, proc, (stdout, stderr) in zip(bads, procs, outputs):
+        assert proc.returncode == 2 and stdout == "", (proc.returncode, stdout)
+        assert f"--data-root: data root {str(bad)!r} is not an existing directory" in stderr, stderr
 
 
 # ----------------------------------------------------------------- the helper itself

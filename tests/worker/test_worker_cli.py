@@ -147,7 +147,19 @@ def test_logs_go_to_stderr_not_stdout() -> None:
 
 
 def test_per_client_limits_below_one_are_refused_at_start() -> None:
-    for flag in ("--max-tasks-per-client", "--max-queued-per-client"):
-        proc = subprocess.run([sys.executable, "-m", "flight.worker", "--port", "0", flag, "0"], capture_output=True, text=True, timeout=60)
-        assert proc.returncode == 2 and proc.stdout == ""
-        assert f"{flag} must be at least 1" in proc.stderr
+    flags = ("--max-tasks-per-client", "--max-queued-per-client")
+    # Both workers start at once: each spends its seconds importing before it checks its flags.
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "flight.worker", "--port", "0", flag, "0"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for flag in flags
+    ]
+    try:
+        outputs = [proc.communicate(timeout=60) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    for flag, proc, (stdout, stderr) in zip(flags, procs, outputs):
+        assert proc.returncode == 2 and stdout == ""
+        assert f"{flag} must be at least 1" in stderr
