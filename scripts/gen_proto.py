@@ -1,5 +1,9 @@
 """Regenerate flight/wire/_proto/*_pb2.py(i) from proto/ — the one way generated code is made.
 
+``FlightSql.proto`` and ``Flight.proto`` are the Arrow format's, vendored unchanged (Apache
+License 2.0, their headers kept; from apache/arrow's ``format/``): the coordinator service speaks
+Flight SQL with their messages (``CancelFlightInfo``'s request and result are Flight.proto's).
+
 Usage: python scripts/gen_proto.py [--check]
 
 With --check, generate into a temporary directory and exit 1 if the checked-in
@@ -22,14 +26,17 @@ PACKAGE_DIR = Path("flight") / "wire" / "_proto"
 
 def generate(out_root: Path) -> list[Path]:
     """Run protoc (from grpcio-tools) on every .proto; return the generated files."""
+    import grpc_tools
     from grpc_tools import protoc
 
+    well_known = Path(grpc_tools.__file__).parent / "_proto"  # google/protobuf/*.proto (FlightSql.proto imports one)
     sources = sorted((PROTO_ROOT / PACKAGE_DIR).glob("*.proto"))
     plugin = Path(sys.executable).parent / "protoc-gen-mypy"
     args = [
         "protoc",
         f"--plugin=protoc-gen-mypy={plugin}",
         f"--proto_path={PROTO_ROOT}",
+        f"--proto_path={well_known}",
         f"--python_out={out_root}",
         f"--mypy_out={out_root}",
         *[str(s.relative_to(PROTO_ROOT)) for s in sources],

@@ -128,18 +128,21 @@ class DistributedExec:
         """
         if retain < 0:
             raise ValueError(f"retain must be 0 or more seconds, not {retain}")
-        return DetachedQuery(_Attempts(self, retain=retain > 0).launch(), retain)
+        return DetachedQuery(_Attempts(self, retain=retain > 0, detached=True).launch(), retain)
 
 class _Attempts:
     """The attempts of one ``execute()``: a new ``Run`` after each lost worker, while no row was delivered."""
 
-    def __init__(self, ex: DistributedExec, *, retain: bool = False) -> None:
+    def __init__(self, ex: DistributedExec, *, retain: bool = False, detached: bool = False) -> None:
         self.ex = ex
         self.retain = retain
         self.excluded: set[str] = set()
         self.run: Run | None = None
         ex.attempts = []
-        self.context = RunContext(ex.plan, ex.options, ex.estimator, ex.resolver, ex.attempts, sink=self)
+        # Rows tagged with their work unit are for this process's own reader (``replay.py``): a
+        # detached query's head outputs are read by others, as the plan's schema says.
+        options = replace(ex.options, unit_recovery=False) if detached else ex.options
+        self.context = RunContext(ex.plan, options, ex.estimator, ex.resolver, ex.attempts, sink=self)
 
     def named(self, query_id: str, secret: bytes, bound: dict[int, list[str]]) -> None:
         """The latest attempt's id, secret and bound tasks: what ``DistributedExec`` shows (``RunSink``)."""

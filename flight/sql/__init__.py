@@ -10,29 +10,41 @@ is taken, what is refused, and where the semantics (DuckDB's) differ from Spark 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from flight.errors import PlanError
 from flight.plan.query import Query
 from flight.sql.catalog import Catalog, Source
-from flight.sql.frontend import plan_text, position
+from flight.sql.frontend import number_placeholders, plan_text, position
 from flight.sql.translate import Translator
 
 __all__ = ["Catalog", "sql"]
 
 
-def sql(text: str, tables: Mapping[str, Source] | Catalog | None = None, *, dialect: str = "duckdb") -> Query:
+def sql(
+    text: str,
+    tables: Mapping[str, Source] | Catalog | None = None,
+    *,
+    dialect: str = "duckdb",
+    params: Sequence[object] | Mapping[str, object] | None = None,
+) -> Query:
     """The query ``text`` asks, over ``tables`` (a ``Catalog``, or a mapping of names to sources).
 
     ``dialect``: ``duckdb`` (the default: the engine's own), ``postgres``, ``generic`` or
-    ``spark`` (backtick identifiers). Raises ``PlanError`` naming what is wrong and where.
+    ``spark`` (backtick identifiers). ``params``: values for the text's parameters, ``?`` or
+    ``$1`` by position (a sequence) or ``$name`` by name (a mapping); they are bound as values
+    while planning, never spliced into the text. Raises ``PlanError`` naming what is wrong and where.
     """
     if not isinstance(text, str):
         raise PlanError(f"flight.sql takes SQL text, not {type(text).__name__}")
+    text = number_placeholders(text)
+    values: dict[str, object] | None = None
+    if params is not None:
+        values = {str(k): v for k, v in params.items()} if isinstance(params, Mapping) else {str(i): v for i, v in enumerate(params, 1)}
     catalog = tables if isinstance(tables, Catalog) else Catalog(tables)
     words = {w.lower() for w in re.findall(r"\w+", text)}
     schemas = {name: catalog[name].schema for name in catalog if name.lower() in words}
-    plan, statement = plan_text(text, schemas, dialect, list(catalog))
+    plan, statement = plan_text(text, schemas, dialect, list(catalog), values)
     try:
         query = Translator(catalog.__getitem__).query(plan)
     except PlanError as exc:

@@ -47,6 +47,8 @@ class ExprTranslator:
     def __call__(self, e: DFExpr) -> Expr:
         kind = e.variant_name()
         handler = getattr(self, f"_{kind}", None)
+        if kind == "Placeholder":
+            raise PlanError(f"SQL: the parameter {_text(e)} has no value; pass it in params (a prepared statement binds it)")
         if handler is None:
             raise unsupported(f"the expression {_text(e)} ({kind})")
         result: Expr = handler(e)

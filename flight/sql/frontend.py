@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from flight.errors import PlanError
 
-__all__ = ["Statement", "plan_text", "position", "split_statements"]
+__all__ = ["Statement", "number_placeholders", "plan_text", "position", "split_statements"]
 
 _SETTINGS = {
     "datafusion.sql_parser.default_null_ordering": "nulls_last",
@@ -46,10 +46,9 @@ class Statement:
         return re.findall(r"[a-z_]+", _strip_comments(self.text).lower())[:4]
 
 
-def split_statements(text: str) -> list[Statement]:
-    """The statements of ``text``, split at semicolons outside quotes and comments."""
-    out: list[Statement] = []
-    start, i, n = 0, 0, len(text)
+def _code(text: str) -> Iterator[int]:
+    """The offsets of ``text``'s characters outside quotes and comments."""
+    i, n = 0, len(text)
     while i < n:
         c = text[i]
         if c in "'\"`":
@@ -63,13 +62,29 @@ def split_statements(text: str) -> list[Statement]:
         elif text.startswith("/*", i):
             end = text.find("*/", i + 2)
             i = n if end == -1 else end + 2
-        elif c == ";":
-            _add(out, text, start, i)
-            start = i = i + 1
         else:
+            yield i
             i += 1
-    _add(out, text, start, n)
+
+
+def split_statements(text: str) -> list[Statement]:
+    """The statements of ``text``, split at semicolons outside quotes and comments."""
+    out: list[Statement] = []
+    start = 0
+    for i in _code(text):
+        if text[i] == ";":
+            _add(out, text, start, i)
+            start = i + 1
+    _add(out, text, start, len(text))
     return out
+
+
+def number_placeholders(text: str) -> str:
+    """``text`` with each ``?`` parameter (JDBC's and ADBC's) numbered as DataFusion's ``$1``, ``$2``, …"""
+    marks = [i for i in _code(text) if text[i] == "?"]
+    for n, i in reversed(list(enumerate(marks, 1))):
+        text = f"{text[:i]}${n}{text[i + 1:]}"
+    return text
 
 
 def _add(out: list[Statement], text: str, start: int, end: int) -> None:
@@ -124,11 +139,16 @@ def _plannable(schema: pa.Schema) -> pa.Schema:
 
 
 def plan_text(
-    text: str, schemas: dict[str, pa.Schema], dialect: str = "duckdb", tables: list[str] | None = None
+    text: str,
+    schemas: dict[str, pa.Schema],
+    dialect: str = "duckdb",
+    tables: list[str] | None = None,
+    params: dict[str, Any] | None = None,
 ) -> tuple[Any, Statement]:
     """The optimized logical plan of the one query in ``text``, and that query's statement.
 
-    ``schemas``: the tables the text may name; ``tables``: every table there is (for errors)."""
+    ``schemas``: the tables the text may name; ``tables``: every table there is (for errors);
+    ``params``: the values of the query's parameters (``$1`` or ``?`` by number, ``$name`` by name)."""
     known = tables if tables is not None else list(schemas)
     import datafusion
 
@@ -150,7 +170,7 @@ def plan_text(
         elif (words and words[0] in ("select", "with", "values", "from")) or st.text.startswith("("):
             if result is not None:
                 raise PlanError(f"SQL: the text holds more than one query (the second at line {st.line}:{st.column}); send one")
-            result = (_run(ctx, st, query_only, schemas, known), st)
+            result = (_run(ctx, st, query_only, schemas, known, params or {}), st)
         else:
             what = " ".join(words[:2]).upper() or st.text[:20]
             raise PlanError(
@@ -174,10 +194,10 @@ def _is_view(words: list[str]) -> bool:
     return rest[:1] == ["view"]
 
 
-def _run(ctx: Any, st: Statement, options: Any, schemas: dict[str, pa.Schema], known: list[str]) -> Any:
+def _run(ctx: Any, st: Statement, options: Any, schemas: dict[str, pa.Schema], known: list[str], params: dict[str, Any] | None = None) -> Any:
     try:
-        return ctx.sql_with_options(st.text, options)
-    except (ValueError, RuntimeError) as exc:  # DataFusion raises ValueErrors with its own wording
+        return ctx.sql(st.text, options, param_values=params) if params else ctx.sql_with_options(st.text, options)
+    except Exception as exc:  # noqa: BLE001 - DataFusion raises ValueErrors and plain Exceptions with its own wording
         raise PlanError(explain_error(str(exc), st, schemas, known)) from None
 
 

@@ -15,7 +15,6 @@ import faulthandler
 import importlib
 import logging
 import os
-import select
 import shutil
 import signal
 import sys
@@ -29,6 +28,7 @@ import pyarrow as pa
 
 from flight._version import __version__
 from flight.config import WorkerOptions
+from flight.daemon import catch_stop_signals, wait_for_stop
 from flight.engine.confine import DataRoots, set_worker_roots
 from flight.engine.duck.engine import configure
 from flight.engine.settings import EngineSettings
@@ -249,10 +249,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             os.fstat(args.parent_fd)
         except OSError:
             parser.error(f"--parent-fd: {args.parent_fd} is not an open file descriptor")
-    wake_r, stop_signals = _catch_stop_signals()
+    wake_r, stop_signals = catch_stop_signals()
     security = _checked_security(args)
     server = _serve(args, options, security)
-    log.info("%s; draining", _wait_for_stop(wake_r, stop_signals, args.parent_fd))
+    log.info("%s; draining", wait_for_stop(wake_r, stop_signals, args.parent_fd))
     _stop(server, args.grace)
     # Leave without interpreter finalization: Arrow and gRPC threads that are still winding down
     # (a stream to a dead peer, say) must not run Python code while the interpreter tears down.
@@ -316,35 +316,6 @@ def _configure_readers_and_engine(args: argparse.Namespace, roots: DataRoots, fi
             log.info("object stores: %s", filesystems.describe())
     else:
         log.info("no --data-root: the file readers refuse every path")
-
-
-def _wait_for_stop(wake_r: int, stop_signals: set[int], parent_fd: int | None) -> str:
-    """Block until a stop signal arrives or the parent's pipe ends; why, in words."""
-    watched = [wake_r] if parent_fd is None else [wake_r, parent_fd]
-    while True:
-        ready, _, _ = select.select(watched, [], [])
-        if wake_r in ready:
-            signum = next((b for b in os.read(wake_r, 64) if b in stop_signals), 0)
-            if signum:
-                return f"received signal {signum}"
-        if parent_fd is not None and parent_fd in ready and not os.read(parent_fd, 64):
-            return f"the parent process is gone (end of file on --parent-fd {parent_fd})"
-
-
-def _catch_stop_signals() -> tuple[int, set[int]]:
-    """The pipe the stop signals' numbers arrive on (its read end), and those signals.
-
-    A do-nothing Python handler (so no thread ever dies of the default action) plus the
-    wakeup fd, which the C-level handler writes the signal number to, from any thread.
-    The main thread waits on that pipe; no Python code runs inside a signal handler.
-    """
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    stop_signals = {int(signal.SIGTERM), int(signal.SIGINT)}
-    for signum in stop_signals:
-        signal.signal(signum, lambda *_: None)
-    return wake_r, stop_signals
 
 
 def _checked_security(args: argparse.Namespace) -> ServerSecurity:

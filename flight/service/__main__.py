@@ -1,0 +1,5 @@
+"""``python -m flight.service``: the same as ``flight-coordinator``."""
+
+from flight.service.cli import main
+
+main()

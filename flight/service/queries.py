@@ -1,0 +1,157 @@
+"""The service's queries: started, read by clients (from the workers or through the service), ended.
+
+A statement is planned from its text, started detached (``DistributedExec.start_detached``: the
+head tasks' outputs wait on the workers) and kept here until its results were read, it was
+cancelled, or ``result_ttl`` passed since it started: a client that vanishes, or never reads,
+frees the query's tasks on every worker within the TTL. The last ``keep`` ended queries stay for
+whoever asks what ran.
+
+Relay handles: a client that can only reach the service redeems a random handle per head partition
+(a capability, like the query's secret it stands for, and ending with the query) and the service
+reads that partition from its worker with its own credentials and streams it on.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from flight.coordinator.detached import DetachedQuery
+from flight.coordinator.exec import DistributedExec
+from flight.coordinator.resolver import WorkerResolver
+from flight.errors import FlightExecError, TaskCancelledError
+from flight.security import Security
+from flight.sql import sql as plan_sql
+from flight.sql.catalog import Catalog
+from flight.threads import spawn
+from flight.wire.clients import ClientPool, read_stream
+
+__all__ = ["Queries", "Query"]
+
+log = logging.getLogger("flight.service")
+
+
+@dataclass
+class Query:
+    """One statement the service ran or runs."""
+
+    query_id: str
+    sql: str
+    user: str
+    started: float
+    detached: DetachedQuery
+    handles: dict[bytes, int] = field(default_factory=dict)  # relay handle -> head partition
+    state: str = "running"  # running, finished, failed, cancelled
+    error: str = ""
+    ended: float | None = None
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.detached.schema
+
+
+class Queries:
+    """Every live query by id and by relay handle; a reaper ends those past the TTL."""
+
+    def __init__(
+        self, catalog: Catalog, resolver: WorkerResolver, security: Security | None, result_ttl: float, keep: int = 100
+    ) -> None:
+        self.catalog = catalog
+        self.resolver = resolver
+        self.security = security
+        self.result_ttl = result_ttl
+        self.clients = ClientPool(security)
+        self._live: dict[str, Query] = {}
+        self._handles: dict[bytes, Query] = {}
+        self._ended: deque[Query] = deque(maxlen=keep)
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        spawn(self._reap, name="service-reaper")
+
+    def start(self, text: str, user: str, params: Mapping[str, object] | None = None) -> Query:
+        """Plan ``text`` and start it on the workers; raises ``PlanError`` (nothing started) or the start's error."""
+        ex = DistributedExec(plan_sql(text, self.catalog, params=params), self.resolver, security=self.security)
+        detached = ex.start_detached()
+        query = Query(detached.query_id, text, user, time.monotonic(), detached)
+        for i in range(len(detached.partitions)):
+            query.handles[secrets.token_bytes(16)] = i
+        with self._lock:
+            self._live[query.query_id] = query
+            for handle in query.handles:
+                self._handles[handle] = query
+        spawn(self._follow, query, name=f"service-{query.query_id}")
+        log.info("query %s started for %s: %d head partition(s)", query.query_id, user, len(detached.partitions))
+        return query
+
+    def by_handle(self, handle: bytes) -> tuple[Query, int] | None:
+        with self._lock:
+            query = self._handles.get(handle)
+        return None if query is None else (query, query.handles[handle])
+
+    def relay(self, query: Query, partition: int) -> Iterator[pa.RecordBatch]:
+        """Partition ``partition``'s rows, read from its worker with the service's credentials."""
+        head = query.detached.partitions[partition]
+        yield from read_stream(self.clients.get(head.url), head.ticket)
+
+    def cancel(self, query_id: str, why: str = "cancelled by the client") -> bool:
+        """End a live query now, freeing its tasks; whether it was live."""
+        with self._lock:
+            query = self._live.get(query_id)
+        if query is None:
+            return False
+        query.state, query.error = "cancelled", why
+        query.detached.close()
+        return True
+
+    def find(self, predicate: Callable[[Query], bool]) -> list[Query]:
+        with self._lock:
+            return [q for q in self._live.values() if predicate(q)]
+
+    def live(self) -> list[Query]:
+        with self._lock:
+            return list(self._live.values())
+
+    def ended(self) -> list[Query]:
+        with self._lock:
+            return list(self._ended)
+
+    def _follow(self, query: Query) -> None:
+        """Wait for the query to end (its results read, or closed), then move it to the ended ones."""
+        try:
+            query.detached.wait()
+            if query.state == "running":
+                query.state = "finished"
+        except TaskCancelledError as exc:
+            if query.state == "running":
+                query.state, query.error = "cancelled", str(exc)
+        except FlightExecError as exc:
+            query.state, query.error = "failed", str(exc)
+        except Exception as exc:  # noqa: BLE001 - whatever ended it, the query is over; say so, do not die
+            query.state, query.error = "failed", f"{type(exc).__name__}: {exc}"
+        finally:
+            query.ended = time.monotonic()
+            with self._lock:
+                self._live.pop(query.query_id, None)
+                for handle in query.handles:
+                    self._handles.pop(handle, None)
+                self._ended.append(query)
+            log.info("query %s %s%s", query.query_id, query.state, f": {query.error}" if query.error else "")
+
+    def _reap(self) -> None:
+        while not self._stopped.wait(min(1.0, self.result_ttl / 4)):
+            oldest = time.monotonic() - self.result_ttl
+            for query in self.find(lambda q: q.started < oldest):  # noqa: B023 - used at once, in this iteration
+                self.cancel(query.query_id, f"its results were not read within the result TTL ({self.result_ttl:g} s)")
+
+    def close(self) -> None:
+        """Cancel every live query (the service stops)."""
+        self._stopped.set()
+        for query in self.live():
+            self.cancel(query.query_id, "the service stopped")

@@ -1,0 +1,258 @@
+"""The coordinator's Flight SQL service: statements and prepared statements planned here, run on the workers.
+
+Any Flight SQL client (ADBC's driver for Python, R, Go and Java; the Flight SQL JDBC driver) sends
+SQL; the service plans it (``flight.sql``), starts it on the workers, and answers with one endpoint
+per head partition:
+
+* **direct** (the default): the endpoint names the head task's worker and carries the worker's
+  ticket (the query's secret inside). A client that reads endpoints in parallel reads straight from
+  the workers, and the service never holds a row.
+* **relay** (``endpoints="relay"``): the endpoint names no location, so the client redeems it here,
+  and the service reads the partition from its worker with its own credentials and streams it on.
+  A client that reaches only the service, or a fleet whose workers want credentials clients do not
+  hold (docs/security.md), uses this.
+
+Metadata (catalogs, schemas, tables with their schemas, table types, SQL info) comes from the
+service's ``Catalog``. Errors are Flight statuses with the ``PlanError`` text, position included:
+``INVALID_ARGUMENT`` for SQL that does not plan or a malformed command. The service is read-only:
+updates, transactions and Substrait plans are refused by name.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import secrets
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from flight.errors import FlightExecError, PlanError, ProtocolError, TaskCancelledError, WorkerBusyError
+from flight.service.commands import catalogs, db_schemas, pack, sql_info, table_types, tables, tables_schema, unpack
+from flight.service.queries import Queries, Query
+from flight.sql import sql
+from flight.wire._proto import Flight_pb2
+from flight.wire._proto import FlightSql_pb2 as sql_pb2
+
+__all__ = ["CoordinatorServer"]
+
+log = logging.getLogger("flight.service")
+
+MAX_PREPARED = 10_000
+"""Prepared statements the service keeps at once; past it, creating one is refused until some close."""
+
+_H = TypeVar("_H", bound=Callable[..., Any])
+
+
+def _boundary(handler: _H) -> _H:
+    """Whatever a handler raises leaves as a Flight status a client can act on, never a traceback."""
+
+    @functools.wraps(handler)
+    def wrapped(self: CoordinatorServer, *args: Any) -> Any:
+        try:
+            return handler(self, *args)
+        except fl.FlightError:
+            raise
+        except (PlanError, ProtocolError) as exc:
+            # Not ArrowInvalid (INVALID_ARGUMENT): pyarrow would add the handler's traceback, with
+            # file paths, to that status; a FlightError carries only its text.
+            raise fl.FlightServerError(str(exc)) from None
+        except WorkerBusyError as exc:
+            raise fl.FlightUnavailableError(str(exc)) from None
+        except TaskCancelledError as exc:
+            raise fl.FlightCancelledError(str(exc)) from None
+        except FlightExecError as exc:
+            raise fl.FlightServerError(str(exc)) from None
+        except Exception as exc:  # a bug here: logged, and the client sees only its kind
+            log.warning("%s failed unexpectedly", handler.__name__, exc_info=True)
+            raise fl.FlightInternalError(f"internal error in {handler.__name__}: {type(exc).__name__} (details in the coordinator's log)") from None
+
+    return wrapped  # type: ignore[return-value]
+
+
+@dataclass
+class _Prepared:
+    sql: str
+    params: dict[str, object] | None = None
+
+
+class CoordinatorServer(fl.FlightServerBase):
+    """A Flight SQL server over ``queries`` (the service's catalog, workers and running queries)."""
+
+    def __init__(self, location: str, queries: Queries, *, endpoints: str = "direct", **server_options: Any) -> None:
+        if endpoints not in ("direct", "relay"):
+            raise ValueError(f"endpoints must be 'direct' or 'relay', not {endpoints!r}")
+        super().__init__(location, **server_options)
+        scheme = "grpc+tls" if server_options.get("tls_certificates") else "grpc"
+        self.url = f"{scheme}://{location.split('://', 1)[1].rsplit(':', 1)[0]}:{self.port}"
+        self.queries = queries
+        self.endpoints = endpoints
+        self._prepared: dict[bytes, _Prepared] = {}
+        self._lock = threading.Lock()
+        self.draining = threading.Event()  # set on SIGTERM: no new queries
+
+    # ------------------------------------------------------------ statements
+
+    @_boundary
+    def get_flight_info(self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor) -> fl.FlightInfo:
+        command = unpack(descriptor.command or b"", "descriptor.cmd")
+        if self.draining.is_set() and isinstance(command, (sql_pb2.CommandStatementQuery, sql_pb2.CommandPreparedStatementQuery)):
+            raise fl.FlightUnavailableError(f"{self.url} is shutting down and takes no new queries")
+        if isinstance(command, sql_pb2.CommandStatementQuery):
+            return self._info(self.queries.start(command.query, _user(context)), descriptor)
+        if isinstance(command, sql_pb2.CommandPreparedStatementQuery):
+            prepared = self._statement(command.prepared_statement_handle)
+            return self._info(self.queries.start(prepared.sql, _user(context), prepared.params), descriptor)
+        table = self._metadata(command)
+        return fl.FlightInfo(table.schema, descriptor, [fl.FlightEndpoint(pack(command), [])], table.num_rows, table.nbytes)
+
+    def _info(self, query: Query, descriptor: fl.FlightDescriptor) -> fl.FlightInfo:
+        endpoints = []
+        for handle, i in sorted(query.handles.items(), key=lambda item: item[1]):
+            head = query.detached.partitions[i]
+            if self.endpoints == "direct":
+                endpoints.append(fl.FlightEndpoint(head.ticket, [head.url]))
+            else:
+                endpoints.append(fl.FlightEndpoint(pack(sql_pb2.TicketStatementQuery(statement_handle=handle)), []))
+        return fl.FlightInfo(query.schema, descriptor, endpoints, -1, -1)
+
+    @_boundary
+    def get_schema(self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor) -> pa.Schema:
+        command = unpack(descriptor.command or b"", "descriptor.cmd")
+        if isinstance(command, sql_pb2.CommandStatementQuery):
+            return (sql(command.query, self.queries.catalog).schema)
+        if isinstance(command, sql_pb2.CommandPreparedStatementQuery):
+            prepared = self._statement(command.prepared_statement_handle)
+            return (sql(prepared.sql, self.queries.catalog, params=prepared.params).schema)
+        if isinstance(command, sql_pb2.CommandGetTables):
+            return (tables_schema(command.include_schema))
+        return (self._metadata(command).schema)
+
+    @_boundary
+    def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.FlightDataStream:
+        command = unpack(ticket.ticket, "ticket")
+        if isinstance(command, sql_pb2.TicketStatementQuery):
+            found = self.queries.by_handle(command.statement_handle)
+            if found is None:
+                raise fl.FlightServerError("ticket: no such result (the query ended, was cancelled, or its results were read)")
+            query, partition = found
+            return fl.GeneratorStream(query.schema, self.queries.relay(query, partition))
+        return fl.RecordBatchStream(self._metadata(command))
+
+    def _metadata(self, command: Any) -> pa.Table:
+        schemas = {name: self.queries.catalog[name].schema for name in self.queries.catalog}
+        if isinstance(command, sql_pb2.CommandGetCatalogs):
+            return catalogs()
+        if isinstance(command, sql_pb2.CommandGetDbSchemas):
+            return db_schemas(command)
+        if isinstance(command, sql_pb2.CommandGetTables):
+            return tables(command, schemas)
+        if isinstance(command, sql_pb2.CommandGetTableTypes):
+            return table_types()
+        if isinstance(command, sql_pb2.CommandGetSqlInfo):
+            return sql_info(command)
+        raise ProtocolError(f"{type(command).__name__} is not a query or a metadata command", field="descriptor.cmd")
+
+    # ------------------------------------------------------------ prepared statements
+
+    def _statement(self, handle: bytes) -> _Prepared:
+        with self._lock:
+            prepared = self._prepared.get(handle)
+        if prepared is None:
+            raise ProtocolError("no such prepared statement (closed, or made by another service)", field="prepared_statement_handle")
+        return prepared
+
+    def _create(self, request: sql_pb2.ActionCreatePreparedStatementRequest) -> bytes:
+        if request.HasField("transaction_id"):
+            raise ProtocolError("transactions are not supported (a read-only service)", field="transaction_id")
+        try:  # the result's schema when the text plans without its parameters' values
+            schema = sql(request.query, self.queries.catalog).schema.serialize().to_pybytes()
+        except PlanError as exc:
+            if "has no value" not in str(exc):
+                raise
+            schema = b""
+        handle = secrets.token_bytes(16)
+        with self._lock:
+            if len(self._prepared) >= MAX_PREPARED:
+                raise fl.FlightUnavailableError(f"{MAX_PREPARED} prepared statements are open; close some first")
+            self._prepared[handle] = _Prepared(request.query)
+        return pack(sql_pb2.ActionCreatePreparedStatementResult(prepared_statement_handle=handle, dataset_schema=schema))
+
+    @_boundary
+    def do_put(
+        self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor, reader: fl.MetadataRecordBatchReader, writer: fl.FlightMetadataWriter
+    ) -> None:
+        command = unpack(descriptor.command or b"", "descriptor.cmd")
+        if not isinstance(command, sql_pb2.CommandPreparedStatementQuery):
+            raise ProtocolError(f"DoPut of {type(command).__name__}: only a prepared statement's parameters may be sent", field="descriptor.cmd")
+        prepared = self._statement(command.prepared_statement_handle)
+        rows = reader.read_all()
+        if rows.num_rows > 1:
+            raise ProtocolError(f"{rows.num_rows} rows of parameters: a query takes one row (one execution)", field="parameters")
+        prepared.params = {str(i): rows.column(i - 1)[0].as_py() for i in range(1, rows.num_columns + 1)} if rows.num_rows else None
+        result = sql_pb2.DoPutPreparedStatementResult(prepared_statement_handle=command.prepared_statement_handle)
+        writer.write(pa.py_buffer(result.SerializeToString()))  # the bare message, as the specification's servers send it
+
+    # ------------------------------------------------------------ actions
+
+    def list_actions(self, context: fl.ServerCallContext) -> list[tuple[str, str]]:  # type: ignore[override]  # pyarrow takes pairs
+        return [
+            ("CreatePreparedStatement", "plan a statement to run later, with parameters bound by DoPut"),
+            ("ClosePreparedStatement", "forget a prepared statement"),
+            ("CancelFlightInfo", "cancel the query a FlightInfo belongs to, freeing its tasks"),
+            ("CancelQuery", "the same, as Flight SQL's older action"),
+        ]
+
+    @_boundary
+    def do_action(self, context: fl.ServerCallContext, action: fl.Action) -> Iterator[bytes]:
+        body = action.body.to_pybytes() if action.body is not None else b""
+        if action.type == "CreatePreparedStatement":
+            request = unpack(body, "action.body")
+            if not isinstance(request, sql_pb2.ActionCreatePreparedStatementRequest):
+                raise ProtocolError("CreatePreparedStatement takes an ActionCreatePreparedStatementRequest", field="action.body")
+            return iter([self._create(request)])
+        if action.type == "ClosePreparedStatement":
+            request = unpack(body, "action.body")
+            if isinstance(request, sql_pb2.ActionClosePreparedStatementRequest):
+                with self._lock:
+                    self._prepared.pop(request.prepared_statement_handle, None)
+            return iter([])
+        if action.type == "CancelFlightInfo":
+            cancel = Flight_pb2.CancelFlightInfoRequest()
+            cancel.ParseFromString(body)
+            status = self._cancel(cancel.info.SerializeToString())
+            return iter([Flight_pb2.CancelFlightInfoResult(status=status).SerializeToString()])
+        if action.type == "CancelQuery":
+            request = unpack(body, "action.body")
+            if not isinstance(request, sql_pb2.ActionCancelQueryRequest):
+                raise ProtocolError("CancelQuery takes an ActionCancelQueryRequest", field="action.body")
+            cancelled = self._cancel(request.info) == Flight_pb2.CANCEL_STATUS_CANCELLED
+            results = sql_pb2.ActionCancelQueryResult
+            result = results.CANCEL_RESULT_CANCELLED if cancelled else results.CANCEL_RESULT_NOT_CANCELLABLE
+            return iter([pack(results(result=result))])
+        known = [a for a, _ in self.list_actions(context)]
+        raise ProtocolError(f"unknown action {action.type[:100]!r}; flight-coordinator answers {known}", field="action.type")
+
+    def _cancel(self, serialized_info: bytes) -> Flight_pb2.CancelStatus.ValueType:
+        """Cancel the query whose endpoints ``serialized_info`` lists; Flight's CancelStatus."""
+        try:
+            info = fl.FlightInfo.deserialize(serialized_info)
+        except (pa.ArrowException, ValueError):
+            raise ProtocolError("not a serialized FlightInfo", field="info") from None
+        tickets = {e.ticket.ticket for e in info.endpoints}
+        for query in self.queries.live():
+            mine = {query.detached.partitions[i].ticket for i in query.handles.values()}
+            mine |= {pack(sql_pb2.TicketStatementQuery(statement_handle=h)) for h in query.handles}
+            if tickets & mine:
+                self.queries.cancel(query.query_id)
+                return Flight_pb2.CANCEL_STATUS_CANCELLED
+        return Flight_pb2.CANCEL_STATUS_NOT_CANCELLABLE
+
+
+def _user(context: fl.ServerCallContext) -> str:
+    """Who asks: the peer identity the auth layer set, or "anonymous"."""
+    return context.peer_identity().decode(errors="replace") or "anonymous"
