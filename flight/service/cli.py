@@ -25,9 +25,11 @@ from flight.coordinator.resolver import FileWorkerResolver, StaticWorkerResolver
 from flight.daemon import catch_stop_signals, wait_for_stop
 from flight.dev.cluster import LocalCluster
 from flight.errors import PlanError
+from flight.security import Security
 from flight.service.queries import Queries
 from flight.service.server import CoordinatorServer
 from flight.sql.catalog import Catalog
+from flight.worker.auth import MIDDLEWARE_KEY, TokenAuth, read_tokens
 
 __all__ = ["main"]
 
@@ -47,14 +49,54 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--local-workers", type=int, default=None, metavar="N", help="start N workers the service owns (default: 2)")
     p.add_argument("--data-root", action="append", default=[], help="what --local-workers may read (default: the tables' directories)")
     p.add_argument("--table", action="append", default=[], metavar="NAME=URI", help="a table: Parquet file, directory, glob or s3:// prefix")
-    p.add_argument("--endpoints", choices=("direct", "relay"), default="direct",
-                   help="results read from the workers (direct), or through the service (relay) (default: %(default)s)")
+    p.add_argument("--endpoints", choices=("auto", "direct", "relay"), default="auto",
+                   help="results read from the workers (direct), or through the service (relay); auto: direct unless clients "
+                   "authenticate or the workers want credentials (default: %(default)s)")
     p.add_argument("--result-ttl", type=float, default=300.0, help="seconds a query's results wait to be read before it is cancelled")
     p.add_argument("--grace", type=float, default=30.0, help="seconds running queries get on SIGTERM (default: %(default)s)")
     p.add_argument("--parent-fd", type=int, default=None, metavar="FD", help="drain and exit at this inherited pipe's end of file")
     p.add_argument("--log-level", default="INFO", help="logging level on stderr (default: %(default)s)")
     p.add_argument("--version", action="version", version=f"flight-coordinator {__version__}")
+    sec = p.add_argument_group("security (docs/service.md)")
+    sec.add_argument("--auth-token-file", metavar="FILE", help="require a bearer token from FILE ('name:token' lines, as flight-worker's)")
+    sec.add_argument("--tls-cert", metavar="FILE", help="serve grpc+tls:// with this PEM certificate chain (needs --tls-key)")
+    sec.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert")
+    sec.add_argument("--tls-client-ca", metavar="FILE", help="require client certificates signed by this PEM CA (mutual TLS)")
+    sec.add_argument("--worker-token-file", metavar="FILE", help="the bearer token the service presents to the workers")
+    sec.add_argument("--worker-tls-ca", metavar="FILE", help="PEM CA of the workers' certificates (grpc+tls:// workers)")
+    sec.add_argument("--worker-cert", metavar="FILE", help="PEM client certificate for workers that require one (with --worker-key)")
+    sec.add_argument("--worker-key", metavar="FILE", help="the PEM private key of --worker-cert")
     return p
+
+
+def _server_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, object]:
+    """The Flight server's TLS and authentication settings from the flags; a bad one ends the process."""
+    if bool(args.tls_cert) != bool(args.tls_key):
+        parser.error("--tls-cert and --tls-key go together")
+    if args.tls_client_ca and not args.tls_cert:
+        parser.error("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key")
+    options: dict[str, object] = {}
+    try:
+        if args.tls_cert:
+            options["tls_certificates"] = [(Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes())]
+        if args.tls_client_ca:
+            options["verify_client"] = True
+            options["root_certificates"] = Path(args.tls_client_ca).read_bytes()
+        if args.auth_token_file:
+            options["middleware"] = {MIDDLEWARE_KEY: TokenAuth(read_tokens(args.auth_token_file), who="flight-coordinator")}
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
+    return options
+
+
+def _worker_security(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Security | None:
+    if bool(args.worker_cert) != bool(args.worker_key):
+        parser.error("--worker-cert and --worker-key go together")
+    try:
+        security = Security.from_files(args.worker_token_file, args.worker_tls_ca, args.worker_cert, args.worker_key)
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
+    return security if security.enabled else None
 
 
 def _catalog(parser: argparse.ArgumentParser, specs: list[str]) -> Catalog:
@@ -106,12 +148,21 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             parser.error(f"--local-workers must be at least 1 (got {count})")
         cluster = LocalCluster(count, data_roots=_roots(args)).start()
         resolver = cluster.resolver()
+    options = _server_options(parser, args)
+    security = _worker_security(parser, args)
+    # A client's credentials are for the service alone: a client reading a worker would present them
+    # there (ADBC sends its headers to every location), and the workers may want others.
+    guarded = security is not None or args.auth_token_file is not None
+    endpoints = args.endpoints if args.endpoints != "auto" else ("relay" if guarded else "direct")
+    if endpoints == "direct" and guarded:
+        log.warning("direct endpoints with credentials: clients may send theirs to the workers, and need the workers' own")
     wake_r, stop_signals = catch_stop_signals()
-    queries = Queries(catalog, resolver, None, args.result_ttl)
-    server = CoordinatorServer(f"grpc://{args.host}:{args.port}", queries, endpoints=args.endpoints)
+    queries = Queries(catalog, resolver, security, args.result_ttl)
+    scheme = "grpc+tls" if "tls_certificates" in options else "grpc"
+    server = CoordinatorServer(f"{scheme}://{args.host}:{args.port}", queries, endpoints=endpoints, **options)
     print(f"flight-coordinator listening on {server.url}", flush=True)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # nobody reads stdout after that line
-    log.info("flight-coordinator %s serving %d table(s) on %s, %s endpoints", __version__, len(catalog), server.url, args.endpoints)
+    log.info("flight-coordinator %s serving %d table(s) on %s, %s endpoints", __version__, len(catalog), server.url, endpoints)
     log.info("%s; draining", wait_for_stop(wake_r, stop_signals, args.parent_fd))
     _drain(server, queries, args.grace)
     if cluster is not None:

@@ -37,6 +37,7 @@ from flight.service.queries import Queries, Query
 from flight.sql import sql
 from flight.wire._proto import Flight_pb2
 from flight.wire._proto import FlightSql_pb2 as sql_pb2
+from flight.worker.auth import identity
 
 __all__ = ["CoordinatorServer"]
 
@@ -254,5 +255,5 @@ class CoordinatorServer(fl.FlightServerBase):
 
 
 def _user(context: fl.ServerCallContext) -> str:
-    """Who asks: the peer identity the auth layer set, or "anonymous"."""
-    return context.peer_identity().decode(errors="replace") or "anonymous"
+    """Who asks: the token's name, a client certificate's identity, or "anonymous" (``worker.auth.identity``)."""
+    return identity(context)

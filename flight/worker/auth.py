@@ -113,9 +113,10 @@ class _Caller(fl.ServerMiddleware):
 class TokenAuth(fl.ServerMiddlewareFactory):
     """Refuses every call without a valid bearer token (``public_health``: except the health action)."""
 
-    def __init__(self, tokens: list[Token], public_health: bool = False) -> None:
+    def __init__(self, tokens: list[Token], public_health: bool = False, who: str = "this worker") -> None:
         self._expected = [(b"Bearer " + accepted, t.name) for t in tokens for accepted in (t.secret, t.also) if accepted]
         self._public_health = public_health
+        self._who = who
 
     def start_call(self, info: fl.CallInfo, headers: dict[str, list[str] | list[bytes]]) -> fl.ServerMiddleware | None:
         given = headers.get("authorization", [])
@@ -131,7 +132,7 @@ class TokenAuth(fl.ServerMiddlewareFactory):
             return _Caller(None)  # do_action admits only "health" for it
         what = "an invalid token" if given else "no token"
         raise fl.FlightUnauthenticatedError(
-            f"this worker requires a bearer token (authorization: Bearer …); the call carried {what}"
+            f"{self._who} requires a bearer token (authorization: Bearer …); the call carried {what}"
         )
 
 
