@@ -15,7 +15,6 @@ import logging
 import os
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -26,6 +25,7 @@ from flight.daemon import catch_stop_signals, wait_for_stop
 from flight.dev.cluster import LocalCluster
 from flight.errors import PlanError
 from flight.security import Security
+from flight.service.admission import Admission
 from flight.service.queries import Queries
 from flight.service.server import CoordinatorServer
 from flight.sql.catalog import Catalog
@@ -52,6 +52,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--endpoints", choices=("auto", "direct", "relay"), default="auto",
                    help="results read from the workers (direct), or through the service (relay); auto: direct unless clients "
                    "authenticate or the workers want credentials (default: %(default)s)")
+    p.add_argument("--max-queries", type=int, default=16, help="queries run at once; the rest wait (default: %(default)s)")
+    p.add_argument("--max-queries-per-user", type=int, default=None,
+                   help="queries one user runs at once while others wait (default: half of --max-queries, at least 1)")
+    p.add_argument("--queue-wait", type=float, default=60.0, help="seconds a query waits for a slot before it is refused (default: %(default)s)")
+    p.add_argument("--query-timeout", type=float, default=None, help="seconds a query may run, from its start (default: no limit)")
     p.add_argument("--result-ttl", type=float, default=300.0, help="seconds a query's results wait to be read before it is cancelled")
     p.add_argument("--grace", type=float, default=30.0, help="seconds running queries get on SIGTERM (default: %(default)s)")
     p.add_argument("--parent-fd", type=int, default=None, metavar="FD", help="drain and exit at this inherited pipe's end of file")
@@ -126,6 +131,14 @@ def _roots(args: argparse.Namespace) -> list[str]:
     return sorted(set(roots))
 
 
+def _admission(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Admission:
+    per_user = args.max_queries_per_user if args.max_queries_per_user is not None else max(1, args.max_queries // 2)
+    try:
+        return Admission(args.max_queries, per_user, args.queue_wait)
+    except ValueError as exc:
+        parser.error(f"--max-queries, --max-queries-per-user, --queue-wait: {exc}")
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -157,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     if endpoints == "direct" and guarded:
         log.warning("direct endpoints with credentials: clients may send theirs to the workers, and need the workers' own")
     wake_r, stop_signals = catch_stop_signals()
-    queries = Queries(catalog, resolver, security, args.result_ttl)
+    queries = Queries(catalog, resolver, security, args.result_ttl, admission=_admission(parser, args), query_timeout=args.query_timeout)
     scheme = "grpc+tls" if "tls_certificates" in options else "grpc"
     server = CoordinatorServer(f"{scheme}://{args.host}:{args.port}", queries, endpoints=endpoints, **options)
     print(f"flight-coordinator listening on {server.url}", flush=True)
@@ -176,9 +189,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 def _drain(server: CoordinatorServer, queries: Queries, grace: float) -> None:
     """No new queries; running ones get ``grace`` seconds; then stop serving."""
     server.draining.set()
-    deadline = time.monotonic() + grace
-    while queries.live() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    queries.admission.wait_idle(grace)
     queries.close()
     stopper = threading.Thread(target=server.shutdown, name="shutdown", daemon=True)
     stopper.start()

@@ -28,6 +28,7 @@ from flight.coordinator.exec import DistributedExec
 from flight.coordinator.resolver import WorkerResolver
 from flight.errors import FlightExecError, TaskCancelledError
 from flight.security import Security
+from flight.service.admission import Admission
 from flight.sql import sql as plan_sql
 from flight.sql.catalog import Catalog
 from flight.threads import spawn
@@ -61,12 +62,22 @@ class Queries:
     """Every live query by id and by relay handle; a reaper ends those past the TTL."""
 
     def __init__(
-        self, catalog: Catalog, resolver: WorkerResolver, security: Security | None, result_ttl: float, keep: int = 100
+        self,
+        catalog: Catalog,
+        resolver: WorkerResolver,
+        security: Security | None,
+        result_ttl: float,
+        *,
+        admission: Admission | None = None,
+        query_timeout: float | None = None,
+        keep: int = 100,
     ) -> None:
         self.catalog = catalog
         self.resolver = resolver
         self.security = security
         self.result_ttl = result_ttl
+        self.admission = admission or Admission(64, 64, 60.0)
+        self.query_timeout = query_timeout
         self.clients = ClientPool(security)
         self._live: dict[str, Query] = {}
         self._handles: dict[bytes, Query] = {}
@@ -76,9 +87,16 @@ class Queries:
         spawn(self._reap, name="service-reaper")
 
     def start(self, text: str, user: str, params: Mapping[str, object] | None = None) -> Query:
-        """Plan ``text`` and start it on the workers; raises ``PlanError`` (nothing started) or the start's error."""
-        ex = DistributedExec(plan_sql(text, self.catalog, params=params), self.resolver, security=self.security)
-        detached = ex.start_detached()
+        """Plan ``text`` and start it on the workers, once admitted; raises ``PlanError`` (nothing started),
+        ``AdmissionRefused`` (no slot within the queue wait) or the start's error."""
+        self.admission.acquire(user)
+        try:
+            ex = DistributedExec(plan_sql(text, self.catalog, params=params), self.resolver, security=self.security,
+                                 deadline=self.query_timeout)
+            detached = ex.start_detached()
+        except BaseException:
+            self.admission.release(user)
+            raise
         query = Query(detached.query_id, text, user, time.monotonic(), detached)
         for i in range(len(detached.partitions)):
             query.handles[secrets.token_bytes(16)] = i
@@ -136,6 +154,7 @@ class Queries:
         except Exception as exc:  # noqa: BLE001 - whatever ended it, the query is over; say so, do not die
             query.state, query.error = "failed", f"{type(exc).__name__}: {exc}"
         finally:
+            self.admission.release(query.user)
             query.ended = time.monotonic()
             with self._lock:
                 self._live.pop(query.query_id, None)

@@ -11,6 +11,7 @@ exits 0.
 from __future__ import annotations
 
 import subprocess
+import threading
 import sys
 import time
 from collections.abc import Iterator
@@ -167,3 +168,48 @@ def test_an_unknown_command_is_refused_by_name(services: dict[str, str]) -> None
     with pytest.raises(fl.FlightError, match="not a Flight SQL command"):
         client.get_flight_info(fl.FlightDescriptor.for_command(b"\xff\xff garbage"))
     client.close()
+
+
+@pytest.mark.slow
+def test_sixteen_clients_at_once_all_get_exact_results(services: dict[str, str], con: duckdb.DuckDBPyConnection) -> None:
+    numbers = [1, 3, 5, 6, 10, 12, 13, 14] * 2
+    answers = {n: duckdb_table(con, SQL[n]) for n in set(numbers)}
+    results: dict[int, pa.Table | BaseException] = {}
+
+    def client(i: int) -> None:
+        try:
+            results[i] = query(services["direct"], SQL[numbers[i]])
+        except BaseException as exc:  # noqa: BLE001 - reported below, with the query it ran
+            results[i] = exc
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(numbers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for i, n in enumerate(numbers):
+        got = results.get(i)
+        assert isinstance(got, pa.Table), f"client {i} (Q{n}): {got!r}"
+        check(n, got, answers[n], f"client {i} of {len(numbers)} at once")
+
+
+def test_beyond_admission_a_query_is_refused_clearly(cluster: flight.LocalCluster, table_args: list[str]) -> None:
+    proc, url = start_service("--workers", ",".join(cluster.urls), "--max-queries", "1", "--queue-wait", "0.5", *table_args)
+    try:
+        holder = fl.connect(url)
+        held = holder.get_flight_info(fl.FlightDescriptor.for_command(pack(sql_pb2.CommandStatementQuery(query=SQL[6]))))
+        with pytest.raises(dbapi.Error, match=r"no slot after 0.5 s of waiting: the service runs 1 queries \(--max-queries 1\)"):
+            query(url, "select count(*) from region")
+        for endpoint in held.endpoints:  # the holder reads its rows: its slot is free again
+            fl.connect(endpoint.locations[0]).do_get(endpoint.ticket).read_all()
+        wait_until(lambda: _answers(url), 10.0, "a query to be admitted again")
+        holder.close()
+    finally:
+        assert stop_service(proc) == 0
+
+
+def _answers(url: str) -> bool:
+    try:
+        return query(url, "select count(*) as c from region").to_pylist() == [{"c": 5}]
+    except dbapi.Error:
+        return False
