@@ -34,6 +34,7 @@ MICRO = {
     "scale": "TPC-H SF 10 on 2 workers with --memory-limit 4GB, checked against DuckDB: scale_sf10 (matches, worker peak RSS)",
     "engine_probe": "the per-task engine candidates on the same probes (docs/engine.md): python_hop_cost_s, q1_duckdb_vs_acero",
     "recovery": "TPC-H SF1 on 3 workers, one killed at the query's midpoint, checked against DuckDB: recovered, recovery_overhead",
+    "service": "TPC-H SF1 through ADBC and flight-coordinator vs DistributedExec in-process: service_overhead_geomean",
     "concurrency": "soak: 200 mixed TPC-H SF 0.1 queries at once on 2 workers, each checked against DuckDB: concurrency_exact, worker_peak_rss_mb",
 }
 DEFAULT = ("transport", "feed", "skew", "slow_discovery")

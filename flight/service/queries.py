@@ -27,6 +27,7 @@ from flight.coordinator.detached import DetachedQuery
 from flight.coordinator.exec import DistributedExec
 from flight.coordinator.resolver import WorkerResolver
 from flight.errors import FlightExecError, TaskCancelledError
+from flight.plan.query import Query as PlannedQuery
 from flight.security import Security
 from flight.service.admission import Admission
 from flight.sql import sql as plan_sql
@@ -86,13 +87,13 @@ class Queries:
         self._stopped = threading.Event()
         spawn(self._reap, name="service-reaper")
 
-    def start(self, text: str, user: str, params: Mapping[str, object] | None = None) -> Query:
-        """Plan ``text`` and start it on the workers, once admitted; raises ``PlanError`` (nothing started),
-        ``AdmissionRefused`` (no slot within the queue wait) or the start's error."""
+    def start(self, text: str, user: str, params: Mapping[str, object] | None = None, planned: PlannedQuery | None = None) -> Query:
+        """Plan ``text`` (unless ``planned`` is its plan already) and start it on the workers, once admitted;
+        raises ``PlanError`` (nothing started), ``AdmissionRefused`` (no slot within the queue wait) or the start's error."""
         self.admission.acquire(user)
         try:
-            ex = DistributedExec(plan_sql(text, self.catalog, params=params), self.resolver, security=self.security,
-                                 deadline=self.query_timeout)
+            plan = planned if planned is not None else plan_sql(text, self.catalog, params=params)
+            ex = DistributedExec(plan, self.resolver, security=self.security, deadline=self.query_timeout)
             detached = ex.start_detached()
         except BaseException:
             self.admission.release(user)

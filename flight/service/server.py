@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from flight.errors import FlightExecError, PlanError, ProtocolError, TaskCancelledError, WorkerBusyError
+from flight.plan.query import Query as PlannedQuery
 from flight.service.commands import catalogs, db_schemas, pack, sql_info, table_types, tables, tables_schema, unpack
 from flight.service.queries import Queries, Query
 from flight.sql import sql
@@ -79,6 +80,7 @@ def _boundary(handler: _H) -> _H:
 class _Prepared:
     sql: str
     params: dict[str, object] | None = None
+    planned: PlannedQuery | None = None  # the text's plan, made once, while it has no parameters to bind
 
 
 class CoordinatorServer(fl.FlightServerBase):
@@ -107,7 +109,8 @@ class CoordinatorServer(fl.FlightServerBase):
             return self._info(self.queries.start(command.query, _user(context)), descriptor)
         if isinstance(command, sql_pb2.CommandPreparedStatementQuery):
             prepared = self._statement(command.prepared_statement_handle)
-            return self._info(self.queries.start(prepared.sql, _user(context), prepared.params), descriptor)
+            planned = prepared.planned if prepared.params is None else None
+            return self._info(self.queries.start(prepared.sql, _user(context), prepared.params, planned), descriptor)
         table = self._metadata(command)
         return fl.FlightInfo(table.schema, descriptor, [fl.FlightEndpoint(pack(command), [])], table.num_rows, table.nbytes)
 
@@ -170,8 +173,10 @@ class CoordinatorServer(fl.FlightServerBase):
     def _create(self, request: sql_pb2.ActionCreatePreparedStatementRequest) -> bytes:
         if request.HasField("transaction_id"):
             raise ProtocolError("transactions are not supported (a read-only service)", field="transaction_id")
-        try:  # the result's schema when the text plans without its parameters' values
-            schema = sql(request.query, self.queries.catalog).schema.serialize().to_pybytes()
+        planned = None
+        try:  # the plan (and the result's schema) when the text plans without its parameters' values
+            planned = sql(request.query, self.queries.catalog)
+            schema = planned.schema.serialize().to_pybytes()
         except PlanError as exc:
             if "has no value" not in str(exc):
                 raise
@@ -180,7 +185,7 @@ class CoordinatorServer(fl.FlightServerBase):
         with self._lock:
             if len(self._prepared) >= MAX_PREPARED:
                 raise fl.FlightUnavailableError(f"{MAX_PREPARED} prepared statements are open; close some first")
-            self._prepared[handle] = _Prepared(request.query)
+            self._prepared[handle] = _Prepared(request.query, planned=planned)
         return pack(sql_pb2.ActionCreatePreparedStatementResult(prepared_statement_handle=handle, dataset_schema=schema))
 
     @_boundary
