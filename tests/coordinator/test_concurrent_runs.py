@@ -9,7 +9,6 @@ multi-task upper stages.
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -20,28 +19,27 @@ from benchmarks.tpch_queries import ORDERED, compare, duckdb_answer, duckdb_conn
 
 
 @pytest.mark.slow
-def test_two_executions_of_one_instance_at_once_are_both_exact(data_roots: list[Path]) -> None:
+def test_two_executions_of_one_instance_at_once_are_both_exact(cluster: flight.LocalCluster) -> None:
     files = tpch_test_files(0.05)
     con = duckdb_connection(files)
     try:
         expected = duckdb_answer(3, files, con)
     finally:
         con.close()
-    with flight.LocalCluster(2, data_roots=data_roots) as cluster:
-        ex = flight.DistributedExec(query(3, files), cluster.urls, broadcast_bytes=0, rows_per_task=1)
-        results: list[object] = [None] * 3
+    ex = flight.DistributedExec(query(3, files), cluster.urls, broadcast_bytes=0, rows_per_task=1)
+    results: list[object] = [None] * 3
 
-        def run(i: int) -> None:
-            try:
-                results[i] = ex.to_table()
-            except BaseException as exc:  # noqa: BLE001 - handed to the test
-                results[i] = exc
+    def run(i: int) -> None:
+        try:
+            results[i] = ex.to_table()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            results[i] = exc
 
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        for i, got in enumerate(results):
-            assert isinstance(got, pa.Table), f"execution {i} failed: {got!r}"
-            assert compare(got, expected, ORDERED.get(3)) is None, f"execution {i} differs from DuckDB"
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for i, got in enumerate(results):
+        assert isinstance(got, pa.Table), f"execution {i} failed: {got!r}"
+        assert compare(got, expected, ORDERED.get(3)) is None, f"execution {i} differs from DuckDB"

@@ -44,8 +44,7 @@ def stop(proc: subprocess.Popen[str]) -> int:
                 stream.close()
 
 
-@pytest.fixture
-def worker() -> Iterator[tuple[subprocess.Popen[str], str]]:
+def _worker() -> Iterator[tuple[subprocess.Popen[str], str]]:
     proc, line = start([sys.executable, "-m", "flight.worker", "--host", "127.0.0.1", "--port", "0",
                         "--grace", "5", "--extension", "flight.dev.testing"])
     try:
@@ -54,8 +53,20 @@ def worker() -> Iterator[tuple[subprocess.Popen[str], str]]:
         stop(proc)
 
 
-def test_first_line_is_exactly_the_listening_line(worker: tuple[subprocess.Popen[str], str]) -> None:
-    _, line = worker
+@pytest.fixture
+def worker() -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """A worker of the test's own: for tests that drain or stop it."""
+    yield from _worker()
+
+
+@pytest.fixture(scope="module")
+def idle_worker() -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """One worker shared by the tests that only look at it (its first line, its actions)."""
+    yield from _worker()
+
+
+def test_first_line_is_exactly_the_listening_line(idle_worker: tuple[subprocess.Popen[str], str]) -> None:
+    _, line = idle_worker
     assert line.startswith(LISTENING)
     port = int(line[len(LISTENING):])
     assert 0 < port < 65536
@@ -69,8 +80,8 @@ def test_console_script_is_installed() -> None:
     assert stop(proc) == 0
 
 
-def test_actions_health_info_list(worker: tuple[subprocess.Popen[str], str]) -> None:
-    url = worker[1].split(" on ")[1]
+def test_actions_health_info_list(idle_worker: tuple[subprocess.Popen[str], str]) -> None:
+    url = idle_worker[1].split(" on ")[1]
     with fl.connect(url) as client:
         names = {a.type for a in client.list_actions()}
         assert names == {"health", "info", "cancel", "drain", "resume"}
