@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,3 +39,14 @@ def parquet_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
         pq.write_table(make_table(2000, i * 2000), path, row_group_size=500)
         paths.append(path)
     return paths
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A ``required`` test that skipped fails when ``FLIGHT_EXEC_REQUIRE_ALL=1`` (CI): CI must run it."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.skipped and item.get_closest_marker("required") and os.environ.get("FLIGHT_EXEC_REQUIRE_ALL") == "1":
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"a required test was skipped (FLIGHT_EXEC_REQUIRE_ALL=1): {reason}"

@@ -20,7 +20,7 @@ from flight.coordinator.recovery import Attempt
 from flight.coordinator.run import Run
 from flight.errors import TaskCancelledError
 
-__all__ = ["DetachedQuery", "HeadPartition"]
+__all__ = ["DetachedQuery", "HeadPartition", "StageProgress", "TaskProgress"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,29 @@ class HeadPartition:
 
     url: str
     ticket: bytes
+
+
+@dataclass(frozen=True)
+class TaskProgress:
+    """One task as the coordinator sees it: where, how far, and what it made (known once it finished)."""
+
+    worker_url: str
+    state: str  # running, finished, failed, ended
+    rows_out: int = 0
+    bytes_out: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class StageProgress:
+    stage_id: int
+    consumers: tuple[int, ...]  # none for the head
+    output: str  # head, hash, gather, broadcast, round_robin
+    tasks: tuple[TaskProgress, ...]
+
+    @property
+    def done(self) -> int:
+        return sum(t.state != "running" for t in self.tasks)
 
 
 class DetachedQuery:
@@ -74,6 +97,23 @@ class DetachedQuery:
         finally:
             self._run._finish()
             self._done.set()
+
+    def progress(self) -> list[StageProgress]:
+        """Every stage of the current attempt, children first, with its tasks' states (a live view)."""
+        out = []
+        for stage in self._run.plan.stages:
+            tasks = []
+            for channel in self._run.by_stage.get(stage.stage_id, []):
+                m = channel.metrics
+                state = "running"
+                if channel.error is not None:
+                    state = "failed"
+                elif channel.finished.is_set() or channel.done.is_set():
+                    state = "finished" if m is not None else "ended"
+                made = (m.rows_out, m.bytes_out, m.elapsed_nanos / 1e9) if m is not None else (0, 0, 0.0)
+                tasks.append(TaskProgress(channel.url, state, *made))
+            out.append(StageProgress(stage.stage_id, tuple(stage.consumers), stage.output_mode, tuple(tasks)))
+        return out
 
     @property
     def attempts(self) -> list[Attempt]:

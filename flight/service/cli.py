@@ -1,7 +1,8 @@
 """``flight-coordinator``: the coordinator service's command line (a daemon, like ``flight-worker``).
 
-The first line on stdout is exactly ``flight-coordinator listening on grpc://HOST:PORT``; logs go
-to stderr. Workers come from ``--workers URL,URL``, ``--workers-file F`` (re-read as it changes) or
+The first line on stdout is exactly ``flight-coordinator listening on grpc://HOST:PORT`` (with
+``--http-port``, the second is ``flight-coordinator web view on http://HOST:PORT/``); logs go to
+stderr. Workers come from ``--workers URL,URL``, ``--workers-file F`` (re-read as it changes) or
 ``--local-workers N`` (a ``LocalCluster`` the service owns: its workers go with it, even when it is
 SIGKILLed); with none of them, two local workers. Tables come from ``--table NAME=URI`` (a Parquet
 file, directory, glob or ``s3://`` prefix). SIGTERM drains: no new queries, running ones get
@@ -28,6 +29,7 @@ from flight.security import Security
 from flight.service.admission import Admission
 from flight.service.queries import Queries
 from flight.service.server import CoordinatorServer
+from flight.service.web import Metrics, WebView
 from flight.sql.catalog import Catalog
 from flight.worker.auth import MIDDLEWARE_KEY, TokenAuth, read_tokens
 
@@ -57,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="queries one user runs at once while others wait (default: half of --max-queries, at least 1)")
     p.add_argument("--queue-wait", type=float, default=60.0, help="seconds a query waits for a slot before it is refused (default: %(default)s)")
     p.add_argument("--query-timeout", type=float, default=None, help="seconds a query may run, from its start (default: no limit)")
+    p.add_argument("--http-port", type=int, default=None, help="serve the web page, its JSON API and /metrics on this port (0: any)")
     p.add_argument("--result-ttl", type=float, default=300.0, help="seconds a query's results wait to be read before it is cancelled")
     p.add_argument("--grace", type=float, default=30.0, help="seconds running queries get on SIGTERM (default: %(default)s)")
     p.add_argument("--parent-fd", type=int, default=None, metavar="FD", help="drain and exit at this inherited pipe's end of file")
@@ -170,14 +173,22 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     if endpoints == "direct" and guarded:
         log.warning("direct endpoints with credentials: clients may send theirs to the workers, and need the workers' own")
     wake_r, stop_signals = catch_stop_signals()
-    queries = Queries(catalog, resolver, security, args.result_ttl, admission=_admission(parser, args), query_timeout=args.query_timeout)
+    metrics = Metrics()
+    queries = Queries(catalog, resolver, security, args.result_ttl, admission=_admission(parser, args), query_timeout=args.query_timeout,
+                      on_end=metrics.ended)
     scheme = "grpc+tls" if "tls_certificates" in options else "grpc"
     server = CoordinatorServer(f"{scheme}://{args.host}:{args.port}", queries, endpoints=endpoints, **options)
+    web = WebView(queries, metrics, args.host, args.http_port) if args.http_port is not None else None
+    page = web.start() if web is not None else None
     print(f"flight-coordinator listening on {server.url}", flush=True)
+    if page is not None:
+        print(f"flight-coordinator web view on {page}", flush=True)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # nobody reads stdout after that line
     log.info("flight-coordinator %s serving %d table(s) on %s, %s endpoints", __version__, len(catalog), server.url, endpoints)
     log.info("%s; draining", wait_for_stop(wake_r, stop_signals, args.parent_fd))
     _drain(server, queries, args.grace)
+    if web is not None:
+        web.stop()
     if cluster is not None:
         cluster.stop()
     logging.shutdown()

@@ -72,6 +72,7 @@ class Queries:
         admission: Admission | None = None,
         query_timeout: float | None = None,
         keep: int = 100,
+        on_end: Callable[[Query], None] | None = None,
     ) -> None:
         self.catalog = catalog
         self.resolver = resolver
@@ -79,6 +80,7 @@ class Queries:
         self.result_ttl = result_ttl
         self.admission = admission or Admission(64, 64, 60.0)
         self.query_timeout = query_timeout
+        self.on_end = on_end  # told of every query that ended (the metrics)
         self.clients = ClientPool(security)
         self._live: dict[str, Query] = {}
         self._handles: dict[bytes, Query] = {}
@@ -163,6 +165,8 @@ class Queries:
                     self._handles.pop(handle, None)
                 self._ended.append(query)
             log.info("query %s %s%s", query.query_id, query.state, f": {query.error}" if query.error else "")
+            if self.on_end is not None:
+                self.on_end(query)
 
     def _reap(self) -> None:
         while not self._stopped.wait(min(1.0, self.result_ttl / 4)):

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from flight.errors import (
+    FlightExecError,
     InvalidTaskError,
     PermissionDeniedError,
     TaskCancelledError,
@@ -198,3 +199,16 @@ def _close_shared() -> None:
         _SHARED.clear()
     for pool in pools:
         pool.close()
+
+
+def worker_info_dict(pool: ClientPool, url: str) -> dict[str, object]:
+    """A worker's ``info`` action as plain values (for the service's page), or why it could not be had."""
+    from google.protobuf.json_format import MessageToDict
+
+    try:
+        result = next(iter(pool.get(url).do_action(fl.Action("info", b""))))
+        info = protocol_pb2.WorkerInfo()
+        info.ParseFromString(result.body.to_pybytes())
+    except (pa.ArrowException, OSError, StopIteration, FlightExecError) as exc:
+        return {"url": url, "error": " ".join(str(exc).split())[:300]}
+    return {"url": url, **MessageToDict(info, preserving_proto_field_name=True)}

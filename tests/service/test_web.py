@@ -1,0 +1,151 @@
+"""The service's live view: the JSON API and ``/metrics`` over HTTP, and the page in a real headless Chromium.
+
+The service runs as a subprocess with ``--http-port 0`` over the session's two workers. A query is
+started through Flight SQL and left unread, so it stays running: the queries page lists it, its page
+shows the stage graph with each stage's tasks done, and its Cancel button ends it (the workers are
+back to no task). A screenshot of the query's page is kept under ``.ci/artifacts/`` (ignored by
+git). ``/metrics`` is read with ``prometheus-client``'s own parser.
+
+The browser is Debian's ``chromium`` driven by Selenium through Debian's ``chromedriver``; the
+README's test command installs both. Without them the browser test is skipped, saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.flight as fl
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from support import running_tasks, tpch_test_files, wait_until
+
+import flight
+from benchmarks.tpch_sql import SQL
+from flight.service.commands import pack
+from flight.wire._proto import FlightSql_pb2 as sql_pb2
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / ".ci" / "artifacts"
+
+
+@pytest.fixture(scope="module")
+def service(cluster: flight.LocalCluster) -> Iterator[tuple[str, str]]:
+    """(Flight SQL URL, page URL) of a service with a web view."""
+    tables = [a for t in ("lineitem", "orders", "customer", "supplier", "nation", "region") for a in ("--table", f"{t}={tpch_test_files(0.1)[t][0].parent}")]
+    proc = subprocess.Popen([sys.executable, "-m", "flight.service", "--port", "0", "--http-port", "0", "--workers",
+                             ",".join(cluster.urls), *tables], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    flight_url = proc.stdout.readline().split()[-1]
+    page = proc.stdout.readline().split()[-1]
+    assert page.startswith("http://")
+    try:
+        yield flight_url, page
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+        proc.stdout.close()
+
+
+def get(url: str) -> object:
+    with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - the test's own service on loopback
+        return json.loads(response.read())
+
+
+def start_unread(flight_url: str, text: str) -> str:
+    """Start ``text`` through Flight SQL without reading it: it stays running. Its query id."""
+    client = fl.connect(flight_url)
+    client.get_flight_info(fl.FlightDescriptor.for_command(pack(sql_pb2.CommandStatementQuery(query=text))))
+    client.close()
+    return ""
+
+
+def running_ids(page: str) -> list[str]:
+    data = get(page + "api/queries")
+    assert isinstance(data, dict)
+    return [q["id"] for q in data["running"]]
+
+
+def test_the_api_shows_a_running_query_with_its_stages_and_cancels_it(service: tuple[str, str], cluster: flight.LocalCluster) -> None:
+    flight_url, page = service
+    start_unread(flight_url, SQL[3])
+    wait_until(lambda: len(running_ids(page)) == 1, 10.0, "the query to be listed as running")
+    (query_id,) = running_ids(page)
+    detail = get(f"{page}api/queries/{query_id}")
+    assert isinstance(detail, dict) and detail["state"] == "running" and detail["sql"] == SQL[3] and detail["user"] == "anonymous"
+    assert len(detail["stages"]) >= 2 and detail["stages"][-1]["consumers"] == []
+    request = urllib.request.Request(f"{page}api/queries/{query_id}/cancel", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - loopback
+        assert json.loads(response.read()) == {"cancelled": True}
+    wait_until(lambda: running_tasks(cluster.urls) == 0, 15.0, "the workers to free the cancelled query's tasks")
+    ended = get(page + "api/queries")
+    assert isinstance(ended, dict) and ended["ended"][0]["id"] == query_id and ended["ended"][0]["state"] == "cancelled"
+    workers = get(page + "api/workers")
+    assert isinstance(workers, dict) and [w["url"] for w in workers["workers"]] == cluster.urls
+
+
+def test_metrics_parse_with_prometheus_clients_own_parser(service: tuple[str, str]) -> None:
+    flight_url, page = service
+    with fl.connect(flight_url) as client:
+        info = client.get_flight_info(fl.FlightDescriptor.for_command(pack(sql_pb2.CommandStatementQuery(query="select 1 as one"))))
+        for endpoint in info.endpoints:
+            fl.connect(endpoint.locations[0]).do_get(endpoint.ticket).read_all()
+    with urllib.request.urlopen(page + "metrics", timeout=10) as response:  # noqa: S310 - loopback
+        families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
+    assert {"flight_queries_ended", "flight_queries_running", "flight_query_seconds", "flight_result_rows"} <= set(families)
+    wait_until(lambda: _ended_finished(page) >= 1, 10.0, "a finished query to be counted")
+
+
+def _ended_finished(page: str) -> float:
+    with urllib.request.urlopen(page + "metrics", timeout=10) as response:  # noqa: S310 - loopback
+        for family in text_string_to_metric_families(response.read().decode()):
+            if family.name == "flight_queries_ended":
+                return sum(s.value for s in family.samples if s.labels.get("state") == "finished" and s.name.endswith("_total"))
+    return 0.0
+
+
+CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+
+
+@pytest.mark.required
+@pytest.mark.skipif(CHROMIUM is None or DRIVER is None, reason="needs Debian's chromium and chromium-driver (the README's test command installs them)")
+def test_the_page_in_a_real_browser_shows_the_stages_and_cancels(service: tuple[str, str], cluster: flight.LocalCluster) -> None:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    flight_url, page = service
+    options = Options()
+    options.binary_location = str(CHROMIUM)
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(executable_path=str(DRIVER)), options=options)
+    try:
+        start_unread(flight_url, SQL[5])
+        driver.get(page)
+        wait = WebDriverWait(driver, 15)
+        link = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "tr[data-query] a") or False)[0]
+        query_id = link.text
+        link.click()
+        stages = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".stage") or False)
+        assert len(stages) >= 2
+        # The tasks finish (their rows wait unread on the workers): every stage's progress reaches its total.
+        wait.until(lambda d: all(_done(p.text) for p in d.find_elements(By.CSS_SELECTOR, ".stage .progress")))
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(ARTIFACTS / "service-query-page.png"))
+        driver.find_element(By.CSS_SELECTOR, f"button.cancel[data-query='{query_id}']").click()
+        wait.until(lambda d: any(c.text == "cancelled" for c in d.find_elements(By.CSS_SELECTOR, "td.state-cancelled")))
+        wait_until(lambda: running_tasks(cluster.urls) == 0, 15.0, "the workers to free the cancelled query's tasks")
+    finally:
+        driver.quit()
+
+
+def _done(text: str) -> bool:
+    done, total = text.split(" ")[0].split("/")
+    return done == total and int(total) > 0
