@@ -29,9 +29,10 @@ from flight.security import Security
 from flight.service.admission import Admission
 from flight.service.queries import Queries
 from flight.service.server import CoordinatorServer
+from flight.service.users import HandshakeDone, ServiceAuth, hash_password, read_users
 from flight.service.web import Metrics, WebView
 from flight.sql.catalog import Catalog
-from flight.worker.auth import MIDDLEWARE_KEY, TokenAuth, read_tokens
+from flight.worker.auth import MIDDLEWARE_KEY, read_tokens
 
 __all__ = ["main"]
 
@@ -67,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"flight-coordinator {__version__}")
     sec = p.add_argument_group("security (docs/service.md)")
     sec.add_argument("--auth-token-file", metavar="FILE", help="require a bearer token from FILE ('name:token' lines, as flight-worker's)")
+    sec.add_argument("--users-file", metavar="FILE",
+                     help="users with passwords ('name:scrypt$...' lines: flight-coordinator hash-password), traded on Handshake for a session token")
     sec.add_argument("--tls-cert", metavar="FILE", help="serve grpc+tls:// with this PEM certificate chain (needs --tls-key)")
     sec.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert")
     sec.add_argument("--tls-client-ca", metavar="FILE", help="require client certificates signed by this PEM CA (mutual TLS)")
@@ -90,8 +93,12 @@ def _server_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         if args.tls_client_ca:
             options["verify_client"] = True
             options["root_certificates"] = Path(args.tls_client_ca).read_bytes()
-        if args.auth_token_file:
-            options["middleware"] = {MIDDLEWARE_KEY: TokenAuth(read_tokens(args.auth_token_file), who="flight-coordinator")}
+        if args.auth_token_file or args.users_file:
+            tokens = read_tokens(args.auth_token_file) if args.auth_token_file else []
+            users = read_users(args.users_file) if args.users_file else {}
+            options["middleware"] = {MIDDLEWARE_KEY: ServiceAuth(tokens, users)}
+            if users:
+                options["auth_handler"] = HandshakeDone()
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
     return options
@@ -142,7 +149,22 @@ def _admission(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Adm
         parser.error(f"--max-queries, --max-queries-per-user, --queue-wait: {exc}")
 
 
+def _hash_password() -> NoReturn:
+    """``flight-coordinator hash-password``: a password from stdin (asked for on a terminal) as a users-file hash."""
+    import getpass
+
+    password = getpass.getpass("password: ") if sys.stdin.isatty() else sys.stdin.readline().rstrip("\n")
+    if not password:
+        print("flight-coordinator hash-password: an empty password is refused", file=sys.stderr)
+        sys.exit(2)
+    print(hash_password(password))
+    sys.exit(0)
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["hash-password"]:
+        _hash_password()
     parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -168,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     security = _worker_security(parser, args)
     # A client's credentials are for the service alone: a client reading a worker would present them
     # there (ADBC sends its headers to every location), and the workers may want others.
-    guarded = security is not None or args.auth_token_file is not None
+    guarded = security is not None or args.auth_token_file is not None or args.users_file is not None
     endpoints = args.endpoints if args.endpoints != "auto" else ("relay" if guarded else "direct")
     if endpoints == "direct" and guarded:
         log.warning("direct endpoints with credentials: clients may send theirs to the workers, and need the workers' own")

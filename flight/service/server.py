@@ -35,10 +35,11 @@ from flight.errors import FlightExecError, PlanError, ProtocolError, TaskCancell
 from flight.plan.query import Query as PlannedQuery
 from flight.service.commands import catalogs, db_schemas, pack, sql_info, table_types, tables, tables_schema, unpack
 from flight.service.queries import Queries, Query
+from flight.service.users import caller_name
 from flight.sql import sql
 from flight.wire._proto import Flight_pb2
 from flight.wire._proto import FlightSql_pb2 as sql_pb2
-from flight.worker.auth import identity
+from flight.worker.auth import MIDDLEWARE_KEY, identity
 
 __all__ = ["CoordinatorServer"]
 
@@ -260,5 +261,5 @@ class CoordinatorServer(fl.FlightServerBase):
 
 
 def _user(context: fl.ServerCallContext) -> str:
-    """Who asks: the token's name, a client certificate's identity, or "anonymous" (``worker.auth.identity``)."""
-    return identity(context)
+    """Who asks: the token's or the user's name, else a client certificate's identity, else "anonymous"."""
+    return caller_name(context, MIDDLEWARE_KEY) or identity(context)

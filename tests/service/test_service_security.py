@@ -111,3 +111,32 @@ def test_a_secured_fleet_is_reached_with_the_services_own_credentials(
     assert "relay endpoints" in log  # clients hold no worker credentials: the service reads for them
     worker_token = Path(str(files.token_file)).read_text().strip()
     assert TOKEN not in log and worker_token not in log
+
+
+def test_a_username_and_password_buy_a_session_token(cluster: flight.LocalCluster, region_arg: list[str], tmp_path: Path) -> None:
+    """ADBC's username and password go through Handshake; the users file holds only salted hashes."""
+    made = subprocess.run([sys.executable, "-m", "flight.service", "hash-password"], input="correct horse\n",
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0 and made.stdout.startswith("scrypt$") and "correct horse" not in made.stdout
+    users = tmp_path / "users"
+    users.write_text(f"alice:{made.stdout.strip()}\n")
+    proc, url = start("--workers", ",".join(cluster.urls), "--users-file", str(users), *region_arg)
+    try:
+        assert regions(url, username="alice", password="correct horse") == REGIONS
+        for name, password in (("alice", "wrong"), ("mallory", "correct horse")):
+            with pytest.raises(dbapi.Error, match="wrong username or password"):
+                regions(url, username=name, password=password)
+        with pytest.raises(dbapi.Error, match="requires a bearer token"):
+            regions(url)
+    finally:
+        log = stop(proc)
+    assert "correct horse" not in log and "started for alice" in log
+
+
+def test_a_bad_users_file_is_refused_at_start(tmp_path: Path) -> None:
+    users = tmp_path / "users"
+    users.write_text("bob:plaintext-password\n")
+    proc = subprocess.run([sys.executable, "-m", "flight.service", "--port", "0", "--workers", "grpc://127.0.0.1:1", "--users-file", str(users)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "line 1 is not 'name:scrypt$N$r$p$SALT$HASH'" in proc.stderr
+    assert "plaintext-password" not in proc.stderr
