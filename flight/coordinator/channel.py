@@ -152,9 +152,14 @@ class TaskChannel:
         heartbeat): then the wait goes on until ``queued_until`` (a ``time.monotonic()``).
         """
         end = time.monotonic() + deadline_s
-        while not self._settled.wait(max(0.0, end - time.monotonic())):
-            if self.queued.is_set() and queued_until is not None and time.monotonic() < queued_until:
-                end = queued_until
+
+        def limit() -> float:
+            # Once the worker says the task is queued, the admission wait bounds it (shorter or longer
+            # than the deadline for an answer): looked at every 0.1 s, not only when that deadline ends.
+            return queued_until if self.queued.is_set() and queued_until is not None else end
+
+        while not self._settled.wait(min(0.1, max(0.0, limit() - time.monotonic()))):
+            if time.monotonic() < limit():
                 continue
             error: WorkerError
             if self.queued.is_set():
