@@ -102,6 +102,8 @@ class ExecOptions:
     """Times a query runs again when a worker is lost (dead, or silent past ``peer_timeout``) before
     the caller received any row: on the workers that remain, discovery included. 0: never.
     Also how many workers a streaming scan may lose after its first rows (``unit_recovery``)."""
+    progress: bool = False
+    """Progress bars while the query runs, one per stage (``rich``: the ``progress`` extra)."""
     unit_recovery: bool = True
     """A query that streams a scan to the caller (filters and projections over one feed: one
     stage) survives losing a worker even after rows reached the caller: each task's rows say

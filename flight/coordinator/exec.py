@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 
 import pyarrow as pa
@@ -20,6 +20,7 @@ from flight.coordinator.context import RunContext
 from flight.coordinator.detached import DetachedQuery, HeadPartition
 from flight.coordinator.explain import explain_plan
 from flight.coordinator.metrics import QueryMetrics
+from flight.coordinator.progress import StageBars
 from flight.coordinator.recovery import PROBE_TIMEOUT_S, Attempt, may_retry, probe_lost
 from flight.coordinator.resolver import StaticWorkerResolver, WorkerResolver
 from flight.coordinator.run import Run
@@ -97,16 +98,24 @@ class DistributedExec:
     def to_table(self) -> pa.Table:
         return self.execute().read_all()
 
-    def execute(self) -> pa.RecordBatchReader:
+    def execute(self, progress: bool | None = None) -> pa.RecordBatchReader:
         """Start the query and return its rows as a stream.
 
         A worker lost before the first row reached the caller costs an attempt, not the
         query: it runs again on the workers that remain, up to ``ExecOptions.retries``
         times (``coordinator/recovery.py``); ``attempts`` lists the failed ones.
+        ``progress`` (default: ``ExecOptions.progress``): a bar per stage while it runs.
         """
         attempts = _Attempts(self)
-        first = attempts.open()
-        reader = pa.RecordBatchReader.from_batches(self.stage.output_schema, attempts.batches(first))
+        bars = StageBars(lambda: attempts.run).start() if (self.options.progress if progress is None else progress) else None
+        try:
+            first = attempts.open()
+        except BaseException:
+            if bars is not None:
+                bars.stop()
+            raise
+        batches = attempts.batches(first) if bars is None else _until_done(attempts.batches(first), bars.stop)
+        reader = pa.RecordBatchReader.from_batches(self.stage.output_schema, batches)
         # A reader dropped before it was read (or read to the end) must not leave the tasks running.
         weakref.finalize(reader, attempts.abandon)
         return reader
@@ -129,6 +138,14 @@ class DistributedExec:
         if retain < 0:
             raise ValueError(f"retain must be 0 or more seconds, not {retain}")
         return DetachedQuery(_Attempts(self, retain=retain > 0, detached=True).launch(), retain)
+
+def _until_done(batches: Iterator[pa.RecordBatch], done: Callable[[], None]) -> Iterator[pa.RecordBatch]:
+    """``batches``, calling ``done`` when they end, fail, or are dropped unread."""
+    try:
+        yield from batches
+    finally:
+        done()
+
 
 class _Attempts:
     """The attempts of one ``execute()``: a new ``Run`` after each lost worker, while no row was delivered."""

@@ -152,8 +152,8 @@ class _Planner:
             self.repeated.add(id(node))
         if not f.feeds or f.tasks == 1 or f.ranges:  # its scans are behind a cut (reused there), or one task reads all
             return f
-        if repeatable(node) and f.rows is not None and f.rows <= self.options.replicate_rows:
-            return f  # a small read of files costs less again than a stage more
+        if repeatable(node):
+            return f  # reading the files again costs less than moving every row through a stage more
         read = self.cut(f, "round_robin")
         return self.consumer(read, f.tasks, f.rows, [read])
 

@@ -32,6 +32,7 @@ from flight.service.server import CoordinatorServer
 from flight.service.users import HandshakeDone, ServiceAuth, hash_password, read_users
 from flight.service.web import Metrics, WebView
 from flight.sql.catalog import Catalog
+from flight.sql.catalog_file import load_catalog_file
 from flight.worker.auth import MIDDLEWARE_KEY, read_tokens
 
 __all__ = ["main"]
@@ -52,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--local-workers", type=int, default=None, metavar="N", help="start N workers the service owns (default: 2)")
     p.add_argument("--data-root", action="append", default=[], help="what --local-workers may read (default: the tables' directories)")
     p.add_argument("--table", action="append", default=[], metavar="NAME=URI", help="a table: Parquet file, directory, glob or s3:// prefix")
+    p.add_argument("--catalog", type=Path, default=None, metavar="FILE",
+                   help="a TOML catalog: [tables] (Parquet, Delta) and [iceberg.NAME] catalogs (docs/service.md)")
     p.add_argument("--endpoints", choices=("auto", "direct", "relay"), default="auto",
                    help="results read from the workers (direct), or through the service (relay); auto: direct unless clients "
                    "authenticate or the workers want credentials (default: %(default)s)")
@@ -114,8 +117,11 @@ def _worker_security(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     return security if security.enabled else None
 
 
-def _catalog(parser: argparse.ArgumentParser, specs: list[str]) -> Catalog:
-    catalog = Catalog()
+def _catalog(parser: argparse.ArgumentParser, specs: list[str], path: Path | None) -> Catalog:
+    try:
+        catalog = load_catalog_file(path) if path is not None else Catalog()
+    except PlanError as exc:
+        parser.error(f"--catalog: {exc}")
     for spec in specs:
         name, sep, uri = spec.partition("=")
         if not sep or not name or not uri:
@@ -173,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             os.fstat(args.parent_fd)
         except OSError:
             parser.error(f"--parent-fd: {args.parent_fd} is not an open file descriptor")
-    catalog = _catalog(parser, args.table)
+    catalog = _catalog(parser, args.table, args.catalog)
     cluster: LocalCluster | None = None
     resolver: WorkerResolver
     if args.workers:

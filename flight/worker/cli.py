@@ -32,12 +32,14 @@ from flight.daemon import catch_stop_signals, wait_for_stop
 from flight.engine.confine import DataRoots, set_worker_roots
 from flight.engine.duck.engine import configure
 from flight.engine.settings import EngineSettings
+from flight.errors import PlanError
 from flight.security import Security
 from flight.sources.storage import FileSystems, load_options, set_filesystems
 from flight.wire.limits import DEFAULT_MEMORY_FRACTION, parse_size, physical_memory
 from flight.worker.auth import ServerSecurity, read_tokens
 from flight.worker.capacity import CLIENT_MEMORY_SHARE, CLIENT_SHARE, MAX_QUEUED_PER_CLIENT
 from flight.worker.memory import limit_malloc_arenas
+from flight.worker.metrics import serve_metrics
 from flight.worker.server import WorkerServer
 
 __all__ = ["main"]
@@ -60,6 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     _engine_flags(p)
     _security_flags(p)
     p.add_argument("--log-level", default="INFO", help="logging level on stderr (default: %(default)s)")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve Prometheus metrics on this port of --host (0: any; the log says which): tasks, queue, memory, spill, bytes")
     p.add_argument(
         "--parent-fd", type=int, default=None, metavar="FD",
         help="an inherited pipe's read end: at its end of file (the program holding the write end is gone) the worker drains and exits",
@@ -349,6 +353,13 @@ def _serve(args: argparse.Namespace, options: WorkerOptions, security: ServerSec
     cap = server.admission.capacity
     log.info("capacity: %d tasks, %d per client, %d waiting per client, %d MiB per client",
              cap.tasks, cap.client_cap, cap.client_queue, cap.client_budget >> 20)
+    if args.metrics_port is not None:
+        try:
+            port = serve_metrics(server, args.host, args.metrics_port)
+        except (PlanError, OSError) as exc:
+            print(f"flight-worker: --metrics-port: {exc}", file=sys.stderr)
+            sys.exit(2)
+        log.info("metrics on http://%s:%d/metrics", args.host, port)
     print(f"flight-worker listening on {server.url}", flush=True)
     # Nobody reads stdout after that line (LocalCluster stops at it): anything a library prints
     # there later would fill the pipe and block the worker, so stdout goes to stderr from here.

@@ -236,6 +236,11 @@ class TaskRegistry:
         """Whether a task of that key waits for capacity on this worker (``Admission.is_waiting``)."""
         self._tasks: dict[str, Task] = {}
         self._ended: OrderedDict[str, str] = OrderedDict()
+        self.ended_count: dict[str, int] = {"finished": 0, "ended early": 0}
+        """Tasks ended since the worker started, by how (the ``--metrics-port`` counters)."""
+        self.rows_out = 0
+        self.bytes_out = 0
+        """What the ended tasks made (their output, as counted when it was made)."""
         self._closed = False
         self._cond = threading.Condition()
 
@@ -250,9 +255,11 @@ class TaskRegistry:
         with self._cond:
             if self._tasks.get(task.key) is task:
                 del self._tasks[task.key]
-                self._ended[task.key] = "finished" if task.finished and task.failure is None else (
-                    f"ended early: {task.cancel_reason or task.failure}"
-                )
+                finished = task.finished and task.failure is None
+                self._ended[task.key] = "finished" if finished else f"ended early: {task.cancel_reason or task.failure}"
+                self.ended_count["finished" if finished else "ended early"] += 1
+                self.rows_out += task.rows_out
+                self.bytes_out += task.bytes_out
                 while len(self._ended) > self.REMEMBERED:
                     self._ended.popitem(last=False)
             self._cond.notify_all()
