@@ -37,7 +37,7 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / ".ci" / "artifacts"
 def service(cluster: flight.LocalCluster) -> Iterator[tuple[str, str]]:
     """(Flight SQL URL, page URL) of a service with a web view."""
     tables = [a for t in ("lineitem", "orders", "customer", "supplier", "nation", "region") for a in ("--table", f"{t}={tpch_test_files(0.1)[t][0].parent}")]
-    proc = subprocess.Popen([sys.executable, "-m", "flight.service", "--port", "0", "--http-port", "0", "--workers",
+    proc = subprocess.Popen([sys.executable, "-m", "flight.service", "--port", "0", "--http-port", "0", "--grace", "5", "--workers",
                              ",".join(cluster.urls), *tables], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     flight_url = proc.stdout.readline().split()[-1]
@@ -47,8 +47,13 @@ def service(cluster: flight.LocalCluster) -> Iterator[tuple[str, str]]:
         yield flight_url, page
     finally:
         proc.terminate()
-        assert proc.wait(30) == 0
+        try:
+            code = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait(10)
         proc.stdout.close()
+        assert code == 0, f"the service exited {code} on SIGTERM"
 
 
 def get(url: str) -> object:
@@ -115,6 +120,7 @@ CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 @pytest.mark.skipif(CHROMIUM is None or DRIVER is None, reason="needs Debian's chromium and chromium-driver (the README's test command installs them)")
 def test_the_page_in_a_real_browser_shows_the_stages_and_cancels(service: tuple[str, str], cluster: flight.LocalCluster) -> None:
     from selenium import webdriver
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
@@ -128,18 +134,20 @@ def test_the_page_in_a_real_browser_shows_the_stages_and_cancels(service: tuple[
     driver = webdriver.Chrome(service=Service(executable_path=str(DRIVER)), options=options)
     try:
         start_unread(flight_url, SQL[5])
+        wait_until(lambda: len(running_ids(page)) == 1, 10.0, "the query to be listed as running")
+        (query_id,) = running_ids(page)
+        # The page draws itself again every second: an element found may be gone a moment later,
+        # so every look at it is retried until it holds.
+        wait = WebDriverWait(driver, 20, ignored_exceptions=(StaleElementReferenceException,))
         driver.get(page)
-        wait = WebDriverWait(driver, 15)
-        link = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "tr[data-query] a") or False)[0]
-        query_id = link.text
-        link.click()
-        stages = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".stage") or False)
-        assert len(stages) >= 2
+        wait.until(lambda d: any(a.text == query_id for a in d.find_elements(By.CSS_SELECTOR, "tr[data-query] a")))
+        driver.get(f"{page}#/query/{query_id}")
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".stage")) >= 2)
         # The tasks finish (their rows wait unread on the workers): every stage's progress reaches its total.
-        wait.until(lambda d: all(_done(p.text) for p in d.find_elements(By.CSS_SELECTOR, ".stage .progress")))
+        wait.until(lambda d: (bars := d.find_elements(By.CSS_SELECTOR, ".stage .progress")) and all(_done(p.text) for p in bars))
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(ARTIFACTS / "service-query-page.png"))
-        driver.find_element(By.CSS_SELECTOR, f"button.cancel[data-query='{query_id}']").click()
+        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, f"button.cancel[data-query='{query_id}']").click() or True)
         wait.until(lambda d: any(c.text == "cancelled" for c in d.find_elements(By.CSS_SELECTOR, "td.state-cancelled")))
         wait_until(lambda: running_tasks(cluster.urls) == 0, 15.0, "the workers to free the cancelled query's tasks")
     finally:
