@@ -25,6 +25,7 @@ from flight.coordinator.resolver import FileWorkerResolver, StaticWorkerResolver
 from flight.daemon import catch_stop_signals, wait_for_stop
 from flight.dev.cluster import LocalCluster
 from flight.errors import PlanError
+from flight.plan.query import read_parquet
 from flight.security import Security
 from flight.service.admission import Admission
 from flight.service.queries import Queries
@@ -52,7 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--workers-file", type=Path, default=None, help="a file of worker URLs, one per line, re-read as it changes")
     where.add_argument("--local-workers", type=int, default=None, metavar="N", help="start N workers the service owns (default: 2)")
     p.add_argument("--data-root", action="append", default=[], help="what --local-workers may read (default: the tables' directories)")
-    p.add_argument("--table", action="append", default=[], metavar="NAME=URI", help="a table: Parquet file, directory, glob or s3:// prefix")
+    p.add_argument("--table", action="append", default=[], metavar="NAME=URI",
+                   help="a table: Parquet file, directory, glob, s3:// prefix, or a comma-separated list of files")
     p.add_argument("--catalog", type=Path, default=None, metavar="FILE",
                    help="a TOML catalog: [tables] (Parquet, Delta) and [iceberg.NAME] catalogs (docs/service.md)")
     p.add_argument("--endpoints", choices=("auto", "direct", "relay"), default="auto",
@@ -127,7 +129,9 @@ def _catalog(parser: argparse.ArgumentParser, specs: list[str], path: Path | Non
         if not sep or not name or not uri:
             parser.error(f"--table {spec!r}: give NAME=URI")
         try:
-            catalog.register(name, uri)
+            # A comma-separated list of files is read as that list: its size and key ranges known
+            # from the footers while planning (a directory or glob is listed as the query runs).
+            catalog.register(name, read_parquet(uri.split(",")) if "," in uri else uri)
         except (PlanError, ValueError, OSError) as exc:
             parser.error(f"--table {name}: {exc}")
     return catalog
@@ -142,8 +146,9 @@ def _roots(args: argparse.Namespace) -> list[str]:
         uri = spec.partition("=")[2]
         if "://" in uri:
             continue
-        path = Path(uri.split("*", 1)[0]).resolve()
-        roots.append(str(path if path.is_dir() else path.parent))
+        for part in uri.split(","):
+            path = Path(part.split("*", 1)[0]).resolve()
+            roots.append(str(path if path.is_dir() else path.parent))
     return sorted(set(roots))
 
 
