@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.flight as fl
+from google.protobuf.message import DecodeError
 
 from flight.errors import FlightExecError, PlanError, ProtocolError, TaskCancelledError, WorkerBusyError
 from flight.plan.query import Query as PlannedQuery
@@ -47,6 +48,10 @@ log = logging.getLogger("flight.service")
 
 MAX_PREPARED = 10_000
 """Prepared statements the service keeps at once; past it, creating one is refused until some close."""
+MAX_SQL_CHARS = 1 << 20
+"""The longest statement text taken (1 Mi characters); a longer one is refused, naming the limit."""
+MAX_PARAMETER_BYTES = 1 << 20
+"""The most parameter bytes one DoPut may send (one row of values); past it, the upload is refused."""
 
 _H = TypeVar("_H", bound=Callable[..., Any])
 
@@ -107,7 +112,7 @@ class CoordinatorServer(fl.FlightServerBase):
         if self.draining.is_set() and isinstance(command, (sql_pb2.CommandStatementQuery, sql_pb2.CommandPreparedStatementQuery)):
             raise fl.FlightUnavailableError(f"{self.url} is shutting down and takes no new queries")
         if isinstance(command, sql_pb2.CommandStatementQuery):
-            return self._info(self.queries.start(command.query, _user(context)), descriptor)
+            return self._info(self.queries.start(_text(command.query), _user(context)), descriptor)
         if isinstance(command, sql_pb2.CommandPreparedStatementQuery):
             prepared = self._statement(command.prepared_statement_handle)
             planned = prepared.planned if prepared.params is None else None
@@ -174,6 +179,7 @@ class CoordinatorServer(fl.FlightServerBase):
     def _create(self, request: sql_pb2.ActionCreatePreparedStatementRequest) -> bytes:
         if request.HasField("transaction_id"):
             raise ProtocolError("transactions are not supported (a read-only service)", field="transaction_id")
+        _text(request.query)
         planned = None
         try:  # the plan (and the result's schema) when the text plans without its parameters' values
             planned = sql(request.query, self.queries.catalog)
@@ -197,9 +203,19 @@ class CoordinatorServer(fl.FlightServerBase):
         if not isinstance(command, sql_pb2.CommandPreparedStatementQuery):
             raise ProtocolError(f"DoPut of {type(command).__name__}: only a prepared statement's parameters may be sent", field="descriptor.cmd")
         prepared = self._statement(command.prepared_statement_handle)
-        rows = reader.read_all()
-        if rows.num_rows > 1:
-            raise ProtocolError(f"{rows.num_rows} rows of parameters: a query takes one row (one execution)", field="parameters")
+        batches, size = [], 0
+        while True:  # read as it comes, so that a hostile upload is refused before it is held
+            try:
+                chunk = reader.read_chunk()
+            except StopIteration:
+                break
+            if chunk.data is None:
+                continue
+            size += chunk.data.nbytes
+            batches.append(chunk.data)
+            if size > MAX_PARAMETER_BYTES or sum(b.num_rows for b in batches) > 1:
+                raise ProtocolError(f"parameters: a query takes one row of at most {MAX_PARAMETER_BYTES} bytes", field="parameters")
+        rows = pa.Table.from_batches(batches, schema=reader.schema)
         prepared.params = {str(i): rows.column(i - 1)[0].as_py() for i in range(1, rows.num_columns + 1)} if rows.num_rows else None
         result = sql_pb2.DoPutPreparedStatementResult(prepared_statement_handle=command.prepared_statement_handle)
         writer.write(pa.py_buffer(result.SerializeToString()))  # the bare message, as the specification's servers send it
@@ -230,7 +246,10 @@ class CoordinatorServer(fl.FlightServerBase):
             return iter([])
         if action.type == "CancelFlightInfo":
             cancel = Flight_pb2.CancelFlightInfoRequest()
-            cancel.ParseFromString(body)
+            try:
+                cancel.ParseFromString(body)
+            except DecodeError:
+                raise ProtocolError("CancelFlightInfo takes a CancelFlightInfoRequest", field="action.body") from None
             status = self._cancel(cancel.info.SerializeToString())
             return iter([Flight_pb2.CancelFlightInfoResult(status=status).SerializeToString()])
         if action.type == "CancelQuery":
@@ -258,6 +277,12 @@ class CoordinatorServer(fl.FlightServerBase):
                 self.queries.cancel(query.query_id)
                 return Flight_pb2.CANCEL_STATUS_CANCELLED
         return Flight_pb2.CANCEL_STATUS_NOT_CANCELLABLE
+
+
+def _text(query: str) -> str:
+    if len(query) > MAX_SQL_CHARS:
+        raise ProtocolError(f"the statement is {len(query)} characters long; at most {MAX_SQL_CHARS} are taken", field="query")
+    return query
 
 
 def _user(context: fl.ServerCallContext) -> str:
