@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
+from support import wait_until
 
 from flight.service.admission import Admission, AdmissionRefused
 
@@ -23,10 +23,7 @@ def waiting(admission: Admission, user: str, granted: list[str]) -> threading.Th
 
 
 def settle(admission: Admission, queued: dict[str, int]) -> None:
-    deadline = time.monotonic() + 5
-    while admission.queued() != queued and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert admission.queued() == queued
+    wait_until(lambda: admission.queued() == queued, 5.0, f"the queue to be {queued}")
 
 
 def test_at_most_max_queries_run_and_a_freed_slot_goes_to_a_waiter() -> None:
@@ -52,9 +49,8 @@ def test_freed_slots_go_round_robin_between_the_users_who_wait() -> None:
     settle(admission, {"many": 3, "one": 1})
     for expected in (["many"], ["many", "one"], ["many", "one", "many"], ["many", "one", "many", "many"]):
         admission.release(granted[-1] if granted else "holder")
-        deadline = time.monotonic() + 5
-        while len(granted) < len(expected) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wanted = len(expected)
+        wait_until(lambda: len(granted) >= wanted, 5.0, f"grant {wanted}")  # noqa: B023 - used at once, in this iteration
         assert granted == expected
     for t in threads:
         t.join(5)

@@ -12,17 +12,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from support import wait_until
 
 OWNER = """
-import sys, time
+import sys, threading
 import flight
 cluster = flight.LocalCluster(2, grace=1.0).start()
 print(" ".join(str(p.pid) for p in cluster.processes), flush=True)
-time.sleep(600)
+threading.Event().wait(600)  # until the test kills it
 """
 
 
@@ -44,9 +44,8 @@ def test_a_sigkilled_owners_workers_exit_within_their_grace() -> None:
         assert len(pids) == 2 and all(alive(p) for p in pids)
         owner.send_signal(signal.SIGKILL)
         owner.wait(10)
-        deadline = time.monotonic() + 1.0 + 15.0  # the grace, and room for a loaded machine to drain and exit
-        while time.monotonic() < deadline and any(alive(p) for p in pids):
-            time.sleep(0.1)
+        # The grace (1 s), and room for a loaded machine to drain and exit.
+        wait_until(lambda: not any(alive(p) for p in pids), 16.0, "the workers to exit")
         left = [p for p in pids if alive(p)]
         assert not left, f"workers {left} outlived the program that started them"
     finally:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from prometheus_client.parser import text_string_to_metric_families
+from support import wait_until
 
 import flight
 
@@ -47,9 +47,7 @@ def test_metrics_count_what_a_query_did(tmp_path: Path) -> None:
         assert before[("flight_worker_tasks_ended_total", (("how", "finished"),))] == 0
         got = flight.DistributedExec(flight.read_parquet([str(path)]).filter(flight.col("v") == 3), [worker]).to_table()
         assert got.num_rows == sum(1 for i in range(1000) if i % 7 == 3)
-        deadline = time.monotonic() + 10
-        while scrape(url)[("flight_worker_tasks_ended_total", (("how", "finished"),))] < 1 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: scrape(url)[("flight_worker_tasks_ended_total", (("how", "finished"),))] >= 1, 10.0, "the task to be counted")
         after = scrape(url)
         assert after[("flight_worker_tasks_ended_total", (("how", "finished"),))] >= 1
         assert after[("flight_worker_rows_out_total", ())] >= got.num_rows
