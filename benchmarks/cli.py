@@ -132,6 +132,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-chart", action="store_true", help="skip the PNG chart")
     p.add_argument("--micro", action="store_true", help="also run the default micro benchmarks afterwards")
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    p.add_argument("--stage-bars", choices=("auto", "on", "off"), default="auto",
+                   help="during each flight-exec warm-up, a bar per stage (execute(progress=True)); auto: on a "
+                        "terminal from SF 10, where a query runs long enough to watch (default: %(default)s)")
     p.add_argument(
         "--secure",
         action="store_true",
@@ -145,6 +148,10 @@ def needed_tables(numbers: Sequence[int]) -> list[str]:
     """The tables the chosen queries read (from their SQL text), in TABLES order."""
     words = set().union(*(re.findall(r"[a-z_]+", SQL[n].lower()) for n in numbers))
     return [t for t in TABLES if t in words]
+
+
+STAGE_BARS_SF = 10
+"""From this scale factor, ``--stage-bars auto`` shows a flight-exec query's stages on a terminal."""
 
 
 def generate(sf: float, tables: Sequence[str], cache_dir: Path | None, progress: Progress) -> Path:
@@ -229,6 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for k in worker_counts:
                     pids = [p.pid for p in cluster.processes[:k]]
                     engines.append(FlightEngine(files, cluster.urls[:k], pids, cluster.security if args.secure else None, plans))
+        bars = args.stage_bars == "on" or (args.stage_bars == "auto" and progress.live and args.sf >= STAGE_BARS_SF)
+        for engine in engines:
+            engine.stage_bars = bars and isinstance(engine, FlightEngine)
         if "acero" in names:
             engines.append(AceroEngine(files, plans))
         if "pyspark" in names:

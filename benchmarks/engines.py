@@ -80,6 +80,13 @@ class Engine:
     def run(self, n: int) -> pa.Table:
         raise NotImplementedError
 
+    stage_bars = False
+    """Whether ``warm_up`` draws a live display of its own (the harness's bars step aside meanwhile)."""
+
+    def warm_up(self, n: int) -> pa.Table:
+        """The untimed first run of query ``n``: ``run`` unless the engine shows more while it warms up."""
+        return self.run(n)
+
     def pids(self) -> list[int]:
         """The processes a run of this engine uses (their peak RSS is its memory)."""
         return [os.getpid()]
@@ -151,6 +158,14 @@ class FlightEngine(Engine):
     def run(self, n: int) -> pa.Table:
         ex = self.plans.timed(n, lambda q: flight.DistributedExec(q, self.urls, security=self.security))
         return ex.to_table()
+
+    def warm_up(self, n: int) -> pa.Table:
+        """With ``stage_bars`` (long runs on a terminal: ``flight-bench --stage-bars``), a bar per stage
+        while the query runs (``execute(progress=True)``); timed runs never draw them."""
+        if not self.stage_bars:
+            return self.run(n)
+        ex = flight.DistributedExec(self.plans.query(n), self.urls, security=self.security)
+        return ex.execute(progress=True).read_all()
 
     def pids(self) -> list[int]:
         return [os.getpid(), *(self.worker_pids or [])]

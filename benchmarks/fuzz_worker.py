@@ -62,6 +62,7 @@ directory are filled in when the case runs).
     python -m benchmarks.fuzz_worker --replay .fuzz-corpus/crash-ipc-s1-c00042.json
     python -m benchmarks.fuzz_worker --check-seeds      # every unmutated seed must run cleanly
     python -m benchmarks.fuzz_worker --cases 2000 --rss-limit-mb 200   # exit 1 if the worker grew more
+    FUZZ_MEMDIAG=1 python -m benchmarks.fuzz_worker --worker-arg=--extension=benchmarks.memdiag   # where a large idle sample's memory is
 
 Memory: the fuzzer reads the RSS of the worker it started (``VmRSS`` in /proc/PID/status).
 What it measures is what the worker *keeps*: every RSS_EVERY (100) cases, and at the end, it
@@ -3143,6 +3144,8 @@ class RssWatch:
         if self.cases == RSS_WARMUP:
             self.base_kb = self.settled_kb(worker, idle)
             log(f"worker RSS baseline (idle, after its first {RSS_WARMUP} cases): {self.base_kb / 1024:.0f} MiB")
+            if os.environ.get("FUZZ_MEMDIAG"):
+                os.kill(worker.proc.pid, signal.SIGUSR2)
             tally.rss_growth_mb = tally.rss_growth_mb or 0.0
             return
         if not self.base_kb:
@@ -3156,6 +3159,8 @@ class RssWatch:
         if growth > RSS_NOTE_MB:  # what a large sample looked like: the worker still busy, or its threads
             log(f"idle RSS after case {case.index}: {settled / 1024:.0f} MiB (+{growth:.0f}), "
                 f"{worker.threads()} threads, {'idle' if idle() else 'still running a task'}")
+            if os.environ.get("FUZZ_MEMDIAG"):  # the worker runs benchmarks.memdiag: it reports where the memory is
+                os.kill(worker.proc.pid, signal.SIGUSR2)
         if tally.rss_growth_mb is None or growth > tally.rss_growth_mb:
             tally.rss_growth_mb = growth
             tally.rss_worst = f"{settled / 1024:.0f} MiB idle after case {case.index} [{case.family}] {case.note[:120]}"

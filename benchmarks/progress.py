@@ -7,7 +7,9 @@ step instead of redrawn bars.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
@@ -64,6 +66,19 @@ class Progress:
             self._rich.update(bar, completed=task.total, **({} if description is None else {"description": description}))
         elif description is not None:
             self.log(description)
+
+    @contextlib.contextmanager
+    def suspended(self, active: bool = True) -> Iterator[None]:
+        """Take the bars off the terminal while another live display draws (a flight-exec query's own stage
+        bars: rich shows one live display at a time), and put them back after."""
+        if not (active and self._rich is not None):
+            yield
+            return
+        self._rich.stop()
+        try:
+            yield
+        finally:
+            self._rich.start()
 
     # --------------------------------------------------------- messages
 

@@ -97,7 +97,8 @@ def run_suite(
                 progress.advance(bar, 0, description=f"Q{n} {engine.key}: warm-up")
                 _quiesce()
                 started = time.perf_counter()
-                got = engine.run(n)
+                with progress.suspended(engine.stage_bars):
+                    got = engine.warm_up(n)
                 cell.warmup_seconds = time.perf_counter() - started
                 cell.rows = got.num_rows
                 done += 1

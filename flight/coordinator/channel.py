@@ -76,6 +76,10 @@ class TaskChannel:
         self._news = threading.Event()  # settled or queued: what ready_or_queued waits for
         self.output_schema: pa.Schema | None = None
         self.metrics: protocol_pb2.TaskMetrics | None = None
+        # When (monotonic) it opened, was admitted, and produced all its output: a stage's time line.
+        self.opened_at: float | None = None
+        self.ready_at: float | None = None
+        self.finished_at: float | None = None
         self.error: WorkerError | None = None
         self._on_credit = on_credit
         self._on_error = on_error
@@ -94,7 +98,7 @@ class TaskChannel:
             self._writer, self._reader = client.do_exchange(descriptor)
         except (pa.ArrowException, OSError) as exc:
             raise translate_flight_error(exc, self.url, self.key) from exc
-        self.last_heard = time.monotonic()
+        self.last_heard = self.opened_at = time.monotonic()
         self._inline = inline
         if inline:
             every(self.heartbeat, self._beat)
@@ -360,6 +364,7 @@ class TaskChannel:
         kind = frame.WhichOneof("frame")
         if kind == "ready":
             self.output_schema = decode_schema(frame.ready.output_schema, "ready.output_schema")
+            self.ready_at = time.monotonic()
             self.ready.set()
             self._settled.set()
             self._news.set()
@@ -370,6 +375,7 @@ class TaskChannel:
             self._fail(error_from_info(frame.error, self.url, self.key))
         elif kind == "finished":
             self.metrics = frame.finished
+            self.finished_at = time.monotonic()
             self.finished.set()
             if self._on_finished is not None:
                 self._on_finished(self)

@@ -18,6 +18,7 @@ from typing import Self
 from flight.coordinator.channel import TaskChannel
 from flight.coordinator.recovery import Attempt
 from flight.coordinator.run import Run
+from flight.coordinator.slots import FeedProgress
 from flight.errors import TaskCancelledError
 
 __all__ = ["DetachedQuery", "HeadPartition", "StageProgress", "TaskProgress"]
@@ -40,6 +41,10 @@ class TaskProgress:
     rows_out: int = 0
     bytes_out: int = 0
     seconds: float = 0.0
+    bytes_spilled: int = 0
+    opened: float | None = None  # seconds after the query's start: its exchange opened,
+    ready: float | None = None  # the worker admitted it,
+    finished: float | None = None  # it produced all its output
 
 
 @dataclass(frozen=True)
@@ -102,18 +107,29 @@ class DetachedQuery:
         """Every stage of the current attempt, children first, with its tasks' states (a live view)."""
         out = []
         for stage in self._run.plan.stages:
-            tasks = []
-            for channel in self._run.by_stage.get(stage.stage_id, []):
-                m = channel.metrics
-                state = "running"
-                if channel.error is not None:
-                    state = "failed"
-                elif channel.finished.is_set() or channel.done.is_set():
-                    state = "finished" if m is not None else "ended"
-                made = (m.rows_out, m.bytes_out, m.elapsed_nanos / 1e9) if m is not None else (0, 0, 0.0)
-                tasks.append(TaskProgress(channel.url, state, *made))
-            out.append(StageProgress(stage.stage_id, tuple(stage.consumers), stage.output_mode, tuple(tasks)))
+            tasks = tuple(self._task(channel) for channel in self._run.by_stage.get(stage.stage_id, []))
+            out.append(StageProgress(stage.stage_id, tuple(stage.consumers), stage.output_mode, tasks))
         return out
+
+    def _task(self, channel: TaskChannel) -> TaskProgress:
+        m = channel.metrics
+        state = "running"
+        if channel.error is not None:
+            state = "failed"
+        elif channel.finished.is_set() or channel.done.is_set():
+            state = "finished" if m is not None else "ended"
+        made = (m.rows_out, m.bytes_out, m.elapsed_nanos / 1e9, m.bytes_spilled) if m is not None else (0, 0, 0.0, 0)
+        since = self._run.started_at
+
+        def at(t: float | None) -> float | None:
+            return None if t is None else round(max(0.0, t - since), 4)
+
+        return TaskProgress(channel.url, state, *made, opened=at(channel.opened_at), ready=at(channel.ready_at),
+                            finished=at(channel.finished_at))
+
+    def feeds(self) -> list[FeedProgress]:
+        """Each work-unit feed's units found, sent and taken so far, and its lag (a live view)."""
+        return self._run.dispatcher.feeds()
 
     @property
     def attempts(self) -> list[Attempt]:

@@ -51,7 +51,7 @@ from flight.coordinator.events import (
     UnitsFound,
 )
 from flight.coordinator.resolver import normalize_url
-from flight.coordinator.slots import SlotStats
+from flight.coordinator.slots import FeedProgress, SlotStats
 from flight.coordinator.state import FeedState
 from flight.sources.estimate import DiscoverySample
 from flight.sources.feed import FeedContext, LatencyStats, Unit, WorkUnit, WorkUnitFeed, now_ns, unit_bytes
@@ -190,6 +190,11 @@ class FeedDispatcher:
     def stats(self) -> list[PartitionStats]:
         with self._cond:
             return self.state.stats()
+
+    def feeds(self) -> list[FeedProgress]:
+        """Each feed's units found, sent and taken so far, and its lag (a live view)."""
+        with self._cond:
+            return self.state.feeds(time.monotonic())
 
     def on_credit(self, channel: TaskChannel, feed_id: str, partition: int, credits: int) -> None:
         if (channel.key, feed_id, partition) not in self.state._slots:

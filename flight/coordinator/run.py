@@ -101,6 +101,7 @@ class Run:
             on_replace=self.replay.replace if self.replay is not None else None,
         )
         self.started = time.perf_counter()
+        self.started_at = time.monotonic()  # the zero of its tasks' time line (``TaskChannel.opened_at``)
         self.first_batch_s: float | None = None
         self.bound: dict[int, list[str]] = {}  # this attempt's: stage id -> the URL of each task
         context.sink.named(self.query_id, self.secret, self.bound)  # explain() shows the latest execution's

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from flight.coordinator.events import Item
 
-__all__ = ["SlotState", "SlotStats", "SourceState", "TaskState"]
+__all__ = ["FeedProgress", "SlotState", "SlotStats", "SourceState", "TaskState"]
 
 
 @dataclass
@@ -26,6 +26,30 @@ class SlotStats:
     bytes: int = 0
     frames: int = 0
     affinity_hits: int = 0
+    window: int = 0
+    """The credit it granted first: its feed window."""
+    credited: int = 0
+    """Every credit it granted: past its window, one per unit it took (``taken``)."""
+
+    @property
+    def taken(self) -> int:
+        """Units the task took from its inbox so far (a lower bound: it may return credits in batches)."""
+        return min(self.units, max(0, self.credited - self.window))
+
+
+@dataclass
+class FeedProgress:
+    """One feed as the coordinator sees it while the query runs: units found, sent, taken, and its lag."""
+
+    feed_id: str
+    discovered: int = 0
+    sent: int = 0
+    taken: int = 0
+    ended: bool = False
+    """Discovery ended on every source of it."""
+    sources: int = 0
+    oldest_waiting: float = 0.0
+    """Seconds the oldest unit not yet sent has waited (0 when none waits): how far sending lags finding."""
 
 
 @dataclass(eq=False)

@@ -64,7 +64,7 @@ from flight.coordinator.events import (
     UnitsFound,
     WorkerLost,
 )
-from flight.coordinator.slots import SlotState, SlotStats, SourceState, TaskState
+from flight.coordinator.slots import FeedProgress, SlotState, SlotStats, SourceState, TaskState
 
 __all__ = ["FeedState"]
 
@@ -158,6 +158,21 @@ class FeedState:
     def stats(self) -> list[SlotStats]:
         return [s.stats for s in self._slots.values()]
 
+    def feeds(self, now: float) -> list[FeedProgress]:
+        """Each feed's discovery, sending and taking so far, summed over its sources, and its lag."""
+        out: dict[str, FeedProgress] = {}
+        for source in self.sources:
+            f = out.setdefault(source.feed_id, FeedProgress(source.feed_id))
+            f.discovered += source.discovered
+            f.ended = f.ended and source.ended if f.sources else source.ended
+            f.sources += 1
+            for slot in source.slots:
+                f.sent += slot.stats.units
+                f.taken += slot.stats.units if slot.owner.finished else slot.stats.taken
+            if source.queue:
+                f.oldest_waiting = max(f.oldest_waiting, now - source.queue[0].queued_at)
+        return list(out.values())
+
     def may_wake(self) -> bool:
         """Whether ``wake_at`` may name a time: a unit waits for its preferred worker, or the result is complete."""
         return self.complete_at is not None or self._preferred_waiting > 0
@@ -230,6 +245,9 @@ class FeedState:
         slot = self._slots.get((event.task, event.feed_id, event.partition))
         if slot is None or event.credits <= 0:
             return  # a feed partition it was not given: ignored (the driver logs it)
+        if not slot.stats.credited:
+            slot.stats.window = event.credits
+        slot.stats.credited += event.credits
         slot.credit += event.credits
         self._pump(slot.source, (slot,), event.now, out)
 

@@ -5,8 +5,9 @@ own beside the Flight server. The page is static HTML, JavaScript and CSS shippe
 (``static/``, no build step) that polls the API every second:
 
 * ``GET /api/queries``: running and the last ended queries (id, state, user, SQL, seconds, error);
-* ``GET /api/queries/{id}``: one query with its stages, each with its consumers, output and tasks
-  (worker, state, rows, bytes, seconds);
+* ``GET /api/queries/{id}``: one query with its stages, each with its consumers, output, time line
+  and tasks (worker, state, rows, bytes, spilled bytes, seconds, and when it opened, was admitted
+  and finished), and its work-unit feeds (units found, sent, taken; the lag);
 * ``POST /api/queries/{id}/cancel``: cancel a running query;
 * ``GET /api/workers``: each worker's ``info`` (capacity, running tasks, memory, buffered bytes);
 * ``GET /metrics``: Prometheus's text format (``prometheus-client``): queries by state, their
@@ -31,6 +32,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from flight.coordinator.detached import StageProgress
 from flight.service.queries import Queries, Query
 from flight.wire.clients import worker_info_dict
 
@@ -66,14 +68,27 @@ def summary(query: Query, now: float) -> dict[str, Any]:
             "seconds": round(end - query.started, 3), "error": query.error}
 
 
+def _stage(stage: StageProgress) -> dict[str, Any]:
+    """A stage with its tasks, and its time line: from its first task's open to its last one's output
+    (seconds after the query began; ``end`` None while a task still runs)."""
+    tasks = [{"worker": t.worker_url, "state": t.state, "rows": t.rows_out, "bytes": t.bytes_out,
+              "seconds": round(t.seconds, 3), "spilled": t.bytes_spilled,
+              "opened": t.opened, "ready": t.ready, "finished": t.finished} for t in stage.tasks]
+    opened = [t.opened for t in stage.tasks if t.opened is not None]
+    ends = [t.finished for t in stage.tasks]
+    done = bool(ends) and all(e is not None for e in ends)
+    return {"id": stage.stage_id, "consumers": list(stage.consumers), "output": stage.output, "done": stage.done,
+            "start": min(opened) if opened else None, "end": max(e for e in ends if e is not None) if done else None,
+            "tasks": tasks}
+
+
 def detail(query: Query, now: float) -> dict[str, Any]:
-    stages = [
-        {"id": s.stage_id, "consumers": list(s.consumers), "output": s.output, "done": s.done,
-         "tasks": [{"worker": t.worker_url, "state": t.state, "rows": t.rows_out, "bytes": t.bytes_out, "seconds": round(t.seconds, 3)}
-                   for t in s.tasks]}
-        for s in query.detached.progress()
-    ]
-    return {**summary(query, now), "stages": stages}
+    """A query with its stages (``_stage``) and its work-unit feeds: units found, sent to tasks and taken
+    by them, and the lag (how long the oldest unit not yet sent has waited)."""
+    feeds = [{"feed": f.feed_id, "discovered": f.discovered, "sent": f.sent, "taken": f.taken,
+              "discovery_ended": f.ended, "waiting": f.discovered - f.sent, "lag_seconds": round(f.oldest_waiting, 3)}
+             for f in query.detached.feeds()]
+    return {**summary(query, now), "stages": [_stage(s) for s in query.detached.progress()], "feeds": feeds}
 
 
 class WebView:

@@ -210,6 +210,7 @@ class Task:
             feeds=[inbox.metrics() for inbox in self.inboxes.values()],
             engine=self.engine,
             scan=self.scan_stats.to_proto(),
+            bytes_spilled=self.output.spilled_bytes if self.output is not None else 0,
         )
 
     @property

@@ -721,6 +721,25 @@ def test_a_replacement_lost_before_it_was_ready_hands_its_partitions_on() -> Non
     assert sent_ids(state.handle(CreditGranted("r1", "f", 0, 2, 2.0))) == [0, 1]
 
 
+def test_feed_progress_counts_units_found_sent_and_taken_and_the_lag_of_the_oldest_unsent() -> None:
+    state = shared_two_tasks(max_frame=2)
+    state.handle(StartSending(0.0))
+    state.handle(UnitsFound(0, units(5), 1.0))
+    (f,) = state.feeds(now=3.0)
+    assert (f.feed_id, f.discovered, f.sent, f.taken, f.ended, f.oldest_waiting) == ("f", 5, 0, 0, False, 2.0)
+    state.handle(CreditGranted("t0", "f", 0, 2, 3.0))  # its window: two units go out, none taken yet
+    (f,) = state.feeds(now=3.0)
+    assert (f.sent, f.taken) == (2, 0)
+    state.handle(SenderIdle("t0", 3.0))
+    state.handle(CreditGranted("t0", "f", 0, 1, 4.0))  # it took one: one credit back, one more unit out
+    state.handle(DiscoveryEnded(0, 4.0))
+    (f,) = state.feeds(now=5.0)
+    assert (f.sent, f.taken, f.ended, f.oldest_waiting) == (3, 1, True, 4.0)
+    state.handle(TaskFinished("t0", 6.0))  # a finished task took every unit it was sent
+    (f,) = state.feeds(now=6.0)
+    assert (f.discovered, f.sent, f.taken) == (5, 3, 3)
+
+
 # ------------------------------------------ any interleaving, with tasks lost and replaced
 
 

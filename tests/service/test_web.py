@@ -69,6 +69,12 @@ def start_unread(flight_url: str, text: str) -> str:
     return ""
 
 
+def _detail(page: str, query_id: str) -> dict:  # type: ignore[type-arg]
+    data = get(f"{page}api/queries/{query_id}")
+    assert isinstance(data, dict)
+    return data
+
+
 def running_ids(page: str) -> list[str]:
     data = get(page + "api/queries")
     assert isinstance(data, dict)
@@ -83,6 +89,19 @@ def test_the_api_shows_a_running_query_with_its_stages_and_cancels_it(service: t
     detail = get(f"{page}api/queries/{query_id}")
     assert isinstance(detail, dict) and detail["state"] == "running" and detail["sql"] == SQL[3] and detail["user"] == "anonymous"
     assert len(detail["stages"]) >= 2 and detail["stages"][-1]["consumers"] == []
+    # Its rows wait unread, so every task finishes: then each stage's time line is closed, from its
+    # first task's open to its last task's output, and every unit its feeds found was sent and taken.
+    wait_until(lambda: all(s["end"] is not None for s in _detail(page, query_id)["stages"]), 30.0, "every stage to finish")
+    detail = _detail(page, query_id)
+    for stage in detail["stages"]:
+        assert 0 <= stage["start"] <= stage["end"], stage
+        for task in stage["tasks"]:
+            assert task["opened"] <= task["ready"] <= task["finished"] <= stage["end"] and task["spilled"] == 0, task
+    children = {c for s in detail["stages"] for c in s["consumers"]}
+    assert all(s["start"] <= detail["stages"][-1]["end"] for s in detail["stages"]) and children
+    assert detail["feeds"], "tables given as directories are listed as the query runs: a feed each"
+    for feed in detail["feeds"]:
+        assert feed["discovery_ended"] and feed["discovered"] == feed["sent"] == feed["taken"] > 0 and feed["waiting"] == 0, feed
     request = urllib.request.Request(f"{page}api/queries/{query_id}/cancel", method="POST")
     with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - loopback
         assert json.loads(response.read()) == {"cancelled": True}
@@ -129,7 +148,7 @@ def test_the_page_in_a_real_browser_shows_the_stages_and_cancels(service: tuple[
     flight_url, page = service
     options = Options()
     options.binary_location = str(CHROMIUM)
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,2400"):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(executable_path=str(DRIVER)), options=options)
     try:
@@ -145,6 +164,9 @@ def test_the_page_in_a_real_browser_shows_the_stages_and_cancels(service: tuple[
         wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".stage")) >= 2)
         # The tasks finish (their rows wait unread on the workers): every stage's progress reaches its total.
         wait.until(lambda d: (bars := d.find_elements(By.CSS_SELECTOR, ".stage .progress")) and all(_done(p.text) for p in bars))
+        # The time line has a row per stage, and the feeds table a row per table listed as the query ran.
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr[data-timeline] .track .span")) == len(d.find_elements(By.CSS_SELECTOR, ".stage")))
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr[data-feed]")) >= 1)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(ARTIFACTS / "service-query-page.png"))
         wait.until(lambda d: d.find_element(By.CSS_SELECTOR, f"button.cancel[data-query='{query_id}']").click() or True)

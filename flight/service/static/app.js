@@ -44,31 +44,76 @@ async function queriesPage() {
     el("h2", {}, "Ended"), table(headers, data.ended.map(q => queryRow(q, false)))];
 }
 
+function bytes(n) {
+  n = Number(n || 0);
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return (i ? n.toFixed(1) : String(n)) + " " + units[i];
+}
+
+function seconds(t) {
+  return t === null || t === undefined ? "" : Number(t).toFixed(2) + " s";
+}
+
 function stageBox(s) {
   const percent = s.tasks.length ? Math.round(100 * s.done / s.tasks.length) : 0;
   const target = s.consumers.length ? "→ stage " + s.consumers.join(", ") + " (" + s.output + ")" : "head";
   const rows = s.tasks.map(t => el("tr", {}, el("td", {}, t.worker), el("td", { class: "state-" + t.state }, t.state),
-    el("td", {}, t.rows), el("td", {}, t.bytes), el("td", {}, t.seconds + " s")));
+    el("td", {}, t.rows), el("td", {}, bytes(t.bytes)), el("td", {}, bytes(t.spilled)), el("td", {}, t.seconds + " s")));
   return el("div", { class: "stage", "data-stage": s.id },
     el("h3", {}, "Stage " + s.id + " " + target),
     el("div", { class: "bar" }, el("div", { style: "width:" + percent + "%" })),
     el("div", { class: "progress" }, s.done + "/" + s.tasks.length + " tasks done"),
-    table(["worker", "state", "rows", "bytes", "time"], rows));
+    table(["worker", "state", "rows", "bytes", "spilled", "time"], rows));
+}
+
+// Each stage's time line on one axis, from the query's start: a bar from its first task's open to its
+// last task's output (to now while one runs), with a mark at each task's admission.
+function timeline(stages, elapsed) {
+  const span = Math.max(elapsed, ...stages.map(s => s.end || 0), 0.001);
+  const pct = t => (100 * t / span).toFixed(2) + "%";
+  const rows = stages.map(s => {
+    const start = s.start ?? 0, end = s.end ?? elapsed;
+    const marks = s.tasks.filter(t => t.ready !== null).map(t => el("span", { class: "mark", style: "left:" + pct(t.ready) }));
+    const bar = el("div", { class: "span" + (s.end === null ? " open" : ""), style: "left:" + pct(start) + ";width:" + pct(Math.max(end - start, 0)) });
+    return el("tr", { "data-timeline": s.id }, el("td", {}, "Stage " + s.id),
+      el("td", { class: "lane" }, el("div", { class: "track" }, bar, ...marks)),
+      el("td", {}, seconds(s.start) + " – " + (s.end === null ? "running" : seconds(s.end))));
+  });
+  return table(["stage", "time line (0 – " + span.toFixed(2) + " s)", "from – to"], rows);
+}
+
+function feedRows(feeds) {
+  return feeds.map(f => el("tr", { "data-feed": f.feed }, el("td", {}, f.feed), el("td", {}, f.discovered + (f.discovery_ended ? "" : "…")),
+    el("td", {}, f.sent), el("td", {}, f.taken), el("td", {}, f.waiting), el("td", {}, seconds(f.lag_seconds))));
 }
 
 async function queryPage(id) {
   const q = await json("/api/queries/" + id);
   if (q.error && !q.id) return [el("p", { class: "error" }, q.error)];
   const header = table(["query", "state", "user", "SQL", "time", "error", ""], [queryRow(q, q.state === "running")]);
-  return [el("h2", {}, "Query " + q.id), header, el("h2", {}, "Stages"), el("div", { class: "graph" }, ...q.stages.map(stageBox))];
+  const out = [el("h2", {}, "Query " + q.id), header, el("h2", {}, "Stages"), el("div", { class: "graph" }, ...q.stages.map(stageBox)),
+    el("h2", {}, "Time line"), timeline(q.stages, q.seconds)];
+  if (q.feeds.length) {
+    out.push(el("h2", {}, "Work-unit feeds"),
+      table(["feed", "discovered", "sent", "taken", "not yet sent", "lag (oldest unsent)"], feedRows(q.feeds)));
+  }
+  return out;
 }
 
 async function workersPage() {
   const data = await json("/api/workers");
-  const rows = data.workers.map(w => el("tr", {}, el("td", {}, w.url), el("td", {}, w.running_tasks ?? 0),
-    el("td", {}, w.buffered_bytes ?? 0), el("td", {}, w.draining ? "draining" : (w.error ? "" : "serving")),
-    el("td", { class: "error" }, w.error || "")));
-  return [el("h2", {}, "Workers"), table(["worker", "running tasks", "buffered bytes", "state", "error"], rows)];
+  const rows = data.workers.map(w => {
+    const load = w.load || {};
+    return el("tr", { "data-worker": w.url }, el("td", {}, w.url), el("td", {}, w.running_tasks ?? 0),
+      el("td", {}, (load.source_threads ?? 0) + " / " + (load.source_threads_max ?? "?")),
+      el("td", {}, bytes(load.reserved_bytes) + " / " + bytes(load.memory_budget)),
+      el("td", {}, bytes(w.buffered_bytes)), el("td", {}, load.queued_tasks ?? 0),
+      el("td", {}, w.draining ? "draining" : (w.error ? "" : "serving")), el("td", { class: "error" }, w.error || ""));
+  });
+  const headers = ["worker", "running tasks", "source threads", "memory reserved / budget", "buffered", "queued tasks", "state", "error"];
+  return [el("h2", {}, "Workers"), table(headers, rows)];
 }
 
 async function render() {

@@ -716,6 +716,7 @@ class TaskMetrics(_message.Message):
     BYTES_IN_LOCAL_FIELD_NUMBER: _builtins.int
     ENGINE_FIELD_NUMBER: _builtins.int
     SCAN_FIELD_NUMBER: _builtins.int
+    BYTES_SPILLED_FIELD_NUMBER: _builtins.int
     worker_url: _builtins.str
     rows_out: _builtins.int
     batches_out: _builtins.int
@@ -728,6 +729,8 @@ class TaskMetrics(_message.Message):
     """the part of bytes_in read from tasks on the same worker, without the network"""
     engine: _builtins.str
     """what computed the task: "duckdb" or "acero" (docs/engine.md)"""
+    bytes_spilled: _builtins.int
+    """output past the buffer's memory bound, written to spill files (retained outputs)"""
     @_builtins.property
     def stage_key(self) -> Global___StageKey: ...
     @_builtins.property
@@ -751,10 +754,11 @@ class TaskMetrics(_message.Message):
         bytes_in_local: _builtins.int = ...,
         engine: _builtins.str = ...,
         scan: Global___ScanMetrics | None = ...,
+        bytes_spilled: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["scan", b"scan", "stage_key", b"stage_key"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches_out", b"batches_out", "bytes_in", b"bytes_in", "bytes_in_local", b"bytes_in_local", "bytes_out", b"bytes_out", "elapsed_nanos", b"elapsed_nanos", "engine", b"engine", "feeds", b"feeds", "rows_in", b"rows_in", "rows_out", b"rows_out", "scan", b"scan", "stage_key", b"stage_key", "worker_url", b"worker_url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches_out", b"batches_out", "bytes_in", b"bytes_in", "bytes_in_local", b"bytes_in_local", "bytes_out", b"bytes_out", "bytes_spilled", b"bytes_spilled", "elapsed_nanos", b"elapsed_nanos", "engine", b"engine", "feeds", b"feeds", "rows_in", b"rows_in", "rows_out", b"rows_out", "scan", b"scan", "stage_key", b"stage_key", "worker_url", b"worker_url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
