@@ -1,4 +1,4 @@
-"""Shared fixtures: one real LocalCluster for the session and Parquet files."""
+"""Shared fixtures: one real LocalCluster for the session, Parquet files, and one SparkSession for the Spark tests."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from support import make_table
+from support import make_table, spark_session
 
 import flight
 from benchmarks.tpch import REPO_ROOT
@@ -27,6 +27,14 @@ def cluster(data_roots: list[Path]) -> Iterator[flight.LocalCluster]:
     """Two real flight-worker processes, with the testing readers loaded, reading under ``data_roots``."""
     with flight.LocalCluster(2, extensions=["flight.dev.testing"], data_roots=data_roots) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One SparkSession (one JVM: starting one takes seconds) for every module that asks: ``local[2,3]``,
+    two task threads and a failed task tried up to three times, as on a cluster."""
+    with spark_session(tmp_path_factory.mktemp("spark"), master="local[2,3]") as session:
+        yield session
 
 
 @pytest.fixture(scope="session")

@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 import pyarrow as pa
 import pyarrow.flight as fl
 import pyarrow.parquet as pq
+import pytest
 
 import flight
 from flight.wire._proto import plan_pb2, protocol_pb2
 from flight.wire.protocol import PROTOCOL_VERSION, encode_schema
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 _tick = threading.Event()  # never set: its wait() is an interruptible pause
 
@@ -179,3 +186,36 @@ def table_rows(table: pa.Table) -> list[tuple]:
     """The rows of ``table`` as tuples."""
     columns = [table[c].to_pylist() for c in table.column_names]
     return list(zip(*columns)) if columns else []
+
+
+@contextmanager
+def spark_session(tmp: Path, master: str = "local[2]") -> Iterator[SparkSession]:
+    """Start a local SparkSession (``local[2]``: no task retries) whose Python workers run this
+    interpreter; stop it on exit."""
+    pyspark = pytest.importorskip("pyspark", reason="the Spark tests need the spark extra: pip install -e '.[dev,spark]'")
+    del pyspark
+    from pyspark.sql import SparkSession
+
+    with pytest.MonkeyPatch.context() as mp:
+        # Spark's Python workers (and the data source planner) must import flight-exec: this venv.
+        mp.setenv("PYSPARK_PYTHON", sys.executable)
+        mp.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
+        spark = (
+            SparkSession.builder.master(master)
+            .appName("flight-exec tests")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.default.parallelism", "2")
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.sql.session.timeZone", "UTC")
+            .config("spark.sql.warehouse.dir", str(tmp / "warehouse"))
+            .config("spark.local.dir", str(tmp / "local"))
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        try:
+            yield spark
+        finally:
+            spark.stop()

@@ -35,6 +35,7 @@ MICRO = {
     "engine_probe": "the per-task engine candidates on the same probes (docs/engine.md): python_hop_cost_s, q1_duckdb_vs_acero",
     "recovery": "TPC-H SF1 on 3 workers, one killed at the query's midpoint, checked against DuckDB: recovered, recovery_overhead",
     "service": "TPC-H SF1 through ADBC and flight-coordinator vs DistributedExec in-process: service_overhead_geomean",
+    "service_load": "32 ADBC clients for 60 s against flight-coordinator, TPC-H SF 0.1, every answer checked: service_load_qps, p50, p99, RSS before/after, service_load_exact",
     "concurrency": "soak: 200 mixed TPC-H SF 0.1 queries at once on 2 workers, each checked against DuckDB: concurrency_exact, worker_peak_rss_mb",
 }
 DEFAULT = ("transport", "feed", "skew", "slow_discovery")

@@ -75,6 +75,19 @@ class DetachedQuery:
         self._deadline = time.monotonic() + retain
         threading.Thread(target=self._watch, args=(head,), name=f"detached-{self.query_id}", daemon=True).start()
 
+    def computed(self, timeout: float | None = None) -> bool:
+        """Wait until every head task made all its output (the rows wait on the workers; a retained query's
+        may still be read again), or the query ended; whether they did. Raises the query's error."""
+        end = None if timeout is None else time.monotonic() + timeout
+        head = self._run.by_stage[self._run.plan.head.stage_id]
+        while not all(c.finished.is_set() for c in self._head(head)):
+            if self._run.error is not None:
+                raise self._run.error
+            if self._done.is_set() or (end is not None and time.monotonic() >= end):
+                return False
+            time.sleep(0.05)
+        return True
+
     def _head(self, head: list[TaskChannel]) -> list[TaskChannel]:
         """The head tasks now: a lost task's replacement in its place (``replay.py``)."""
         replay = self._run.replay

@@ -49,6 +49,7 @@ class Query:
     user: str
     started: float
     detached: DetachedQuery
+    retained: bool = False  # its results may be read more than once, until its deadline (hints.py)
     handles: dict[bytes, int] = field(default_factory=dict)  # relay handle -> head partition
     state: str = "running"  # running, finished, failed, cancelled
     error: str = ""
@@ -89,18 +90,26 @@ class Queries:
         self._stopped = threading.Event()
         spawn(self._reap, name="service-reaper")
 
-    def start(self, text: str, user: str, params: Mapping[str, object] | None = None, planned: PlannedQuery | None = None) -> Query:
+    def start(
+        self, text: str, user: str, params: Mapping[str, object] | None = None, planned: PlannedQuery | None = None,
+        *, retain: float = 0.0,
+    ) -> Query:
         """Plan ``text`` (unless ``planned`` is its plan already) and start it on the workers, once admitted;
-        raises ``PlanError`` (nothing started), ``AdmissionRefused`` (no slot within the queue wait) or the start's error."""
+        raises ``PlanError`` (nothing started), ``AdmissionRefused`` (no slot within the queue wait) or the start's error.
+
+        ``retain`` > 0 (``hints.py``): its head outputs may be read any number of times for that long, at
+        most the result TTL; its slot is given back once they are all made (it computes nothing more).
+        """
+        retain = min(max(0.0, retain), self.result_ttl)
         self.admission.acquire(user)
         try:
             plan = planned if planned is not None else plan_sql(text, self.catalog, params=params)
             ex = DistributedExec(plan, self.resolver, security=self.security, deadline=self.query_timeout)
-            detached = ex.start_detached()
+            detached = ex.start_detached(retain)
         except BaseException:
             self.admission.release(user)
             raise
-        query = Query(detached.query_id, text, user, time.monotonic(), detached)
+        query = Query(detached.query_id, text, user, time.monotonic(), detached, retained=retain > 0)
         for i in range(len(detached.partitions)):
             query.handles[secrets.token_bytes(16)] = i
         with self._lock:
@@ -144,8 +153,13 @@ class Queries:
             return list(self._ended)
 
     def _follow(self, query: Query) -> None:
-        """Wait for the query to end (its results read, or closed), then move it to the ended ones."""
+        """Wait for the query to end (its results read, or closed; retained: released at its deadline),
+        then move it to the ended ones. A retained query's slot is given back once its outputs are made."""
+        slot = True
         try:
+            if query.retained and query.detached.computed():
+                self.admission.release(query.user)
+                slot = False
             query.detached.wait()
             if query.state == "running":
                 query.state = "finished"
@@ -157,7 +171,8 @@ class Queries:
         except Exception as exc:  # noqa: BLE001 - whatever ended it, the query is over; say so, do not die
             query.state, query.error = "failed", f"{type(exc).__name__}: {exc}"
         finally:
-            self.admission.release(query.user)
+            if slot:
+                self.admission.release(query.user)
             query.ended = time.monotonic()
             with self._lock:
                 self._live.pop(query.query_id, None)
@@ -171,7 +186,8 @@ class Queries:
     def _reap(self) -> None:
         while not self._stopped.wait(min(1.0, self.result_ttl / 4)):
             oldest = time.monotonic() - self.result_ttl
-            for query in self.find(lambda q: q.started < oldest):  # noqa: B023 - used at once, in this iteration
+            # A retained query ends itself at its deadline (at most the TTL), read or not.
+            for query in self.find(lambda q: q.started < oldest and not q.retained):  # noqa: B023 - used at once, in this iteration
                 self.cancel(query.query_id, f"its results were not read within the result TTL ({self.result_ttl:g} s)")
 
     def close(self) -> None:

@@ -35,6 +35,7 @@ from google.protobuf.message import DecodeError
 from flight.errors import FlightExecError, PlanError, ProtocolError, TaskCancelledError, WorkerBusyError
 from flight.plan.query import Query as PlannedQuery
 from flight.service.commands import catalogs, db_schemas, pack, sql_info, table_types, tables, tables_schema, unpack
+from flight.service.hints import HINTS_KEY, Hints, retain_of
 from flight.service.queries import Queries, Query
 from flight.service.users import caller_name
 from flight.sql import sql
@@ -95,7 +96,9 @@ class CoordinatorServer(fl.FlightServerBase):
     def __init__(self, location: str, queries: Queries, *, endpoints: str = "direct", **server_options: Any) -> None:
         if endpoints not in ("direct", "relay"):
             raise ValueError(f"endpoints must be 'direct' or 'relay', not {endpoints!r}")
-        super().__init__(location, **server_options)
+        middleware = dict(server_options.pop("middleware", None) or {})
+        middleware[HINTS_KEY] = Hints()
+        super().__init__(location, middleware=middleware, **server_options)
         scheme = "grpc+tls" if server_options.get("tls_certificates") else "grpc"
         self.url = f"{scheme}://{location.split('://', 1)[1].rsplit(':', 1)[0]}:{self.port}"
         self.queries = queries
@@ -111,12 +114,13 @@ class CoordinatorServer(fl.FlightServerBase):
         command = unpack(descriptor.command or b"", "descriptor.cmd")
         if self.draining.is_set() and isinstance(command, (sql_pb2.CommandStatementQuery, sql_pb2.CommandPreparedStatementQuery)):
             raise fl.FlightUnavailableError(f"{self.url} is shutting down and takes no new queries")
+        retain = retain_of(context)
         if isinstance(command, sql_pb2.CommandStatementQuery):
-            return self._info(self.queries.start(_text(command.query), _user(context)), descriptor)
+            return self._info(self.queries.start(_text(command.query), _user(context), retain=retain), descriptor)
         if isinstance(command, sql_pb2.CommandPreparedStatementQuery):
             prepared = self._statement(command.prepared_statement_handle)
             planned = prepared.planned if prepared.params is None else None
-            return self._info(self.queries.start(prepared.sql, _user(context), prepared.params, planned), descriptor)
+            return self._info(self.queries.start(prepared.sql, _user(context), prepared.params, planned, retain=retain), descriptor)
         table = self._metadata(command)
         return fl.FlightInfo(table.schema, descriptor, [fl.FlightEndpoint(pack(command), [])], table.num_rows, table.nbytes)
 
@@ -131,16 +135,19 @@ class CoordinatorServer(fl.FlightServerBase):
         return fl.FlightInfo(query.schema, descriptor, endpoints, -1, -1)
 
     @_boundary
-    def get_schema(self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor) -> pa.Schema:
+    def get_schema(self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor) -> fl.SchemaResult:  # type: ignore[override]  # pyarrow wants a SchemaResult; its stubs say Schema
+        """A statement's result schema, planned without running it (the Spark data source asks this first)."""
         command = unpack(descriptor.command or b"", "descriptor.cmd")
         if isinstance(command, sql_pb2.CommandStatementQuery):
-            return (sql(command.query, self.queries.catalog).schema)
-        if isinstance(command, sql_pb2.CommandPreparedStatementQuery):
+            schema = sql(command.query, self.queries.catalog).schema
+        elif isinstance(command, sql_pb2.CommandPreparedStatementQuery):
             prepared = self._statement(command.prepared_statement_handle)
-            return (sql(prepared.sql, self.queries.catalog, params=prepared.params).schema)
-        if isinstance(command, sql_pb2.CommandGetTables):
-            return (tables_schema(command.include_schema))
-        return (self._metadata(command).schema)
+            schema = sql(prepared.sql, self.queries.catalog, params=prepared.params).schema
+        elif isinstance(command, sql_pb2.CommandGetTables):
+            schema = tables_schema(command.include_schema)
+        else:
+            schema = self._metadata(command).schema
+        return fl.SchemaResult(schema)
 
     @_boundary
     def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.FlightDataStream:

@@ -7,6 +7,9 @@
   partitions are the head stage's outputs, read in parallel with DoGet
   (``register(spark)`` adds the ``flight`` data source; ``plan_options(query)``
   builds the options of its coordinator-less one-stage form).
+* ``sql(spark, text, tables, workers)``: SQL planned in this process, its result as a DataFrame;
+  ``spark.read.format("flight").option("coordinator", URL).option("sql", TEXT)`` asks a
+  ``flight-coordinator`` instead (filters pushed into the statement on PySpark 4.1+).
 * ``feed_from_dataframe(df, column)``: a DataFrame of work units as a feed.
 
 pyspark is imported only when a function needs it; see docs/spark.md.
@@ -14,7 +17,7 @@ pyspark is imported only when a function needs it; see docs/spark.md.
 
 from flight.spark._feed import DataFrameFeed, feed_from_dataframe
 from flight.spark._map import FlightMap, flight_map, map_in_arrow
-from flight.spark._read import FlightRead, plan_options, read, register, start_read
+from flight.spark._read import FlightRead, plan_options, read, register, sql, start_read
 from flight.spark._schema import ddl, input_schema, spark_schema
 
 __all__ = [
@@ -30,5 +33,6 @@ __all__ = [
     "read",
     "register",
     "spark_schema",
+    "sql",
     "start_read",
 ]

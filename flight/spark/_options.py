@@ -12,6 +12,11 @@ planner process and then (inside the reader) to every Spark task. Two forms:
   ``resolver`` = a resolver's ``describe()`` JSON); ``units`` = base64 of JSON
   ``{"tasks": n, "assign": [{feed_id: {partition: [base64 unit, ...]}}, ...]}``
   (one dict per task); ``tasks`` overrides the task count.
+* **a statement for a service**: ``coordinator`` = a ``flight-coordinator``'s URL, ``sql`` = the
+  text; ``token_file``, ``tls_ca``, ``tls_cert``, ``tls_key`` name credential files (paths only:
+  options show in Spark's plans); ``timeout`` bounds each call to the service; ``pushdown``
+  offers to take Spark's filters (``true`` from PySpark 5.0, else asked for: ``_pushdown_by_default``);
+  ``retain`` (600) keeps results readable again that many seconds (``_service.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import pyarrow as pa
 from flight.coordinator.resolver import resolver_from_description
 from flight.errors import PlanError
 from flight.security import SecurityFiles
+from flight.spark._service import ServiceSource
 from flight.spark._workers import Workers, describe_workers
 from flight.wire._proto import plan_pb2
 from flight.wire.protocol import decode_schema
@@ -139,8 +145,48 @@ def _float(options: Mapping[str, str], name: str, default: float) -> float:
         raise PlanError(f"flight data source: option {name!r} must be a number of seconds, not {raw!r}") from None
 
 
-def decode_options(options: Mapping[str, str]) -> HeadOptions | PlanOptions:
+def _pushdown_by_default() -> bool:
+    """Whether a statement for a service offers to take Spark's filters unless told: from PySpark 5.0.
+
+    PySpark 4.1 to 4.x keep the partitions planned with a DataFrame's pushed filters on the data source
+    that DataFrame shares with the one it was filtered from: the unfiltered one, used after, reads the
+    filtered rows (measured here on 4.3: ``df.filter(…).count()`` then ``df.count()`` gave 169 and 169
+    for 169 and 299,814). Spark's fix keeps pushed partitions per scan; until then, pushing is asked for
+    (``pushdown 'true'``), and docs/spark.md says to load the DataFrame again for each filter.
+    """
+    try:
+        import pyspark
+    except ImportError:
+        return False
+    return tuple(int(x) for x in pyspark.__version__.split(".")[:2] if x.isdigit()) >= (5, 0)
+
+
+SECURITY_OPTIONS = {"token_file": "token_file", "tls_ca": "ca_file", "tls_cert": "cert_file", "tls_key": "key_file"}
+"""Options naming credential files, one each (``OPTIONS (token_file '…')`` in Spark SQL), as ``SecurityFiles`` fields."""
+
+
+def _service(options: Mapping[str, str]) -> ServiceSource:
+    coordinator, text = options.get("coordinator"), options.get("sql")
+    if not coordinator:
+        raise PlanError("flight data source: option 'sql' needs option 'coordinator' (a flight-coordinator's grpc:// URL); "
+                        "to plan SQL in this process, use flight.spark.sql(spark, text, tables, workers)")
+    if not text or not text.strip():
+        raise PlanError("flight data source: option 'coordinator' needs option 'sql' (the statement to run)")
+    if not coordinator.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
+        raise PlanError(f"flight data source: option 'coordinator' must be a grpc:// or grpc+tls:// URL, not {coordinator[:80]!r}")
+    files: dict[str, object] = dict(_security_files(options).to_dict())
+    files.update({field: options[name] for name, field in SECURITY_OPTIONS.items() if options.get(name)})
+    pushdown = (options.get("pushdown") or ("true" if _pushdown_by_default() else "false")).strip().lower()
+    if pushdown not in ("true", "false"):
+        raise PlanError(f"flight data source: option 'pushdown' must be true or false, not {pushdown[:20]!r}")
+    return ServiceSource(coordinator, text, SecurityFiles.from_dict(files), _float(options, "timeout", 60.0), pushdown == "true",
+                         _float(options, "retain", 600.0))
+
+
+def decode_options(options: Mapping[str, str]) -> HeadOptions | PlanOptions | ServiceSource:
     """The options of a ``spark.read.format("flight")``; a PlanError says what is missing or wrong."""
+    if options.get("coordinator") is not None or options.get("sql") is not None:
+        return _service(options)
     if options.get("partitions") is not None:
         items = _json(_unb64(options["partitions"], "partitions").decode(), "partitions")
         if not isinstance(items, list) or not all(isinstance(i, dict) and "url" in i and "ticket" in i for i in items):
@@ -182,6 +228,7 @@ def decode_options(options: Mapping[str, str]) -> HeadOptions | PlanOptions:
         assign = assign or [{} for _ in range(tasks)]
         return PlanOptions(plan.SerializeToString(), schema, workers, assign, _float(options, "connect_timeout", 10.0))
     raise PlanError(
-        "flight data source: give option 'plan' (a one-stage StagePlan, base64) with 'workers', "
-        "or use flight.spark.read(spark, query, resolver), which sets the options of a running query"
+        "flight data source: give options 'coordinator' and 'sql' (a statement for a flight-coordinator), or 'plan' "
+        "(a one-stage StagePlan, base64) with 'workers', or use flight.spark.read(spark, query, resolver), which sets "
+        "the options of a running query"
     )

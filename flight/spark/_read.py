@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Self
 
 from flight.config import ExecOptions
@@ -34,18 +34,34 @@ from flight.wire.protocol import encode_schema
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["FlightRead", "plan_options", "read", "register", "start_read"]
+    from flight.sql.catalog import Catalog, Source
+
+__all__ = ["FlightRead", "plan_options", "read", "register", "sql", "start_read"]
 
 FORMAT = "flight"
 DEFAULT_RETAIN_S = 600.0
 """How long a read()'s head outputs stay readable when nobody releases them (the backstop)."""
 
 
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+
+
 def register(spark: SparkSession) -> None:
-    """Register the ``flight`` data source with ``spark`` (idempotent)."""
+    """Register the ``flight`` data source with ``spark`` (idempotent).
+
+    On PySpark 4.1+, also turns Python data sources' filter pushdown on (``PUSHDOWN_CONF``): a statement
+    for a ``flight-coordinator`` takes Spark's filters, and Spark refuses such a reader while the setting
+    is off. Only Python sources that offer to take filters are affected; a read can decline with the
+    option ``pushdown 'false'``. (Whether a session set it itself cannot be told: reading it gives its
+    default, ``false``, either way.)
+    """
+    import pyspark
+
     from flight.spark._source import FlightDataSource
 
     spark.dataSource.register(FlightDataSource)
+    if tuple(int(x) for x in pyspark.__version__.split(".")[:2]) >= (4, 1):
+        spark.conf.set(PUSHDOWN_CONF, "true")
 
 
 class FlightRead:
@@ -133,6 +149,30 @@ def read(
     is released); ``start_read`` gives the handle to release it sooner, wait for or cancel it.
     """
     return start_read(spark, query, resolver, options, security_files=security_files, retain=retain, **overrides).df
+
+
+def sql(
+    spark: SparkSession,
+    text: str,
+    tables: Mapping[str, Source] | Catalog,
+    workers: WorkerResolver | Sequence[str],
+    options: ExecOptions | None = None,
+    *,
+    dialect: str = "spark",
+    params: Sequence[object] | Mapping[str, object] | None = None,
+    security_files: SecurityFiles | None = None,
+    retain: float = DEFAULT_RETAIN_S,
+    **overrides: object,
+) -> DataFrame:
+    """SQL planned here and run on ``workers``, its result as a DataFrame (``read``): no service needed.
+
+    ``dialect`` is Spark's by default (backtick identifiers, ``date_add``, ``nvl``: docs/sql.md), as a
+    Spark user writes it. The statement runs once, now; Spark reads its head partitions.
+    """
+    from flight.sql import sql as flight_sql  # the sql extra (DataFusion): imported when used
+
+    query = flight_sql(text, tables, dialect=dialect, params=params)
+    return read(spark, query, workers, options, security_files=security_files, retain=retain, **overrides)
 
 
 def _drain(stream: Iterator[WorkUnit] | AsyncIterator[WorkUnit]) -> list[bytes]:

@@ -19,12 +19,27 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.flight as fl
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+try:
+    from pyspark.sql.datasource import Filter
+except ImportError:  # PySpark 4.0: no filter pushdown (pushFilters is never called)
+    Filter = object  # type: ignore[assignment,misc]
 from pyspark.sql.types import StructType
 
 from flight.errors import WorkerError, WorkerUnavailableError
 from flight.security import SecurityFiles, connect
 from flight.spark._options import Assignment, HeadOptions, PlanOptions, decode_options
 from flight.spark._schema import Conformer, arrow_schema, spark_schema
+from flight.spark._service import (
+    ServicePartition,
+    ServiceSource,
+    filter_sql,
+    one_statement,
+    pushed_text,
+    read_service_partition,
+    service_partitions,
+    service_schema,
+)
 from flight.spark._stage_task import run_stage_task
 from flight.spark._workers import Workers
 from flight.wire._proto import protocol_pb2
@@ -75,6 +90,17 @@ class StageTaskPartition(InputPartition):
         self.value = self.index
 
 
+@dataclass
+class ServiceInputPartition(InputPartition):
+    """One endpoint of a statement a ``flight-coordinator`` runs."""
+
+    index: int
+    endpoint: ServicePartition
+
+    def __post_init__(self) -> None:
+        self.value = self.index
+
+
 class FlightDataSource(DataSource):
     """``spark.read.format("flight")``: see docs/spark.md for its options."""
 
@@ -83,19 +109,29 @@ class FlightDataSource(DataSource):
         return "flight"
 
     def schema(self) -> StructType:
-        return spark_schema(decode_options(self.options).schema)
+        spec = decode_options(self.options)
+        return spark_schema(service_schema(spec) if isinstance(spec, ServiceSource) else spec.schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return FlightReader(decode_options(self.options), schema)
+        spec = decode_options(self.options)
+        if isinstance(spec, ServiceSource) and spec.pushdown:
+            return PushingReader(spec, schema)
+        return FlightReader(spec, schema)
 
 
 class FlightReader(DataSourceReader):
-    def __init__(self, spec: HeadOptions | PlanOptions, schema: StructType) -> None:
+    def __init__(self, spec: HeadOptions | PlanOptions | ServiceSource, schema: StructType) -> None:
         self.spec = spec
         self.schema = schema
+        self.pushed: list[str] = []  # SQL conditions of the filters taken from Spark (a service's statement only)
 
     def partitions(self) -> list[InputPartition]:
         spec = self.spec
+        if isinstance(spec, ServiceSource):
+            text = pushed_text(spec.sql, self.pushed)
+            if self.pushed:
+                log.info("flight data source: %d filter(s) pushed to %s: %s", len(self.pushed), spec.coordinator, " AND ".join(self.pushed))
+            return [ServiceInputPartition(p.index, p) for p in service_partitions(spec, text)]
         if isinstance(spec, HeadOptions):
             return [
                 HeadPartition(i, url, ticket, spec.query_id, spec.security_files, spec.workers)
@@ -110,6 +146,8 @@ class FlightReader(DataSourceReader):
         conform = Conformer(arrow_schema(self.schema), "flight data source")
         if isinstance(partition, HeadPartition):
             batches = _read_head(partition)
+        elif isinstance(partition, ServiceInputPartition):
+            batches = read_service_partition(partition.endpoint)
         elif isinstance(partition, StageTaskPartition):
             batches = run_stage_task(
                 partition.plan, partition.assign, partition.index, partition.tasks, partition.workers, partition.connect_timeout
@@ -118,6 +156,28 @@ class FlightReader(DataSourceReader):
             raise TypeError(f"the flight data source cannot read a {type(partition).__name__}")
         for batch in batches:
             yield conform(batch)
+
+
+class PushingReader(FlightReader):
+    """A statement for a service, which takes Spark's filters (PySpark 4.1+, where ``flight.spark.register``
+    turns ``spark.sql.python.filterPushdown.enabled`` on: Spark refuses a reader with ``pushFilters``
+    while it is off). Apart from ``FlightReader`` because of that refusal: the forms that cannot take
+    filters (a query already running) must not offer to."""
+
+    def pushFilters(self, filters: list[Filter]) -> list[Filter]:
+        """Every filter SQL can state exactly goes into the statement; Spark keeps the rest (all of them
+        when the text holds several statements, which no condition can wrap)."""
+        assert isinstance(self.spec, ServiceSource)
+        if not one_statement(self.spec.sql):
+            return list(filters)
+        kept = []
+        for f in filters:
+            condition = filter_sql(f)
+            if condition is None:
+                kept.append(f)
+            else:
+                self.pushed.append(condition)
+        return kept
 
 
 def _read_head(p: HeadPartition) -> Iterator[pa.RecordBatch]:

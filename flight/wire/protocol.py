@@ -42,6 +42,7 @@ from flight.wire.operators import taggable
 __all__ = [
     "COMPRESSION",
     "PROTOCOL_VERSION",
+    "RETAIN_HEADER",
     "check_id",
     "check_secret",
     "decode_cancel_request",
@@ -63,6 +64,10 @@ __all__ = [
 PROTOCOL_VERSION = 3
 """Bumped on any change a peer of the previous version would misread (2: heartbeats, InputEnd, flat expressions;
 3: the Release frame, which a version-2 worker would refuse as a frame without a member)."""
+
+RETAIN_HEADER = "x-flight-exec-retain"
+"""A call header of a Flight SQL ``GetFlightInfo`` to ``flight-coordinator``: keep the statement's results
+readable again for this many seconds (``flight/service/hints.py``; the Spark data source sends it)."""
 
 _ID = re.compile(rf"[A-Za-z0-9._:-]{{1,{MAX_ID_CHARS}}}")
 

@@ -29,7 +29,9 @@ def error_boundary(handler: _Handler) -> _Handler:
 
     The handlers raise FlightErrors (``status_error``) for everything they expect; anything
     else is a bug here, logged with its traceback, and the client sees only its type — no
-    traceback, path or message that might hold file contents.
+    traceback, path or message that might hold file contents. Every call's end, refused or not,
+    is told to the server (``call_ended``): a call that never became a task may still have held
+    memory (a 64 MiB header decoded and refused), which an idle worker gives back.
     """
 
     @functools.wraps(handler)
@@ -42,6 +44,8 @@ def error_boundary(handler: _Handler) -> _Handler:
             log.warning("%s failed unexpectedly", handler.__name__, exc_info=True)
             message = f"internal error in {handler.__name__} on {self.url}: {type(exc).__name__} (details in the worker's log)"
             error = status_error(protocol_pb2.ErrorInfo(code=protocol_pb2.ERROR_CODE_EXECUTION, message=message, worker_url=self.url))
+        finally:
+            self.call_ended()
         # Raised out here, as a copy without traceback or context, and without the call's arguments:
         # pyarrow may keep the exception a handler raises, and with it every frame of the handler (the
         # task, its readers, its buffers) for the process's life (worker/memory.py).

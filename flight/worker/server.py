@@ -105,11 +105,18 @@ class WorkerServer(fl.FlightServerBase):
         self.admission = Admission(worker_capacity(o, sec.identifies_callers))
         self.beats = Heartbeats()
         self._stopped = threading.Event()  # set by shutdown()
-        self._idle = threading.Event()  # tasks ran since memory was last handed back
+        self._idle = threading.Event()  # calls ended since memory was last handed back
         # The watchdog (watchdog.py) runs for the worker's whole life, drained or not: a drain that
         # is undone (resume) must still free the tasks of coordinators that went silent.
         watchdog = (self.registry, self.admission, self.options.peer_timeout, self._stopped, self._idle)
         threading.Thread(target=watch, args=watchdog, name="watchdog", daemon=True).start()
+
+    def call_ended(self) -> None:
+        """Any call ended (``error_boundary``): the watchdog's next round that finds no task gives memory
+        back. Before, only a task's end did, and a run of refused calls (large headers, tickets and
+        action bodies, decoded then refused) left an idle worker 270-300 MiB above its baseline at
+        some samples of the 10,000-case fuzz run."""
+        self._idle.set()
 
     # ------------------------------------------------------------- DoExchange
 

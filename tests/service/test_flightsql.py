@@ -159,6 +159,14 @@ def test_results_never_read_are_freed_within_the_ttl(cluster: flight.LocalCluste
         assert stop_service(proc) == 0
 
 
+def test_get_schema_plans_a_statement_without_running_it(services: dict[str, str], cluster: flight.LocalCluster) -> None:
+    text = "select n_name, n_regionkey + 1 as r from nation"
+    with fl.connect(services["direct"]) as client:
+        result = client.get_schema(fl.FlightDescriptor.for_command(pack(sql_pb2.CommandStatementQuery(query=text))))
+    assert result.schema.names == ["n_name", "r"]
+    assert running_tasks(cluster.urls) == 0  # nothing ran
+
+
 def test_an_unknown_command_is_refused_by_name(services: dict[str, str]) -> None:
     client = fl.connect(services["direct"])
     update = fl.FlightDescriptor.for_command(pack(sql_pb2.CommandStatementUpdate(query="delete from nation")))

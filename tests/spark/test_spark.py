@@ -1,6 +1,6 @@
-"""PySpark integration on a real local[2] SparkSession and real workers.
+"""PySpark integration on a real local SparkSession and real workers.
 
-One SparkSession (one JVM) for the whole module; the workers are the session's
+The session's SparkSession (``spark``, tests/conftest.py: one JVM); the workers are the session's
 ``cluster`` (two flight-worker processes). TPC-H data is the small scale factor
 the TPC-H tests use (``.bench-cache/tpch``, made once by ``tpchgen-cli``);
 answers are checked against Spark SQL on the same input or against DuckDB.
@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from spark_support import dead_url, spark_session
+from spark_support import dead_url
 from support import running_tasks, tpch_test_files, wait_until
 
 import flight
@@ -33,12 +33,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 SF = 0.05  # lineitem: 300K rows in 4 files
 CUTOFF = dt.date(1998, 9, 2)
-
-
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    with spark_session(tmp_path_factory.mktemp("spark")) as session:
-        yield session
 
 
 @pytest.fixture(scope="module")
@@ -357,7 +351,7 @@ def test_the_plan_option_refuses_a_multi_stage_query(files) -> None:  # type: ig
 
 def test_the_data_source_explains_missing_options(spark) -> None:  # type: ignore[no-untyped-def]
     fs.register(spark)
-    with pytest.raises(Exception, match="give option 'plan'"):
+    with pytest.raises(Exception, match="give options 'coordinator' and 'sql'"):
         spark.read.format("flight").load()
 
 

@@ -19,7 +19,7 @@ pytest.importorskip("pyspark", reason="the Spark tests need the spark extra: pip
 
 EXPECTED = {
     "DataFrameFeed", "FlightMap", "FlightRead", "ddl", "feed_from_dataframe", "flight_map", "input_schema",
-    "map_in_arrow", "plan_options", "read", "register", "spark_schema", "start_read",
+    "map_in_arrow", "plan_options", "read", "register", "spark_schema", "sql", "start_read",
 }
 
 
@@ -100,5 +100,5 @@ def test_data_source_options_round_trip_and_explain_mistakes() -> None:
         decode_options({**options, "tasks": "3"})
     with pytest.raises(PlanError, match="not valid base64"):
         decode_options({"plan": "%%%", "workers": "grpc://a:1"})
-    with pytest.raises(PlanError, match="give option 'plan'"):
+    with pytest.raises(PlanError, match="give options 'coordinator' and 'sql'"):
         decode_options({})

@@ -1,7 +1,7 @@
 """A ``flight.spark.read`` DataFrame whose worker is killed while Spark reads it.
 
-Spark runs ``local[2,3]``: two task threads, and a failed task is retried (up to three
-attempts), as on a cluster. The driver replaces the lost head task on another worker
+Spark runs ``local[2,3]`` (the session's ``spark``, tests/conftest.py): two task threads, and a
+failed task is retried (up to three attempts), as on a cluster. The driver replaces the lost head task on another worker
 (same stage key, every unit it had been sent); the retried Spark task finds it there.
 The answer is checked against the rows the feed describes, built here in Python.
 """
@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from spark_support import spark_session
 from support import running_tasks, wait_until
 
 import flight
@@ -26,12 +25,6 @@ pyspark = pytest.importorskip("pyspark", reason="the Spark tests need the spark 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 PARTITIONS, UNITS, ROWS = 3, 60, 50
-
-
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    with spark_session(tmp_path_factory.mktemp("spark-retries"), master="local[2,3]") as session:
-        yield session
 
 
 class Units(flight.WorkUnitFeedProvider):
