@@ -11,11 +11,14 @@
   ``spark.read.format("flight").option("coordinator", URL).option("sql", TEXT)`` asks a
   ``flight-coordinator`` instead (filters pushed into the statement on PySpark 4.1+).
 * ``feed_from_dataframe(df, column)``: a DataFrame of work units as a feed.
+* ``start_workers(spark, n)``: ``n`` flight workers as long-lived Spark tasks on the executors,
+  with a ``resolver()`` that follows them.
 
 pyspark is imported only when a function needs it; see docs/spark.md.
 """
 
 from flight.spark._feed import DataFrameFeed, feed_from_dataframe
+from flight.spark._fleet import SparkWorkers, start_workers
 from flight.spark._map import FlightMap, flight_map, map_in_arrow
 from flight.spark._read import FlightRead, plan_options, read, register, sql, start_read
 from flight.spark._schema import ddl, input_schema, spark_schema
@@ -24,6 +27,7 @@ __all__ = [
     "DataFrameFeed",
     "FlightMap",
     "FlightRead",
+    "SparkWorkers",
     "ddl",
     "feed_from_dataframe",
     "flight_map",
@@ -35,4 +39,5 @@ __all__ = [
     "spark_schema",
     "sql",
     "start_read",
+    "start_workers",
 ]
