@@ -249,7 +249,10 @@ class SparkWorkers:
             return
         self._stopped.set()
         try:
-            self.spark.sparkContext.cancelJobGroup(self.group)
+            if _is_connect(self.spark):
+                self.spark.interruptTag(self.group)
+            else:
+                self.spark.sparkContext.cancelJobGroup(self.group)
         except Exception as exc:  # noqa: BLE001 - the session may have stopped already, taking the job with it
             log.debug("cancelling the flight fleet's job group: %s", exc)
         if self._thread is not None:
@@ -283,28 +286,29 @@ def start_workers(
     ``SPARK_LOCAL_IP`` or host name). ``num_cpus_per_worker`` and ``memory_per_worker`` become a
     stage-level resource profile where the cluster manager supports one (YARN, Kubernetes,
     standalone with dynamic allocation); elsewhere they are refused with Spark's reason.
-    Each worker holds one task slot for its whole life.
+    Each worker holds one task slot for its whole life. Works from a Spark Connect session too (its
+    job tagged and interrupted by tag; stage-level resources are not offered there).
     """
     if num_workers < 1:
         raise ValueError("start_workers needs at least one worker")
-    sc = spark.sparkContext
-    driver_host = sc.getConf().get("spark.driver.host", "127.0.0.1")
-    local = (sc.master or "").startswith("local")
+    connect = _is_connect(spark)
+    driver_host = spark.conf.get("spark.driver.host", "127.0.0.1") or "127.0.0.1"
+    local = (spark.conf.get("spark.master", "") or "").startswith("local")
     registry = Registry(secrets.token_hex(32), num_workers, expire=max(5.0, beat * 5))
     server = RegistryServer(registry, driver_host if not local else "127.0.0.1")
     group = f"flight-workers-{uuid.uuid4().hex[:8]}"
     fleet = SparkWorkers(spark, registry, server, group)
     conf = {"registry": server.url, "secret": registry.secret, "host": host or ("127.0.0.1" if local else "auto"),
             "worker_args": list(worker_args) + ["--grace", str(grace)], "start_timeout": start_timeout, "beat": beat, "grace": grace}
-    rdd = sc.parallelize(range(num_workers), num_workers)
-    if num_cpus_per_worker is not None or memory_per_worker is not None:
-        rdd = rdd.withResources(_profile(num_cpus_per_worker, memory_per_worker))
-    job = rdd.mapPartitionsWithIndex(worker_task(conf))
+    job = _connect_job(spark, conf, num_workers) if connect else _classic_job(spark, conf, num_workers, num_cpus_per_worker, memory_per_worker)
 
     def run() -> None:
-        sc.setJobGroup(group, f"flight-exec: {num_workers} flight workers", interruptOnCancel=True)
+        if connect:
+            spark.addTag(group)  # this thread's operations: spark.interruptTag(group) stops them
+        else:
+            spark.sparkContext.setJobGroup(group, f"flight-exec: {num_workers} flight workers", interruptOnCancel=True)
         try:
-            job.collect()
+            job()
         except Exception as exc:  # noqa: BLE001 - the fleet's end: cancelled (stop) or failed (kept for whoever waits)
             if not fleet._stopped.is_set():
                 fleet.error = exc
@@ -318,6 +322,32 @@ def start_workers(
         fleet.stop()
         raise
     return fleet
+
+
+def _is_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect session (no SparkContext here: jobs are tagged, not grouped)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def _classic_job(spark: Any, conf: dict[str, Any], n: int, cpus: int | None, memory: str | None) -> Callable[[], object]:
+    rdd = spark.sparkContext.parallelize(range(n), n)
+    if cpus is not None or memory is not None:
+        rdd = rdd.withResources(_profile(cpus, memory))
+    return rdd.mapPartitionsWithIndex(worker_task(conf)).collect
+
+
+def _connect_job(spark: Any, conf: dict[str, Any], n: int) -> Callable[[], object]:
+    """The fleet's job over Spark Connect: ``n`` partitions of ``range``, each a worker's task (``mapInArrow``)."""
+    run = worker_task(conf)
+
+    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        for url in run(ctx.partitionId() if ctx is not None else 0, iter(())):
+            yield pa.RecordBatch.from_pylist([{"url": url}])
+
+    return spark.range(0, n, 1, n).mapInArrow(task, "url string").collect
 
 
 def _executor_host() -> str:
