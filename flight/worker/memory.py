@@ -19,9 +19,11 @@ So the worker caps glibc at ``MALLOC_ARENAS`` arenas and fixes its mmap threshol
 (``MMAP_THRESHOLD``) before its threads start (a worker's
 allocations are few and large: Arrow and DuckDB have allocators of their own), and, once it
 becomes idle (``release_idle_memory``, run by the watchdog within a second): ends the idle
-threads of ``flight.threads`` and of Arrow's I/O pool (the pool is shrunk to one thread until
-they are gone, then given its size back: Arrow starts threads again as work comes), collects
-garbage, and trims both heaps. DuckDB's allocator (jemalloc) flushes itself (docs/engine.md).
+threads of ``flight.threads`` and of Arrow's I/O and compute pools (each is shrunk to one thread
+until they are gone, then given its size back: Arrow starts threads again as work comes), collects
+garbage, and trims both heaps. (A 10,000-case fuzz run's worst idle sample, +344 MiB, was 330 MiB
+resident in mimalloc's arena with nothing allocated in Arrow's pool: pages cached in the heaps of
+threads still alive, which only those threads, or their end, give back.) DuckDB's allocator (jemalloc) flushes itself (docs/engine.md).
 Trimming applies on glibc only.
 
 The system allocator for Arrow was tried instead: it gives memory back whichever thread frees
@@ -110,12 +112,14 @@ def release_idle_memory(busy: Callable[[], bool] = lambda: False) -> None:
     ``busy()`` true (a task arrived) gives the I/O pool its size back at once: its sources need it.
     """
     retire_idle()
-    io_threads = pa.io_thread_count()
+    io_threads, cpu_threads = pa.io_thread_count(), pa.cpu_count()
     pa.set_io_thread_count(1)  # idle pool threads end (a pool thread that works ends after its task)
+    pa.set_cpu_count(1)  # the same for Arrow's compute pool: its threads' mimalloc pages go with them
     try:
         _threads_settle(busy)
     finally:
         pa.set_io_thread_count(io_threads)
+        pa.set_cpu_count(cpu_threads)
     gc.collect()
     pa.default_memory_pool().release_unused()
     if _LIBC is not None:
