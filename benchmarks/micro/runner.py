@@ -36,6 +36,7 @@ MICRO = {
     "recovery": "TPC-H SF1 on 3 workers, one killed at the query's midpoint, checked against DuckDB: recovered, recovery_overhead",
     "service": "TPC-H SF1 through ADBC and flight-coordinator vs DistributedExec in-process: service_overhead_geomean",
     "service_load": "32 ADBC clients for 60 s against flight-coordinator, TPC-H SF 0.1, every answer checked: service_load_qps, p50, p99, RSS before/after, service_load_exact",
+    "spark_offload": "TPC-H Q1,3,9,18,21 SF 1 in Spark SQL vs flight-exec read by Spark through flight-coordinator; pushdown bytes: spark_offload_geomean, spark_pushdown_bytes_ratio",
     "concurrency": "soak: 200 mixed TPC-H SF 0.1 queries at once on 2 workers, each checked against DuckDB: concurrency_exact, worker_peak_rss_mb",
 }
 DEFAULT = ("transport", "feed", "skew", "slow_discovery")
