@@ -1,18 +1,25 @@
-"""Spark Connect, for tests/spark/test_spark_connect.py: the flight integration from a Connect session.
+"""Spark Connect on two executor JVMs, for tests/spark/test_spark_connect.py: every flight.spark way.
 
-A local Connect server (``SparkSession.builder.remote("local[2,3]")`` starts one, a JVM of its own)
-and, beside it, two workers (``LocalCluster``) and a ``flight-coordinator`` over a Parquet table made
-here. Prints one JSON line: for each way in (``read``, ``sql``, the service's ``coordinator``/``sql``
-options with a filter, ``CREATE TEMPORARY VIEW … USING flight``, ``map_in_arrow``, ``start_workers``)
-whether its rows equal Spark SQL's over the same file, and what was left running after.
+A local Connect server whose master is ``local-cluster[2,1,1024]`` (``SparkSession.builder.remote``
+starts it: a driver JVM and two executor JVMs of one core each) and, beside it, two workers
+(``LocalCluster``) and a ``flight-coordinator`` over a Parquet table made here. Prints one JSON
+line: for each way (``read``, ``sql``, the service's ``coordinator``/``sql`` options with a filter,
+``CREATE TEMPORARY VIEW … USING flight``, ``map_in_arrow``) whether its rows equal Spark SQL's over
+the same file; then a fleet of two workers on the executors (``start_workers``): registered and
+healthy, a query on it, one worker SIGKILLed and replaced by Spark's retry of its task (the
+resolver follows), the query again, and no worker process left after ``stop()``.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -22,6 +29,33 @@ from pyspark.sql import functions as F
 
 import flight
 import flight.spark as fs
+from flight.wire.clients import health_check
+
+
+def fleet_pids() -> set[int]:
+    """flight-worker processes whose parent is a Spark Python worker (the fleet's, not the LocalCluster's)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes()
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            parent = (Path("/proc") / str(ppid) / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"flight.worker" in cmd and b"pyspark" in parent:
+            found.add(int(entry.name))
+    return found
+
+
+def wait(predicate: Callable[[], bool], seconds: float) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def rows(df) -> list[tuple]:  # type: ignore[no-untyped-def]
@@ -29,7 +63,7 @@ def rows(df) -> list[tuple]:  # type: ignore[no-untyped-def]
 
 
 def main() -> int:
-    spark = SparkSession.builder.remote("local[2,3]").getOrCreate()
+    spark = SparkSession.builder.remote("local-cluster[2,1,1024]").getOrCreate()
     seen: dict[str, object] = {"session": type(spark).__module__}
     tmp = Path(tempfile.mkdtemp(prefix="flight-connect-"))
     table = pa.table({"k": [i % 13 for i in range(20000)], "v": list(range(20000)), "s": [f"n{i % 101}" for i in range(20000)]})
@@ -56,11 +90,24 @@ def main() -> int:
             stage = flight.map_input(pa.schema([("id", pa.int64())])).select("id", twice=flight.col("id") * 2)
             mapped = fs.map_in_arrow(spark.range(1000), stage, cluster.urls)
             seen["map_in_arrow"] = rows(mapped) == [(i, 2 * i) for i in range(1000)]
-            with fs.start_workers(spark, 1, worker_args=["--data-root", str(tmp)], start_timeout=120) as fleet:
-                seen["fleet_urls"] = len(fleet.urls)
-                with fleet.resolver() as resolver:
-                    seen["fleet_query"] = sorted(flight.DistributedExec(query, resolver).to_table().to_pylist(),
-                                                 key=lambda r: r["k"]) == [dict(zip(("k", "total", "n"), r, strict=True)) for r in want]
+            expected = [dict(zip(("k", "total", "n"), r, strict=True)) for r in want]
+
+            def answer(resolver: flight.WorkerResolver) -> bool:
+                return sorted(flight.DistributedExec(query, resolver).to_table().to_pylist(), key=lambda r: r["k"]) == expected
+
+            # Last: the fleet takes both executors' task slots (one core each) for its life.
+            with fs.start_workers(spark, 2, worker_args=["--data-root", str(tmp)], start_timeout=120) as fleet:
+                first = fleet.urls
+                seen["fleet_urls"] = len(first)
+                seen["fleet_healthy"] = all(health_check(u, 5.0) is None for u in first)
+                seen["fleet_pids"] = len(fleet_pids())
+                with fleet.resolver(interval=0.2) as resolver:
+                    seen["fleet_query"] = answer(resolver)
+                    os.kill(min(fleet_pids()), signal.SIGKILL)  # its task fails; Spark's retry registers a new worker
+                    seen["fleet_replaced"] = wait(lambda: len(fleet.urls) == 2 and len(set(fleet.urls) - set(first)) == 1, 90.0)
+                    seen["fleet_followed"] = wait(lambda: resolver.get_urls() == fleet.urls, 10.0)
+                    seen["fleet_query_after"] = answer(resolver)
+            seen["fleet_left_after_stop"] = [] if wait(lambda: not fleet_pids(), 30.0) else sorted(fleet_pids())
         finally:
             proc.terminate()
             proc.wait(30)

@@ -1,25 +1,29 @@
-"""Workers on the Spark cluster (``flight.spark.start_workers``): started as Spark tasks, found, replaced, stopped.
+"""Workers on the Spark cluster (``flight.spark.start_workers``): who may register.
 
-The registry's rules are checked without sockets. Then a Spark application of its own
-(``fleet_job.py``, in a subprocess: a process has one SparkContext, and the suite's is ``local[2,3]``)
-on ``local-cluster[2,1,1024]``, two executor JVMs of one core each: two workers start as Spark tasks
-and register, answer ``health`` and run a query (checked against pyarrow's own group-by); one's
-process is SIGKILLed, Spark's retry of its task starts another that registers at a new URL, which
-the resolver follows, and the query runs again; ``stop()`` leaves no worker process (checked by PID).
+The registry's rules, without sockets; then a classic session's fleet (the session's ``local[2,3]``:
+a failed task is tried up to three times): a worker starts as a Spark task and registers, answers
+``health`` and runs a query (checked against pyarrow's own group-by); its process is SIGKILLed and
+Spark's retry registers another, which the resolver follows; ``stop()`` leaves no worker process
+(checked by PID). On two executor JVMs, from Spark Connect: tests/spark/test_spark_connect.py (one
+Spark application for both, as each costs a JVM start).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
+import signal
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
+from support import wait_until
 
+import flight
+import flight.spark as fs
 from flight.spark._fleet import Registry
+from flight.wire.clients import health_check
 
 pyspark = pytest.importorskip("pyspark", reason="the Spark tests need the spark extra: pip install -e '.[dev,spark]'")
 
@@ -53,17 +57,42 @@ def test_the_registry_takes_only_its_fleets_workers() -> None:
     assert r.live(6.5) == ["grpc://127.0.0.1:9002"]  # task 0 stopped beating 5.5 s ago
 
 
-@pytest.mark.required
-def test_workers_run_as_spark_tasks_on_executors_and_follow_the_fleet() -> None:
-    """Two executor JVMs (``local-cluster[2,1,1024]``), a worker on each, one killed and replaced, then stopped."""
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("fleet_job.py"))], capture_output=True, text=True,
-                          timeout=400, env=env, cwd=Path(__file__).parents[2])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+def fleet_pids() -> set[int]:
+    """flight-worker processes whose parent is a Spark Python worker (not the test's LocalCluster)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes()
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            parent = (Path("/proc") / str(ppid) / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"flight.worker" in cmd and b"pyspark" in parent:
+            found.add(int(entry.name))
+    return found
+
+
+def test_workers_run_as_spark_tasks_and_follow_the_fleet(spark: Any) -> None:
     table = pa.table({"k": [i % 7 for i in range(7000)], "v": list(range(7000))})
-    want = {str(r["k"]): r["v_sum"] for r in table.group_by("k").aggregate([("v", "sum")]).rename_columns(["k", "v_sum"]).to_pylist()}
-    assert len(seen["urls"]) == 2 and seen["healthy"] == [True, True] and seen["pids"] == 2, seen
-    assert seen["answer"] == want and seen["answer_after"] == want, seen
-    assert seen["replaced"] and seen["followed"] and len(set(seen["urls_after"]) - set(seen["urls"])) == 1, seen
-    assert seen["left_after_stop"] == [], seen
+    want = {r["k"]: r["v_sum"] for r in table.group_by("k").aggregate([("v", "sum")]).to_pylist()}
+    query = flight.from_arrow(table).aggregate("k", v_sum=flight.agg.sum("v"))
+
+    def answer(resolver: flight.WorkerResolver) -> dict[int, int]:
+        got = flight.DistributedExec(query, resolver).to_table()
+        return dict(zip(got.column("k").to_pylist(), got.column("v_sum").to_pylist(), strict=True))
+
+    with fs.start_workers(spark, 1, start_timeout=60) as fleet:
+        (first,) = fleet.urls
+        assert health_check(first, 5.0) is None
+        (pid,) = fleet_pids()
+        with fleet.resolver(interval=0.2) as resolver:
+            assert answer(resolver) == want
+            os.kill(pid, signal.SIGKILL)  # its task fails; Spark's retry starts another worker, which registers
+            wait_until(lambda: fleet.urls not in ([], [first]), 60.0, "a new worker to register")
+            wait_until(lambda: resolver.get_urls() == fleet.urls, 10.0, "the resolver to follow")
+            assert answer(resolver) == want
+        pids = fleet_pids()
+        assert pids and pid not in pids
+    wait_until(lambda: not fleet_pids(), 30.0, "the fleet's workers to exit after stop()")

@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from support import tpch_test_files
+from support import running_tasks, tpch_test_files, wait_until
 
 import flight
 import flight.spark as fs
@@ -71,6 +71,8 @@ def service(cluster: flight.LocalCluster, files: dict[str, list[Path]]) -> Itera
         proc.wait(30)
         if proc.stdout is not None:
             proc.stdout.close()
+    # Its statements' results were kept readable for Spark (retain): stopping the service frees them.
+    wait_until(lambda: running_tasks(cluster.urls) == 0, 15.0, "the stopped service's tasks to be freed")
 
 
 def arrow(df: Any) -> pa.Table:
@@ -99,9 +101,10 @@ def detail(page: str, query_id: str) -> dict[str, Any]:
 
 def test_embedded_sql_is_spark_sqls_answer(session: Any, cluster: flight.LocalCluster, files: dict[str, list[Path]]) -> None:
     tables = {t: flight.read_parquet([str(p) for p in files[t]]) for t in TABLES}
-    df = fs.sql(session, SQL[3], tables, cluster.urls)
-    assert df.rdd.getNumPartitions() >= 1
+    # Read once (retain=0): a retained query would hold the session's workers for its ten minutes.
+    df = fs.sql(session, SQL[3], tables, cluster.urls, retain=0)
     same(df, session.sql(SQL[3]), ORDERED.get(3))
+    wait_until(lambda: running_tasks(cluster.urls) == 0, 15.0, "the query's tasks to be freed once read")
 
 
 def test_a_statement_for_the_coordinator_is_spark_sqls_answer(session: Any, service: tuple[str, str]) -> None:
