@@ -26,27 +26,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
+from spark_support import fleet_pids  # this script's directory is on sys.path
 
 import flight
 import flight.spark as fs
 from flight.wire.clients import health_check
-
-
-def fleet_pids() -> set[int]:
-    """flight-worker processes whose parent is a Spark Python worker (the fleet's, not the LocalCluster's)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes()
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            parent = (Path("/proc") / str(ppid) / "cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
-            continue
-        if b"flight.worker" in cmd and b"pyspark" in parent:
-            found.add(int(entry.name))
-    return found
 
 
 def wait(predicate: Callable[[], bool], seconds: float) -> bool:

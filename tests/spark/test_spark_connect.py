@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
 @pytest.mark.required
+@pytest.mark.timeout(420)  # a Spark application of its own: three JVMs to start, a worker to replace (87 s in CI)
 def test_every_way_works_from_a_spark_connect_session() -> None:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("connect_job.py"))], capture_output=True, text=True,

@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from spark_support import fleet_pids
 from support import wait_until
 
 import flight
@@ -55,23 +55,6 @@ def test_the_registry_takes_only_its_fleets_workers() -> None:
     r.register(body(index=1, url="grpc://127.0.0.1:9002"), 2.0)
     assert r.live(3.0) == ["grpc://127.0.0.1:9001", "grpc://127.0.0.1:9002"]
     assert r.live(6.5) == ["grpc://127.0.0.1:9002"]  # task 0 stopped beating 5.5 s ago
-
-
-def fleet_pids() -> set[int]:
-    """flight-worker processes whose parent is a Spark Python worker (not the test's LocalCluster)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes()
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            parent = (Path("/proc") / str(ppid) / "cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
-            continue
-        if b"flight.worker" in cmd and b"pyspark" in parent:
-            found.add(int(entry.name))
-    return found
 
 
 def test_workers_run_as_spark_tasks_and_follow_the_fleet(spark: Any) -> None:
