@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -39,6 +38,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 import flight
+from benchmarks.micro._service import coordinator
 from benchmarks.tpch import ensure_tpch
 from benchmarks.tpch_queries import ORDERED, TABLES, compare, decimals_as_numbers, duckdb_connection, duckdb_table, tpch_files
 from benchmarks.tpch_sql import ALL_QUERIES, SQL
@@ -157,14 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     answers = {n: decimals_as_numbers(duckdb_table(con, SQL[n])) for n in numbers}
     tally = Tally()
     with flight.LocalCluster(2, data_roots=[data_dir]) as cluster:
-        tables = [a for t in TABLES for a in ("--table", f"{t}={','.join(str(f) for f in files[t])}")]
-        proc = subprocess.Popen([sys.executable, "-m", "flight.service", "--port", "0", "--http-port", "0", "--workers",
-                                 ",".join(cluster.urls), "--log-level", "WARNING", *tables], stdout=subprocess.PIPE, text=True)
-        try:
-            assert proc.stdout is not None
-            url = proc.stdout.readline().split()[-1]
-            page = proc.stdout.readline().split()[-1]
-            pids = [proc.pid, *(w.pid for w in cluster.processes)]
+        with coordinator(cluster.urls, files) as (url, page, service_pid):
+            pids = [service_pid, *(w.pid for w in cluster.processes)]
             # Warm: every query once through the service (imports, caches, the workers' thread pools).
             from adbc_driver_flightsql import dbapi
 
@@ -185,9 +179,6 @@ def main(argv: list[str] | None = None) -> int:
             wall = time.monotonic() - started
             leaked_queries, leaked_tasks = left_behind(page, cluster)
             after = settled_rss(pids)
-        finally:
-            proc.terminate()
-            proc.wait(30)
     every = [s for v in tally.seconds.values() for s in v]
     total = tally.right + len(tally.wrong) + len(tally.failed)
     print(f"{args.clients} ADBC clients, {wall:.0f} s, TPC-H SF {args.sf:g} on 2 workers; per query: count, median s")

@@ -23,7 +23,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ import pyarrow.parquet as pq
 
 import flight
 import flight.spark as fs
+from benchmarks.micro._service import coordinator
 from benchmarks.tpch import ensure_tpch
 from benchmarks.tpch_queries import ORDERED, TABLES, compare, decimals_as_numbers, duckdb_connection, duckdb_table, tpch_files
 from benchmarks.tpch_sql import SQL
@@ -98,12 +98,7 @@ def main(argv: list[str] | None = None) -> int:
           f"Spark, median of {args.runs}")
     print(f"{'query':>5} {'spark':>8} {'flight':>8} {'spark/flight':>13}")
     with flight.LocalCluster(2, data_roots=[data_dir]) as cluster:
-        tables = [a for t in TABLES for a in ("--table", f"{t}={','.join(str(f) for f in files[t])}")]
-        proc = subprocess.Popen([sys.executable, "-m", "flight.service", "--port", "0", "--http-port", "0", "--workers",
-                                 ",".join(cluster.urls), "--log-level", "WARNING", *tables], stdout=subprocess.PIPE, text=True)
-        try:
-            assert proc.stdout is not None
-            url, page = proc.stdout.readline().split()[-1], proc.stdout.readline().split()[-1]
+        with coordinator(cluster.urls, files) as (url, page, _):
             for n in numbers:
                 want = decimals_as_numbers(duckdb_table(con, SQL[n]))
                 times: dict[str, list[float]] = {"spark": [], "flight": []}
@@ -140,9 +135,6 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"pushdown: {counts['true']} rows with it, {counts['false']} without")
             print(f"pushdown of l_orderkey < {cutoff} ({counts['false']} rows): bytes to Spark {with_push[0]:,} with, "
                   f"{without[0]:,} without; rows the scan stage made {with_push[1]:,} with, {without[1]:,} without")
-        finally:
-            proc.terminate()
-            proc.wait(30)
     spark.stop()
     print(f"spark_pushdown_bytes_ratio: {with_push[0] / max(1, without[0]):.4f}")
     print(f"spark_offload_geomean: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}")
