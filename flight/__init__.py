@@ -5,6 +5,7 @@ The public API lives here; everything else is private to the package.
 
 from flight._version import __version__
 from flight.config import ExecOptions, WorkerOptions
+from flight.coordinator.dns import DnsWorkerResolver
 from flight.coordinator.exec import DistributedExec
 from flight.coordinator.map import map_batches
 from flight.coordinator.metrics import FeedStats, QueryMetrics, TaskStats
@@ -48,6 +49,7 @@ __all__ = [
     "DefaultTaskEstimator",
     "DiscoverySample",
     "DistributedExec",
+    "DnsWorkerResolver",
     "ExecOptions",
     "Expr",
     "FeedContext",

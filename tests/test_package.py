@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 EXPECTED_API = {
     "DefaultTaskEstimator", "DiscoverySample", "TaskEstimate", "TaskEstimator", "Unit",
-    "DistributedExec", "ExecOptions", "Expr", "FeedContext", "FeedError", "FeedStats", "FileListProvider", "ListingProvider",
+    "DistributedExec", "DnsWorkerResolver", "ExecOptions", "Expr", "FeedContext", "FeedError", "FeedStats", "FileListProvider", "ListingProvider",
     "FileWorkerResolver", "FlightExecError", "InvalidTaskError", "LocalCluster", "PlanError",
     "PollingWorkerResolver", "PermissionDeniedError", "ProtocolError", "QueryTimeoutError", "Query", "QueryMetrics", "ReaderContext", "ResolverError",
     "RetryableError", "Security", "StaticWorkerResolver", "TaskCancelledError", "TaskFailedError", "TaskStats", "UnauthenticatedError", "UnitReadError",

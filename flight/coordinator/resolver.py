@@ -13,10 +13,12 @@ it was made, naming the URL, instead of as a connection error in the middle of a
 query.
 
 A resolver built from plain data (:class:`StaticWorkerResolver`,
-:class:`FileWorkerResolver`) can :meth:`~WorkerResolver.describe` itself as a small
-JSON-able dict, and :func:`resolver_from_description` rebuilds an equivalent one in
-another process (e.g. inside a Spark closure). A :class:`PollingWorkerResolver`
-runs arbitrary user code and cannot be shipped that way.
+:class:`FileWorkerResolver`, ``flight.coordinator.dns.DnsWorkerResolver``) can
+:meth:`~WorkerResolver.describe` itself as a small JSON-able dict, and
+:func:`resolver_from_description` rebuilds an equivalent one in another process (e.g.
+inside a Spark closure). A :class:`PollingWorkerResolver` runs arbitrary user code and
+cannot be shipped that way. A kind defined in a module that imports this one (``dns``)
+is made known with :func:`register_description_kind`.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ __all__ = [
     "StaticWorkerResolver",
     "WorkerResolver",
     "normalize_url",
+    "register_description_kind",
     "resolver_from_description",
 ]
 
@@ -48,6 +51,9 @@ logger = logging.getLogger(__name__)
 
 _SCHEMES = ("grpc", "grpc+tcp", "grpc+tls")
 _JOIN_TIMEOUT = 5.0
+
+# Description kinds rebuilt by modules that import this one, so this module cannot import them.
+_KINDS: dict[str, Callable[[Mapping[str, object]], WorkerResolver]] = {}
 
 
 def normalize_url(url: str) -> str:
@@ -145,7 +151,7 @@ class WorkerResolver(abc.ABC):
         rebuilds an equivalent resolver in another process."""
         raise ResolverError(
             f"{type(self).__name__} cannot be described for another process. "
-            "Pass the worker URLs (StaticWorkerResolver) or a file of URLs (FileWorkerResolver) instead."
+            "Pass the worker URLs (StaticWorkerResolver), a file of URLs (FileWorkerResolver) or a DNS name (DnsWorkerResolver) instead."
         )
 
     def __enter__(self) -> Self:
@@ -363,6 +369,15 @@ class FileWorkerResolver(PollingWorkerResolver):
         return list(dict.fromkeys(urls))
 
 
+def register_description_kind(kind: str, build: Callable[[Mapping[str, object]], WorkerResolver]) -> None:
+    """Let :func:`resolver_from_description` rebuild descriptions of ``kind`` with ``build``.
+
+    For resolvers in modules that import this one (``flight.coordinator.dns``). ``import flight``
+    imports them, so their kinds are known in every process that uses the package.
+    """
+    _KINDS[kind] = build
+
+
 def resolver_from_description(d: Mapping[str, object]) -> WorkerResolver:
     """Rebuild a resolver from :meth:`WorkerResolver.describe`'s output.
 
@@ -385,4 +400,8 @@ def resolver_from_description(d: Mapping[str, object]) -> WorkerResolver:
         if isinstance(interval, bool) or not isinstance(interval, (int, float)):
             raise ResolverError(f"a file resolver description's 'interval' must be a number of seconds; got {interval!r}.")
         return FileWorkerResolver(path, interval=interval)
-    raise ResolverError(f"unknown resolver kind {kind!r}; expected 'static' or 'file'.")
+    build = _KINDS.get(kind) if isinstance(kind, str) else None
+    if build is not None:
+        return build(d)
+    expected = ", ".join(repr(k) for k in ["static", "file", *sorted(_KINDS)])
+    raise ResolverError(f"unknown resolver kind {kind!r}; expected one of {expected}.")
