@@ -38,7 +38,7 @@ from flight.sources.storage import FileSystems, load_options, set_filesystems
 from flight.wire.limits import DEFAULT_MEMORY_FRACTION, parse_size, physical_memory
 from flight.worker.auth import ServerSecurity, read_tokens
 from flight.worker.capacity import CLIENT_MEMORY_SHARE, CLIENT_SHARE, MAX_QUEUED_PER_CLIENT
-from flight.worker.memory import limit_malloc_arenas
+from flight.worker.memory import limit_malloc_arenas, use_jemalloc
 from flight.worker.metrics import serve_metrics
 from flight.worker.server import WorkerServer
 
@@ -228,6 +228,7 @@ def _security(args: argparse.Namespace) -> ServerSecurity:
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     limit_malloc_arenas()  # before any thread of ours starts (worker/memory.py)
+    use_jemalloc()  # before Arrow allocates: it gives freed memory back (worker/memory.py)
     parser = _parser()
     args = parser.parse_args(argv)
     try:
