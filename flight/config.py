@@ -110,3 +110,13 @@ class ExecOptions:
     their work unit, a unit's rows are handed over once the unit is complete, and a lost
     task's incomplete units are replayed on another worker (docs/architecture.md). The cost:
     such a task runs on Acero one unit at a time, and a unit's first row waits for its last."""
+    stage_recovery: bool = True
+    """A query of several stages survives losing a worker even after rows reached the caller:
+    every stage below the head keeps its outputs until the query ends (memory, then the workers'
+    spill files), a head task's rows reach the caller once its whole output was read, and the
+    tasks a lost worker took (and those that were reading them) run again on the survivors
+    (``coordinator/rerun.py``, docs/architecture.md). The cost: the kept outputs, and the rows of
+    a query whose head is one task (an ORDER BY, a final aggregate) arrive at its end."""
+    held_output_bytes: int = 64 << 20
+    """With ``stage_recovery``: the bytes of one head task's rows held in memory until its output
+    is whole; past it they wait in a temporary file."""

@@ -157,8 +157,11 @@ class _Attempts:
         self.run: Run | None = None
         ex.attempts = []
         # Rows tagged with their work unit are for this process's own reader (``replay.py``): a
-        # detached query's head outputs are read by others, as the plan's schema says.
-        options = replace(ex.options, unit_recovery=False) if detached else ex.options
+        # detached query's head outputs are read by others, as the plan's schema says. Read once by
+        # others, a lost head task cannot be read again from where they were: only a retained one is.
+        options = ex.options
+        if detached:
+            options = replace(options, unit_recovery=False, stage_recovery=options.stage_recovery and retain)
         self.context = RunContext(ex.plan, options, ex.estimator, ex.resolver, ex.attempts, sink=self)
 
     def named(self, query_id: str, secret: bytes, bound: dict[int, list[str]]) -> None:

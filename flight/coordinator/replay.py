@@ -55,13 +55,15 @@ __all__ = ["Mode", "Replay", "replay_mode"]
 
 log = logging.getLogger("flight.coordinator.exec")
 
-Mode = Literal["units", "task"]
+Mode = Literal["units", "task", "stages"]
 
 
 def replay_mode(plan: QueryPlan, options: ExecOptions, retain: bool) -> Mode | None:
     """How an execution of ``plan`` survives a lost worker after it started, if it can."""
-    if options.retries <= 0 or len(plan.stages) != 1:
+    if options.retries <= 0:
         return None
+    if len(plan.stages) != 1:
+        return "stages" if options.stage_recovery else None  # ``stagereplay.py``
     if retain:
         return "task"
     if options.unit_recovery and taggable(plan.head.root.to_proto()):

@@ -39,6 +39,7 @@ from flight.coordinator.replay import Replay, replay_mode
 from flight.coordinator.resolver import normalize_url
 from flight.coordinator.results import DONE as _DONE
 from flight.coordinator.results import offer as _offer
+from flight.coordinator.stagereplay import StageReplay
 from flight.errors import (
     FlightExecError,
     PlanError,
@@ -90,8 +91,10 @@ class Run:
         self.sources: dict[str, list[Source]] = {}
         # Losing a worker after the tasks started: replayed within the attempt (replay.py), if it can be.
         mode = replay_mode(self.plan, self.options, retain)
-        self.replay = Replay(self, mode) if mode is not None else None
+        self.staged = mode == "stages"  # a multi-stage attempt: lost tasks run again (stagereplay.py)
+        self.replay = StageReplay(self) if self.staged else Replay(self, mode) if mode is not None else None
         self.tagged = mode == "units"
+        self.counts: dict[int, int] = {}
         self.dispatcher = FeedDispatcher(
             self.query_id,
             discovery_buffer=self.options.discovery_buffer,
@@ -172,6 +175,9 @@ class Run:
                 # Stages start at different workers, so a small stage does not always land on the first.
                 offset = stage.stage_id % len(urls)
                 self.bound[stage.stage_id] = [urls[(offset + t) % len(urls)] for t in range(counts[stage.stage_id])]
+            self.counts = counts
+            if isinstance(self.replay, StageReplay):
+                self.replay.bind()
             self._admit(counts)
             for channel in self.by_stage[self.plan.head.stage_id]:
                 self.check_schema(channel)
@@ -272,6 +278,8 @@ class Run:
         self.by_stage = {}
         if self.replay is not None:
             self.replay.reset()
+            if isinstance(self.replay, StageReplay):
+                self.replay.bind()
         self.dispatcher.clear_slots()
 
     def channel_error(self, channel: TaskChannel, error: BaseException) -> None:
@@ -292,12 +300,12 @@ class Run:
         for task, assigned in enumerate(stage.assignments(count)):
             header = bound_header(
                 stage, task, counts, assigned, query_id=self.query_id, secret=self.secret, bound=self.bound,
-                options=self.options, retain=self.retain, tagged=self.tagged,
+                options=self.options, retain=self.retain, tagged=self.tagged, recoverable=self.staged,
             )
             channel = self.make_channel(header)
             channels.append(channel)
             self.channels.append(channel)
-            self.dispatcher.add_task(channel, recoverable=self.tagged, exclusive=self.retain and self.replay is not None)
+            self.dispatcher.add_task(channel, recoverable=self.tagged, exclusive=(self.retain or self.staged) and self.replay is not None)
             # Slots exist before any channel opens: credits may arrive at once.
             for feed_id, partitions in assigned.items():
                 feed_sources = self.sources[feed_id]
@@ -312,7 +320,7 @@ class Run:
             header,
             on_credit=self.dispatcher.on_credit,
             on_error=self.channel_error,
-            on_finished=self.dispatcher.on_finished,
+            on_finished=self._task_finished if self.staged else self.dispatcher.on_finished,
             heartbeat=self.options.heartbeat,
             peer_timeout=self.options.peer_timeout,
             name=name,
@@ -320,6 +328,11 @@ class Run:
         if self.replay is not None:
             self.replay.track(channel)
         return channel
+
+    def _task_finished(self, channel: TaskChannel) -> None:
+        if isinstance(self.replay, StageReplay):
+            self.replay.finished(channel)
+        self.dispatcher.on_finished(channel)
 
     def check_schema(self, channel: TaskChannel) -> None:
         planned = self.plan.head.output_schema
@@ -341,7 +354,7 @@ class Run:
         ).SerializeToString()
 
     def _read_output(self, channel: TaskChannel) -> None:
-        if self.replay is not None and self.tagged:
+        if self.replay is not None and (self.tagged or self.staged):
             self.replay.read(channel)
             return
         ticket = self.head_ticket(channel)

@@ -98,13 +98,15 @@ def status_message(error: BaseException | str) -> str:
     return text.strip()
 
 
-def make_stage_key(query_id: str, stage_id: int, task_number: int) -> protocol_pb2.StageKey:
-    return protocol_pb2.StageKey(query_id=query_id, stage_id=stage_id, task_number=task_number)
+def make_stage_key(query_id: str, stage_id: int, task_number: int, epoch: int = 0) -> protocol_pb2.StageKey:
+    return protocol_pb2.StageKey(query_id=query_id, stage_id=stage_id, task_number=task_number, epoch=epoch)
 
 
 def format_stage_key(key: protocol_pb2.StageKey) -> str:
-    """``query/stage/task``: how errors and logs name a task."""
-    return f"{key.query_id}/{key.stage_id}/{key.task_number}"
+    """``query/stage/task`` (``@epoch`` for a task run again): how errors, logs and a worker's
+    task table name a task."""
+    base = f"{key.query_id}/{key.stage_id}/{key.task_number}"
+    return f"{base}@{key.epoch}" if key.epoch else base
 
 
 def encode_schema(schema: pa.Schema) -> bytes:

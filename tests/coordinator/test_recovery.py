@@ -79,10 +79,12 @@ def test_a_worker_killed_mid_query_costs_an_attempt_not_the_result(n: int, files
         assert isinstance(got, pa.Table)
         difference = compare(got, expected, ORDERED.get(n))
         assert difference is None, f"TPC-H Q{n} after losing {url} differs from DuckDB: {difference}\n{ex.explain()}"
-        assert [a.lost for a in ex.attempts] == [(url,)]
+        # Lost before every task was admitted, the query runs again (one attempt); after, the tasks
+        # the worker took, and those reading them, run again within the attempt (one record each).
+        assert {a.lost for a in ex.attempts} == {(url,)}
         shown = ex.explain(analyze=True)
-        assert "Retried after losing workers" in shown and url in shown
-        assert url not in {u for urls in ex.bound.values() for u in urls}, "the last attempt still used the lost worker"
+        assert ("Retried after losing workers" in shown or "Recovered from losing workers" in shown) and url in shown
+        assert url not in {u for urls in ex.bound.values() for u in urls}, "the query still used the lost worker"
 
 
 @pytest.mark.slow

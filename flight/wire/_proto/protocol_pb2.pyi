@@ -105,19 +105,26 @@ class StageKey(_message.Message):
     QUERY_ID_FIELD_NUMBER: _builtins.int
     STAGE_ID_FIELD_NUMBER: _builtins.int
     TASK_NUMBER_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
     query_id: _builtins.str
     stage_id: _builtins.int
     task_number: _builtins.int
+    epoch: _builtins.int
+    """A task run again after a lost worker (docs/architecture.md, "Losing a worker") gets the
+    next epoch: a new key, so a worker never confuses it with the task it replaces, and the
+    replaced task's late outputs are read by nobody (fenced). 0: the first run.
+    """
     def __init__(
         self,
         *,
         query_id: _builtins.str = ...,
         stage_id: _builtins.int = ...,
         task_number: _builtins.int = ...,
+        epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["query_id", b"query_id", "stage_id", b"stage_id", "task_number", b"task_number"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "query_id", b"query_id", "stage_id", b"stage_id", "task_number", b"task_number"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

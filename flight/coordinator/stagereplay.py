@@ -1,0 +1,247 @@
+"""Losing a worker within a multi-stage attempt: the tasks it took, and their readers, run again.
+
+``rerun.StageRecovery`` decides (apart from I/O) which tasks run again and where; this carries
+it out for one ``Run`` (docs/architecture.md, "Losing a worker"):
+
+1. Every task is watched. When one fails with a worker's error, the attempt's workers are probed
+   (``health``, in parallel); those that are dead or silent are lost. None lost: the error fails
+   the query, as before. More lost than ``ExecOptions.retries`` allows, or none left: it fails
+   naming them.
+2. The decision's tasks get their new epoch and worker in the attempt's binding first, all of
+   them, so that each re-run consumer is bound to its producers' new runs; then each old task is
+   let go (``FeedDispatcher.task_lost``: a leaf's units, every one it was sent, go to its
+   replacement alone) and its replacement opened with the old header rebound.
+3. Head tasks' rows are held (``held.HeldOutput``) until their stream ended whole; only then are
+   they delivered, once (``StageRecovery.delivered`` refuses a superseded run's).
+
+Stages below the head keep their outputs (``TaskOptions.retain_output``), so a re-run consumer
+reads its surviving producers again from the start.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from flight.coordinator.binding import task_plan
+from flight.coordinator.channel import TaskChannel
+from flight.coordinator.events import ReplaceTask
+from flight.coordinator.held import HeldOutput
+from flight.coordinator.recovery import PROBE_TIMEOUT_S, Attempt, may_retry, probe_lost
+from flight.coordinator.replay import Replay
+from flight.coordinator.rerun import Rerun, StageRecovery, Unrecoverable
+from flight.coordinator.results import DONE as _DONE
+from flight.coordinator.results import offer as _offer
+from flight.errors import FlightExecError, ProtocolError, WorkerError, WorkerUnavailableError
+from flight.threads import spawn
+from flight.wire._proto import protocol_pb2
+from flight.wire.clients import read_stream, translate_flight_error
+from flight.wire.limits import clip
+from flight.wire.operators import operators
+from flight.wire.protocol import format_stage_key
+
+if TYPE_CHECKING:
+    from flight.coordinator.run import Run
+    from flight.planner.stages import QueryPlan
+
+__all__ = ["StageReplay", "nondeterministic_stages"]
+
+log = logging.getLogger("flight.coordinator.exec")
+
+
+def nondeterministic_stages(plan: QueryPlan) -> list[int]:
+    """Stages below the head whose output may differ between two runs: rows dealt round-robin,
+    or a ``LIMIT`` (which rows it keeps is anyone's)."""
+    out = []
+    for stage in plan.stages:
+        if stage is plan.head:
+            continue
+        roots = stage.task_roots or [stage.root]
+        if stage.output_mode == "round_robin" or any(
+            op.WhichOneof("kind") == "limit" for root in roots for op in operators(root.to_proto())
+        ):
+            out.append(stage.stage_id)
+    return out
+
+
+class StageReplay(Replay):
+    """A multi-stage attempt's tasks, watched for lost workers; the decision's tasks run again."""
+
+    def __init__(self, run: Run) -> None:
+        super().__init__(run, "stages")
+        self.recovery: StageRecovery | None = None
+        self._pending: dict[str, Rerun] = {}
+        self._deciding = threading.Lock()
+
+    def bind(self) -> None:
+        """The attempt's tasks are bound (``Run.bound``): the decision starts from them."""
+        run = self.run
+        plan = run.plan
+        self.recovery = StageRecovery(
+            {s.stage_id: [r.stage_id for r in s.reads] for s in plan.stages},
+            run.bound,
+            plan.head.stage_id,
+            retained_head=run.retain,
+            nondeterministic=nondeterministic_stages(plan),
+            workers=run.urls,
+        )
+
+    def finished(self, channel: TaskChannel) -> None:
+        """A task's final metrics arrived: its output is whole (kept on its worker)."""
+        if self.recovery is not None and channel.metrics is not None:
+            key = channel.header.stage_key
+            with self._deciding:
+                self.recovery.finished(key.stage_id, key.task_number, key.epoch)
+
+    def head(self) -> list[TaskChannel]:
+        return [c for c in self.run.by_stage[self.run.plan.head.stage_id] if c.key not in self.gone]
+
+    # ------------------------------------------------------------ a loss
+
+    def lost(self, channel: TaskChannel, error: BaseException) -> None:
+        """A task failed: if workers are lost, what they took runs again; else the attempt fails."""
+        run = self.run
+        with self._deciding:
+            if run.failed.is_set() or channel.key in self.gone:
+                return  # a consequence of a loss already handled (or of the failure)
+            assert self.recovery is not None
+            if not may_retry(error, False, 0, 1):
+                run.fail(error)
+                return
+            options = run.options
+            alive = [u for u in run.urls if u not in self.recovery.lost_urls]
+            lost = probe_lost(alive, options.security, min(PROBE_TIMEOUT_S, options.connect_timeout))
+            if not lost:
+                run.fail(error)
+                return
+            failure = self._decide(lost, error)
+            if failure is not None:
+                run.fail(failure)
+                return
+            if channel.key not in self.gone:  # its worker is fine, and it reads nothing lost: its own error
+                run.fail(error)
+
+    def _decide(self, lost: list[str], error: BaseException) -> FlightExecError | None:
+        """Apply the decision for workers ``lost`` (lock held); the error that fails the query, if any."""
+        run, recovery = self.run, self.recovery
+        assert recovery is not None
+        every = sorted(recovery.lost_urls | set(lost))
+        if len(every) > run.options.retries:
+            return WorkerUnavailableError(
+                f"query {run.query_id} lost {len(every)} workers ({', '.join(every)}), more than retries={run.options.retries} "
+                f"allows; the last error: {clip(error, 300)}",
+                worker_url=lost[0],
+            )
+        self.lost_urls |= set(lost)
+        before = {k: r.epoch for k, r in recovery.tasks.items()}  # the runs the channels now carry
+        try:
+            reruns, dropped = recovery.lose(lost)
+        except Unrecoverable as exc:
+            return WorkerUnavailableError(f"query {run.query_id} cannot go on: {exc}", worker_url=lost[0])
+        for url in lost:
+            run.clients.forget(url)
+        olds: list[tuple[TaskChannel, Rerun | None]] = []
+        with run.lock:
+            for ch in list(run.channels):
+                key = ch.header.stage_key
+                if ch.key in self.gone or before[(key.stage_id, key.task_number)] != key.epoch:
+                    continue
+                which = next((r for r in reruns if (r.stage, r.task) == (key.stage_id, key.task_number)), None)
+                if which is None and (key.stage_id, key.task_number) not in dropped:
+                    continue
+                olds.append((ch, which))
+                self.gone.add(ch.key)
+                if which is not None:
+                    run.bound[which.stage][which.task] = which.url
+        reason = f"lost {', '.join(lost)}: {clip(error, 200)}"
+        log.warning("query %s: %s; %d task(s) run again", run.query_id, reason, len(reruns))
+        for ch, which in olds:
+            ch.detach()
+            if which is not None:
+                self._pending[ch.key] = which
+                run.dispatcher.task_lost(ch, reason)  # its replacement through ``replace``
+            else:
+                ch.abort(f"not needed any more: {reason}")
+        return None
+
+    def replace(self, ins: ReplaceTask) -> None:
+        """The state machine's ``ReplaceTask``: the old header, rebound, on the decided worker."""
+        run = self.run
+        try:
+            which = self._pending.pop(ins.task)
+            old = self._channels[ins.task]
+            assert self.recovery is not None
+            stage = run.plan.stage(which.stage)
+            with run.lock:
+                header = protocol_pb2.TaskHeader()
+                header.CopyFrom(old.header)
+                header.target_worker_url = which.url
+                header.stage_key.epoch = which.epoch
+                header.plan = task_plan(stage, which.task, run.counts, run.query_id, run.bound, self.recovery.epochs())
+                channel = run.make_channel(header)
+                run.by_stage[which.stage].append(channel)
+                run.channels.append(channel)
+            if which.lost:
+                run.context.attempts.append(
+                    Attempt(run.query_id, (old.url,), ins.reason, replayed=ins.units, task=old.key, replaced_by=which.url)
+                )
+            run.dispatcher.replace(old.key, channel)
+        except FlightExecError as exc:
+            run.fail(exc)
+            return
+        spawn(self._start, channel, name=f"rerun-{channel.key}")
+
+    def _start(self, channel: TaskChannel) -> None:
+        run = self.run
+        head = channel.header.stage_key.stage_id == run.plan.head.stage_id
+        try:
+            channel.open(run.clients.get(channel.url))
+            channel.wait_ready(run.options.connect_timeout, None)
+            if head:
+                run.check_schema(channel)
+        except FlightExecError as exc:
+            run.channel_error(channel, exc)
+            return
+        run.dispatcher.task_ready(channel)
+        if head and not run.retain:
+            self.read(channel)
+
+    # ------------------------------------------------------------ the head streams
+
+    def read(self, channel: TaskChannel) -> None:
+        """A head task's stream, held whole, then delivered once (unless a new run superseded it)."""
+        run = self.run
+        held = HeldOutput(run.options.held_output_bytes)
+        try:
+            try:
+                for batch in read_stream(run.clients.get(channel.url), run.head_ticket(channel)):
+                    if run.failed.is_set() or channel.key in self.gone:
+                        return
+                    held.add(batch)
+            except ProtocolError as exc:
+                run.fail(WorkerError(str(exc), worker_url=channel.url, stage_key=channel.key))
+                return
+            except (pa.ArrowException, OSError) as exc:
+                channel.done.wait(2.0)  # the task's own error frame says more than the broken stream
+                run.channel_error(channel, channel.error or translate_flight_error(exc, channel.url, channel.key))
+                return
+            self._deliver(channel, held)
+        finally:
+            held.close()
+
+    def _deliver(self, channel: TaskChannel, held: HeldOutput) -> None:
+        run = self.run
+        key = channel.header.stage_key
+        with self._deciding:
+            assert self.recovery is not None
+            if channel.key in self.gone or not self.recovery.delivered(key.stage_id, key.task_number, key.epoch):
+                return
+        run.dispatcher.output_read(channel)
+        for batch in held.batches():
+            if not _offer(run.results, batch, run.failed):
+                return
+        _offer(run.results, (_DONE, channel), run.failed)
+        log.debug("query %s: head task %s delivered %d rows", run.query_id, format_stage_key(key), held.rows)
