@@ -15,8 +15,8 @@ What a network can do to a node's link, all inside its namespaces:
   as across a real partition; never "connection refused". ``heal`` flushes the rules.
 - rate limits: ``tc tbf`` on both ends of the node's veth (leaving and reaching the node).
 - delay and jitter with ``netem`` where the kernel has it (``netem_available``); this
-  machine's has not, so ``flight.dev.fleet`` uses ``flight.dev.delay_proxy`` instead, and nft's
-  ``redirect`` (``redirect``) to put a proxy in front of a worker's port.
+  machine's has not, so ``flight.dev.fleet`` uses ``flight.dev.delay_proxy`` instead, put in
+  front of a worker's port by an nftables ``redirect`` in the worker's namespace (``redirect``).
 
 Namespaces are named ``flightfleet-<pid>-<serial>-<node>``: ``remove_leftovers`` deletes those
 of processes that are gone (a run that was SIGKILLed), killing what still runs in them.
@@ -222,16 +222,18 @@ class Network:
 
     def cut(self, pairs: Iterable[tuple[str, str]]) -> None:
         """Drop every IP packet between each pair of nodes, both ways (see the module's doc)."""
-        rules = []
+        rules: list[str] = []
+        cuts: set[tuple[str, str]] = set()
         for a, b in pairs:
-            if a == b or (a, b) in self._cuts:
+            if a == b or (a, b) in self._cuts | cuts:
                 continue
-            self._cuts |= {(a, b), (b, a)}
+            cuts |= {(a, b), (b, a)}
             x, y = self.addresses[a], self.addresses[b]
             rules += [f"add rule bridge flightfleet cut ip saddr {x} ip daddr {y} drop",
                       f"add rule bridge flightfleet cut ip saddr {y} ip daddr {x} drop"]
         if rules:
             self._nft(self.switch, "\n".join(rules))
+        self._cuts |= cuts
 
     def heal(self) -> None:
         """Remove every cut."""

@@ -10,6 +10,7 @@ which runs as root with nftables installed, fails on that skip (``required``).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,7 +36,7 @@ def _root_state() -> str:
     out = [subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
            for cmd in (["ip", "-o", "link", "show"], ["ip", "-o", "addr", "show"], ["ip", "route", "show", "table", "all"],
                        ["tc", "qdisc", "show"], ["nft", "list", "ruleset"])]
-    return "\n".join(out)
+    return re.sub(r"(valid_lft|preferred_lft|expires) \S+", r"\1 -", "\n".join(out))  # lifetimes count down on their own
 
 
 def _namespaces(prefix: str) -> list[str]:
