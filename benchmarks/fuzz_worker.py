@@ -2174,7 +2174,10 @@ IPC_FAMILY: dict[str, Callable[[Generator, random.Random, Mutator, str], tuple[l
 # -- ticket: DoGet
 
 def format_key(key: Any) -> str:
-    return f"{key.query_id}/{key.stage_id}/{key.task_number}"
+    """How the worker names a task (``flight.wire.protocol.format_stage_key``, written again: the
+    fuzzer is the doc's reader, not the code's)."""
+    epoch = getattr(key, "epoch", 0)
+    return f"{key.query_id}/{key.stage_id}/{key.task_number}" + (f"@{epoch}" if epoch else "")
 
 
 def expects_wait(ticket: bytes, known: Any) -> bool:

@@ -61,7 +61,7 @@ class Security:
         cert_file: str | os.PathLike[str] | None = None,
         key_file: str | os.PathLike[str] | None = None,
     ) -> Security:
-        """Read credentials from files; a token file's first non-empty line is the token."""
+        """Read credentials from files; a token file's first line that is not blank or a ``#`` comment is the token."""
         token = _first_token(Path(token_file)) if token_file else None
         return cls(
             token=token,
@@ -109,8 +109,9 @@ class SecurityFiles:
 
 
 def _first_token(path: Path) -> str:
+    """The first line that is neither blank nor a ``#`` comment: the worker's token files skip the same."""
     for line in path.read_text().splitlines():
-        if line.strip():
+        if line.strip() and not line.strip().startswith("#"):
             return line.strip()
     raise ValueError(f"the token file {path.name!r} holds no token")
 

@@ -333,3 +333,9 @@ def test_a_client_certificate_names_the_caller_under_mutual_tls_without_tokens()
             del reader
             gc.collect()
         wait_until(lambda: len(server.registry) == 0, 15.0, "the task to be freed")
+
+
+def test_a_client_token_file_skips_the_comments_a_worker_skips(tmp_path: Path) -> None:
+    # The same file serves both sides: a leading comment must not be presented as the token.
+    path = _token_file(tmp_path, "# the team's token\n\n  alice:tok-aaaaaaaaaaaa\n")
+    assert flight.Security.from_files(token_file=path).token == "alice:tok-aaaaaaaaaaaa"

@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import NoReturn
 
 from flight._version import __version__
+from flight.coordinator.dns import DnsWorkerResolver
 from flight.coordinator.resolver import FileWorkerResolver, StaticWorkerResolver, WorkerResolver
 from flight.daemon import catch_stop_signals, wait_for_stop
 from flight.dev.cluster import LocalCluster
-from flight.errors import PlanError
+from flight.errors import PlanError, ResolverError
 from flight.plan.query import read_parquet
 from flight.security import Security
 from flight.service.admission import Admission
@@ -51,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--workers", default=None, help="the workers' URLs, comma-separated")
     where.add_argument("--workers-file", type=Path, default=None, help="a file of worker URLs, one per line, re-read as it changes")
+    where.add_argument("--workers-dns", default=None, metavar="URL",
+                       help="workers found in DNS, re-resolved every 5 s: grpc[+tls]://NAME:PORT (A/AAAA records, e.g. a Kubernetes "
+                       "headless Service) or grpc[+tls]://_SERVICE._tcp.NAME (SRV records); needs the fleet extra (dnspython)")
     where.add_argument("--local-workers", type=int, default=None, metavar="N", help="start N workers the service owns (default: 2)")
     p.add_argument("--data-root", action="append", default=[], help="what --local-workers may read (default: the tables' directories)")
     p.add_argument("--table", action="append", default=[], metavar="NAME=URI",
@@ -137,6 +141,20 @@ def _catalog(parser: argparse.ArgumentParser, specs: list[str], path: Path | Non
     return catalog
 
 
+def _dns_resolver(parser: argparse.ArgumentParser, url: str) -> WorkerResolver:
+    """``--workers-dns``: scheme, DNS name and port (none for an SRV name) to a ``DnsWorkerResolver``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("grpc", "grpc+tcp", "grpc+tls"):
+        parser.error(f"--workers-dns: {url!r} must be grpc://NAME:PORT, grpc+tls://NAME:PORT or grpc[+tls]://_SERVICE._tcp.NAME")
+    name, colon, port = rest.rpartition(":")
+    if not colon or rest.endswith("]"):
+        name, port = rest, ""
+    try:
+        return DnsWorkerResolver(name, int(port) if port else None, scheme="grpc" if scheme == "grpc+tcp" else scheme)
+    except (ResolverError, ValueError) as exc:
+        parser.error(f"--workers-dns: {exc}")
+
+
 def _roots(args: argparse.Namespace) -> list[str]:
     """What local workers may read: the given roots, else each local table's directory."""
     if args.data_root:
@@ -191,6 +209,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         resolver = StaticWorkerResolver([u.strip() for u in args.workers.split(",") if u.strip()])
     elif args.workers_file is not None:
         resolver = FileWorkerResolver(args.workers_file)
+    elif args.workers_dns is not None:
+        resolver = _dns_resolver(parser, args.workers_dns)
     else:
         count = 2 if args.local_workers is None else args.local_workers
         if count < 1:
