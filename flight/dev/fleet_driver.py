@@ -89,7 +89,8 @@ def _run_query(spec: dict[str, Any]) -> bool:
     except Exception as exc:  # noqa: BLE001 - whatever ended the query is the report, and the exit code says so
         _emit("error", type=type(exc).__name__, message=str(exc), rows=rows)
         return False
-    _emit("done", rows=rows, seconds=round(time.monotonic() - started, 3))
+    _emit("done", rows=rows, seconds=round(time.monotonic() - started, 3),
+          attempts=[{"lost": list(a.lost), "within": a.replayed is not None, "task": a.task} for a in ex.attempts])
     return True
 
 
