@@ -135,7 +135,8 @@ class StageRecovery:
     def lose(self, urls: Iterable[str]) -> tuple[list[Rerun], list[TaskId]]:
         """Workers ``urls`` are gone: the tasks to run again (new epoch, a survivor each), and the
         lost tasks nobody needs any more. Raises ``Unrecoverable`` when it cannot go on."""
-        self.lost_urls |= set(urls)
+        now = set(urls) - self.lost_urls
+        self.lost_urls |= now
         survivors = sorted(self.workers - self.lost_urls)
         rerun = self._closure()
         if rerun and not survivors:
@@ -150,11 +151,13 @@ class StageRecovery:
         out: list[Rerun] = []
         for key in sorted(rerun):
             run = self.tasks[key]
-            url = min(survivors, key=lambda u: (load[u], u))
+            # A retained head task keeps its key (its readers look for it by ticket elsewhere): another worker.
+            elsewhere = [u for u in survivors if u != run.url] if key[0] == self.head and self.retained_head else []
+            url = min(elsewhere or survivors, key=lambda u: (load[u], u))
             load[url] += 1
             out.append(Rerun(key[0], key[1], run.epoch + 1, url, run.url in self.lost_urls))
             self.tasks[key] = TaskRun(url, run.epoch + 1)
-        dropped = sorted(k for k, r in self.tasks.items() if r.url in self.lost_urls and k not in rerun)
+        dropped = sorted(k for k, r in self.tasks.items() if r.url in now and k not in rerun)
         return out, dropped
 
     def _needed(self, key: TaskId, rerun: set[TaskId]) -> bool:

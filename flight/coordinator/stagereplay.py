@@ -74,6 +74,8 @@ class StageReplay(Replay):
         super().__init__(run, "stages")
         self.recovery: StageRecovery | None = None
         self._pending: dict[str, Rerun] = {}
+        self._epoch_of: dict[str, int] = {}  # a channel's run, where its key does not say (a retained head's)
+        self._runs: dict[str, int] = {}  # replacements made per task, for their names
         self._deciding = threading.Lock()
 
     def bind(self) -> None:
@@ -94,7 +96,7 @@ class StageReplay(Replay):
         if self.recovery is not None and channel.metrics is not None:
             key = channel.header.stage_key
             with self._deciding:
-                self.recovery.finished(key.stage_id, key.task_number, key.epoch)
+                self.recovery.finished(key.stage_id, key.task_number, self._epoch_of.get(channel.key, key.epoch))
 
     def head(self) -> list[TaskChannel]:
         return [c for c in self.run.by_stage[self.run.plan.head.stage_id] if c.key not in self.gone]
@@ -179,9 +181,18 @@ class StageReplay(Replay):
                 header = protocol_pb2.TaskHeader()
                 header.CopyFrom(old.header)
                 header.target_worker_url = which.url
-                header.stage_key.epoch = which.epoch
                 header.plan = task_plan(stage, which.task, run.counts, run.query_id, run.bound, self.recovery.epochs())
-                channel = run.make_channel(header)
+                name = None
+                if stage is run.plan.head and run.retain and which.url != old.url:
+                    # Spark's readers find a retained head task by its ticket on the query's other
+                    # workers (spark/_source.py): it keeps its key, on a worker it never ran on.
+                    base = format_stage_key(header.stage_key)
+                    self._runs[base] = self._runs.get(base, 0) + 1
+                    name = f"{base}+{self._runs[base]}"
+                else:
+                    header.stage_key.epoch = which.epoch
+                channel = run.make_channel(header, name=name)
+                self._epoch_of[channel.key] = which.epoch
                 run.by_stage[which.stage].append(channel)
                 run.channels.append(channel)
             if which.lost:
@@ -217,7 +228,7 @@ class StageReplay(Replay):
         held = HeldOutput(run.options.held_output_bytes)
         try:
             try:
-                for batch in read_stream(run.clients.get(channel.url), run.head_ticket(channel)):
+                for batch in read_stream(run.clients.get(channel.url), run.head_ticket(channel), stall=run.options.peer_timeout, url=channel.url):
                     if run.failed.is_set() or channel.key in self.gone:
                         return
                     held.add(batch)
