@@ -58,3 +58,23 @@ def test_a_read_survives_a_worker_killed_during_its_job(spark, data_roots: list[
             assert [a.lost for a in lost] == [(url,)], handle.query.attempts
             assert lost[0].replaced_by in cluster.urls and lost[0].replaced_by != url
         wait_until(lambda: running_tasks([u for u in cluster.urls if u != url]) == 0, what="the released query's tasks to be freed")
+
+
+def test_a_multi_stage_read_survives_a_worker_killed_during_its_job(spark, data_roots: list[Path]) -> None:  # type: ignore[no-untyped-def]
+    # An aggregate: a scan stage below a hash-partitioned head. The tasks the victim took (scan and
+    # head) run again on the others under a new epoch, the head tasks that read them too; the
+    # retained head task keeps its key on another worker, where the retried Spark task finds it.
+    args = [[], ["--unit-delay-ms", "40"], []]
+    query = flight.from_feed(Units(), "testing.sleep", SLEEP_SCHEMA).aggregate(["id"], n=flight.agg.count_all())
+    expected = sorted((p * 1000 + i, ROWS) for p in range(PARTITIONS) for i in range(UNITS))
+    with flight.LocalCluster(3, data_roots=data_roots, per_worker_args=args, extensions=["flight.dev.testing"]) as cluster:
+        victim, url = cluster.processes[1], cluster.urls[1]
+        with fs.start_read(spark, query, cluster.urls) as handle:
+            wait_until(lambda: running_tasks([url]) > 0, timeout=30.0, what="the victim to run its tasks")
+            killer = threading.Timer(0.8, lambda: victim.send_signal(signal.SIGKILL))
+            killer.start()
+            first = sorted(tuple(r) for r in handle.df.collect())
+            killer.join()
+            assert first == expected
+            assert sorted(tuple(r) for r in handle.df.collect()) == first
+            assert {a.lost for a in handle.query.attempts} == {(url,)}, handle.query.attempts
