@@ -392,14 +392,16 @@ class Fleet:
 
     def query(self, sql: str | None, tables: Mapping[str, Sequence[str | os.PathLike[str]]] | None = None, *,
               options: Mapping[str, Any] | None = None, dialect: str = "duckdb", info: bool = True, settle_s: float = 10.0,
-              workers: Sequence[str] | None = None) -> DriverRun:
+              workers: Sequence[str] | None = None, listed: Mapping[str, str | os.PathLike[str]] | None = None) -> DriverRun:
         """Run ``sql`` over ``tables`` (name → Parquet files) with ``DistributedExec`` in the coordinator's namespace,
-        on ``workers`` (default: every worker's URL), with ``options`` (``ExecOptions`` fields). See ``fleet_driver``."""
+        on ``workers`` (default: every worker's URL), with ``options`` (``ExecOptions`` fields); ``listed`` tables (name →
+        directory) are read as a shared queue, a unit per row group. See ``fleet_driver``."""
         self._queries += 1
         out = self.dir / f"result-{self._queries}.arrow"
         spec = {"sql": sql, "tables": {k: [os.path.abspath(p) for p in v] for k, v in (tables or {}).items()},
                 "workers": list(workers or self.worker_urls), "options": dict(options or {}), "dialect": dialect,
-                "out": str(out), "info": info, "settle_s": settle_s}
+                "out": str(out), "info": info, "settle_s": settle_s,
+                "listed": {k: os.path.abspath(v) for k, v in (listed or {}).items()}}
         spec_path = self.dir / f"query-{self._queries}.json"
         spec_path.write_text(json.dumps(spec))
         err_path = self.dir / f"query-{self._queries}.stderr"

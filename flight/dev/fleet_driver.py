@@ -6,7 +6,8 @@ that drives it stays in the root namespace. ``Fleet.query`` starts this module t
 (``python -m flight.dev.fleet_driver --spec FILE``) and reads what it prints; the two share
 the filesystem, so the result comes back as an Arrow IPC file.
 
-The spec is a JSON object: ``sql``, ``tables`` (name → list of Parquet paths), ``workers``
+The spec is a JSON object: ``sql``, ``tables`` (name → list of Parquet paths), ``listed`` (name →
+a directory read as a shared queue, a unit per row group: ``ListingProvider``), ``workers``
 (URLs), ``options`` (``ExecOptions`` fields), ``dialect``, ``out`` (the IPC file, or null),
 ``info`` (after the query, ask every worker's ``info`` action) and ``settle_s`` (how long to
 wait for the workers to report no tasks and no buffered bytes before printing what they say).
@@ -39,6 +40,7 @@ from flight.coordinator.exec import DistributedExec
 from flight.coordinator.resolver import StaticWorkerResolver
 from flight.dev.netns import LineReader
 from flight.plan.query import read_parquet
+from flight.sources.providers import ListingProvider
 from flight.sql import Catalog, sql
 from flight.wire._proto import protocol_pb2
 
@@ -76,7 +78,9 @@ def _run_query(spec: dict[str, Any]) -> bool:
     started = time.monotonic()
     rows = 0
     try:
-        catalog = Catalog({name: read_parquet([str(p) for p in paths]) for name, paths in spec["tables"].items()})
+        tables = {name: read_parquet([str(p) for p in paths]) for name, paths in spec["tables"].items()}
+        tables |= {name: read_parquet(ListingProvider(str(d), "*.parquet", split_row_groups=True)) for name, d in spec.get("listed", {}).items()}
+        catalog = Catalog(tables)
         query = sql(spec["sql"], catalog, dialect=spec.get("dialect", "duckdb"))
         ex = DistributedExec(query, StaticWorkerResolver(spec["workers"]), ExecOptions(**spec.get("options", {})))
         reader = ex.execute()
