@@ -21,7 +21,8 @@ map tasks and Trino's spooled exchange:
 Exactness needs a producer's output to be the same *set* of rows per consumer partition
 whichever run made it: true of hash, gather and broadcast outputs of deterministic operators.
 A stage that deals rows round-robin, or holds a ``LIMIT`` (any rows may be kept), is not: when
-it runs again, every consumer task of it runs again too, finished or not, and if that reaches a
+it runs again its output changes, and so does the output of every task that runs again reading
+it; every consumer of a changed task runs again too, finished or not, and if that reaches a
 delivered head task the loss cannot be recovered (``Unrecoverable``).
 
 Guarantees, checked by the property tests in ``tests/coordinator/test_rerun.py``: under any
@@ -95,21 +96,11 @@ class StageRecovery:
                 self.consumers[p].append(stage)
         self.head = head
         self.retained_head = retained_head
-        self.nondeterministic = self._downstream(set(nondeterministic))
+        self.nondeterministic = frozenset(nondeterministic)
         self.tasks: dict[TaskId, TaskRun] = {(s, t): TaskRun(url) for s, urls in bound.items() for t, url in enumerate(urls)}
         self.workers = set(workers) | {r.url for r in self.tasks.values()}  # a rerun may go to any of them
+        self.used: dict[TaskId, set[str]] = {k: {r.url} for k, r in self.tasks.items()}  # where each task's runs went
         self.lost_urls: set[str] = set()
-
-    def _downstream(self, stages: set[int]) -> frozenset[int]:
-        """``stages`` and every stage that reads from one of them: a run on other input is other output."""
-        grew = True
-        while grew:
-            grew = False
-            for stage, producers in self.reads.items():
-                if stage not in stages and stages.intersection(producers):
-                    stages.add(stage)
-                    grew = True
-        return frozenset(stages)
 
     def current(self, stage: int, task: int, epoch: int) -> bool:
         return self.tasks[(stage, task)].epoch == epoch
@@ -151,10 +142,12 @@ class StageRecovery:
         out: list[Rerun] = []
         for key in sorted(rerun):
             run = self.tasks[key]
-            # A retained head task keeps its key (its readers look for it by ticket elsewhere): another worker.
-            elsewhere = [u for u in survivors if u != run.url] if key[0] == self.head and self.retained_head else []
+            # A retained head task keeps its key (its readers look for it by ticket elsewhere): a worker
+            # none of its runs went to (a key runs once per worker).
+            elsewhere = [u for u in survivors if u not in self.used[key]] if key[0] == self.head and self.retained_head else []
             url = min(elsewhere or survivors, key=lambda u: (load[u], u))
             load[url] += 1
+            self.used[key].add(url)
             out.append(Rerun(key[0], key[1], run.epoch + 1, url, run.url in self.lost_urls))
             self.tasks[key] = TaskRun(url, run.epoch + 1)
         dropped = sorted(k for k, r in self.tasks.items() if r.url in now and k not in rerun)
@@ -174,23 +167,31 @@ class StageRecovery:
         return [(t, r) for (s, t), r in self.tasks.items() if s == stage]
 
     def _closure(self) -> set[TaskId]:
+        """The tasks that run again, to a fixpoint; ``changed``: those of them whose output will differ
+        (a nondeterministic stage's, or one reading a changed task's)."""
         rerun: set[TaskId] = set()
-        changed = True
-        while changed:
-            changed = False
+        changed: set[TaskId] = set()
+        grew = True
+        while grew:
+            grew = False
             for key, run in self.tasks.items():
-                if key in rerun:
-                    continue
-                if self._must_rerun(key, run, rerun):
+                if key not in rerun and self._must_rerun(key, run, rerun, changed):
                     rerun.add(key)
-                    changed = True
+                    grew = True
+                if key in rerun and key not in changed and (
+                    key[0] in self.nondeterministic or any(p in changed for p in self._producers(key[0]))
+                ):
+                    changed.add(key)
+                    grew = True
         return rerun
 
-    def _must_rerun(self, key: TaskId, run: TaskRun, rerun: set[TaskId]) -> bool:
+    def _producers(self, stage: int) -> list[TaskId]:
+        return [(p, t) for p in self.reads[stage] for t, _ in self._stage(p)]
+
+    def _must_rerun(self, key: TaskId, run: TaskRun, rerun: set[TaskId], changed: set[TaskId]) -> bool:
         if run.url in self.lost_urls:
             return self._needed(key, rerun)
-        for producer in self.reads[key[0]]:
-            again = any((producer, t) in rerun for t, _ in self._stage(producer))
-            if again and (not run.finished or producer in self.nondeterministic):
-                return True
-        return False
+        producers = self._producers(key[0])
+        if not run.finished:  # it may have read part of a producer's old run
+            return any(p in rerun for p in producers)
+        return any(p in changed for p in producers)  # it read rows the producer's new run will not give

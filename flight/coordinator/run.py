@@ -95,6 +95,7 @@ class Run:
         self.replay = StageReplay(self) if self.staged else Replay(self, mode) if mode is not None else None
         self.tagged = mode == "units"
         self.counts: dict[int, int] = {}
+        self.heads: list[TaskChannel] = []  # the head tasks as launched (replacements take their places)
         self.dispatcher = FeedDispatcher(
             self.query_id,
             discovery_buffer=self.options.discovery_buffer,
@@ -151,8 +152,9 @@ class Run:
 
     def start(self) -> Iterator[pa.RecordBatch]:
         self.launch()
-        for channel in self.by_stage[self.plan.head.stage_id]:
-            spawn(self._read_output, channel, name=f"doget-{channel.key}")
+        for channel in self.heads:  # a head task replaced meanwhile is read by its replacement's own thread
+            if self.replay is None or channel.key not in self.replay.gone:
+                spawn(self._read_output, channel, name=f"doget-{channel.key}")
         return self._batches()
 
     def launch(self) -> None:
@@ -188,6 +190,7 @@ class Run:
             if self.error is not None and self.error is not exc:
                 raise self.error from None
             raise
+        self.heads = list(self.by_stage[self.plan.head.stage_id])  # one result end (``_DONE``) each, whoever reads it
         self.admitted = True
         self.dispatcher.start_sending()
 
@@ -359,7 +362,7 @@ class Run:
             return
         ticket = self.head_ticket(channel)
         try:
-            for batch in read_stream(self.clients.get(channel.url), ticket):
+            for batch in read_stream(self.clients.get(channel.url), ticket, stall=self.options.peer_timeout, url=channel.url):
                 if not _offer(self.results, batch, self.failed):
                     return
             if not self.failed.is_set():
@@ -370,7 +373,7 @@ class Run:
             self.fail(channel.error or translate_flight_error(exc, channel.url, channel.key))
 
     def _batches(self) -> Iterator[pa.RecordBatch]:
-        pending = len(self.by_stage[self.plan.head.stage_id])
+        pending = len(self.heads)
         try:
             while pending:
                 item = self.results.get()
@@ -401,7 +404,10 @@ class Run:
         for channel in self.channels:
             if self.replay is not None and channel.key in self.replay.gone:
                 continue  # lost, and replaced (or its output was all read first)
-            if not channel.done.wait(max(0.0, deadline - time.monotonic())):
+            ended = channel.done.wait(max(0.0, deadline - time.monotonic()))
+            if self.replay is not None and channel.key in self.replay.gone:
+                continue  # lost while the result was being completed, and handled
+            if not ended:
                 self.fail(WorkerError("the worker did not end the task after its output was read", worker_url=channel.url, stage_key=channel.key))
                 return
             if channel.error is not None and not isinstance(channel.error, TaskCancelledError):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -54,14 +55,15 @@ log = logging.getLogger("flight.coordinator.exec")
 
 def nondeterministic_stages(plan: QueryPlan) -> list[int]:
     """Stages below the head whose output may differ between two runs: rows dealt round-robin,
-    or a ``LIMIT`` (which rows it keeps is anyone's)."""
+    a ``LIMIT`` (which rows it keeps is anyone's), or a window (``row_number`` and ``rank`` among
+    ties)."""
     out = []
     for stage in plan.stages:
         if stage is plan.head:
             continue
         roots = stage.task_roots or [stage.root]
         if stage.output_mode == "round_robin" or any(
-            op.WhichOneof("kind") == "limit" for root in roots for op in operators(root.to_proto())
+            op.WhichOneof("kind") in ("limit", "window") for root in roots for op in operators(root.to_proto())
         ):
             out.append(stage.stage_id)
     return out
@@ -104,30 +106,40 @@ class StageReplay(Replay):
     # ------------------------------------------------------------ a loss
 
     def lost(self, channel: TaskChannel, error: BaseException) -> None:
-        """A task failed: if workers are lost, what they took runs again; else the attempt fails."""
+        """A task failed: if workers are lost, what they took runs again; else the attempt fails.
+
+        The probe (seconds, for a frozen worker) runs outside the decision's lock: a channel's reader
+        reporting its task finished must not wait for it, or its own worker would look silent.
+        """
         run = self.run
         with self._deciding:
             if run.failed.is_set() or channel.key in self.gone:
                 return  # a consequence of a loss already handled (or of the failure)
             assert self.recovery is not None
-            if not may_retry(error, False, 0, 1):
-                run.fail(error)
-                return
-            options = run.options
             alive = [u for u in run.urls if u not in self.recovery.lost_urls]
-            lost = probe_lost(alive, options.security, min(PROBE_TIMEOUT_S, options.connect_timeout))
+        if not may_retry(error, False, 0, 1):
+            run.fail(error)
+            return
+        options = run.options
+        lost = probe_lost(alive, options.security, min(PROBE_TIMEOUT_S, options.connect_timeout))
+        with self._deciding:
+            if run.failed.is_set() or channel.key in self.gone:
+                return  # another report of the same loss decided it meanwhile
+            lost = [u for u in lost if u not in self.recovery.lost_urls]
             if not lost:
-                run.fail(error)
+                run.fail(error)  # every worker answers: the task's own error
                 return
-            failure = self._decide(lost, error)
-            if failure is not None:
-                run.fail(failure)
-                return
-            if channel.key not in self.gone:  # its worker is fine, and it reads nothing lost: its own error
-                run.fail(error)
+            failure, actions = self._decide(lost, error)
+        if failure is not None:
+            run.fail(failure)
+            return
+        self._carry_out(actions, f"lost {', '.join(lost)}: {clip(error, 200)}")
+        if channel.key not in self.gone:  # its worker is fine, and it reads nothing lost: its own error
+            run.fail(error)
 
-    def _decide(self, lost: list[str], error: BaseException) -> FlightExecError | None:
-        """Apply the decision for workers ``lost`` (lock held); the error that fails the query, if any."""
+    def _decide(self, lost: list[str], error: BaseException) -> tuple[FlightExecError | None, list[tuple[TaskChannel, Rerun | None]]]:
+        """The decision for workers ``lost`` (lock held): the error that fails the query, or the old
+        channels to let go (with their re-run, or None: not needed any more), already bound anew."""
         run, recovery = self.run, self.recovery
         assert recovery is not None
         every = sorted(recovery.lost_urls | set(lost))
@@ -136,38 +148,48 @@ class StageReplay(Replay):
                 f"query {run.query_id} lost {len(every)} workers ({', '.join(every)}), more than retries={run.options.retries} "
                 f"allows; the last error: {clip(error, 300)}",
                 worker_url=lost[0],
-            )
+            ), []
         self.lost_urls |= set(lost)
         before = {k: r.epoch for k, r in recovery.tasks.items()}  # the runs the channels now carry
         try:
             reruns, dropped = recovery.lose(lost)
         except Unrecoverable as exc:
-            return WorkerUnavailableError(f"query {run.query_id} cannot go on: {exc}", worker_url=lost[0])
+            return WorkerUnavailableError(f"query {run.query_id} cannot go on: {exc}", worker_url=lost[0]), []
         for url in lost:
             run.clients.forget(url)
-        olds: list[tuple[TaskChannel, Rerun | None]] = []
+        wanted = {(r.stage, r.task): r for r in reruns}
+        actions: list[tuple[TaskChannel, Rerun | None]] = []
         with run.lock:
             for ch in list(run.channels):
                 key = ch.header.stage_key
-                if ch.key in self.gone or before[(key.stage_id, key.task_number)] != key.epoch:
-                    continue
-                which = next((r for r in reruns if (r.stage, r.task) == (key.stage_id, key.task_number)), None)
-                if which is None and (key.stage_id, key.task_number) not in dropped:
-                    continue
-                olds.append((ch, which))
-                self.gone.add(ch.key)
-                if which is not None:
+                ids = (key.stage_id, key.task_number)
+                if before[ids] != self._epoch_of.get(ch.key, key.epoch):
+                    continue  # a superseded run's channel
+                which = wanted.pop(ids, None)
+                if which is not None:  # a task dropped at an earlier loss, needed again, counts too
+                    actions.append((ch, which))
                     run.bound[which.stage][which.task] = which.url
-        reason = f"lost {', '.join(lost)}: {clip(error, 200)}"
-        log.warning("query %s: %s; %d task(s) run again", run.query_id, reason, len(reruns))
-        for ch, which in olds:
-            ch.detach()
+                elif ids in dropped and ch.key not in self.gone:
+                    actions.append((ch, None))
+                if which is not None or ids in dropped:
+                    self.gone.add(ch.key)
+        if wanted:
+            return WorkerError(f"query {run.query_id}: no channel carries task(s) {sorted(wanted)} to run again"), []
+        log.warning("query %s: lost %s; %d task(s) run again", run.query_id, ", ".join(lost), len(reruns))
+        for ch, which in actions:
             if which is not None:
                 self._pending[ch.key] = which
-                run.dispatcher.task_lost(ch, reason)  # its replacement through ``replace``
+        return None, actions
+
+    def _carry_out(self, actions: list[tuple[TaskChannel, Rerun | None]], reason: str) -> None:
+        """Let the old channels go (outside the lock: an abort may wait for its call); each re-run's
+        replacement comes through ``replace``."""
+        for ch, which in actions:
+            ch.detach()
+            if which is not None:
+                self.run.dispatcher.task_lost(ch, reason)
             else:
                 ch.abort(f"not needed any more: {reason}")
-        return None
 
     def replace(self, ins: ReplaceTask) -> None:
         """The state machine's ``ReplaceTask``: the old header, rebound, on the decided worker."""
@@ -209,8 +231,14 @@ class StageReplay(Replay):
         run = self.run
         head = channel.header.stage_key.stage_id == run.plan.head.stage_id
         try:
+            if run.failed.is_set():
+                return  # the query ended before its replacement opened: nothing to free
             channel.open(run.clients.get(channel.url))
-            channel.wait_ready(run.options.connect_timeout, None)
+            if run.failed.is_set():  # it ended while this opened, after it cancelled what was open
+                channel.abort("the query ended")
+                return
+            # A busy survivor queues it (first come, first served): as long as admission may wait.
+            channel.wait_ready(run.options.connect_timeout, time.monotonic() + run.options.admission_wait)
             if head:
                 run.check_schema(channel)
         except FlightExecError as exc:
@@ -231,7 +259,11 @@ class StageReplay(Replay):
                 for batch in read_stream(run.clients.get(channel.url), run.head_ticket(channel), stall=run.options.peer_timeout, url=channel.url):
                     if run.failed.is_set() or channel.key in self.gone:
                         return
-                    held.add(batch)
+                    try:
+                        held.add(batch)
+                    except (OSError, pa.ArrowException) as exc:  # this process's disk, not the worker
+                        run.fail(FlightExecError(f"holding the rows of head task {channel.key} failed here: {exc}"))
+                        return
             except ProtocolError as exc:
                 run.fail(WorkerError(str(exc), worker_url=channel.url, stage_key=channel.key))
                 return
@@ -239,7 +271,10 @@ class StageReplay(Replay):
                 channel.done.wait(2.0)  # the task's own error frame says more than the broken stream
                 run.channel_error(channel, channel.error or translate_flight_error(exc, channel.url, channel.key))
                 return
-            self._deliver(channel, held)
+            try:
+                self._deliver(channel, held)
+            except (OSError, pa.ArrowException) as exc:  # reading back what this process held
+                run.fail(FlightExecError(f"delivering the held rows of head task {channel.key} failed: {exc}"))
         finally:
             held.close()
 
@@ -248,7 +283,8 @@ class StageReplay(Replay):
         key = channel.header.stage_key
         with self._deciding:
             assert self.recovery is not None
-            if channel.key in self.gone or not self.recovery.delivered(key.stage_id, key.task_number, key.epoch):
+            epoch = self._epoch_of.get(channel.key, key.epoch)
+            if channel.key in self.gone or not self.recovery.delivered(key.stage_id, key.task_number, epoch):
                 return
         run.dispatcher.output_read(channel)
         for batch in held.batches():
