@@ -112,14 +112,20 @@ class Bench:
 
     def straggler(self) -> float:
         clean, limited = [], []
+        shares: list[str] = []
+        slow = self.fleet.worker_urls[2]
         for _ in range(self.runs):
             clean.append(self.timed(None)[0])
             self.fleet.rate_limit(2, 10)
             try:
-                limited.append(self.timed(None)[0])
+                seconds, done = self.timed(None)
+                limited.append(seconds)
             finally:
                 self.fleet.rate_limit(2, None)
-        print(f"  scan: {statistics.median(clean):.2f}s clean, {statistics.median(limited):.2f}s with worker 2 at 10 Mbit/s")
+            units = done.get("units", {})
+            shares.append(f"{units.get(slow, 0)}/{sum(units.values())}")
+        print(f"  scan: {statistics.median(clean):.2f}s clean, {statistics.median(limited):.2f}s with worker 2 at 10 Mbit/s; "
+              f"units worker 2 took per run: {', '.join(shares)} (a third would be 1/3)")
         return statistics.median(limited) / statistics.median(clean)
 
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as fl
+import pyarrow.parquet as pq
 
 from flight.config import ExecOptions
 from flight.coordinator.exec import DistributedExec
@@ -79,7 +80,9 @@ def _run_query(spec: dict[str, Any]) -> bool:
     rows = 0
     try:
         tables = {name: read_parquet([str(p) for p in paths]) for name, paths in spec["tables"].items()}
-        tables |= {name: read_parquet(ListingProvider(str(d), "*.parquet", split_row_groups=True)) for name, d in spec.get("listed", {}).items()}
+        for name, d in spec.get("listed", {}).items():
+            schema = pq.read_schema(min(Path(d).glob("*.parquet")))  # a listing's files are found at run time
+            tables[name] = read_parquet(ListingProvider(str(d), "*.parquet", split_row_groups=True), schema=schema)
         catalog = Catalog(tables)
         query = sql(spec["sql"], catalog, dialect=spec.get("dialect", "duckdb"))
         ex = DistributedExec(query, StaticWorkerResolver(spec["workers"]), ExecOptions(**spec.get("options", {})))
@@ -94,8 +97,17 @@ def _run_query(spec: dict[str, Any]) -> bool:
         _emit("error", type=type(exc).__name__, message=str(exc), rows=rows)
         return False
     _emit("done", rows=rows, seconds=round(time.monotonic() - started, 3),
-          attempts=[{"lost": list(a.lost), "within": a.replayed is not None, "task": a.task} for a in ex.attempts])
+          attempts=[{"lost": list(a.lost), "within": a.replayed is not None, "task": a.task} for a in ex.attempts],
+          units=_units_per_worker(ex))
     return True
+
+
+def _units_per_worker(ex: DistributedExec) -> dict[str, int]:
+    """Work units each worker's tasks took (how a shared queue spread them)."""
+    units: dict[str, int] = {}
+    for task in ex.metrics.tasks if ex.metrics is not None else []:
+        units[task.worker_url] = units.get(task.worker_url, 0) + sum(f.units for f in task.feeds)
+    return units
 
 
 def main(argv: list[str] | None = None) -> int:
