@@ -34,6 +34,7 @@ from flight.sql import sql as plan_sql
 from flight.sql.catalog import Catalog
 from flight.threads import spawn
 from flight.wire.clients import ClientPool, read_stream
+from flight.wire.stall import SAFE_STALL_S
 
 __all__ = ["Queries", "Query"]
 
@@ -128,7 +129,7 @@ class Queries:
     def relay(self, query: Query, partition: int) -> Iterator[pa.RecordBatch]:
         """Partition ``partition``'s rows, read from its worker with the service's credentials."""
         head = query.detached.partitions[partition]
-        yield from read_stream(self.clients.get(head.url), head.ticket)
+        yield from read_stream(self.clients.get(head.url), head.ticket, stall=SAFE_STALL_S, url=head.url)
 
     def cancel(self, query_id: str, why: str = "cancelled by the client") -> bool:
         """End a live query now, freeing its tasks; whether it was live."""

@@ -45,6 +45,7 @@ from flight.spark._workers import Workers
 from flight.wire._proto import protocol_pb2
 from flight.wire.clients import read_stream, translate_flight_error
 from flight.wire.protocol import error_info_of
+from flight.wire.stall import SAFE_STALL_S
 
 __all__ = ["READ_ONCE_HINT", "FlightDataSource", "HeadPartition", "StageTaskPartition", "find_replacement"]
 
@@ -220,7 +221,7 @@ def _read_at(p: HeadPartition, url: str) -> Iterator[pa.RecordBatch]:
     except (pa.ArrowException, OSError) as exc:
         raise translate_flight_error(exc, url) from exc
     try:
-        yield from read_stream(client, p.ticket)
+        yield from read_stream(client, p.ticket, stall=SAFE_STALL_S, url=url)  # a silent worker: WorkerUnavailableError
     except (pa.ArrowException, OSError) as exc:
         raise translate_flight_error(exc, url) from exc
     finally:

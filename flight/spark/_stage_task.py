@@ -14,7 +14,6 @@ import uuid
 from collections.abc import Iterator
 
 import pyarrow as pa
-import pyarrow.flight as fl
 
 from flight.coordinator.channel import TaskChannel
 from flight.coordinator.dispatch import FeedDispatcher
@@ -25,7 +24,7 @@ from flight.sources.feed import FeedContext, WorkUnitFeed, WorkUnitFeedProvider
 from flight.spark._options import Assignment
 from flight.spark._workers import Workers, mark_down
 from flight.wire._proto import protocol_pb2
-from flight.wire.clients import translate_flight_error
+from flight.wire.clients import read_stream, translate_flight_error
 from flight.wire.protocol import new_secret
 
 __all__ = ["run_stage_task"]
@@ -93,14 +92,8 @@ def _run_on(
         dispatcher.start_sending()
         ticket = protocol_pb2.Ticket(stage_key=key, partition_start=0, partition_end=1, query_secret=header.query_secret)
         try:
-            reader = client.do_get(fl.Ticket(ticket.SerializeToString()))
-            while True:
-                try:
-                    chunk = reader.read_chunk()
-                except StopIteration:
-                    break
-                if chunk.data is not None and chunk.data.num_rows:
-                    yield chunk.data
+            # Heartbeats skipped; a worker silent past the channel's bound is lost (flight.wire.stall).
+            yield from read_stream(client, ticket.SerializeToString(), stall=channel.peer_timeout, url=url)
         except (pa.ArrowException, OSError) as exc:
             channel.done.wait(2.0)  # the task's own error frame says more than the broken stream
             raise (channel.error or translate_flight_error(exc, url, channel.key)) from exc

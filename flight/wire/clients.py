@@ -31,6 +31,7 @@ from flight.errors import (
 from flight.security import Security, connect
 from flight.wire._proto import protocol_pb2
 from flight.wire.protocol import error_info_of, format_stage_key, status_message
+from flight.wire.stall import unwatch, watch
 
 __all__ = ["ClientPool", "error_from_info", "health_check", "read_stream", "shared_pool", "translate_flight_error"]
 
@@ -127,20 +128,44 @@ class ClientPool:
                 log.debug("closing a Flight client failed: %s", exc)
 
 
-def read_stream(client: fl.FlightClient, ticket: bytes) -> Iterator[pa.RecordBatch]:
-    """The non-empty batches of a DoGet stream, read chunk by chunk.
+def read_stream(client: fl.FlightClient, ticket: bytes, *, stall: float | None = None, url: str = "") -> Iterator[pa.RecordBatch]:
+    """The non-empty batches of a DoGet stream, read chunk by chunk: never a heartbeat (0 rows).
+
+    ``stall``: seconds a read may wait with nothing at all arriving (the worker sends
+    heartbeats while the stream has nothing to send: docs/protocol.md §11) before the worker
+    ``url`` is taken as gone: the read is cancelled (``flight.wire.stall``) and raises
+    ``FlightUnavailableError``, which every reader here already takes for a lost worker.
+    The wait for the stream's first message (its schema) is not watched: the worker can
+    send nothing before the task exists, and it may wait for capacity (§14).
 
     ``read_chunk`` rather than ``read_all``: pyarrow turns a CANCELLED status read
     by ``read_all`` on the main thread into a KeyboardInterrupt.
     """
     reader = client.do_get(fl.Ticket(ticket))
-    while True:
-        try:
-            chunk = reader.read_chunk()
-        except StopIteration:
-            return
-        if chunk.data is not None and chunk.data.num_rows:
-            yield chunk.data
+    watched = None if stall is None else watch(reader, stall)
+    try:
+        while True:
+            if watched is not None:
+                watched.waiting()
+            try:
+                chunk = reader.read_chunk()
+            except StopIteration:
+                return
+            except (pa.ArrowException, OSError) as exc:
+                if watched is not None and watched.silent:
+                    raise fl.FlightUnavailableError(
+                        f"worker {url or '(unnamed)'} sent nothing on a DoGet stream for {watched.silent:.1f}s "
+                        "(heartbeats included): it is frozen, overloaded or unreachable"
+                    ) from exc
+                raise
+            finally:
+                if watched is not None:
+                    watched.heard()
+            if chunk.data is not None and chunk.data.num_rows:
+                yield chunk.data
+    finally:
+        if watched is not None:
+            unwatch(watched)
 
 
 def health_check(url: str, timeout: float, security: Security | None = None) -> BaseException | None:

@@ -44,6 +44,7 @@ __all__ = [
     "check_count",
     "clamp",
     "clip",
+    "heartbeat_seconds",
     "parse_size",
     "physical_memory",
 ]
@@ -109,6 +110,13 @@ def clip(text: object, most: int = MAX_ECHO_CHARS) -> str:
 def clamp(value: int, low: int, high: int) -> int:
     """A preference a peer expressed, held into [low, high]."""
     return max(low, min(value, high))
+
+
+def heartbeat_seconds(ms: int) -> float:
+    """A task's heartbeat interval in seconds from its ``TaskOptions.heartbeat_ms``: 0 is the default, the rest clamped.
+
+    One function because three things beat at it (the exchange both ways, the task's DoGet streams)."""
+    return clamp(ms or DEFAULT_HEARTBEAT_MS, MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS) / 1000
 
 
 def check_count(value: int, most: int, field: str, what: str) -> None:

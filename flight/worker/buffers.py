@@ -19,7 +19,8 @@ import os
 import tempfile
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import overload
 
 import pyarrow as pa
 
@@ -157,22 +158,40 @@ class OutputBuffer:
         spill = self._spills.get(partition)
         return len(self._parts[partition].batches) + (len(spill.spans) if spill is not None else 0)
 
-    def _read_retained(self, partition: int) -> Iterator[pa.RecordBatch]:
-        """Every batch of ``partition`` from the start, waiting for more until the task finished."""
+    def _wait(self, more: Callable[[], bool], idle: float | None) -> bool:
+        """Wait, the lock held, until ``more()``; False when ``idle`` seconds passed first (never without ``idle``).
+
+        A timed wait on the condition, not a poll: a batch, the end or a failure wakes it at once."""
+        if idle is None:
+            while not more():
+                self._cond.wait()
+            return True
+        return self._cond.wait_for(more, idle)
+
+    def _read_retained(self, partition: int, idle: float | None) -> Iterator[pa.RecordBatch | None]:
+        """Every batch of ``partition`` from the start, waiting for more until the task finished (None: see ``read``)."""
         part = self._parts[partition]
         index = 0
+
+        def more() -> bool:
+            return index < self._retained_count(partition) or self._finished or self._error is not None
+
         while True:
+            spill: _Spill | None = None
             with self._cond:
-                while index >= self._retained_count(partition) and not self._finished and self._error is None:
-                    self._cond.wait()
-                if self._error is not None:
-                    raise light_copy(self._error)
-                if index >= self._retained_count(partition):
-                    return
-                in_memory = len(part.batches)
-                spill = None if index < in_memory else self._spills[partition]
-                batch = part.batches[index] if spill is None else None
-                schema = self._schema
+                waited = self._wait(more, idle)
+                if waited:
+                    if self._error is not None:
+                        raise light_copy(self._error)
+                    if index >= self._retained_count(partition):
+                        return
+                    in_memory = len(part.batches)
+                    spill = None if index < in_memory else self._spills[partition]
+                    batch = part.batches[index] if spill is None else None
+                    schema = self._schema
+            if not waited:
+                yield None  # outside the lock: nothing to send for ``idle`` seconds
+                continue
             if spill is not None:  # read outside the lock: the producer need not wait for the disk
                 assert schema is not None
                 try:
@@ -227,11 +246,21 @@ class OutputBuffer:
             self._bytes -= part.batches.popleft().nbytes
             part.base += 1
 
-    def read(self, partition: int) -> Iterator[pa.RecordBatch]:
+    @overload
+    def read(self, partition: int) -> Iterator[pa.RecordBatch]: ...
+    @overload
+    def read(self, partition: int, idle: float) -> Iterator[pa.RecordBatch | None]: ...
+
+    def read(self, partition: int, idle: float | None = None) -> Iterator[pa.RecordBatch | None]:
         """Batches of ``partition`` until the task finished; each partition has a fixed number of readers
-        (a retained one: any number, each from the start)."""
+        (a retained one: any number, each from the start).
+
+        ``idle``: the reader must show it is alive while it waits (a DoGet stream's heartbeats), so it
+        is handed None each time ``idle`` seconds passed with nothing to read; it is woken at once
+        when a batch comes. Without ``idle``, never None.
+        """
         if self.retain:
-            yield from self._read_retained(partition)
+            yield from self._read_retained(partition, idle)
             return
         part = self._parts[partition]
         with self._cond:
@@ -241,21 +270,25 @@ class OutputBuffer:
                 )
             slot = part.claimed
             part.claimed += 1
+
+        def more() -> bool:
+            return part.cursors[slot] < part.total() or self._finished or self._error is not None
+
         try:
             while True:
+                batch: pa.RecordBatch | None = None
                 with self._cond:
-                    while part.cursors[slot] >= part.total() and not self._finished and self._error is None:
-                        self._cond.wait()
-                    if self._error is not None:
-                        raise light_copy(self._error)
-                    index = part.cursors[slot]
-                    if index >= part.total():
-                        return
-                    batch = part.batches[index - part.base]
-                    part.cursors[slot] = index + 1
-                    self._trim(part)
-                    self._cond.notify_all()
-                yield batch
+                    if self._wait(more, idle):
+                        if self._error is not None:
+                            raise light_copy(self._error)
+                        index = part.cursors[slot]
+                        if index >= part.total():
+                            return
+                        batch = part.batches[index - part.base]
+                        part.cursors[slot] = index + 1
+                        self._trim(part)
+                        self._cond.notify_all()
+                yield batch  # None: nothing for ``idle`` seconds
         finally:
             # Done, failed or abandoned (a reader below a limit stops early): it holds nothing back any more.
             with self._cond:

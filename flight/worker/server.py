@@ -23,19 +23,11 @@ from flight.config import WorkerOptions
 from flight.engine.acero.pipeline import source_threads
 from flight.engine.readers import UnitReadError
 from flight.engine.select import compile_task
-from flight.errors import FlightExecError, ProtocolError, TaskCancelledError, WorkerError, light_copy
+from flight.errors import FlightExecError, ProtocolError, TaskCancelledError, light_copy
 from flight.threads import Job, spawn
 from flight.wire._proto import plan_pb2, protocol_pb2
 from flight.wire.clients import ClientPool
-from flight.wire.limits import (
-    DEFAULT_HEARTBEAT_MS,
-    MAX_HEARTBEAT_MS,
-    MAX_OUTPUT_BUFFER_BYTES,
-    MIN_HEARTBEAT_MS,
-    MIN_OUTPUT_BUFFER_BYTES,
-    clamp,
-    clip,
-)
+from flight.wire.limits import MAX_OUTPUT_BUFFER_BYTES, MIN_OUTPUT_BUFFER_BYTES, clamp, clip, heartbeat_seconds
 from flight.wire.protocol import (
     PROTOCOL_VERSION,
     decode_cancel_request,
@@ -51,6 +43,7 @@ from flight.worker.auth import MIDDLEWARE_KEY, ServerSecurity, TokenAuth, identi
 from flight.worker.beats import Heartbeats
 from flight.worker.boundary import error_boundary
 from flight.worker.capacity import INPUT_RESERVE_BYTES, Need, worker_capacity
+from flight.worker.doget import output_stream
 from flight.worker.exchange import Sender, read_frames
 from flight.worker.failures import error_info, fail, refuse, reject
 from flight.worker.shuffle import read_partitions
@@ -142,7 +135,7 @@ class WorkerServer(fl.FlightServerBase):
         buffer_bytes = clamp(opts.output_buffer_bytes or self.options.output_buffer_bytes, MIN_OUTPUT_BUFFER_BYTES, MAX_OUTPUT_BUFFER_BYTES)
         threads = source_threads(plan)
         need = Need(threads=threads, memory=buffer_bytes + threads * INPUT_RESERVE_BYTES)
-        interval = clamp(opts.heartbeat_ms or DEFAULT_HEARTBEAT_MS, MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS) / 1000
+        interval = heartbeat_seconds(opts.heartbeat_ms)
 
         def queued() -> None:  # "I wait for capacity": tells the coordinator to wait longer, and is its heartbeat
             try:
@@ -183,7 +176,7 @@ class WorkerServer(fl.FlightServerBase):
         opts = header.options
         task, output = self._start_task(header, plan, buffer_bytes, sender, client)
         log.debug("task %s started (%d feed partitions)", task.key, len(task.inboxes))
-        interval = clamp(opts.heartbeat_ms or DEFAULT_HEARTBEAT_MS, MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS) / 1000
+        interval = heartbeat_seconds(opts.heartbeat_ms)
         runner: Job | None = None
         try:
             self._send_ready(task, sender)
@@ -306,7 +299,8 @@ class WorkerServer(fl.FlightServerBase):
     def _read_partitions(
         self, task: Task, producers: list[tuple[str, bytes]], start: int, end: int
     ) -> Iterator[tuple[pa.RecordBatch, bool]]:
-        return read_partitions(task, self.registry, self.peers, self.url, producers, start, end, self.options.get_wait)
+        o = self.options
+        return read_partitions(task, self.registry, self.peers, self.url, producers, start, end, o.get_wait, o.peer_timeout)
 
     # ------------------------------------------------------------------- DoGet
 
@@ -332,7 +326,8 @@ class WorkerServer(fl.FlightServerBase):
             message = f"ticket asks for partitions [{t.partition_start}, {t.partition_end}) but task {key} has {task.output.partitions}"
             raise status_error(error_info(self.url, invalid, message, t.stage_key, "ticket.partition_end"))
         ipc = ipc_options(task.header.options.ipc_compression)
-        stream = _stream(task, t.partition_start, t.partition_end)  # (batch, app_metadata) pairs: pyarrow takes them
+        # (batch, app_metadata) pairs, pyarrow takes them; heartbeats while it waits (doget.py)
+        stream = output_stream(task, t.partition_start, t.partition_end)
         return fl.GeneratorStream(task.output_schema, stream, options=ipc)  # type: ignore[arg-type]
 
     # ---------------------------------------------------------------- DoAction
@@ -414,25 +409,4 @@ class WorkerServer(fl.FlightServerBase):
                 task.cancel("the worker is shutting down")
                 self.registry.remove(task)  # its handler may be stuck reading a silent client
                 self.admission.release(task.key)
-
-
-def _stream(task: Task, start: int, end: int) -> Iterator[tuple[pa.RecordBatch, bytes]]:
-    assert task.output is not None
-    try:
-        for partition in range(start, end):
-            meta = protocol_pb2.BatchMetadata(partition=partition).SerializeToString()
-            for batch in task.output.read(partition):
-                yield batch, meta
-    except TaskCancelledError as exc:
-        code, message = protocol_pb2.ERROR_CODE_CANCELLED, f"task {task.key} on {task.worker_url}: {exc.cause}"
-    except FlightExecError as exc:
-        cause = exc.cause if isinstance(exc, WorkerError) else str(exc)
-        code, message = protocol_pb2.ERROR_CODE_EXECUTION, f"task {task.key} failed on {task.worker_url}: {cause}"
-    except Exception as exc:
-        log.warning("task %s: streaming its output failed", task.key, exc_info=True)
-        code, message = protocol_pb2.ERROR_CODE_EXECUTION, f"task {task.key} on {task.worker_url}: {type(exc).__name__} while streaming"
-    else:
-        return
-    info = protocol_pb2.ErrorInfo(code=code, message=message, stage_key=task.header.stage_key, worker_url=task.worker_url)
-    raise status_error(info)
 

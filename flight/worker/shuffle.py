@@ -40,10 +40,12 @@ def read_partitions(
     start: int,
     end: int,
     wait: float,
+    stall: float,
 ) -> Iterator[tuple[pa.RecordBatch, bool]]:
     """Partitions [start, end) of every producer, each batch with whether it was read locally.
 
-    Raises a TaskFailedError (or WorkerUnavailableError) naming a producer that failed.
+    Raises a TaskFailedError (or WorkerUnavailableError) naming a producer that failed. A remote stream
+    silent (no heartbeat either) for ``stall`` seconds, the worker's ``--peer-timeout``, is a lost worker.
     """
     results: queue.Queue[object] = queue.Queue(maxsize=8)
     stop = threading.Event()
@@ -76,7 +78,7 @@ def read_partitions(
                 ticket = protocol_pb2.Ticket(
                     stage_key=key, partition_start=start, partition_end=end, query_secret=task.header.query_secret
                 )
-                for batch in read_stream(peers.get(url), ticket.SerializeToString()):
+                for batch in read_stream(peers.get(url), ticket.SerializeToString(), stall=stall, url=url):
                     if not offer((batch, False)):
                         return
             offer(_END)

@@ -43,7 +43,7 @@ from grpc_tools import protoc
 ROOT = Path(__file__).resolve().parents[2]
 PROTO_DIR = ROOT / "proto"
 PROTO_FILES = ["flight/wire/_proto/protocol.proto", "flight/wire/_proto/plan.proto"]
-PROTOCOL_VERSION = 3  # docs/protocol.md, section 1
+PROTOCOL_VERSION = 4  # docs/protocol.md, section 1
 SECRET = b"raw-client-query-secret"  # 16 to 64 bytes: every header, ticket and cancel of a query repeats it
 LISTENING = re.compile(rb"^flight-worker listening on (grpc://\S+)$")
 START_TIMEOUT = 30.0
@@ -833,6 +833,39 @@ def test_a_release_frame_frees_a_finished_task_and_ends_the_call_ok(P: Protos, c
     finally:
         ex.close()
     wait_until(lambda: info(P, client).running_tasks == 0, "the worker to free the released task")
+
+
+def test_a_doget_stream_with_nothing_to_send_sends_heartbeats_of_no_rows(P: Protos, client: fl.FlightClient, tmp_path: Path) -> None:
+    # docs/protocol.md §11: while a stream has nothing to send, a batch of 0 rows of its schema every
+    # heartbeat_ms, its BatchMetadata saying heartbeat (and the partition being read); rows follow as they come.
+    (path,) = write_files(tmp_path, count=1)
+    key = new_key(P)
+    ex = Exchange(P, client, header(P, key, P.StagePlan(root=scan(P)), {"files": [0]}, heartbeat_ms=200).SerializeToString())
+    try:
+        ready = ex.frame()
+        assert ready.WhichOneof("frame") == "ready", ready
+        schema = read_schema(ready.ready.output_schema)
+        ticket = P.Ticket(stage_key=key, partition_start=0, partition_end=1, query_secret=SECRET)
+        reader = client.do_get(fl.Ticket(ticket.SerializeToString()), options=CALL)
+        chunk = reader.read_chunk()  # no unit was sent: the task has nothing to send yet
+        meta = P.BatchMetadata.FromString(chunk.app_metadata.to_pybytes())
+        assert meta.heartbeat and meta.HasField("partition") and meta.partition == 0
+        assert chunk.data.num_rows == 0 and chunk.data.schema.equals(schema)
+        ex.send(units=P.WorkUnitBatch(feed_id="files", partition=0, units=[P.WorkUnit(body=P.FileUnit(path=str(path)).SerializeToString())]))
+        ex.send(feed_end=P.FeedEnd(feed_id="files", partition=0))
+        rows = 0
+        with contextlib.suppress(StopIteration):
+            while True:
+                chunk = reader.read_chunk()
+                meta = P.BatchMetadata.FromString(chunk.app_metadata.to_pybytes())
+                assert meta.partition == 0 and (chunk.data.num_rows == 0 or not meta.heartbeat), meta
+                rows += chunk.data.num_rows
+        assert rows == 40
+        ex.send(release=P.Release())
+        ex.drain()  # ends OK
+    finally:
+        ex.close()
+    wait_until(lambda: info(P, client).running_tasks == 0, "the worker to free the task")
 
 
 def test_a_release_before_finished_cancels_the_task(P: Protos, client: fl.FlightClient) -> None:

@@ -10,7 +10,7 @@ WorkerFrame (worker -> client). Map stages also carry Arrow record batches
 (input up, output down) on the same exchange. docs/protocol.md has the order
 and who closes what.
 
-DoGet: the ticket bytes are a Ticket; each batch's app_metadata is a BatchMetadata.
+DoGet: the ticket bytes are a Ticket; each batch's app_metadata is a BatchMetadata (0-row heartbeats included).
 DoAction: "health", "info", "cancel" (body: CancelRequest), "drain".
 """
 
@@ -880,16 +880,24 @@ class BatchMetadata(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PARTITION_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     """optional: present (and so non-empty) even for partition 0"""
+    heartbeat: _builtins.bool
+    """A heartbeat: a batch of 0 rows the worker sends while the stream has nothing to send,
+    every TaskOptions.heartbeat_ms, so that a reader can tell a slow producer from a silent
+    worker. It carries no rows: skip it (a reader that does not know this field sees an empty
+    batch of the partition being read, which adds nothing).
+    """
     def __init__(
         self,
         *,
         partition: _builtins.int | None = ...,
+        heartbeat: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_partition", b"_partition", "partition", b"partition"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_partition", b"_partition", "partition", b"partition"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_partition", b"_partition", "heartbeat", b"heartbeat", "partition", b"partition"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__partition: _TypeAlias = _typing.Literal["partition"]  # noqa: Y015
     _WhichOneofArgType__partition: _TypeAlias = _typing.Literal["_partition", b"_partition"]  # noqa: Y015

@@ -1,0 +1,71 @@
+"""A task's output partitions as a DoGet stream: batches in partition order, heartbeats while it waits.
+
+Why heartbeats: a reader of a DoGet stream (a consumer task on another worker, the
+coordinator) cannot put a deadline on it, since a slow producer may legitimately keep
+it waiting for minutes, and gRPC has no keepalive here. Without a sign of life a frozen
+or partitioned worker left its readers blocked forever. So while the stream has nothing
+to send, it sends a 0-row batch of its schema every heartbeat interval of the task
+(``TaskOptions.heartbeat_ms``), its ``BatchMetadata.heartbeat`` set: a reader that hears
+nothing for its own bound knows the worker is gone (``flight.wire.stall``), and a reader
+that does not know the flag sees an empty batch of the partition being read, which adds
+no rows. docs/protocol.md, section 11.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pyarrow as pa
+
+from flight.errors import FlightExecError, TaskCancelledError, WorkerError
+from flight.wire._proto import protocol_pb2
+from flight.wire.limits import heartbeat_seconds
+from flight.wire.protocol import status_error
+from flight.worker.tasks import Task
+
+__all__ = ["heartbeat_batch", "output_stream"]
+
+log = logging.getLogger("flight.worker.server")
+
+
+def heartbeat_batch(schema: pa.Schema) -> pa.RecordBatch | None:
+    """A batch of 0 rows of ``schema`` (None if pyarrow cannot make one: that stream then sends no heartbeats).
+
+    ``pa.nulls(0, type)`` rather than ``pa.array([])``: it makes every type, unions included."""
+    try:
+        return pa.RecordBatch.from_arrays([pa.nulls(0, field.type) for field in schema], schema=schema)
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        log.debug("no heartbeat batch for schema %s: %s", schema, exc)
+        return None
+
+
+def output_stream(task: Task, start: int, end: int) -> Iterator[tuple[pa.RecordBatch, bytes]]:
+    """Partitions [start, end) of ``task``'s output as (batch, app_metadata) pairs, for pyarrow's GeneratorStream.
+
+    A failure of the task ends the stream with the Flight status that says what happened
+    (docs/protocol.md, section 11), never with a Python traceback."""
+    assert task.output is not None
+    idle = heartbeat_seconds(task.header.options.heartbeat_ms)
+    empty = heartbeat_batch(task.output_schema)
+    try:
+        for partition in range(start, end):
+            meta = protocol_pb2.BatchMetadata(partition=partition).SerializeToString()
+            if empty is None:
+                yield from ((batch, meta) for batch in task.output.read(partition))
+                continue
+            beat = empty, protocol_pb2.BatchMetadata(partition=partition, heartbeat=True).SerializeToString()
+            for batch in task.output.read(partition, idle):
+                yield beat if batch is None else (batch, meta)
+    except TaskCancelledError as exc:
+        code, message = protocol_pb2.ERROR_CODE_CANCELLED, f"task {task.key} on {task.worker_url}: {exc.cause}"
+    except FlightExecError as exc:
+        cause = exc.cause if isinstance(exc, WorkerError) else str(exc)
+        code, message = protocol_pb2.ERROR_CODE_EXECUTION, f"task {task.key} failed on {task.worker_url}: {cause}"
+    except Exception as exc:
+        log.warning("task %s: streaming its output failed", task.key, exc_info=True)
+        code, message = protocol_pb2.ERROR_CODE_EXECUTION, f"task {task.key} on {task.worker_url}: {type(exc).__name__} while streaming"
+    else:
+        return
+    info = protocol_pb2.ErrorInfo(code=code, message=message, stage_key=task.header.stage_key, worker_url=task.worker_url)
+    raise status_error(info)
