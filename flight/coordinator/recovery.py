@@ -63,6 +63,8 @@ class Attempt:
     replaced_by: str = ""
 
     def describe(self) -> str:
+        if self.replayed is not None and not self.task:
+            return f"lost {', '.join(self.lost)}; nothing it held was needed any more ({self.error})"
         if self.replayed is not None:
             return (
                 f"task {self.task} lost with {', '.join(self.lost)}: {self.replayed} unit(s) it had not delivered replayed "

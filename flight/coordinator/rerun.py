@@ -153,12 +153,15 @@ class StageRecovery:
         dropped = sorted(k for k, r in self.tasks.items() if r.url in now and k not in rerun)
         return out, dropped
 
-    def _needed(self, key: TaskId, rerun: set[TaskId]) -> bool:
+    def _wanted(self, key: TaskId, rerun: set[TaskId]) -> bool:
+        """Whether the task's output is still wanted: a head task's until it is delivered (a retained
+        one's always), any other's while a consumer of it runs again, or has not finished and is
+        wanted itself (once the result is whole, nothing is)."""
         stage = key[0]
         if stage == self.head:
             return self.retained_head or not self.tasks[key].delivered
         return any(
-            (c, t) in rerun or not run.finished
+            (c, t) in rerun or (not run.finished and self._wanted((c, t), rerun))
             for c in self.consumers[stage]
             for t, run in self._stage(c)
         )
@@ -189,9 +192,11 @@ class StageRecovery:
         return [(p, t) for p in self.reads[stage] for t, _ in self._stage(p)]
 
     def _must_rerun(self, key: TaskId, run: TaskRun, rerun: set[TaskId], changed: set[TaskId]) -> bool:
-        if run.url in self.lost_urls:
-            return self._needed(key, rerun)
         producers = self._producers(key[0])
-        if not run.finished:  # it may have read part of a producer's old run
-            return any(p in rerun for p in producers)
-        return any(p in changed for p in producers)  # it read rows the producer's new run will not give
+        if run.finished and any(p in changed for p in producers):
+            return True  # it read rows its producer's new run will not give: wanted or not, it is stale
+        if not self._wanted(key, rerun):
+            return False
+        if run.url in self.lost_urls:
+            return True
+        return not run.finished and any(p in rerun for p in producers)  # it may have read part of an old run

@@ -125,7 +125,7 @@ class StageReplay(Replay):
         with self._deciding:
             if run.failed.is_set() or channel.key in self.gone:
                 return  # another report of the same loss decided it meanwhile
-            lost = [u for u in lost if u not in self.recovery.lost_urls]
+            lost = [u for u in lost if u not in self.recovery.lost_urls] or self._unreachable_peer(channel, error)
             if not lost:
                 run.fail(error)  # every worker answers: the task's own error
                 return
@@ -136,6 +136,16 @@ class StageReplay(Replay):
         self._carry_out(actions, f"lost {', '.join(lost)}: {clip(error, 200)}")
         if channel.key not in self.gone:  # its worker is fine, and it reads nothing lost: its own error
             run.fail(error)
+
+    def _unreachable_peer(self, channel: TaskChannel, error: BaseException) -> list[str]:
+        """A worker this coordinator reaches but a task's worker could not (a partition between the
+        two): the worker the task's UNAVAILABLE error names, counted as lost like a dead one."""
+        assert self.recovery is not None
+        peer = error.worker_url if isinstance(error, WorkerUnavailableError) else None
+        if not peer or peer == channel.url or peer not in self.run.urls or peer in self.recovery.lost_urls:
+            return []
+        log.warning("query %s: task %s on %s cannot reach %s: counted as lost", self.run.query_id, channel.key, channel.url, peer)
+        return [peer]
 
     def _decide(self, lost: list[str], error: BaseException) -> tuple[FlightExecError | None, list[tuple[TaskChannel, Rerun | None]]]:
         """The decision for workers ``lost`` (lock held): the error that fails the query, or the old
@@ -176,6 +186,9 @@ class StageReplay(Replay):
         if wanted:
             return WorkerError(f"query {run.query_id}: no channel carries task(s) {sorted(wanted)} to run again"), []
         log.warning("query %s: lost %s; %d task(s) run again", run.query_id, ", ".join(lost), len(reruns))
+        rerun_from = {ch.url for ch, which in actions if which is not None and which.lost}
+        for url in sorted(set(lost) - rerun_from):  # a loss that made nothing run again is still told
+            run.context.attempts.append(Attempt(run.query_id, (url,), clip(error, 300), replayed=0))
         for ch, which in actions:
             if which is not None:
                 self._pending[ch.key] = which

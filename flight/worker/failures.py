@@ -82,7 +82,9 @@ def fail(url: str, task: Task, sender: Sender, exc: BaseException) -> Exception:
         code = protocol_pb2.ERROR_CODE_UNAVAILABLE if isinstance(error, WorkerUnavailableError) else protocol_pb2.ERROR_CODE_EXECUTION
         if isinstance(error, PathRefused):
             code = protocol_pb2.ERROR_CODE_PERMISSION_DENIED
-        info = error_info(url, code, f"task {task.key} failed on {url}: {message}", key)
+        # An unavailable peer (a producer this task could not read) is the worker the error names.
+        where = error.worker_url if isinstance(error, WorkerUnavailableError) and error.worker_url else url
+        info = error_info(where, code, f"task {task.key} failed on {url}: {message}", key)
         task.cancel(message, failed=True)
     send_error(sender, info)
     return status_error(info)

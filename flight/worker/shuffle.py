@@ -99,7 +99,7 @@ def _read_error(exc: Exception, url: str, name: str) -> Exception:
         return TaskFailedError(f"reading task {name} on {url}: {exc}")
     if isinstance(exc, (fl.FlightUnavailableError, fl.FlightTimedOutError)):
         # The producer's worker is gone: retryable, and it is that worker the error names.
-        return WorkerUnavailableError(f"worker {url} (task {name}) is unavailable: {status_message(exc)}", cause=status_message(exc))
+        return WorkerUnavailableError(f"worker {url} (task {name}) is unavailable: {status_message(exc)}", cause=status_message(exc), worker_url=url)
     if isinstance(exc, (pa.ArrowException, OSError)):
         return TaskFailedError(f"reading task {name} on {url}: {status_message(exc)}")
     return TaskFailedError(f"reading task {name} on {url}: {type(exc).__name__}: {exc}")

@@ -210,3 +210,15 @@ def test_losing_every_worker_or_a_delivered_heads_input_that_changes_is_unrecove
     assert planner.delivered(1, 0, 0)
     with pytest.raises(Unrecoverable, match=r"\[\(1, 0\)\] already delivered"):
         planner.lose(["w1"])
+
+
+def test_once_every_head_task_is_delivered_a_loss_runs_nothing_again() -> None:
+    # The whole result reached the caller; a consumer whose finished frame is still on its way
+    # (its worker cut off) must not make its producers run again, nor fail the query.
+    planner = StageRecovery({0: [], 1: [0], 2: [1]}, {0: ["w0", "w1"], 1: ["w1", "w0"], 2: ["w0"]}, 2)
+    planner.finished(0, 0, 0)
+    planner.finished(1, 1, 0)  # (1, 0) on w1 never said it finished
+    planner.finished(2, 0, 0)
+    assert planner.delivered(2, 0, 0)
+    reruns, dropped = planner.lose(["w1"])
+    assert reruns == [] and dropped == [(0, 1), (1, 0)]
