@@ -78,6 +78,7 @@ class StageReplay(Replay):
         self._pending: dict[str, Rerun] = {}
         self._epoch_of: dict[str, int] = {}  # a channel's run, where its key does not say (a retained head's)
         self._runs: dict[str, int] = {}  # replacements made per task, for their names
+        self._kept_key_on: dict[tuple[int, int], set[str]] = {}  # a retained head task's epoch-0 key: where it ran
         self._deciding = threading.Lock()
 
     def bind(self) -> None:
@@ -218,9 +219,11 @@ class StageReplay(Replay):
                 header.target_worker_url = which.url
                 header.plan = task_plan(stage, which.task, run.counts, run.query_id, run.bound, self.recovery.epochs())
                 name = None
-                if stage is run.plan.head and run.retain and which.url != old.url:
+                ran_on = self._kept_key_on.setdefault((which.stage, which.task), {old.url} if not old.header.stage_key.epoch else set())
+                if stage is run.plan.head and run.retain and which.url not in ran_on and not old.header.stage_key.epoch:
                     # Spark's readers find a retained head task by its ticket on the query's other
                     # workers (spark/_source.py): it keeps its key, on a worker it never ran on.
+                    ran_on.add(which.url)  # a key runs once per worker
                     base = format_stage_key(header.stage_key)
                     self._runs[base] = self._runs.get(base, 0) + 1
                     name = f"{base}+{self._runs[base]}"

@@ -95,6 +95,9 @@ def read_partitions(
 
 def _read_error(exc: Exception, url: str, name: str) -> Exception:
     """What the consumer is told when reading producer task ``name`` on ``url`` failed with ``exc``."""
+    if isinstance(exc, WorkerUnavailableError) and exc.worker_url:
+        # The producer failed because a worker it read is unreachable: that worker is still the one to blame.
+        return WorkerUnavailableError(f"reading task {name} on {url}: {exc}", cause=exc.cause, worker_url=exc.worker_url)
     if isinstance(exc, FlightExecError):
         return TaskFailedError(f"reading task {name} on {url}: {exc}")
     if isinstance(exc, (fl.FlightUnavailableError, fl.FlightTimedOutError)):
