@@ -170,17 +170,32 @@ class Replay:
         spawn(self._start, channel, name=f"replace-{channel.key}")
 
     def _start(self, channel: TaskChannel) -> None:
+        """Open a replacement; never after the query ended (nothing would free it on its worker)."""
         run = self.run
         try:
+            if run.failed.is_set():
+                return
             channel.open(run.clients.get(channel.url))
+            if run.failed.is_set():  # it ended while this opened, after it cancelled what was open
+                channel.abort("the query ended")
+                return
+            # A busy survivor queues it (first come, first served): as long as admission may wait.
             channel.wait_ready(run.options.connect_timeout, time.monotonic() + run.options.admission_wait)
-            run.check_schema(channel)
+            if self._is_head(channel):
+                run.check_schema(channel)
         except FlightExecError as exc:
             run.channel_error(channel, exc)
             return
         run.dispatcher.task_ready(channel)
-        if self.mode == "units":
+        if self._reads(channel):
             self.read(channel)
+
+    def _is_head(self, channel: TaskChannel) -> bool:
+        return True  # only head tasks are replaced here
+
+    def _reads(self, channel: TaskChannel) -> bool:
+        """Whether this process reads the replacement's output (a "task" one's is read by others)."""
+        return self.mode == "units"
 
     # ------------------------------------------------------------ "units": the head streams
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -243,26 +242,11 @@ class StageReplay(Replay):
             return
         spawn(self._start, channel, name=f"rerun-{channel.key}")
 
-    def _start(self, channel: TaskChannel) -> None:
-        run = self.run
-        head = channel.header.stage_key.stage_id == run.plan.head.stage_id
-        try:
-            if run.failed.is_set():
-                return  # the query ended before its replacement opened: nothing to free
-            channel.open(run.clients.get(channel.url))
-            if run.failed.is_set():  # it ended while this opened, after it cancelled what was open
-                channel.abort("the query ended")
-                return
-            # A busy survivor queues it (first come, first served): as long as admission may wait.
-            channel.wait_ready(run.options.connect_timeout, time.monotonic() + run.options.admission_wait)
-            if head:
-                run.check_schema(channel)
-        except FlightExecError as exc:
-            run.channel_error(channel, exc)
-            return
-        run.dispatcher.task_ready(channel)
-        if head and not run.retain:
-            self.read(channel)
+    def _is_head(self, channel: TaskChannel) -> bool:
+        return channel.header.stage_key.stage_id == self.run.plan.head.stage_id
+
+    def _reads(self, channel: TaskChannel) -> bool:
+        return self._is_head(channel) and not self.run.retain
 
     # ------------------------------------------------------------ the head streams
 
