@@ -26,7 +26,7 @@ except ImportError:  # PySpark 4.0: no filter pushdown (pushFilters is never cal
     Filter = object  # type: ignore[assignment,misc]
 from pyspark.sql.types import StructType
 
-from flight.errors import TaskCancelledError, TaskFailedError, WorkerError, WorkerUnavailableError
+from flight.errors import WorkerError, WorkerUnavailableError
 from flight.security import SecurityFiles, connect
 from flight.spark._options import Assignment, HeadOptions, PlanOptions, decode_options
 from flight.spark._schema import Conformer, arrow_schema, spark_schema
@@ -198,10 +198,10 @@ def _read_head(p: HeadPartition) -> Iterator[pa.RecordBatch]:
             yield batch
         return
     except WorkerError as exc:
-        # Its worker lost, or the task there ended (cancelled, or failed reading a lost worker): a
-        # multi-stage query runs it again on another worker under the same key (coordinator/stagereplay.py).
-        moved = isinstance(exc, (WorkerUnavailableError, TaskCancelledError, TaskFailedError))
-        if yielded or not moved or len(p.workers) < 2:
+        # Only a lost worker sends the read elsewhere: a task that ended there (read once, released,
+        # failed) must fail at once, not after a minute of looking (a multi-stage query's head task
+        # that failed reading a lost worker says UNAVAILABLE, naming it: coordinator/stagereplay.py).
+        if yielded or not isinstance(exc, WorkerUnavailableError) or len(p.workers) < 2:
             raise _explained(exc, where) from exc
         lost = exc
     url = find_replacement(p.ticket, [u for u in p.workers if u != p.url], p.security_files, RELOCATE_S)
