@@ -228,13 +228,15 @@ class TaskChannel:
         """
         self._send_last(protocol_pb2.CoordinatorFrame(release=protocol_pb2.Release()))
 
-    def abort(self, reason: str) -> None:
+    def abort(self, reason: str, *, lost_worker: str = "") -> None:
         """Cancel the task: tell the worker why and let it go, then cut the exchange.
 
+        ``lost_worker``: the task runs again elsewhere because that worker was lost; the worker
+        answers a DoGet of it UNAVAILABLE, so a reader holding its ticket looks elsewhere.
         The lock is only tried for a moment: a write blocked on a frozen worker holds it,
         and cancelling the call (thread-safe in gRPC) is what unblocks that write.
         """
-        cancel = protocol_pb2.CoordinatorFrame(cancel=protocol_pb2.Cancel(reason=reason[:200]))
+        cancel = protocol_pb2.CoordinatorFrame(cancel=protocol_pb2.Cancel(reason=reason[:200], lost_worker=lost_worker))
         self._send_last(cancel, protocol_pb2.CoordinatorFrame(release=protocol_pb2.Release()), wait=_LOCK_WAIT_S)
         self.cancel_call()
 

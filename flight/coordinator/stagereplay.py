@@ -133,7 +133,7 @@ class StageReplay(Replay):
         if failure is not None:
             run.fail(failure)
             return
-        self._carry_out(actions, f"lost {', '.join(lost)}: {clip(error, 200)}")
+        self._carry_out(actions, f"lost {', '.join(lost)}: {clip(error, 200)}", lost[0])
         if channel.key not in self.gone:  # its worker is fine, and it reads nothing lost: its own error
             run.fail(error)
 
@@ -194,12 +194,14 @@ class StageReplay(Replay):
                 self._pending[ch.key] = which
         return None, actions
 
-    def _carry_out(self, actions: list[tuple[TaskChannel, Rerun | None]], reason: str) -> None:
+    def _carry_out(self, actions: list[tuple[TaskChannel, Rerun | None]], reason: str, lost: str) -> None:
         """Let the old channels go (outside the lock: an abort may wait for its call); each re-run's
-        replacement comes through ``replace``."""
+        replacement comes through ``replace``. A re-run's old task is told the lost worker that
+        moved it: its worker then sends a reader of its ticket looking elsewhere (spark/_source.py)."""
         for ch, which in actions:
             ch.detach()
             if which is not None:
+                ch.abort(f"runs again elsewhere: {reason}", lost_worker=lost)
                 self.run.dispatcher.task_lost(ch, reason)
             else:
                 ch.abort(f"not needed any more: {reason}")

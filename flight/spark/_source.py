@@ -199,8 +199,9 @@ def _read_head(p: HeadPartition) -> Iterator[pa.RecordBatch]:
         return
     except WorkerError as exc:
         # Only a lost worker sends the read elsewhere: a task that ended there (read once, released,
-        # failed) must fail at once, not after a minute of looking (a multi-stage query's head task
-        # that failed reading a lost worker says UNAVAILABLE, naming it: coordinator/stagereplay.py).
+        # failed) must fail at once, not after a minute of looking. A head task that ended because a
+        # worker was lost (it failed reading it, or its coordinator moved it: Cancel.lost_worker)
+        # answers UNAVAILABLE too (docs/protocol.md, section 11).
         if yielded or not isinstance(exc, WorkerUnavailableError) or len(p.workers) < 2:
             raise _explained(exc, where) from exc
         lost = exc

@@ -67,5 +67,9 @@ def output_stream(task: Task, start: int, end: int) -> Iterator[tuple[pa.RecordB
         code, message = protocol_pb2.ERROR_CODE_EXECUTION, f"task {task.key} on {task.worker_url}: {type(exc).__name__} while streaming"
     else:
         return
-    info = protocol_pb2.ErrorInfo(code=code, message=message, stage_key=task.header.stage_key, worker_url=task.worker_url)
+    where = task.worker_url
+    if task.lost_worker:  # it ended because a worker was lost: it runs again elsewhere, look there
+        code, where = protocol_pb2.ERROR_CODE_UNAVAILABLE, task.lost_worker
+        message = f"task {task.key} on {task.worker_url} ended because worker {where} was lost; it runs again elsewhere"
+    info = protocol_pb2.ErrorInfo(code=code, message=message, stage_key=task.header.stage_key, worker_url=where)
     raise status_error(info)

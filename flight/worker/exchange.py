@@ -127,7 +127,7 @@ def _dispatch(task: Task, frame: protocol_pb2.CoordinatorFrame) -> bool:
     elif kind == "feed_end":
         task.inbox(frame.feed_end.feed_id, frame.feed_end.partition).end()
     elif kind == "cancel":
-        task.call_off(clip(frame.cancel.reason) or "cancelled by the coordinator")
+        task.call_off(clip(frame.cancel.reason) or "cancelled by the coordinator", lost_worker=clip(frame.cancel.lost_worker))
     elif kind == "input_end":
         if task.inputs is None:
             raise ProtocolError(f"task {task.key} is not a map stage but received InputEnd", field="app_metadata.input_end")

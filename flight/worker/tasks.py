@@ -67,6 +67,10 @@ class Task:
         self.cancelled = threading.Event()
         self.cancel_reason = ""
         self.called_off = False  # a Cancel frame or the cancel action stopped it (not a release): the call ends CANCELLED
+        self.lost_worker = ""
+        """Set when the task ended because a worker was lost: the peer it could not read, or this
+        worker the coordinator named when it moved the task (``Cancel.lost_worker``). A DoGet of it then answers
+        UNAVAILABLE naming that worker ("look elsewhere"), not NOT_FOUND (docs/protocol.md, section 11)."""
         self._on_cancel: list[Callable[[], None]] = []
         self.engine = ""  # what computes the task, set by the pipeline once it starts (metrics)
         self.scan_stats = ScanStats()  # its Parquet readers' row groups read and skipped (metrics)
@@ -180,9 +184,13 @@ class Task:
         for callback in self._on_cancel:
             callback()
 
-    def call_off(self, reason: str) -> None:
-        """The coordinator (a ``Cancel`` frame) or the ``cancel`` action stops the task, even after it finished."""
+    def call_off(self, reason: str, *, lost_worker: str = "") -> None:
+        """The coordinator (a ``Cancel`` frame) or the ``cancel`` action stops the task, even after it finished.
+
+        ``lost_worker``: the coordinator runs the task again elsewhere because that worker was lost."""
         self.called_off = True
+        if lost_worker and not self.lost_worker:
+            self.lost_worker = lost_worker
         self.cancel(reason)
 
     def fail(self, error: BaseException) -> None:
@@ -236,7 +244,7 @@ class TaskRegistry:
         self.queued = queued
         """Whether a task of that key waits for capacity on this worker (``Admission.is_waiting``)."""
         self._tasks: dict[str, Task] = {}
-        self._ended: OrderedDict[str, str] = OrderedDict()
+        self._ended: OrderedDict[str, tuple[str, str]] = OrderedDict()  # key -> (how it ended, its lost_worker)
         self.ended_count: dict[str, int] = {"finished": 0, "ended early": 0}
         """Tasks ended since the worker started, by how (the ``--metrics-port`` counters)."""
         self.rows_out = 0
@@ -257,7 +265,8 @@ class TaskRegistry:
             if self._tasks.get(task.key) is task:
                 del self._tasks[task.key]
                 finished = task.finished and task.failure is None
-                self._ended[task.key] = "finished" if finished else f"ended early: {task.cancel_reason or task.failure}"
+                how = "finished" if finished else f"ended early: {task.cancel_reason or task.failure}"
+                self._ended[task.key] = how, task.lost_worker
                 self.ended_count["finished" if finished else "ended early"] += 1
                 self.rows_out += task.rows_out
                 self.bytes_out += task.bytes_out
@@ -281,8 +290,14 @@ class TaskRegistry:
             if key in self._tasks:
                 return self._tasks[key], ""
             if key in self._ended:
-                return None, f"it {self._ended[key]}"
+                return None, f"it {self._ended[key][0]}"
             return None, "it is not running here" + (" (the worker is draining)" if self._closed else "")
+
+    def lost_worker(self, key: str) -> str:
+        """The worker whose loss ended the remembered task ``key`` (``Task.lost_worker``), or ""."""
+        with self._cond:
+            ended = self._ended.get(key)
+            return ended[1] if ended is not None else ""
 
     def close(self) -> None:
         """Wake everyone waiting for a task: the worker is shutting down."""

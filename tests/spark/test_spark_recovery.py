@@ -60,14 +60,11 @@ def test_a_read_survives_a_worker_killed_during_its_job(spark, data_roots: list[
         wait_until(lambda: running_tasks([u for u in cluster.urls if u != url]) == 0, what="the released query's tasks to be freed")
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "not yet on every run: a head task on a surviving worker that runs again (it read the lost one) moves with its key, "
-    "and Spark's retry of a task that read it asks its first worker, which says NOT_FOUND (ended early), not UNAVAILABLE; "
-    "looking elsewhere on NOT_FOUND too must first tell a moved task from a released or read-once one (issue 29)"))
 def test_a_multi_stage_read_survives_a_worker_killed_during_its_job(spark, data_roots: list[Path]) -> None:  # type: ignore[no-untyped-def]
     # An aggregate: a scan stage below a hash-partitioned head. The tasks the victim took (scan and
     # head) run again on the others under a new epoch, the head tasks that read them too; the
-    # retained head task keeps its key on another worker, where the retried Spark task finds it.
+    # retained head task keeps its key on another worker, where the retried Spark task finds it: its
+    # first worker, a survivor the task moved from, answers UNAVAILABLE (Cancel.lost_worker), not NOT_FOUND.
     args = [[], ["--unit-delay-ms", "40"], []]
     query = flight.from_feed(Units(), "testing.sleep", SLEEP_SCHEMA).aggregate(["id"], n=flight.agg.count_all())
     expected = sorted((p * 1000 + i, ROWS) for p in range(PARTITIONS) for i in range(UNITS))

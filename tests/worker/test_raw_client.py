@@ -820,6 +820,37 @@ def test_a_cancel_after_finished_ends_the_call_cancelled(P: Protos, client: fl.F
     wait_until(lambda: info(P, client).running_tasks == 0, "the worker to free the cancelled task")
 
 
+def test_a_task_moved_by_its_coordinator_sends_a_doget_looking_elsewhere(P: Protos, client: fl.FlightClient, tmp_path: Path) -> None:
+    # docs/protocol.md §6 and §11: a Cancel naming a lost worker (the coordinator runs the task again
+    # elsewhere) makes a DoGet of its ticket here UNAVAILABLE naming that worker, not NOT_FOUND: while
+    # the task is still held, and after the worker let it go.
+    lost = "grpc://10.99.0.7:8815"
+    ex, key, _ = _finished_leaf(P, client, tmp_path)
+    ticket = P.Ticket(stage_key=key, partition_start=0, partition_end=1, query_secret=SECRET)
+    unavailable = P.enum("ErrorCode", "ERROR_CODE_UNAVAILABLE")
+    try:
+        ex.send(cancel=P.Cancel(reason="runs again elsewhere", lost_worker=lost))
+        frame = ex.frame()
+        while frame.WhichOneof("frame") in ("heartbeat", "drained"):
+            frame = ex.frame()
+        assert frame.error.code == P.enum("ErrorCode", "ERROR_CODE_CANCELLED")
+        with pytest.raises(fl.FlightError) as raised:
+            read_doget(P, client, ticket)
+        held = P.ErrorInfo.FromString(raised.value.extra_info)
+        assert (held.code, held.worker_url) == (unavailable, lost), held
+        ex.writer.done_writing()
+        with pytest.raises(fl.FlightCancelledError):
+            ex.drain()
+    finally:
+        ex.close()
+    wait_until(lambda: info(P, client).running_tasks == 0, "the worker to free the moved task")
+    with pytest.raises(fl.FlightError) as raised:
+        read_doget(P, client, ticket)
+    ended = P.ErrorInfo.FromString(raised.value.extra_info)
+    assert (ended.code, ended.worker_url, ended.stage_key) == (unavailable, lost, key), ended
+    assert "runs again elsewhere" in ended.message
+
+
 def test_a_release_frame_frees_a_finished_task_and_ends_the_call_ok(P: Protos, client: fl.FlightClient, tmp_path: Path) -> None:
     # docs/protocol.md §6: Release is the half-close as a frame; the worker ends the call itself.
     ex, key, _ = _finished_leaf(P, client, tmp_path)
@@ -961,7 +992,8 @@ def test_map_stage_limit_ends_the_call_although_more_input_was_sent(P: Protos, t
             finally:
                 # Free a stuck task (should the test fail) so the worker stops without its grace period.
                 with contextlib.suppress(pa.ArrowException):
-                    list(c.do_action(fl.Action("cancel", P.CancelRequest(query_id=key.query_id, query_secret=SECRET).SerializeToString()), options=CALL))
+                    body = P.CancelRequest(query_id=key.query_id, query_secret=SECRET).SerializeToString()
+                    list(c.do_action(fl.Action("cancel", body), options=CALL))
     finally:
         rc = stop_worker(own.proc)
     assert rc == 0, f"the worker exited with {rc}; its log:\n{own.log_tail()}"

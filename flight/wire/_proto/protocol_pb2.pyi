@@ -355,15 +355,23 @@ class Cancel(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     REASON_FIELD_NUMBER: _builtins.int
+    LOST_WORKER_FIELD_NUMBER: _builtins.int
     reason: _builtins.str
+    lost_worker: _builtins.str
+    """Set when the coordinator runs this task again on another worker because that worker
+    was lost (this task ran there or read from it). A DoGet of the task here is then
+    answered UNAVAILABLE naming it ("look elsewhere"), not NOT_FOUND, so a reader holding
+    the task's ticket (a retried Spark task) goes looking for the new run.
+    """
     def __init__(
         self,
         *,
         reason: _builtins.str = ...,
+        lost_worker: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lost_worker", b"lost_worker", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
