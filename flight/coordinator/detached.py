@@ -20,8 +20,10 @@ from flight.coordinator.recovery import Attempt
 from flight.coordinator.run import Run
 from flight.coordinator.slots import FeedProgress
 from flight.errors import TaskCancelledError
+from flight.plan.nodes import InputCallNode
+from flight.wire._proto import protocol_pb2
 
-__all__ = ["DetachedQuery", "HeadPartition", "StageProgress", "TaskProgress"]
+__all__ = ["DetachedQuery", "HeadPartition", "InputTarget", "StageProgress", "TaskProgress"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,17 @@ class HeadPartition:
 
     url: str
     ticket: bytes
+
+
+@dataclass(frozen=True)
+class InputTarget:
+    """Where one partition of an input (``InputCallNode``) goes: open an input call at ``url`` and
+    send ``attach`` as its first frame (docs/protocol.md, section 16). ``attach`` holds the query's secret."""
+
+    input_id: str
+    task: int
+    url: str
+    attach: bytes
 
 
 @dataclass(frozen=True)
@@ -115,6 +128,23 @@ class DetachedQuery:
         finally:
             self._run._finish()
             self._done.set()
+
+    def inputs(self) -> dict[str, list[InputTarget]]:
+        """Each input's targets by input id, one per task in task order: where its sender sends each partition."""
+        out: dict[str, list[InputTarget]] = {}
+        for stage in self._run.plan.stages:
+            ids = [n.input_id for n in stage.root.walk() if isinstance(n, InputCallNode)]
+            if not ids:
+                continue
+            for channel in self._run.by_stage[stage.stage_id]:
+                key = channel.header.stage_key
+                frame = protocol_pb2.CoordinatorFrame(attach=protocol_pb2.InputAttach(stage_key=key, query_secret=channel.header.query_secret))
+                out.setdefault(ids[0], []).append(InputTarget(ids[0], key.task_number, channel.url, frame.SerializeToString()))
+        return out
+
+    def fail(self, error: BaseException) -> None:
+        """End the query with ``error`` (e.g. the sender of one of its inputs failed); its tasks are freed."""
+        self._run.fail(error)
 
     def progress(self) -> list[StageProgress]:
         """Every stage of the current attempt, children first, with its tasks' states (a live view)."""

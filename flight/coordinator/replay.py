@@ -39,6 +39,7 @@ from flight.coordinator.results import DONE as _DONE
 from flight.coordinator.results import offer as _offer
 from flight.coordinator.units import UnitGate
 from flight.errors import FlightExecError, ProtocolError, WorkerError, WorkerUnavailableError
+from flight.plan.nodes import InputCallNode
 from flight.threads import spawn
 from flight.wire._proto import protocol_pb2
 from flight.wire.clients import read_stream, translate_flight_error
@@ -62,6 +63,8 @@ def replay_mode(plan: QueryPlan, options: ExecOptions, retain: bool) -> Mode | N
     """How an execution of ``plan`` survives a lost worker after it started, if it can."""
     if options.retries <= 0:
         return None
+    if any(isinstance(n, InputCallNode) for s in plan.stages for n in s.root.walk()):
+        return None  # rows another process sent once (a Spark DataFrame) cannot be sent to a replacement
     if len(plan.stages) != 1:
         return "stages" if options.stage_recovery else None  # ``stagereplay.py``
     if retain:

@@ -50,6 +50,7 @@ from flight.errors import (
     WorkerError,
     WorkerUnavailableError,
 )
+from flight.plan.nodes import InputCallNode
 from flight.planner.stages import StageSpec
 from flight.threads import spawn
 from flight.wire._proto import protocol_pb2
@@ -92,6 +93,9 @@ class Run:
         # Losing a worker after the tasks started: replayed within the attempt (replay.py), if it can be.
         mode = replay_mode(self.plan, self.options, retain)
         self.staged = mode == "stages"  # a multi-stage attempt: lost tasks run again (stagereplay.py)
+        # Rows sent by another process (a Spark DataFrame's tasks): every stage keeps its output (memory,
+        # then spill), so a sender never waits for a reader that waits for the sender's cores.
+        self.fed = any(isinstance(n, InputCallNode) for st in self.plan.stages for n in st.root.walk())
         self.replay = StageReplay(self) if self.staged else Replay(self, mode) if mode is not None else None
         self.tagged = mode == "units"
         self.counts: dict[int, int] = {}
@@ -303,7 +307,7 @@ class Run:
         for task, assigned in enumerate(stage.assignments(count)):
             header = bound_header(
                 stage, task, counts, assigned, query_id=self.query_id, secret=self.secret, bound=self.bound,
-                options=self.options, retain=self.retain, tagged=self.tagged, recoverable=self.staged,
+                options=self.options, retain=self.retain, tagged=self.tagged, recoverable=self.staged or self.fed,
             )
             channel = self.make_channel(header)
             channels.append(channel)

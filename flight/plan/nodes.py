@@ -25,6 +25,7 @@ __all__ = [
     "ExchangeInputNode",
     "FeedScanNode",
     "FilterNode",
+    "InputCallNode",
     "LimitNode",
     "Node",
     "ProjectNode",
@@ -116,6 +117,35 @@ class ExchangeInputNode(Node):
 
     def label(self) -> str:
         return f"ExchangeInput[{', '.join(self.schema.names)}]"
+
+
+@dataclass(eq=False)
+class InputCallNode(Node):
+    """Rows another process sends each task of its stage on an input call, one task per partition
+    (a Spark DataFrame's partitions: ``flight.spark.table``). The stage is opened by its coordinator
+    like any other; only its batches come from elsewhere (docs/protocol.md, section 16).
+
+    ``source`` stays in this process (the DataFrame): only the schema and ``input_id`` are sent."""
+
+    input_schema: pa.Schema
+    partitions: int
+    input_id: str
+    source: object = None
+
+    def __post_init__(self) -> None:
+        if self.partitions < 1:
+            raise PlanError(f"input {self.input_id!r} has {self.partitions} partitions; it needs at least one")
+
+    @property
+    def schema(self) -> pa.Schema:
+        return normalize_schema(self.input_schema)
+
+    def to_proto(self) -> plan_pb2.Operator:
+        op = plan_pb2.ExchangeInput(schema=encode_schema(self.schema), separate_input=True, input_id=self.input_id)
+        return plan_pb2.Operator(exchange_input=op)
+
+    def label(self) -> str:
+        return f"InputCall[{self.input_id}: {self.partitions} partitions, {', '.join(self.schema.names)}]"
 
 
 @dataclass(eq=False)

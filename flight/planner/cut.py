@@ -37,7 +37,7 @@ import pyarrow as pa
 
 from flight.errors import PlanError
 from flight.plan.expr import Expr, col, if_else, lit
-from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, LimitNode, Node, ProjectNode, ValuesNode
+from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, InputCallNode, LimitNode, Node, ProjectNode, ValuesNode
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, ShuffleReadNode, SortNode, UnionNode
 from flight.plan.window import WindowNode
 from flight.planner.colocate import (
@@ -55,6 +55,7 @@ from flight.planner.colocate import (
 from flight.planner.cost import row_width
 from flight.planner.eager import eager_aggregates
 from flight.planner.frag import Frag, frag_bytes, size_text, smaller
+from flight.planner.inputs import check_inputs_read_once, fix_to_input
 from flight.planner.keysets import reduce_aggregate_inputs
 from flight.planner.notes import describe, join_text, moved_filters, repeatable
 from flight.planner.optimize import prune_columns, push_filters
@@ -95,7 +96,10 @@ class _Planner:
             self.made[same] = stage_id
         spec = StageSpec(stage_id, frag.node, frag.tasks, frag.feeds, frag.reads, output_mode=mode, output_keys=keys or [])
         spec.task_count = frag.tasks
-        if frag.ranges:
+        inputs = [n for n in frag.node.walk() if isinstance(n, InputCallNode)]
+        if inputs:
+            fix_to_input(spec, frag, inputs)
+        elif frag.ranges:
             spec.task_roots = [in_range(frag.node, frag.ranges, t) for t in range(frag.tasks)]
             spec.notes.append(f"co-located: {frag.tasks} tasks, each reading one key range of every scan (fixed count)")
             for feed_id, r in frag.ranges.items():
@@ -119,6 +123,8 @@ class _Planner:
             return self.scan(node)
         if isinstance(node, ValuesNode):
             return Frag(node, 1, float(node.table.num_rows))
+        if isinstance(node, InputCallNode):  # one task per partition of the input, whatever the workers
+            return Frag(node, node.partitions, None, leaf=True)
         if isinstance(node, ExchangeInputNode):
             raise PlanError("a plan reading exchange input is a map stage: run it with flight.map_batches or flight.spark.flight_map")
         if isinstance(node, FilterNode):
@@ -438,6 +444,7 @@ def plan_query(root: Node, max_tasks: int, options: PlannerOptions | None = None
     stages = replicate_small_broadcasts(planner.stages, planner.options.replicate_rows, planner.rewrites)
     link_consumers(stages)
     align_task_counts(stages)
+    check_inputs_read_once(stages)
     for stage in stages:
         describe(stage)
     return QueryPlan(stages, moved_filters(stages) + planner.rewrites)

@@ -11,6 +11,8 @@
   ``spark.read.format("flight").option("coordinator", URL).option("sql", TEXT)`` asks a
   ``flight-coordinator`` instead (filters pushed into the statement on PySpark 4.1+).
 * ``feed_from_dataframe(df, column)``: a DataFrame of work units as a feed.
+* ``table(df)``: a DataFrame as a table of a query run by ``read`` or ``sql`` (its partitions streamed
+  by Spark's tasks into the flight tasks that read them).
 * ``start_workers(spark, n)``: ``n`` flight workers as long-lived Spark tasks on the executors,
   with a ``resolver()`` that follows them.
 
@@ -22,6 +24,7 @@ from flight.spark._fleet import SparkWorkers, start_workers
 from flight.spark._map import FlightMap, flight_map, map_in_arrow
 from flight.spark._read import FlightRead, plan_options, read, register, sql, start_read
 from flight.spark._schema import ddl, input_schema, spark_schema
+from flight.spark._table import table
 
 __all__ = [
     "DataFrameFeed",
@@ -40,4 +43,5 @@ __all__ = [
     "sql",
     "start_read",
     "start_workers",
+    "table",
 ]

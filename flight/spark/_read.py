@@ -121,12 +121,18 @@ def start_read(
     The driver uses ``ExecOptions.security``; the Spark tasks read the credentials from
     ``security_files`` (paths only travel in the data source's options), else from ``FLIGHT_EXEC_*``.
     """
+    from flight.spark._table import send_inputs, spark_inputs
+
     register(spark)
+    if spark_inputs(query) and retain <= 0:
+        raise PlanError("a query reading a Spark DataFrame (flight.spark.table) keeps its result readable: "
+                        "retain must be above 0 (Spark may read it only once the DataFrame was sent)")
     detached = DistributedExec(query, resolver, options, **overrides).start_detached(retain)  # type: ignore[arg-type]
     try:
         partitions = [(p.url, p.ticket) for p in detached.partitions]
         opts = encode_head(partitions, detached.schema, detached.query_id, security_files, detached.workers)
         df = spark.read.format(FORMAT).options(**opts).load()
+        send_inputs(spark, query, detached, security_files or SecurityFiles())  # a DataFrame table's rows, before Spark reads
     except BaseException:
         detached.close()
         raise

@@ -41,10 +41,12 @@ from flight.wire.operators import taggable
 
 __all__ = [
     "COMPRESSION",
+    "INPUT_CALL_PATH",
     "PROTOCOL_VERSION",
     "RETAIN_HEADER",
     "check_id",
     "check_secret",
+    "decode_attach",
     "decode_cancel_request",
     "decode_coordinator_frame",
     "decode_header",
@@ -61,12 +63,15 @@ __all__ = [
     "status_message",
 ]
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 """Bumped on any change a peer of the previous version would misread (2: heartbeats, InputEnd, flat expressions;
 3: the Release frame, which a version-2 worker would refuse as a frame without a member; 4: heartbeats on
 DoGet streams, whose absence a version-4 reader takes for a lost worker when a version-3 producer is slow)."""
 
 RETAIN_HEADER = "x-flight-exec-retain"
+INPUT_CALL_PATH = "flight-exec.input"
+"""The DoExchange descriptor path of an input call: batches for a task whose ExchangeInput has
+``separate_input`` (docs/protocol.md, section 16), from another process than its coordinator."""
 """A call header of a Flight SQL ``GetFlightInfo`` to ``flight-coordinator``: keep the statement's results
 readable again for this many seconds (``flight/service/hints.py``; the Spark data source sends it)."""
 
@@ -224,6 +229,21 @@ def decode_coordinator_frame(data: pa.Buffer | bytes) -> protocol_pb2.Coordinato
                     field=f"app_metadata.units.units[{i}].body",
                 )
     return frame
+
+
+def decode_attach(data: pa.Buffer | bytes | None) -> protocol_pb2.InputAttach:
+    """The first frame of an input call (docs/protocol.md, section 16): which task, and its query's secret."""
+    if data is None or not len(data):
+        raise ProtocolError("an input call starts with an InputAttach frame in app_metadata", field="app_metadata.attach")
+    frame = decode_coordinator_frame(data)
+    if frame.WhichOneof("frame") != "attach":
+        raise ProtocolError(f"an input call starts with an InputAttach frame, not {frame.WhichOneof('frame')}", field="app_metadata.attach")
+    attach = frame.attach
+    if not attach.HasField("stage_key"):
+        raise ProtocolError("attach.stage_key is missing", field="app_metadata.attach.stage_key")
+    _check_stage_key(attach.stage_key, "app_metadata.attach.stage_key")
+    check_secret(attach.query_secret, "app_metadata.attach.query_secret")
+    return attach
 
 
 def decode_worker_frame(data: pa.Buffer | bytes) -> protocol_pb2.WorkerFrame:

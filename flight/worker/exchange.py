@@ -85,8 +85,9 @@ def read_frames(task: Task, reader: fl.MetadataRecordBatchReader) -> None:
                 break
             task.last_heard = time.monotonic()
             if chunk.data is not None:
-                if task.inputs is None:
-                    raise ProtocolError(f"task {task.key} is not a map stage but received a record batch", field="data")
+                if not task.is_map or task.inputs is None:
+                    why = "takes its input on an input call" if task.separate_input else "is not a map stage"
+                    raise ProtocolError(f"task {task.key} {why} but received a record batch on its exchange", field="data")
                 task.inputs.put(check_batch(chunk.data, f"map input batch {task.inputs.batches}"))
             if chunk.app_metadata is not None and chunk.app_metadata.size:
                 if _dispatch(task, decode_coordinator_frame(chunk.app_metadata)):
@@ -99,7 +100,7 @@ def read_frames(task: Task, reader: fl.MetadataRecordBatchReader) -> None:
     except (pa.ArrowException, OSError) as exc:
         task.cancel(f"the coordinator's exchange broke: {status_message(exc)}")
         return
-    if task.inputs is not None and not task.inputs.end_seen and not task.finished:
+    if task.is_map and task.inputs is not None and not task.inputs.end_seen and not task.finished:
         # pyarrow's server also ends the stream at an empty FlightData: without InputEnd, this is a cut.
         task.fail(
             ProtocolError(
@@ -108,7 +109,7 @@ def read_frames(task: Task, reader: fl.MetadataRecordBatchReader) -> None:
                 field="app_metadata.input_end",
             )
         )
-    elif task.inputs is not None:
+    elif task.is_map:
         pass  # the input was complete (InputEnd): the task finishes, then the client releases it
     elif not task.finished:
         task.cancel("the coordinator closed the task's exchange before it finished")
@@ -126,10 +127,12 @@ def _dispatch(task: Task, frame: protocol_pb2.CoordinatorFrame) -> bool:
         task.inbox(frame.units.feed_id, frame.units.partition).deliver(list(frame.units.units))
     elif kind == "feed_end":
         task.inbox(frame.feed_end.feed_id, frame.feed_end.partition).end()
+    elif kind == "attach":
+        raise ProtocolError("InputAttach is only the first frame of an input call, not a task's exchange", field="app_metadata.attach")
     elif kind == "cancel":
         task.call_off(clip(frame.cancel.reason) or "cancelled by the coordinator", lost_worker=clip(frame.cancel.lost_worker))
     elif kind == "input_end":
-        if task.inputs is None:
+        if not task.is_map or task.inputs is None:
             raise ProtocolError(f"task {task.key} is not a map stage but received InputEnd", field="app_metadata.input_end")
         task.inputs.end_with(frame.input_end.rows, frame.input_end.batches)
     return False

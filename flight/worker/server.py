@@ -29,6 +29,7 @@ from flight.wire._proto import plan_pb2, protocol_pb2
 from flight.wire.clients import ClientPool
 from flight.wire.limits import MAX_OUTPUT_BUFFER_BYTES, MIN_OUTPUT_BUFFER_BYTES, clamp, clip, heartbeat_seconds
 from flight.wire.protocol import (
+    INPUT_CALL_PATH,
     PROTOCOL_VERSION,
     decode_cancel_request,
     decode_header,
@@ -46,6 +47,7 @@ from flight.worker.capacity import INPUT_RESERVE_BYTES, Need, worker_capacity
 from flight.worker.doget import output_stream
 from flight.worker.exchange import Sender, read_frames
 from flight.worker.failures import error_info, fail, refuse, reject
+from flight.worker.inputcall import serve_input_call
 from flight.worker.shuffle import read_partitions
 from flight.worker.tasks import Task, TaskRegistry
 from flight.worker.watchdog import watch
@@ -121,6 +123,9 @@ class WorkerServer(fl.FlightServerBase):
         reader: fl.MetadataRecordBatchReader,
         writer: fl.MetadataRecordBatchWriter,
     ) -> None:
+        if descriptor.descriptor_type == fl.DescriptorType.PATH and descriptor.path == [INPUT_CALL_PATH.encode()]:
+            serve_input_call(self.registry, self.url, reader, self.options.get_wait)  # batches for a task (section 16)
+            return
         sender = Sender(writer)
         try:
             header, plan = decode_header(descriptor.command or b"")

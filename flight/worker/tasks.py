@@ -24,7 +24,7 @@ from flight.errors import ProtocolError, TaskCancelledError, TaskFailedError, li
 from flight.wire._proto import plan_pb2, protocol_pb2
 from flight.wire.ipc import check_batch
 from flight.wire.operators import operators
-from flight.wire.protocol import format_stage_key
+from flight.wire.protocol import decode_schema, format_stage_key
 from flight.worker.auth import same_secret
 from flight.worker.buffers import OutputBuffer
 from flight.worker.capacity import INPUT_RESERVE_BYTES
@@ -67,18 +67,19 @@ class Task:
         self.cancelled = threading.Event()
         self.cancel_reason = ""
         self.called_off = False  # a Cancel frame or the cancel action stopped it (not a release): the call ends CANCELLED
-        self.lost_worker = ""
-        """Set when the task ended because a worker was lost: the peer it could not read, or this
-        worker the coordinator named when it moved the task (``Cancel.lost_worker``). A DoGet of it then answers
-        UNAVAILABLE naming that worker ("look elsewhere"), not NOT_FOUND (docs/protocol.md, section 11)."""
+        self.lost_worker = ""  # a worker whose loss ended it (a peer it could not read, Cancel.lost_worker): DoGet says UNAVAILABLE
         self._on_cancel: list[Callable[[], None]] = []
         self.engine = ""  # what computes the task, set by the pipeline once it starts (metrics)
         self.scan_stats = ScanStats()  # its Parquet readers' row groups read and skipped (metrics)
         self.error: BaseException | None = None  # what stopped the task from outside (bad frame)
         self.failure: Exception | None = None  # the Flight error the exchange ends with
         self.finished = False
-        self.is_map = any(op.WhichOneof("kind") == "exchange_input" for op in operators(plan.root))
-        self.inputs = InputQueue(max_bytes=INPUT_RESERVE_BYTES) if self.is_map else None
+        takes = [op.exchange_input for op in operators(plan.root) if op.WhichOneof("kind") == "exchange_input"]
+        self.separate_input = any(i.separate_input for i in takes)  # input on an input call (inputcall.py), output buffered
+        self._input_schema = takes[0].schema if takes else b""
+        self.input_attached = False  # an input call took it (one per task)
+        self.is_map = bool(takes) and not self.separate_input  # input and output both on the task's exchange
+        self.inputs = InputQueue(max_bytes=INPUT_RESERVE_BYTES) if takes else None
         partitions = plan.output.partitions or 1
         self.hash_keys = list(plan.output.hash_keys)
         self.output = None if self.is_map else OutputBuffer(
@@ -157,6 +158,11 @@ class Task:
         for inbox in self.inboxes.values():
             inbox.start()
 
+    @functools.cached_property
+    def input_schema(self) -> pa.Schema | None:
+        """The schema its input batches must have (checked on the input call)."""
+        return decode_schema(self._input_schema, "plan.root.exchange_input.schema") if self._input_schema else None
+
     def on_cancel(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` when the task is stopped (the engine interrupts its running query)."""
         self._on_cancel.append(callback)
@@ -193,11 +199,13 @@ class Task:
             self.lost_worker = lost_worker
         self.cancel(reason)
 
-    def fail(self, error: BaseException) -> None:
-        """Stop the task because of ``error`` (e.g. a malformed frame), which the handler reports."""
+    def fail(self, error: BaseException, *, failed: bool = False) -> None:
+        """Stop the task because of ``error`` (e.g. a malformed frame), which the handler reports.
+
+        ``failed``: readers of its output see the failure (an input call's bad input), not a cancellation."""
         if self.error is None:
             self.error = light_copy(error)  # kept past the raise: no frames (they hold this task)
-        self.cancel(str(error))
+        self.cancel(str(error), failed=failed)
 
     def record_output(self, batch: pa.RecordBatch) -> None:
         self.rows_out += batch.num_rows

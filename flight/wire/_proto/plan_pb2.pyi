@@ -650,15 +650,28 @@ class ExchangeInput(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SCHEMA_FIELD_NUMBER: _builtins.int
+    SEPARATE_INPUT_FIELD_NUMBER: _builtins.int
+    INPUT_ID_FIELD_NUMBER: _builtins.int
     schema: _builtins.bytes
+    separate_input: _builtins.bool
+    """The batches come on a separate input call (a DoExchange whose first frame is
+    InputAttach: docs/protocol.md, section 16), sent by another process (a Spark task
+    streaming its DataFrame partition: flight.spark.table); the task's output goes to its
+    output buffer and is read with DoGet, like any stage's. Without it the batches come on
+    the task's own exchange and the output streams back on it (a map stage).
+    """
+    input_id: _builtins.str
+    """what the input is (e.g. "spark:events"): for errors and explain"""
     def __init__(
         self,
         *,
         schema: _builtins.bytes = ...,
+        separate_input: _builtins.bool = ...,
+        input_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["schema", b"schema"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["input_id", b"input_id", "schema", b"schema", "separate_input", b"separate_input"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

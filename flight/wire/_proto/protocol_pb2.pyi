@@ -454,6 +454,7 @@ class CoordinatorFrame(_message.Message):
     HEARTBEAT_FIELD_NUMBER: _builtins.int
     INPUT_END_FIELD_NUMBER: _builtins.int
     RELEASE_FIELD_NUMBER: _builtins.int
+    ATTACH_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def units(self) -> Global___WorkUnitBatch: ...
     @_builtins.property
@@ -466,6 +467,10 @@ class CoordinatorFrame(_message.Message):
     def input_end(self) -> Global___InputEnd: ...
     @_builtins.property
     def release(self) -> Global___Release: ...
+    @_builtins.property
+    def attach(self) -> Global___InputAttach:
+        """only as the first frame of an input call (section 16)"""
+
     def __init__(
         self,
         *,
@@ -475,16 +480,44 @@ class CoordinatorFrame(_message.Message):
         heartbeat: Global___Heartbeat | None = ...,
         input_end: Global___InputEnd | None = ...,
         release: Global___Release | None = ...,
+        attach: Global___InputAttach | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "feed_end", b"feed_end", "frame", b"frame", "heartbeat", b"heartbeat", "input_end", b"input_end", "release", b"release", "units", b"units"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attach", b"attach", "cancel", b"cancel", "feed_end", b"feed_end", "frame", b"frame", "heartbeat", b"heartbeat", "input_end", b"input_end", "release", b"release", "units", b"units"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "feed_end", b"feed_end", "frame", b"frame", "heartbeat", b"heartbeat", "input_end", b"input_end", "release", b"release", "units", b"units"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attach", b"attach", "cancel", b"cancel", "feed_end", b"feed_end", "frame", b"frame", "heartbeat", b"heartbeat", "input_end", b"input_end", "release", b"release", "units", b"units"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_frame: _TypeAlias = _typing.Literal["units", "feed_end", "cancel", "heartbeat", "input_end", "release"]  # noqa: Y015
+    _WhichOneofReturnType_frame: _TypeAlias = _typing.Literal["units", "feed_end", "cancel", "heartbeat", "input_end", "release", "attach"]  # noqa: Y015
     _WhichOneofArgType_frame: _TypeAlias = _typing.Literal["frame", b"frame"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_frame) -> _WhichOneofReturnType_frame | None: ...
 
 Global___CoordinatorFrame: _TypeAlias = CoordinatorFrame  # noqa: Y015
+
+@_typing.final
+class InputAttach(_message.Message):
+    """The first frame of an input call: which task the batches that follow are for. The
+    task's ExchangeInput has separate_input set; the secret is its query's.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STAGE_KEY_FIELD_NUMBER: _builtins.int
+    QUERY_SECRET_FIELD_NUMBER: _builtins.int
+    query_secret: _builtins.bytes
+    @_builtins.property
+    def stage_key(self) -> Global___StageKey: ...
+    def __init__(
+        self,
+        *,
+        stage_key: Global___StageKey | None = ...,
+        query_secret: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["stage_key", b"stage_key"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["query_secret", b"query_secret", "stage_key", b"stage_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InputAttach: _TypeAlias = InputAttach  # noqa: Y015
 
 @_typing.final
 class Ready(_message.Message):

@@ -1,0 +1,92 @@
+"""A Spark DataFrame as a table of a flight query (``flight.spark.table``): its partitions streamed by
+Spark's tasks into the flight tasks that read them (input calls, docs/protocol.md section 16), joined
+with Parquet that the workers read, the result back as a DataFrame. Every answer is compared with
+Spark SQL's own on the same data (the oracle), and every test ends with the workers holding no task.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import running_tasks, tpch_test_files, wait_until
+
+import flight
+import flight.spark as fs
+from benchmarks.tpch_queries import decimals_as_numbers
+from flight.errors import PlanError
+
+pyspark = pytest.importorskip("pyspark", reason="the Spark tests need the spark extra: pip install -e '.[dev,spark]'")
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+SF = 0.05  # lineitem: 300K rows
+
+
+@pytest.fixture(scope="module")
+def files() -> dict[str, list[Path]]:
+    return tpch_test_files(SF)
+
+
+def rows(df: Any) -> list[tuple[Any, ...]]:
+    table = decimals_as_numbers(df.toArrow())
+    return sorted(tuple(round(v, 6) if isinstance(v, float) else v for v in r.values()) for r in table.to_pylist())
+
+
+def test_a_million_row_dataframe_joined_with_parquet_lineitem_equals_sparks_own_join(spark, cluster, files) -> None:  # type: ignore[no-untyped-def]
+    # 1M rows made by Spark (not a file the workers could read), 6 partitions; the join and the aggregate
+    # run on the flight workers; Spark SQL runs the same statement on the same DataFrame and files.
+    events = spark.range(1_000_000, numPartitions=6).selectExpr(
+        "id", "id % 60000 + 1 AS orderkey", "cast(id % 7 AS int) AS kind", "concat('e', cast(id % 13 AS string)) AS tag")
+    lineitem = spark.read.parquet(*[str(p) for p in files["lineitem"]])
+    text = (
+        "SELECT e.kind, count(*) AS n, sum(l.l_quantity) AS qty, count(DISTINCT e.tag) AS tags "
+        "FROM events e JOIN lineitem l ON e.orderkey = l.l_orderkey WHERE l.l_returnflag = 'R' GROUP BY e.kind"
+    )
+    tables = {"events": fs.table(events, name="events"), "lineitem": str(files["lineitem"][0].parent)}
+    with fs.start_read(spark, flight.sql(text, tables), cluster.urls) as read:
+        got = rows(read.df)
+        assert rows(read.df) == got  # a second action reads the retained result, the DataFrame is not sent again
+    events.createOrReplaceTempView("events")
+    lineitem.createOrReplaceTempView("lineitem")
+    assert got == rows(spark.sql(text)) and len(got) == 7
+    wait_until(lambda: running_tasks(cluster.urls) == 0, 15.0, "the query's tasks to be freed")
+
+
+def test_a_dataframe_alone_comes_back_whole_through_flight_sql(spark, cluster) -> None:  # type: ignore[no-untyped-def]
+    # One stage: the input tasks are the head. Types Spark and Arrow both have (decimal, date, string, null).
+    df = spark.createDataFrame(
+        [(i, f"név-{i}" if i % 5 else None, i * 1.5) for i in range(5000)], "id long, name string, x double"
+    ).selectExpr("id", "name", "cast(x AS decimal(12, 2)) AS price", "date_add(DATE'2024-01-01', cast(id % 400 AS int)) AS day")
+    query = flight.sql("SELECT * FROM t WHERE id % 2 = 0", {"t": fs.table(df, partitions=3)})
+    with fs.start_read(spark, query, cluster.urls) as read:
+        assert read.partitions == 3
+        assert rows(read.df) == rows(df.where("id % 2 = 0"))
+    wait_until(lambda: running_tasks(cluster.urls) == 0, 15.0, "the query's tasks to be freed")
+
+
+def test_a_failing_dataframe_fails_the_query_naming_both_sides(spark, cluster) -> None:  # type: ignore[no-untyped-def]
+    # Spark fails computing a partition: the query fails with Spark's error and the input it was sending.
+    bad = spark.range(100, numPartitions=2).selectExpr("id", "assert_true(id < 90, 'row 90 is refused') AS ok")
+    with pytest.raises(Exception) as raised:
+        with fs.start_read(spark, flight.sql("SELECT count(*) AS n FROM bad", {"bad": fs.table(bad, name="bad")}), cluster.urls) as read:
+            read.df.collect()
+    text = str(raised.value)
+    assert "row 90 is refused" in text and "bad" in text, text
+    wait_until(lambda: running_tasks(cluster.urls) == 0, 30.0, "the failed query's tasks to be freed")
+
+
+def test_a_dataframe_used_twice_or_read_once_is_refused_at_planning(spark, cluster) -> None:  # type: ignore[no-untyped-def]
+    t = fs.table(spark.range(10), name="t")
+    with pytest.raises(PlanError, match="its rows are sent once"):
+        fs.sql(spark, "SELECT a.id FROM t a JOIN t b ON a.id = b.id + 1", {"t": t}, cluster.urls)
+    with pytest.raises(PlanError, match="retain must be above 0"):
+        fs.read(spark, flight.sql("SELECT * FROM t", {"t": t}), cluster.urls, retain=0)
+    assert running_tasks(cluster.urls) == 0
+
+
+def test_the_input_stage_is_planned_one_task_per_partition(spark) -> None:  # type: ignore[no-untyped-def]
+    q = flight.sql("SELECT id, count(*) AS n FROM t GROUP BY id", {"t": fs.table(spark.range(50, numPartitions=5), name="t")})
+    text = flight.DistributedExec(q, ["grpc://127.0.0.1:1", "grpc://127.0.0.1:2"]).explain()
+    assert "InputCall[spark:t" in text and "5 tasks, one per partition" in text, text
