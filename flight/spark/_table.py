@@ -109,7 +109,7 @@ def send_inputs(spark: SparkSession, query: Query, detached: DetachedQuery, file
                 pushed = source.df.mapInArrow(sender(sent, node.schema, files), "partition int, rows long").collect()
             except Exception as exc:  # noqa: BLE001 - Spark's error, with its context, fails the query
                 error = FlightExecError(f"query {detached.query_id}: the Spark job sending DataFrame {source.name!r} ({node.input_id}) "
-                                        f"failed: {clip(exc, 1500)}")
+                                        f"failed: {spark_reason(exc)}")
                 detached.fail(error)
                 raise error from None
             log.info("query %s: DataFrame %r sent, %d rows in %d partitions, %.2f s", detached.query_id, source.name,
@@ -119,6 +119,17 @@ def send_inputs(spark: SparkSession, query: Query, detached: DetachedQuery, file
             spark.removeTag(group)
         else:
             spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+
+
+def spark_reason(exc: BaseException) -> str:
+    """Spark's error without the Python traceback it wraps (its last line is the exception raised in the task)."""
+    text = str(exc)
+    if "Traceback (most recent call last)" in text:
+        lines = [x.strip() for x in text.splitlines() if x.strip() and not x.strip().startswith(("SQLSTATE", "at ", "File ", "^"))]
+        raised = [x for x in lines if ": " in x and not x.startswith(("Traceback", "org.apache", "An exception"))]
+        if raised:
+            return clip(raised[-1], 1500)
+    return clip(text, 1500)
 
 
 def sender(targets: list[InputTarget], schema: pa.Schema, files: SecurityFiles) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:

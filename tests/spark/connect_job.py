@@ -74,6 +74,12 @@ def main() -> int:
             stage = flight.map_input(pa.schema([("id", pa.int64())])).select("id", twice=flight.col("id") * 2)
             mapped = fs.map_in_arrow(spark.range(1000), stage, cluster.urls)
             seen["map_in_arrow"] = rows(mapped) == [(i, 2 * i) for i in range(1000)]
+            # A Connect DataFrame as a table, joined on the workers with the Parquet file (Spark SQL the oracle).
+            events = spark.range(3000).selectExpr("id % 13 AS k", "id AS e")
+            events.createOrReplaceTempView("events")
+            joined = "select t.k, count(*) as n, sum(e.e) as se from events e join t on e.k = t.k where t.v < 700 group by t.k"
+            fed = fs.sql(spark, joined, {"events": fs.table(events, name="events", partitions=3), "t": str(path)}, cluster.urls)
+            seen["table"] = rows(fed) == rows(spark.sql(joined))
             expected = [dict(zip(("k", "total", "n"), r, strict=True)) for r in want]
 
             def answer(resolver: flight.WorkerResolver) -> bool:

@@ -3,7 +3,7 @@
 ``connect_job.py`` runs in a subprocess (it starts its own Connect server on
 ``local-cluster[2,1,1024]``: a process has one SparkContext, and this one's is the suite's): a query's
 result through ``read``, embedded ``sql``, a service's statement with a Spark filter, a ``CREATE
-TEMPORARY VIEW … USING flight`` and a ``map_in_arrow`` stage, each compared with Spark SQL's rows over
+TEMPORARY VIEW … USING flight``, a ``map_in_arrow`` stage and a DataFrame as a table (``flight.spark.table``), each compared with Spark SQL's rows over
 the same Parquet file; then ``start_workers`` puts a worker on each executor, one is SIGKILLed and
 Spark's retry of its task registers a replacement the resolver follows, and ``stop()`` leaves no
 worker process (checked by PID).
@@ -32,9 +32,9 @@ def test_every_way_works_from_a_spark_connect_session() -> None:
                           timeout=400, env=env, cwd=Path(__file__).parents[2])
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
-    ways = {k: seen.pop(k) for k in ("session", "read", "sql", "coordinator", "view", "map_in_arrow")}
+    ways = {k: seen.pop(k) for k in ("session", "read", "sql", "coordinator", "view", "map_in_arrow", "table")}
     assert ways == {"session": "pyspark.sql.connect.session", "read": True, "sql": True, "coordinator": True, "view": True,
-                    "map_in_arrow": True}
+                    "map_in_arrow": True, "table": True}
     # The fleet on the executors: two workers, healthy, a query; one killed and replaced; none left after stop().
     assert seen == {"fleet_urls": 2, "fleet_healthy": True, "fleet_pids": 2, "fleet_query": True, "fleet_replaced": True,
                     "fleet_followed": True, "fleet_query_after": True, "fleet_left_after_stop": []}

@@ -73,7 +73,7 @@ def test_a_failing_dataframe_fails_the_query_naming_both_sides(spark, cluster) -
         with fs.start_read(spark, flight.sql("SELECT count(*) AS n FROM bad", {"bad": fs.table(bad, name="bad")}), cluster.urls) as read:
             read.df.collect()
     text = str(raised.value)
-    assert "row 90 is refused" in text and "bad" in text, text
+    assert "row 90 is refused" in text and "'bad'" in text and "Traceback" not in text, text
     wait_until(lambda: running_tasks(cluster.urls) == 0, 30.0, "the failed query's tasks to be freed")
 
 
@@ -90,3 +90,32 @@ def test_the_input_stage_is_planned_one_task_per_partition(spark) -> None:  # ty
     q = flight.sql("SELECT id, count(*) AS n FROM t GROUP BY id", {"t": fs.table(spark.range(50, numPartitions=5), name="t")})
     text = flight.DistributedExec(q, ["grpc://127.0.0.1:1", "grpc://127.0.0.1:2"]).explain()
     assert "InputCall[spark:t" in text and "5 tasks, one per partition" in text, text
+
+
+def test_two_dataframes_join_each_other_on_the_workers(spark, cluster) -> None:  # type: ignore[no-untyped-def]
+    left = spark.range(20_000, numPartitions=4).selectExpr("id", "id % 97 AS g")
+    right = spark.range(97, numPartitions=2).selectExpr("id AS g", "concat('group-', cast(id AS string)) AS label")
+    text = "SELECT r.label, count(*) AS n, max(l.id) AS top FROM l JOIN r ON l.g = r.g WHERE l.id % 3 = 0 GROUP BY r.label"
+    tables = {"l": fs.table(left, name="left"), "r": fs.table(right, name="right")}
+    with fs.start_read(spark, flight.sql(text, tables), cluster.urls) as read:
+        got = rows(read.df)
+    left.createOrReplaceTempView("l")
+    right.createOrReplaceTempView("r")
+    assert got == rows(spark.sql(text)) and len(got) == 97
+    wait_until(lambda: running_tasks(cluster.urls) == 0, 15.0, "the query's tasks to be freed")
+
+
+def test_a_query_failing_on_the_workers_fails_the_spark_job_naming_both(spark, cluster) -> None:  # type: ignore[no-untyped-def]
+    # The flight side fails (a value that is no integer): the query fails, and so does the Spark job that
+    # meets it, with the worker's reason.
+    words = spark.range(2000, numPartitions=2).selectExpr("id", "CASE WHEN id = 1500 THEN 'many' ELSE cast(id AS string) END AS s")
+    query = flight.sql("SELECT sum(CAST(s AS INTEGER)) AS total FROM w", {"w": fs.table(words, name="words")})
+    with pytest.raises(Exception) as raised:
+        with fs.start_read(spark, query, cluster.urls) as read:
+            read.df.collect()
+    # Which side reports it depends on timing: the sending job (its tasks refused: the error names the DataFrame),
+    # or, when the cast fails after the last row was sent, Spark's read of the result (naming the flight query).
+    text = str(raised.value)
+    assert "Conversion Error" in text and "'many'" in text, text
+    assert "DataFrame 'words'" in text or "of flight query" in text, text
+    wait_until(lambda: running_tasks(cluster.urls) == 0, 30.0, "the failed query's tasks to be freed")
