@@ -27,7 +27,11 @@ with units of up to 1 MiB; the largest output buffer with its DoGet open and nev
 map stage sent 12 MiB batches with its output never read), and passes when the worker refuses
 (a protocol error, field ``app_metadata.units``) or holds the client back (the flood's calls,
 bounded by FLOOD_WAIT, stall). After either, the ``info`` action must count no running task
-within the case's deadline: a leftover task is a hang.
+within the case's deadline: a leftover task is a hang. A third family drawn apart, **input**
+(2 in 100, added with protocol 5), opens a task whose input comes on an input call
+(docs/protocol.md, section 16) and sends that call mutated: its ``InputAttach`` corrupted or
+naming another task or secret, messages left out or repeated, ``InputEnd`` counts that lie,
+frames an input call does not carry.
 
 After each case the ``health`` action must answer within ``--health-timeout``:
 
@@ -136,6 +140,7 @@ def _load_proto(name: str) -> ModuleType:
 
 P = _load_proto("protocol_pb2")
 L = _load_proto("plan_pb2")
+INPUT_CALL_PATH = "flight-exec.input"  # the descriptor path of an input call (docs/protocol.md, section 16)
 
 PROTOCOL = {"version": 1}
 """The protocol version seeds speak: the worker's own, asked with the ``info`` action before any case is made."""
@@ -1547,9 +1552,55 @@ def safe_path(path: str) -> bool:
 
 GENERATION_ERRORS = (pa.ArrowException, OSError, ValueError, TypeError, IndexError, struct.error, RecursionError, DecodeError, EncodeError)
 FAMILIES: dict[str, float] = {"header": 30, "frames": 20, "map": 15, "ipc": 20, "ticket": 8, "action": 7}
-RESOURCE_FAMILIES: dict[str, float] = {"hoard": 1.5, "flood": 1.5}
-"""Cases per 100 that hold the worker's resources (tasks, memory) rather than send it malformed input. Drawn
-with a random generator of their own, so that every other case of a seed stays what it was before they existed."""
+RESOURCE_FAMILIES: dict[str, float] = {"hoard": 1.5, "flood": 1.5, "input": 2}
+"""Cases per 100 drawn with a random generator of their own, so that every other case of a seed stays what it
+was before they existed: those that hold the worker's resources (tasks, memory) rather than send it malformed
+input (hoard, flood), and input calls (input: protocol 5), added after the others."""
+
+
+def _input_raw_attach(rng: random.Random, m: Mutator, messages: list[dict[str, Any]], header: Any) -> None:
+    messages[0] = op("frame", data=m.raw(messages[0]["data"], "CoordinatorFrame(attach)"))
+
+
+def _input_other_key(rng: random.Random, m: Mutator, messages: list[dict[str, Any]], header: Any) -> None:
+    key = P.StageKey()
+    key.CopyFrom(header.stage_key)
+    setattr(key, rng.choice(["stage_id", "task_number", "epoch"]), rng.choice([1, 7, 2**32 - 1]))
+    secret = header.query_secret if rng.random() < 0.5 else rng.choice([b"", b"x" * 16, b"y" * 65])
+    messages[0] = op("frame", data=frame_bytes(attach=P.InputAttach(stage_key=key, query_secret=secret)))
+    m.note("input: attach to another key or with another secret")
+
+
+def _input_drop(rng: random.Random, m: Mutator, messages: list[dict[str, Any]], header: Any) -> None:
+    i = rng.randrange(len(messages))
+    m.note(f"input: message {i} ({messages[i]['op']}) left out")
+    del messages[i]
+
+
+def _input_repeat(rng: random.Random, m: Mutator, messages: list[dict[str, Any]], header: Any) -> None:
+    i = rng.randrange(len(messages))
+    m.note(f"input: message {i} ({messages[i]['op']}) sent twice")
+    messages.insert(i, dict(messages[i]))
+
+
+def _input_end(rng: random.Random, m: Mutator, messages: list[dict[str, Any]], header: Any) -> None:
+    rows, batches = rng.choice(INTS[FieldDescriptor.CPPTYPE_UINT64]), rng.choice(INTS[FieldDescriptor.CPPTYPE_UINT64])
+    messages[-1] = op("frame", data=frame_bytes(input_end=P.InputEnd(rows=rows, batches=batches)))
+    m.note(f"input: InputEnd says {rows} rows in {batches} batches")
+
+
+def _input_foreign(rng: random.Random, m: Mutator, messages: list[dict[str, Any]], header: Any) -> None:
+    other = rng.choice([frame_bytes(cancel=P.Cancel(reason="from an input call")), frame_bytes(release=P.Release()),
+                        feed_end_frame("f", 0), b"", b"\xff" * 9, ser(P.WorkerFrame(heartbeat=P.Heartbeat()))])
+    messages.insert(rng.randrange(len(messages) + 1), op("frame", data=other) if other else op("empty"))
+    m.note("input: a frame an input call does not carry")
+
+
+INPUT_MUTATIONS: dict[str, Callable[[random.Random, Mutator, list[dict[str, Any]], Any], None]] = {
+    "raw_attach": _input_raw_attach, "other_key": _input_other_key, "drop": _input_drop, "repeat": _input_repeat,
+    "end": _input_end, "foreign": _input_foreign,
+}
+INPUT_MUTATIONS_W = [("raw_attach", 3), ("other_key", 2), ("drop", 2), ("repeat", 2), ("end", 2), ("foreign", 2)]
 
 
 class Generator:
@@ -1621,6 +1672,32 @@ class Generator:
         if not _all_ended(script, assigned(seed.header)):
             script = [s for s in script if s["op"] != "output"]  # it cannot finish: do not wait for its output
         return seed_steps(cmd, seed, script), {}
+
+    # -- input: an input call feeding a task whose ExchangeInput has separate_input (docs/protocol.md §16)
+    def _input(self, rng: random.Random, m: Mutator, qid: str) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
+        seed = self._seed(rng, qid, kinds=("exchange",))
+        header = P.TaskHeader()
+        header.CopyFrom(seed.header)
+        plan = L.StagePlan.FromString(header.plan)
+        for msg in walk(plan, skip=("Expression",)):
+            if msg.DESCRIPTOR.name == "ExchangeInput":
+                msg.separate_input, msg.input_id = True, "fuzz:input"
+        header.plan = ser(plan)
+        cmd = ser(header)
+        attach = frame_bytes(attach=P.InputAttach(stage_key=header.stage_key, query_secret=header.query_secret))
+        messages = [op("frame", data=attach), op("begin", schema=schema_bytes(DATA_SCHEMA), compression=None)]
+        messages += [op("batch", ipc=b) for b in seed.upload]
+        messages.append(op("frame", data=frame_bytes(input_end=P.InputEnd(rows=30, batches=len(seed.upload)))))
+        for _ in range(rng.choice([1, 1, 2])):
+            INPUT_MUTATIONS[_weighted(rng, INPUT_MUTATIONS_W)](rng, m, messages, header)
+        first = parse(P.CoordinatorFrame, messages[0]["data"]) if messages and messages[0]["op"] == "frame" else None
+        named = first.attach.stage_key if first is not None and first.WhichOneof("frame") == "attach" else None
+        script = [op("input_call", messages=messages, short=named is not None and named != header.stage_key)]
+        if rng.random() < 0.2:
+            script.append(op("input_call", messages=[op("frame", data=attach)]))  # a second call for the same task
+            m.note("input: a second input call")
+        script += [op("output", ticket=ser(make_ticket(header.stage_key, 0, 1))), op("half_close")]
+        return [exchange_step(cmd, script)], {}
 
     # -- map: record batches (and frames) up a map stage's exchange
     def _map(self, rng: random.Random, m: Mutator, qid: str) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
@@ -2393,9 +2470,10 @@ class _Exchange:
     time limit is done with a DoGet, another call.
     """
 
-    def __init__(self, client: fl.FlightClient, cmd: bytes, options: fl.FlightCallOptions, label: str) -> None:
+    def __init__(self, client: fl.FlightClient, cmd: bytes, options: fl.FlightCallOptions, label: str, path: str = "") -> None:
         self.label = label
-        self.writer, self.reader = client.do_exchange(fl.FlightDescriptor.for_command(cmd), options=options)
+        descriptor = fl.FlightDescriptor.for_path(path) if path else fl.FlightDescriptor.for_command(cmd)
+        self.writer, self.reader = client.do_exchange(descriptor, options=options)
         self.kinds: list[str] = []
         self.errors: list[str] = []
         self.bad: list[str] = []
@@ -2404,6 +2482,7 @@ class _Exchange:
         self.broken = False
         self.sent_end = False
         self.sent_input_end = False
+        self.out: Outcome | None = None  # the case's outcome (an input call beside this exchange records its status there)
 
     def read(self) -> str | None:
         """The next message's kind (a WorkerFrame member, ``batch``...), or None at the end of the call."""
@@ -2541,7 +2620,32 @@ class Runner:
             return ex.send(lambda w: w.write_with_metadata(_batch(step["ipc"]), pa.py_buffer(self._localize(step["data"]))))
         elif kind == "zeros":
             return ex.send(lambda w: w.write_batch(zeros_batch(step["rows"])))
+        elif kind == "input_call":
+            self._input_call(step, ex)
         return True
+
+    def _input_call(self, step: dict[str, Any], task: _Exchange) -> None:
+        """An input call (docs/protocol.md, section 16) beside the task's own exchange: its messages, then its status."""
+        label = "DoExchange(input call)"
+        out = task.out
+        short = bool(step.get("short"))  # it names a task that is not there: the worker rightly waits 10 s for it
+        try:
+            call = _Exchange(self.client, b"", self.options(SHORT_WAIT if short else None), label, path=INPUT_CALL_PATH)
+        except (pa.ArrowException, OSError) as exc:
+            if out is not None:
+                self._record(out, label, exc)
+            return
+        for message in step["messages"]:
+            if not self._exchange_step(message, call):
+                break
+        call.finish()
+        if out is not None:
+            out.bad_frames += call.bad
+            out.frames += [f"{label}: {k}" for k in call.kinds][:10]
+            if call.status is not None and short and _timed_out(call.status):
+                out.expected_waits += 1
+            elif call.status is not None:
+                self._record(out, label, call.status)
 
     def _exchange(self, step: dict[str, Any], out: Outcome) -> None:
         cmd = self._localize(step["cmd"])
@@ -2551,6 +2655,7 @@ class Runner:
         except (pa.ArrowException, OSError) as exc:
             self._record(out, label, exc)
             return
+        ex.out = out
         ex.read_until(lambda k: k not in ("load", "heartbeat"))  # a task may wait for capacity first
         if ex.kinds and ex.kinds[-1] == "ready":
             for inner in step["script"]:
