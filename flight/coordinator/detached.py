@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Self
 
 from flight.coordinator.channel import TaskChannel
@@ -42,7 +42,7 @@ class InputTarget:
     input_id: str
     task: int
     url: str
-    attach: bytes
+    attach: bytes = field(repr=False)  # holds the query's secret
 
 
 @dataclass(frozen=True)
@@ -141,6 +141,10 @@ class DetachedQuery:
                 frame = protocol_pb2.CoordinatorFrame(attach=protocol_pb2.InputAttach(stage_key=key, query_secret=channel.header.query_secret))
                 out.setdefault(ids[0], []).append(InputTarget(ids[0], key.task_number, channel.url, frame.SerializeToString()))
         return out
+
+    def restart_retain(self) -> None:
+        """Count the ``retain`` window from now: its inputs were sent (their sending may take longer than it)."""
+        self._deadline = time.monotonic() + self.retain
 
     def fail(self, error: BaseException) -> None:
         """End the query with ``error`` (e.g. the sender of one of its inputs failed); its tasks are freed."""

@@ -30,6 +30,7 @@ from flight.errors import (
 )
 from flight.plan.query import Query
 from flight.planner.cut import plan_query
+from flight.planner.inputs import refuse_unsent_inputs
 from flight.planner.stages import PlannerOptions, QueryPlan, StageSpec
 from flight.sources.estimate import DefaultTaskEstimator, TaskEstimator
 from flight.wire.limits import clip
@@ -106,6 +107,7 @@ class DistributedExec:
         times (``coordinator/recovery.py``); ``attempts`` lists the failed ones.
         ``progress`` (default: ``ExecOptions.progress``): a bar per stage while it runs.
         """
+        refuse_unsent_inputs(self.plan.stages, "DistributedExec.execute")
         attempts = _Attempts(self)
         bars = StageBars(lambda: attempts.run).start() if (self.options.progress if progress is None else progress) else None
         try:
@@ -120,7 +122,7 @@ class DistributedExec:
         weakref.finalize(reader, attempts.abandon)
         return reader
 
-    def start_detached(self, retain: float = 0.0) -> DetachedQuery:
+    def start_detached(self, retain: float = 0.0, *, sends_inputs: bool = False) -> DetachedQuery:
         """Start the query, leaving its head outputs for others to read with DoGet.
 
         For consumers that are not this process (Spark tasks): each entry of
@@ -137,6 +139,8 @@ class DistributedExec:
         """
         if retain < 0:
             raise ValueError(f"retain must be 0 or more seconds, not {retain}")
+        if not sends_inputs:  # ``sends_inputs``: the caller sends its inputs' rows (flight.spark.read), to ``inputs()``
+            refuse_unsent_inputs(self.plan.stages, "DistributedExec.start_detached")
         return DetachedQuery(_Attempts(self, retain=retain > 0, detached=True).launch(), retain)
 
 def _until_done(batches: Iterator[pa.RecordBatch], done: Callable[[], None]) -> Iterator[pa.RecordBatch]:

@@ -25,6 +25,7 @@ from flight.coordinator.resolver import WorkerResolver
 from flight.errors import PlanError
 from flight.plan.query import Query
 from flight.planner.cut import plan_query
+from flight.planner.inputs import refuse_unsent_inputs
 from flight.security import SecurityFiles
 from flight.sources.feed import FeedContext, WorkUnit, unit_bytes
 from flight.spark._options import Assignment, b64, encode_head, encode_units
@@ -127,7 +128,7 @@ def start_read(
     if spark_inputs(query) and retain <= 0:
         raise PlanError("a query reading a Spark DataFrame (flight.spark.table) keeps its result readable: "
                         "retain must be above 0 (Spark may read it only once the DataFrame was sent)")
-    detached = DistributedExec(query, resolver, options, **overrides).start_detached(retain)  # type: ignore[arg-type]
+    detached = DistributedExec(query, resolver, options, **overrides).start_detached(retain, sends_inputs=True)  # type: ignore[arg-type]
     try:
         partitions = [(p.url, p.ticket) for p in detached.partitions]
         opts = encode_head(partitions, detached.schema, detached.query_id, security_files, detached.workers)
@@ -203,6 +204,7 @@ def plan_options(query: Query, tasks: int = 2) -> dict[str, str]:
     if tasks < 1:
         raise PlanError(f"plan_options: tasks must be at least 1, not {tasks}")
     qplan = plan_query(query.node, tasks, colocate=False)
+    refuse_unsent_inputs(qplan.stages, "plan_options")
     if len(qplan.stages) != 1:
         raise PlanError(
             f"plan_options: this query needs {len(qplan.stages)} stages (it aggregates, joins, sorts or limits across "

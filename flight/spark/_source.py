@@ -199,9 +199,8 @@ def _read_head(p: HeadPartition) -> Iterator[pa.RecordBatch]:
         return
     except WorkerError as exc:
         # Only a lost worker sends the read elsewhere: a task that ended there (read once, released,
-        # failed) must fail at once, not after a minute of looking. A head task that ended because a
-        # worker was lost (it failed reading it, or its coordinator moved it: Cancel.lost_worker)
-        # answers UNAVAILABLE too (docs/protocol.md, section 11).
+        # failed) must fail at once, not after a minute of looking. A head task its coordinator moved
+        # because a worker was lost (Cancel.lost_worker) answers UNAVAILABLE too (docs/protocol.md, section 11).
         if yielded or not isinstance(exc, WorkerUnavailableError) or len(p.workers) < 2:
             raise _explained(exc, where) from exc
         lost = exc

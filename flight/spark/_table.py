@@ -17,6 +17,7 @@ Rows sent once cannot be sent again: such a query does not survive a lost worker
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import uuid
@@ -75,6 +76,8 @@ def table(df: DataFrame, *, name: str = "dataframe", partitions: int | None = No
         except Exception:  # noqa: BLE001 - Spark Connect has no RDDs: fix the count ourselves
             partitions = CONNECT_PARTITIONS
             df = df.repartition(partitions)
+        if partitions == 0:  # an empty DataFrame Spark optimised to no partition: one empty partition
+            partitions, df = 1, df.repartition(1)
     schema = to_arrow_schema(df.schema, timezone="UTC", prefers_large_types=False)
     input_id = f"spark:{name}#{uuid.uuid4().hex[:8]}"
     return Query(InputCallNode(schema, partitions, input_id, SparkInput(df, name)))
@@ -88,10 +91,11 @@ def send_inputs(spark: SparkSession, query: Query, detached: DetachedQuery, file
     """Send each of ``query``'s DataFrame tables to its tasks: one Spark job each, run to its end here.
 
     Before Spark reads the result, not beside it: a read job's tasks would wait on the head tasks,
-    which wait for the input, whose sending tasks would wait for the cores the read job holds. If a
-    job fails, the query fails (its tasks freed) and the error, naming the DataFrame and carrying
-    Spark's, is raised here."""
-    targets = detached.inputs()
+    which wait for the input, whose sending tasks would wait for the cores the read job holds. In
+    stage order, children first: a stage reading one input may first read a stage fed by another.
+    If a job fails, or leaves a partition unsent, the query fails (its tasks freed) and the error,
+    naming the DataFrame and carrying Spark's, is raised here. The ``retain`` window starts after."""
+    nodes = {n.input_id: n for n in spark_inputs(query)}
     connect_session = type(spark).__module__.startswith("pyspark.sql.connect")
     group = f"flight-input-{detached.query_id}"
     if connect_session:
@@ -99,26 +103,53 @@ def send_inputs(spark: SparkSession, query: Query, detached: DetachedQuery, file
     else:
         spark.sparkContext.setJobGroup(group, f"flight-exec: the DataFrame tables of query {detached.query_id}", interruptOnCancel=True)
     try:
-        for node in spark_inputs(query):
+        for input_id, targets in detached.inputs().items():  # stage order
+            node = nodes[input_id]
             assert isinstance(node.source, SparkInput)
-            source, sent = node.source, targets.get(node.input_id, [])
-            if len(sent) != node.partitions:
-                raise FlightExecError(f"input {node.input_id}: {len(sent)} tasks for {node.partitions} partitions")
-            started = time.monotonic()
-            try:
-                pushed = source.df.mapInArrow(sender(sent, node.schema, files), "partition int, rows long").collect()
-            except Exception as exc:  # noqa: BLE001 - Spark's error, with its context, fails the query
-                error = FlightExecError(f"query {detached.query_id}: the Spark job sending DataFrame {source.name!r} ({node.input_id}) "
-                                        f"failed: {spark_reason(exc)}")
-                detached.fail(error)
-                raise error from None
-            log.info("query %s: DataFrame %r sent, %d rows in %d partitions, %.2f s", detached.query_id, source.name,
-                     sum(r["rows"] for r in pushed), len(pushed), time.monotonic() - started)
+            _send_one(node, node.source, targets, detached, files)
+    except BaseException:
+        _cancel(spark, group, connect_session)  # a KeyboardInterrupt, or a failure: Spark stops computing
+        raise
     finally:
         if connect_session:
             spark.removeTag(group)
         else:
             spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    detached.restart_retain()
+
+
+def _send_one(node: InputCallNode, source: SparkInput, targets: list[InputTarget], detached: DetachedQuery, files: SecurityFiles) -> None:
+    where = f"query {detached.query_id}: the Spark job sending DataFrame {source.name!r} ({node.input_id})"
+    if len(targets) != node.partitions:
+        error = FlightExecError(f"{where}: {len(targets)} tasks for {node.partitions} partitions")
+        detached.fail(error)
+        raise error
+    started = time.monotonic()
+    try:
+        pushed = source.df.mapInArrow(sender(targets, node.schema, files), "partition int, rows long").collect()
+    except Exception as exc:  # noqa: BLE001 - Spark's error, with its context, fails the query
+        error = FlightExecError(f"{where} failed: {spark_reason(exc)}")
+        detached.fail(error)
+        raise error from None
+    sent = sorted(r["partition"] for r in pushed)
+    if sent != list(range(node.partitions)):  # Spark ran another number of partitions than it said
+        missing = sorted(set(range(node.partitions)) - set(sent))
+        error = FlightExecError(f"{where} sent partitions {sent[:20]} of {node.partitions}: {missing[:20]} never came "
+                                "(the DataFrame's partitioning changed between planning and running: give partitions=)")
+        detached.fail(error)
+        raise error
+    log.info("query %s: DataFrame %r sent, %d rows in %d partitions, %.2f s", detached.query_id, source.name,
+             sum(r["rows"] for r in pushed), len(pushed), time.monotonic() - started)
+
+
+def _cancel(spark: SparkSession, group: str, connect_session: bool) -> None:
+    try:
+        if connect_session:
+            spark.interruptTag(group)
+        else:
+            spark.sparkContext.cancelJobGroup(group)
+    except Exception as exc:  # noqa: BLE001 - the session may be gone already, and the job with it
+        log.debug("cancelling %s: %s", group, exc)
 
 
 def spark_reason(exc: BaseException) -> str:
@@ -140,8 +171,10 @@ def sender(targets: list[InputTarget], schema: pa.Schema, files: SecurityFiles) 
 
         context = TaskContext.get()
         index = context.partitionId() if context is not None else 0
-        target = targets[index]
-        rows = send_partition(target, schema, batches, files)
+        if not 0 <= index < len(targets):
+            raise FlightExecError(f"DataFrame partition {index} has no flight task: the query planned {len(targets)} partitions "
+                                  "(the DataFrame's partitioning changed between planning and running: give partitions=)")
+        rows = send_partition(targets[index], schema, batches, files)
         yield pa.record_batch([pa.array([index], pa.int32()), pa.array([rows], pa.int64())], names=["partition", "rows"])
 
     return send
@@ -152,6 +185,8 @@ def send_partition(target: InputTarget, schema: pa.Schema, batches: Iterator[Any
 
     Raises a WorkerError naming the worker and the task when the call is refused or breaks."""
     where = f"input {target.input_id} partition {target.task} to {target.url}"
+    first = next(batches, None)  # computed before the call opens: a failure here leaves the task free for Spark's retry
+    batches = itertools.chain([first] if first is not None else [], batches)
     client = connect(target.url, files.load())
     rows = count = 0
     try:

@@ -133,6 +133,7 @@ def _dispatch(task: Task, frame: protocol_pb2.CoordinatorFrame) -> bool:
         task.call_off(clip(frame.cancel.reason) or "cancelled by the coordinator", lost_worker=clip(frame.cancel.lost_worker))
     elif kind == "input_end":
         if not task.is_map or task.inputs is None:
-            raise ProtocolError(f"task {task.key} is not a map stage but received InputEnd", field="app_metadata.input_end")
+            why = "takes its input on an input call" if task.separate_input else "is not a map stage"
+            raise ProtocolError(f"task {task.key} {why} but received InputEnd on its exchange", field="app_metadata.input_end")
         task.inputs.end_with(frame.input_end.rows, frame.input_end.batches)
     return False

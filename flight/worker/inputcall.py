@@ -11,7 +11,8 @@ stage's input path is the one used here, only fed from another call.
 
 This handler only reads; it writes nothing but the call's final status. A task may take one
 input call; a call cut before ``InputEnd``, a batch of another schema, or counts that differ
-fail the task, so its consumers never read a short input.
+fail the task, so its consumers never read a short input (a call that ends before its first
+batch leaves the task free for another: nothing reached it).
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ import threading
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from flight.errors import FlightExecError, ProtocolError
+from flight.errors import FlightExecError, ProtocolError, TaskCancelledError
 from flight.wire._proto import protocol_pb2
 from flight.wire.ipc import check_batch
 from flight.wire.limits import clip
-from flight.wire.protocol import decode_attach, decode_coordinator_frame, format_stage_key, status_error
+from flight.wire.protocol import decode_attach, decode_coordinator_frame, format_stage_key, status_error, status_message
 from flight.worker.auth import same_secret
 from flight.worker.failures import error_info
 from flight.worker.tasks import Task, TaskRegistry
@@ -55,16 +56,27 @@ def serve_input_call(registry: TaskRegistry, url: str, reader: fl.MetadataRecord
     try:
         _stream(task, reader)
     except ProtocolError as exc:
-        task.fail(exc, failed=True)  # a short or altered input must never look complete to the task's consumers
+        _give_up(task, exc)  # a short or altered input must never look complete to the task's consumers
         raise status_error(error_info(url, invalid, f"input call of task {task.key}: {exc}", attach.stage_key, exc.field)) from None
     except FlightExecError as exc:  # the task stopped (failed, cancelled): the call says so
-        code = protocol_pb2.ERROR_CODE_CANCELLED if task.cancelled.is_set() and task.error is None else protocol_pb2.ERROR_CODE_EXECUTION
+        code = protocol_pb2.ERROR_CODE_CANCELLED if isinstance(exc, TaskCancelledError) else protocol_pb2.ERROR_CODE_EXECUTION
         raise status_error(error_info(url, code, f"task {task.key} on {url} stopped taking input: {clip(exc)}", attach.stage_key)) from None
-    except (pa.ArrowException, OSError) as exc:  # the sender went away mid-stream
-        task.fail(ProtocolError(f"the input call broke before InputEnd: {clip(exc)}", field="app_metadata.input_end"), failed=True)
+    except (pa.ArrowException, OSError) as exc:  # the sender went away mid-stream, or sent what is no IPC stream
+        _give_up(task, ProtocolError(f"the input call broke before InputEnd: {status_message(exc)}", field="app_metadata.input_end"))
         raise status_error(error_info(url, protocol_pb2.ERROR_CODE_CANCELLED, f"input call of task {task.key} broke", attach.stage_key)) from None
     log.debug("task %s: input call complete (%d rows in %d batches)", task.key, task.inputs.rows if task.inputs else 0,
               task.inputs.batches if task.inputs else 0)
+
+
+def _give_up(task: Task, error: ProtocolError) -> None:
+    """The call ended badly. Before its first batch nothing reached the task: it stays free for another
+    call (Spark's retry of the sending task); after it, the task fails, so no reader sees a short input."""
+    inputs = task.inputs
+    if inputs is not None and inputs.batches == 0 and not inputs.end_seen:
+        with _claim:
+            task.input_attached = False
+        return
+    task.fail(error, failed=True)
 
 
 def _attached_task(registry: TaskRegistry, url: str, attach: protocol_pb2.InputAttach, wait: float) -> Task:

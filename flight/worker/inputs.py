@@ -246,6 +246,8 @@ class InputQueue:
     def end_with(self, rows: int, batches: int) -> None:
         """The client's InputEnd: what it sent must be what arrived, or the input was cut short."""
         with self._cond:
+            if self._error is not None:  # the task stopped: the input did not reach it, whatever the counts say
+                raise light_copy(self._error)
             if self.end_seen:
                 raise ProtocolError("a second InputEnd frame arrived", field="app_metadata.input_end")
             self.end_seen = True

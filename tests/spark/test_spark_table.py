@@ -119,3 +119,27 @@ def test_a_query_failing_on_the_workers_fails_the_spark_job_naming_both(spark, c
     assert "Conversion Error" in text and "'many'" in text, text
     assert "DataFrame 'words'" in text or "of flight query" in text, text
     wait_until(lambda: running_tasks(cluster.urls) == 0, 30.0, "the failed query's tasks to be freed")
+
+
+def test_a_dataframe_broadcast_into_anothers_stage_is_sent_first(spark, cluster) -> None:  # type: ignore[no-untyped-def]
+    # The scalar subquery's aggregate over r is broadcast into the stage reading l: r's rows must be sent
+    # before l's (stage order), or l's tasks would wait for the broadcast while l's senders wait for them.
+    left = spark.range(30_000, numPartitions=3).selectExpr("id", "id % 50 AS g")
+    right = spark.range(40, numPartitions=2).selectExpr("id AS g")
+    text = "SELECT count(*) AS n, sum(id) AS s FROM l WHERE g = (SELECT max(g) FROM r)"
+    with fs.start_read(spark, flight.sql(text, {"l": fs.table(left, name="l"), "r": fs.table(right, name="r")}), cluster.urls) as read:
+        got = rows(read.df)
+    left.createOrReplaceTempView("l")
+    right.createOrReplaceTempView("r")
+    assert got == rows(spark.sql(text))
+    wait_until(lambda: running_tasks(cluster.urls) == 0, 15.0, "the query's tasks to be freed")
+
+
+def test_a_query_reading_a_dataframe_is_refused_where_nothing_sends_it(spark, cluster) -> None:  # type: ignore[no-untyped-def]
+    query = flight.sql("SELECT count(*) AS n FROM t", {"t": fs.table(spark.range(10), name="t")})
+    for run in (lambda: flight.DistributedExec(query, cluster.urls).to_table(),
+                lambda: flight.DistributedExec(query, cluster.urls).start_detached(60),
+                lambda: fs.plan_options(query)):
+        with pytest.raises(PlanError, match="run it with flight.spark.read or flight.spark.sql"):
+            run()
+    assert running_tasks(cluster.urls) == 0

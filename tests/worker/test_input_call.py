@@ -191,11 +191,10 @@ def test_a_task_that_takes_no_input_call_refuses_one_and_its_exchange_refuses_in
 def test_an_input_cut_short_or_of_another_schema_fails_the_task_never_a_short_result(one: flight.LocalCluster) -> None:
     url = one.urls[0]
     batch = _table(7).to_batches()[0]
-    other = pa.record_batch([pa.array([1, 2], pa.int32())], names=["id"])
     broken = {
         "no InputEnd": ([batch], "app_metadata.input_end"),
         "counts that differ": ([batch, _frame(input_end=protocol_pb2.InputEnd(rows=70, batches=10))], "app_metadata.input_end"),
-        "another schema": ([other], "data"),
+        "a frame an input call does not carry": ([batch, _frame(feed_end=protocol_pb2.FeedEnd(feed_id="f"))], "app_metadata"),
     }
     for what, (messages, field) in broken.items():
         with _opened(url) as (header, _):
@@ -213,3 +212,20 @@ def test_an_input_call_for_a_task_that_is_not_there_is_not_found(one: flight.Loc
     header = _header(_plan())  # never opened: the worker waits its --get-wait (10 s), then says so
     info = error_info_of(_raw_call(url, [_frame(attach=protocol_pb2.InputAttach(stage_key=header.stage_key, query_secret=SECRET))]))  # type: ignore[arg-type]
     assert info is not None and info.code == CODE.Value("ERROR_CODE_NOT_FOUND") and info.field == "app_metadata.attach.stage_key", info
+
+
+def test_a_call_refused_before_its_first_batch_leaves_the_task_to_the_next_call(one: flight.LocalCluster) -> None:
+    # Nothing reached the task (a batch of another schema first, or the call ended before any batch): it stays
+    # free, so Spark's retry of the sending task can still send the partition whole.
+    url = one.urls[0]
+    other = pa.record_batch([pa.array([1, 2], pa.int32())], names=["id"])
+    table = _table(50)
+    with _opened(url) as (header, _):
+        attach = _frame(attach=protocol_pb2.InputAttach(stage_key=header.stage_key, query_secret=SECRET))
+        info = error_info_of(_raw_call(url, [attach, other]))  # type: ignore[arg-type]
+        assert info is not None and info.field == "data" and "schema" in info.message, info
+        info = error_info_of(_raw_call(url, [attach]))  # type: ignore[arg-type]
+        assert info is not None and info.field == "app_metadata.input_end", info
+        assert send_partition(_target(url, header), SCHEMA, iter(table.to_batches(max_chunksize=20)), SecurityFiles()) == 50
+        assert _read(url, header).sort_by("id").equals(table)
+    wait_until(lambda: running_tasks([url]) == 0, 10.0, "the released task to be freed")
