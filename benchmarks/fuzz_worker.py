@@ -149,6 +149,9 @@ LISTENING = re.compile(r"^flight-worker listening on (grpc://\S+)$")
 SELF_URL = "grpc://127.0.0.1:00000"
 """Stands for the worker's own URL in shuffle reads; replaced at run time (same length, so protobuf stays valid)."""
 DEAD_URL = "grpc://127.0.0.1:1"
+GET_WAIT_S = 10.0
+"""How long a worker waits for a task named by a DoGet or a shuffle read to appear (``--get-wait``): a case whose
+plan reads absent producers on its own worker rightly takes that long, so its deadline is extended by it."""
 LOOPBACK_URL = re.compile(r"grpc(\+tcp)?://127\.0\.0\.1:\d{1,5}")
 FORBIDDEN_DIRS = ("/dev", "/proc", "/sys", "/run")
 
@@ -1660,7 +1663,10 @@ class Generator:
                 m.note("TaskHeader: splice with another seed")
             else:
                 HEADER_MUTATIONS[name](m, header)
-        return seed_steps(cmd or ser(header), seed), {}
+        steps = seed_steps(cmd or ser(header), seed)
+        if SELF_URL.encode() in (cmd or ser(header)):  # it reads producers on this worker that never run: each waits --get-wait
+            steps.insert(0, op("extend", seconds=GET_WAIT_S))
+        return steps, {}
 
     # -- frames: CoordinatorFrames and other messages on an open leaf exchange
     def _frames(self, rng: random.Random, m: Mutator, qid: str) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
@@ -2590,6 +2596,8 @@ class Runner:
             self._flood(step, out)
         elif kind == "await_idle":
             self._await_idle(out)
+        elif kind == "extend":
+            self.deadline += step["seconds"]
         elif ex is not None:
             return self._exchange_step(step, ex)
         return True

@@ -29,6 +29,7 @@ from flight.wire.limits import (
     MAX_MESSAGE_CHARS,
     MAX_OUTPUT_PARTITIONS,
     MAX_OUTPUT_READERS,
+    MAX_PROJECTED,
     MAX_SECRET_BYTES,
     MAX_TASK_COUNT,
     MAX_UNIT_BYTES,
@@ -37,7 +38,7 @@ from flight.wire.limits import (
     check_count,
     clip,
 )
-from flight.wire.operators import taggable
+from flight.wire.operators import operators, taggable
 
 __all__ = [
     "COMPRESSION",
@@ -205,12 +206,26 @@ def decode_header(data: bytes) -> tuple[protocol_pb2.TaskHeader, plan_pb2.StageP
         raise ProtocolError("header.plan.root is missing", field="header.plan.root")
     check_count(plan.output.partitions, MAX_OUTPUT_PARTITIONS, "header.plan.output.partitions", "output partitions")
     check_count(plan.output.readers, MAX_OUTPUT_READERS, "header.plan.output.readers", "readers per partition")
+    _check_operators(plan)
     if header.options.tag_units and (plan.output.partitions > 1 or not taggable(plan.root)):
         raise ProtocolError(
             "header.options.tag_units needs one output partition and a plan of filters and projections over one feed scan",
             field="header.options.tag_units",
         )
     return header, plan
+
+
+def _check_operators(plan: plan_pb2.StagePlan) -> None:
+    """Counts no operator check makes before compiling: a projection's width, and one input per plan."""
+    inputs = []
+    for op in operators(plan.root):
+        kind = op.WhichOneof("kind")
+        if kind == "project":
+            check_count(len(op.project.exprs), MAX_PROJECTED, "header.plan.project.exprs", "projected expressions")
+        elif kind == "exchange_input":
+            inputs.append(op.exchange_input.separate_input)
+    if len(inputs) > 1:
+        raise ProtocolError(f"header.plan has {len(inputs)} exchange inputs; a task takes at most one", field="header.plan")
 
 
 def decode_coordinator_frame(data: pa.Buffer | bytes) -> protocol_pb2.CoordinatorFrame:

@@ -65,7 +65,7 @@ def read_partitions(
             key = protocol_pb2.StageKey.FromString(key_bytes)
             name = format_stage_key(key)
             if url == own_url:
-                producer, why = registry.get(name, wait=wait)
+                producer, why = registry.get(name, wait=wait, stop=task.cancelled.is_set)  # a cancelled consumer stops waiting
                 if producer is not None and not same_secret(task.header.query_secret, producer.header.query_secret):
                     raise TaskFailedError(f"producer task {name} belongs to another query (its secret differs)")
                 if producer is None or producer.output is None:

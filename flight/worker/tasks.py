@@ -282,18 +282,22 @@ class TaskRegistry:
                     self._ended.popitem(last=False)
             self._cond.notify_all()
 
-    def get(self, key: str, wait: float = 0.0) -> tuple[Task | None, str]:
+    def get(self, key: str, wait: float = 0.0, stop: Callable[[], bool] | None = None) -> tuple[Task | None, str]:
         """The task, or None and why: it ended (how), or never appeared within ``wait`` seconds.
 
         A task that waits for capacity here (``queued``) is waited for as long as it waits: it
         will be registered or refused, and admission bounds that wait (``--queue-wait``). A
         consumer admitted before its producer (the producer's worker was full) used to give up
-        after ``wait`` seconds while the producer still waited its turn.
+        after ``wait`` seconds while the producer still waited its turn. ``stop``: the waiter no
+        longer needs it (a consumer task cancelled): the wait ends within ``_QUEUED_POLL_S``.
         """
         found = lambda: key in self._tasks or key in self._ended or self._closed  # noqa: E731
+        stopped = stop or (lambda: False)
+        end = time.monotonic() + wait
         with self._cond:
-            self._cond.wait_for(found, timeout=wait)
-            while not found() and self.queued(key):
+            while not found() and not stopped() and (left := end - time.monotonic()) > 0:
+                self._cond.wait_for(found, timeout=min(left, _QUEUED_POLL_S))
+            while not found() and not stopped() and self.queued(key):
                 self._cond.wait_for(found, timeout=_QUEUED_POLL_S)
             if key in self._tasks:
                 return self._tasks[key], ""

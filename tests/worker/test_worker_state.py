@@ -10,6 +10,7 @@ from support import wait_until
 
 from flight.errors import ProtocolError, TaskCancelledError, TaskFailedError, VersionMismatchError
 from flight.wire._proto import plan_pb2, protocol_pb2
+from flight.wire.limits import MAX_PROJECTED
 from flight.wire.protocol import PROTOCOL_VERSION, decode_header, decode_ticket
 from flight.worker.admission import Admission, Refusal
 from flight.worker.buffers import OutputBuffer
@@ -270,3 +271,27 @@ def test_a_reader_waits_for_a_task_that_waits_for_capacity_past_its_own_wait() -
     reader.join(5.0)
     assert got == [(None, "it is not running here")]
     assert registry.get("other/0/0", wait=0.01) == (None, "it is not running here")  # not queued: wait only as asked
+
+
+def test_a_projection_too_wide_and_a_second_input_are_refused_before_compiling() -> None:
+    # 70,000 projected expressions took a worker over 10 s to compile (the fuzzer's case 9986 of seed 1).
+    values = plan_pb2.Operator(values=plan_pb2.Values())
+    wide = plan_pb2.Operator(project=plan_pb2.Project(input=values, exprs=[plan_pb2.NamedExpression(name=f"c{i}") for i in range(MAX_PROJECTED + 1)]))
+    with pytest.raises(ProtocolError, match="projected expressions") as info:
+        decode_header(header(plan=plan_pb2.StagePlan(root=wide).SerializeToString()).SerializeToString())
+    assert info.value.field == "header.plan.project.exprs"
+    one = plan_pb2.Operator(exchange_input=plan_pb2.ExchangeInput(separate_input=True))
+    two = plan_pb2.Operator(union=plan_pb2.Union(inputs=[one, one]))
+    with pytest.raises(ProtocolError, match="at most one") as info:
+        decode_header(header(plan=plan_pb2.StagePlan(root=two).SerializeToString()).SerializeToString())
+    assert info.value.field == "header.plan"
+
+
+def test_a_wait_for_a_producer_ends_when_its_consumer_stops() -> None:
+    # A consumer cancelled while it waits for a local producer that never appears lets go of the wait (it
+    # held a thread and its call for the whole --get-wait before); without ``stop`` this would wait an hour.
+    from flight.worker.tasks import TaskRegistry
+
+    registry, stop = TaskRegistry(), threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    assert registry.get("q/0/0", wait=3600.0, stop=stop.is_set) == (None, "it is not running here")
