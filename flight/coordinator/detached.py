@@ -142,6 +142,10 @@ class DetachedQuery:
                 out.setdefault(ids[0], []).append(InputTarget(ids[0], key.task_number, channel.url, frame.SerializeToString()))
         return out
 
+    def input_nodes(self) -> dict[str, InputCallNode]:
+        """Each input as planned (its columns pruned to those the query uses), by input id."""
+        return {n.input_id: n for st in self._run.plan.stages for n in st.root.walk() if isinstance(n, InputCallNode)}
+
     def restart_retain(self) -> None:
         """Count the ``retain`` window from now: its inputs were sent (their sending may take longer than it)."""
         self._deadline = time.monotonic() + self.retain

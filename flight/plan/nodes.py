@@ -131,6 +131,8 @@ class InputCallNode(Node):
     partitions: int
     input_id: str
     source: object = None
+    columns: list[str] | None = None
+    """The columns the query uses (column pruning): only those are sent."""
 
     def __post_init__(self) -> None:
         if self.partitions < 1:
@@ -138,7 +140,8 @@ class InputCallNode(Node):
 
     @property
     def schema(self) -> pa.Schema:
-        return normalize_schema(self.input_schema)
+        schema = normalize_schema(self.input_schema)
+        return schema if self.columns is None else pa.schema([schema.field(c) for c in self.columns])
 
     def to_proto(self) -> plan_pb2.Operator:
         op = plan_pb2.ExchangeInput(schema=encode_schema(self.schema), separate_input=True, input_id=self.input_id)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 
 from flight.plan.expr import Expr, call
 from flight.plan.expr_nodes import CallNode
-from flight.plan.nodes import FeedScanNode, FilterNode, LimitNode, Node, ProjectNode
+from flight.plan.nodes import FeedScanNode, FilterNode, InputCallNode, LimitNode, Node, ProjectNode
 from flight.plan.relnodes import AggregateNode, JoinNode, SortNode, UnionNode
 from flight.plan.window import WindowNode
 
@@ -288,7 +288,7 @@ def prune_columns(node: Node, needed: set[str] | None = None) -> Node:
     if isinstance(node, WindowNode):
         used = (needed & set(node.input.schema.names)) | set(node.partition_by) | {k for k, _ in node.order_by}
         return replace(node, input=prune_columns(node.input, used | {c.column for c in node.calls if c.column}))
-    if isinstance(node, FeedScanNode):
+    if isinstance(node, (FeedScanNode, InputCallNode)):  # an input (a Spark DataFrame) sends only these
         available = node.schema.names
         columns = [c for c in available if c in needed] or available[:1]
         if columns == available:

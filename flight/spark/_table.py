@@ -95,7 +95,7 @@ def send_inputs(spark: SparkSession, query: Query, detached: DetachedQuery, file
     stage order, children first: a stage reading one input may first read a stage fed by another.
     If a job fails, or leaves a partition unsent, the query fails (its tasks freed) and the error,
     naming the DataFrame and carrying Spark's, is raised here. The ``retain`` window starts after."""
-    nodes = {n.input_id: n for n in spark_inputs(query)}
+    nodes = detached.input_nodes()  # as planned: only the columns the query uses are sent
     connect_session = type(spark).__module__.startswith("pyspark.sql.connect")
     group = f"flight-input-{detached.query_id}"
     if connect_session:
@@ -125,8 +125,9 @@ def _send_one(node: InputCallNode, source: SparkInput, targets: list[InputTarget
         detached.fail(error)
         raise error
     started = time.monotonic()
+    df = _select(source.df, node.columns if node.columns is not None else list(source.df.columns))
     try:
-        pushed = source.df.mapInArrow(sender(targets, node.schema, files), "partition int, rows long").collect()
+        pushed = df.mapInArrow(sender(targets, node.schema, files), "partition int, rows long").collect()
     except Exception as exc:  # noqa: BLE001 - Spark's error, with its context, fails the query
         error = FlightExecError(f"{where} failed: {spark_reason(exc)}")
         detached.fail(error)
@@ -140,6 +141,15 @@ def _send_one(node: InputCallNode, source: SparkInput, targets: list[InputTarget
         raise error
     log.info("query %s: DataFrame %r sent, %d rows in %d partitions, %.2f s", detached.query_id, source.name,
              sum(r["rows"] for r in pushed), len(pushed), time.monotonic() - started)
+
+
+def _select(df: DataFrame, columns: list[str]) -> DataFrame:
+    """``df``'s ``columns`` (a narrow step: its partitions stay), chosen by position under plain names: Spark
+    reads a name with a dot as a path (``mapInArrow`` over a column ``a.b`` fails to resolve it). The sender
+    names them back (``send_partition``)."""
+    names = list(df.columns)
+    plain = [f"_flight_c{i}" for i in range(len(names))]
+    return df.toDF(*plain).select(*[plain[names.index(c)] for c in columns])
 
 
 def _cancel(spark: SparkSession, group: str, connect_session: bool) -> None:
@@ -196,7 +206,7 @@ def send_partition(target: InputTarget, schema: pa.Schema, batches: Iterator[Any
         for batch in batches:
             if batch.num_rows == 0:
                 continue
-            batch = pa.Table.from_batches([batch]).cast(schema).combine_chunks().to_batches()[0]
+            batch = pa.Table.from_batches([batch.rename_columns(schema.names)]).cast(schema).combine_chunks().to_batches()[0]
             writer.write_batch(batch)
             rows += batch.num_rows
             count += 1

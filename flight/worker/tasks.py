@@ -33,6 +33,7 @@ from flight.worker.inputs import FeedInbox, InputQueue, UnitBytes
 __all__ = ["Task", "TaskRegistry"]
 
 _QUEUED_POLL_S = 0.25
+_CANCELLING = threading.Lock()  # a task is stopped once, whoever stops it first
 """How often a reader waiting for a queued task checks that it still waits (a refusal sends no notice)."""
 
 log = logging.getLogger(__name__)
@@ -175,10 +176,11 @@ class Task:
         ``failed`` says the task broke (rather than being called off): readers
         of its output then see the failure itself, not a cancellation.
         """
-        if self.cancelled.is_set():
-            return
-        self.cancel_reason = reason
-        self.cancelled.set()
+        with _CANCELLING:  # the runner, the exchange's reader, an input call and the watchdog may all stop it
+            if self.cancelled.is_set():
+                return
+            self.cancel_reason = reason
+            self.cancelled.set()
         kind = TaskFailedError if failed else TaskCancelledError
         error = kind(reason if failed else f"task cancelled: {reason}", stage_key=self.key, worker_url=self.worker_url)
         for inbox in self.inboxes.values():

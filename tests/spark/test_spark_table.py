@@ -37,15 +37,15 @@ def rows(df: Any) -> list[tuple[Any, ...]]:
 def test_a_million_row_dataframe_joined_with_parquet_lineitem_equals_sparks_own_join(spark, cluster, files) -> None:  # type: ignore[no-untyped-def]
     # 1M rows made by Spark (not a file the workers could read), 6 partitions; the join and the aggregate
     # run on the flight workers; Spark SQL runs the same statement on the same DataFrame and files.
-    events = spark.range(1_000_000, numPartitions=6).selectExpr(
-        "id", "id % 60000 + 1 AS orderkey", "cast(id % 7 AS int) AS kind", "concat('e', cast(id % 13 AS string)) AS tag")
+    events = spark.range(1_000_000, numPartitions=6).selectExpr(  # `a.b`: a name Spark would read as a struct field
+        "id AS `a.b`", "id % 60000 + 1 AS orderkey", "cast(id % 7 AS int) AS kind", "concat('e', cast(id % 13 AS string)) AS tag")
     lineitem = spark.read.parquet(*[str(p) for p in files["lineitem"]])
     text = (
-        "SELECT e.kind, count(*) AS n, sum(l.l_quantity) AS qty, count(DISTINCT e.tag) AS tags "
+        "SELECT e.kind, count(*) AS n, sum(l.l_quantity) AS qty, count(DISTINCT e.tag) AS tags, max(e.`a.b`) AS top "
         "FROM events e JOIN lineitem l ON e.orderkey = l.l_orderkey WHERE l.l_returnflag = 'R' GROUP BY e.kind"
     )
     tables = {"events": fs.table(events, name="events"), "lineitem": str(files["lineitem"][0].parent)}
-    with fs.start_read(spark, flight.sql(text, tables), cluster.urls) as read:
+    with fs.start_read(spark, flight.sql(text, tables, dialect="spark"), cluster.urls) as read:
         got = rows(read.df)
         assert rows(read.df) == got  # a second action reads the retained result, the DataFrame is not sent again
     events.createOrReplaceTempView("events")
@@ -68,9 +68,10 @@ def test_a_dataframe_alone_comes_back_whole_through_flight_sql(spark, cluster) -
 
 def test_a_failing_dataframe_fails_the_query_naming_both_sides(spark, cluster) -> None:  # type: ignore[no-untyped-def]
     # Spark fails computing a partition: the query fails with Spark's error and the input it was sending.
+    # (The query uses ``ok``: a column it does not use is not sent, and Spark would not compute it.)
     bad = spark.range(100, numPartitions=2).selectExpr("id", "assert_true(id < 90, 'row 90 is refused') AS ok")
     with pytest.raises(Exception) as raised:
-        with fs.start_read(spark, flight.sql("SELECT count(*) AS n FROM bad", {"bad": fs.table(bad, name="bad")}), cluster.urls) as read:
+        with fs.start_read(spark, flight.sql("SELECT count(ok) AS n FROM bad", {"bad": fs.table(bad, name="bad")}), cluster.urls) as read:
             read.df.collect()
     text = str(raised.value)
     assert "row 90 is refused" in text and "'bad'" in text and "Traceback" not in text, text
@@ -87,9 +88,12 @@ def test_a_dataframe_used_twice_or_read_once_is_refused_at_planning(spark, clust
 
 
 def test_the_input_stage_is_planned_one_task_per_partition(spark) -> None:  # type: ignore[no-untyped-def]
-    q = flight.sql("SELECT id, count(*) AS n FROM t GROUP BY id", {"t": fs.table(spark.range(50, numPartitions=5), name="t")})
+    # Only the columns the query uses are sent: `x.y` and `twice` stay in Spark.
+    df = spark.range(50, numPartitions=5).selectExpr("id", "id * 2 AS twice", "id AS `x.y`")
+    q = flight.sql("SELECT id, count(*) AS n FROM t GROUP BY id", {"t": fs.table(df, name="t")})
     text = flight.DistributedExec(q, ["grpc://127.0.0.1:1", "grpc://127.0.0.1:2"]).explain()
-    assert "InputCall[spark:t" in text and "5 tasks, one per partition" in text, text
+    assert "5 tasks, one per partition" in text, text
+    assert "InputCall[spark:t" in text and "5 partitions, id]" in text, text
 
 
 def test_two_dataframes_join_each_other_on_the_workers(spark, cluster) -> None:  # type: ignore[no-untyped-def]
