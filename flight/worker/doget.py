@@ -68,8 +68,7 @@ def output_stream(task: Task, start: int, end: int) -> Iterator[tuple[pa.RecordB
     else:
         return
     where = task.worker_url
-    if task.lost_worker:  # it ended because a worker was lost: it runs again elsewhere, look there
-        code, where = protocol_pb2.ERROR_CODE_UNAVAILABLE, task.lost_worker
-        message = f"task {task.key} on {task.worker_url} ended because worker {where} was lost; it runs again elsewhere"
+    if task.unavailable is not None:  # a worker it needed is gone (moved by its coordinator, or a peer it could not reach)
+        code, (where, message) = protocol_pb2.ERROR_CODE_UNAVAILABLE, task.unavailable
     info = protocol_pb2.ErrorInfo(code=code, message=message, stage_key=task.header.stage_key, worker_url=where)
     raise status_error(info)

@@ -84,6 +84,9 @@ def fail(url: str, task: Task, sender: Sender, exc: BaseException) -> Exception:
             code = protocol_pb2.ERROR_CODE_PERMISSION_DENIED
         # An unavailable peer (a producer this task could not read) is the worker the error names.
         where = error.worker_url if isinstance(error, WorkerUnavailableError) and error.worker_url else url
+        if code == protocol_pb2.ERROR_CODE_UNAVAILABLE and where != url and task.unavailable is None:
+            # Its readers are told the same (DoGet): two stages up, the cut worker is still the one to blame.
+            task.unavailable = where, f"task {task.key} failed on {url}: {message}"
         info = error_info(where, code, f"task {task.key} failed on {url}: {message}", key)
         task.cancel(message, failed=True)
     send_error(sender, info)

@@ -85,10 +85,9 @@ def _attached_task(registry: TaskRegistry, url: str, attach: protocol_pb2.InputA
     task, why = registry.get(key, wait=wait)
     field = "app_metadata.attach.stage_key"
     if task is None:
-        lost = registry.lost_worker(key)
-        if lost:
-            message = f"task {key} on worker {url} ended because worker {lost} was lost"
-            raise status_error(error_info(lost, protocol_pb2.ERROR_CODE_UNAVAILABLE, message, attach.stage_key, field))
+        gone = registry.unavailable(key)
+        if gone is not None:
+            raise status_error(error_info(gone[0], protocol_pb2.ERROR_CODE_UNAVAILABLE, gone[1], attach.stage_key, field))
         raise status_error(error_info(url, protocol_pb2.ERROR_CODE_NOT_FOUND, f"no task {key} on worker {url}: {why}", attach.stage_key, field))
     if not same_secret(attach.query_secret, task.header.query_secret):
         message = f"the input call for task {key} does not carry its query's secret"

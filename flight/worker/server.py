@@ -322,10 +322,9 @@ class WorkerServer(fl.FlightServerBase):
             message = f"the ticket for task {key} does not carry its query's secret"
             raise status_error(error_info(self.url, protocol_pb2.ERROR_CODE_PERMISSION_DENIED, message, t.stage_key, "ticket.query_secret"))
         if task is None:
-            lost = self.registry.lost_worker(key)
-            if lost:  # it ended because a worker was lost and runs again elsewhere: the reader looks there
-                message = f"task {key} on worker {self.url} ended because worker {lost} was lost; it runs again elsewhere"
-                raise status_error(error_info(lost, protocol_pb2.ERROR_CODE_UNAVAILABLE, message, t.stage_key, "ticket.stage_key"))
+            gone = self.registry.unavailable(key)
+            if gone is not None:  # a worker it needed is gone (it runs again elsewhere, or it could not reach a peer)
+                raise status_error(error_info(gone[0], protocol_pb2.ERROR_CODE_UNAVAILABLE, gone[1], t.stage_key, "ticket.stage_key"))
             code = protocol_pb2.ERROR_CODE_NOT_FOUND
             raise status_error(error_info(self.url, code, f"no task {key} on worker {self.url}: {why}", t.stage_key, "ticket.stage_key"))
         if task.output is None:

@@ -70,10 +70,17 @@ def read_partitions(
                     raise TaskFailedError(f"producer task {name} belongs to another query (its secret differs)")
                 if producer is None or producer.output is None:
                     raise TaskFailedError(f"producer task {name} is not readable here: {why or 'it has no output buffer'}")
-                for p in range(start, end):
-                    for batch in producer.output.read(p):
-                        if not offer((batch, True)):
-                            return
+                try:
+                    for p in range(start, end):
+                        for batch in producer.output.read(p):
+                            if not offer((batch, True)):
+                                return
+                except FlightExecError:
+                    if producer.unavailable is None:
+                        raise
+                    # It failed because a worker it needed is gone: that worker is still the one to blame.
+                    peer, why = producer.unavailable
+                    raise WorkerUnavailableError(why, worker_url=peer) from None
             else:
                 ticket = protocol_pb2.Ticket(
                     stage_key=key, partition_start=start, partition_end=end, query_secret=task.header.query_secret

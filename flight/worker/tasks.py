@@ -68,7 +68,7 @@ class Task:
         self.cancelled = threading.Event()
         self.cancel_reason = ""
         self.called_off = False  # a Cancel frame or the cancel action stopped it (not a release): the call ends CANCELLED
-        self.lost_worker = ""  # a worker whose loss ended it (a peer it could not read, Cancel.lost_worker): DoGet says UNAVAILABLE
+        self.unavailable: tuple[str, str] | None = None  # (worker, why) when a worker it needs is gone: DoGet says UNAVAILABLE
         self._on_cancel: list[Callable[[], None]] = []
         self.engine = ""  # what computes the task, set by the pipeline once it starts (metrics)
         self.scan_stats = ScanStats()  # its Parquet readers' row groups read and skipped (metrics)
@@ -197,8 +197,9 @@ class Task:
 
         ``lost_worker``: the coordinator runs the task again elsewhere because that worker was lost."""
         self.called_off = True
-        if lost_worker and not self.lost_worker:
-            self.lost_worker = lost_worker
+        if lost_worker and self.unavailable is None:
+            why = f"task {self.key} on {self.worker_url} ended because worker {lost_worker} was lost; it runs again elsewhere"
+            self.unavailable = lost_worker, why
         self.cancel(reason)
 
     def fail(self, error: BaseException, *, failed: bool = False) -> None:
@@ -254,7 +255,7 @@ class TaskRegistry:
         self.queued = queued
         """Whether a task of that key waits for capacity on this worker (``Admission.is_waiting``)."""
         self._tasks: dict[str, Task] = {}
-        self._ended: OrderedDict[str, tuple[str, str]] = OrderedDict()  # key -> (how it ended, its lost_worker)
+        self._ended: OrderedDict[str, tuple[str, tuple[str, str] | None]] = OrderedDict()  # key -> (how it ended, Task.unavailable)
         self.ended_count: dict[str, int] = {"finished": 0, "ended early": 0}
         """Tasks ended since the worker started, by how (the ``--metrics-port`` counters)."""
         self.rows_out = 0
@@ -276,7 +277,7 @@ class TaskRegistry:
                 del self._tasks[task.key]
                 finished = task.finished and task.failure is None
                 how = "finished" if finished else f"ended early: {task.cancel_reason or task.failure}"
-                self._ended[task.key] = how, task.lost_worker
+                self._ended[task.key] = how, task.unavailable
                 self.ended_count["finished" if finished else "ended early"] += 1
                 self.rows_out += task.rows_out
                 self.bytes_out += task.bytes_out
@@ -307,11 +308,11 @@ class TaskRegistry:
                 return None, f"it {self._ended[key][0]}"
             return None, "it is not running here" + (" (the worker is draining)" if self._closed else "")
 
-    def lost_worker(self, key: str) -> str:
-        """The worker whose loss ended the remembered task ``key`` (``Task.lost_worker``), or ""."""
+    def unavailable(self, key: str) -> tuple[str, str] | None:
+        """For a remembered task that ended because a worker it needed is gone, that worker and why."""
         with self._cond:
             ended = self._ended.get(key)
-            return ended[1] if ended is not None else ""
+            return ended[1] if ended is not None else None
 
     def close(self) -> None:
         """Wake everyone waiting for a task: the worker is shutting down."""

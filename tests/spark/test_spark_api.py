@@ -20,6 +20,7 @@ pytest.importorskip("pyspark", reason="the Spark tests need the spark extra: pip
 EXPECTED = {
     "DataFrameFeed", "FlightMap", "FlightRead", "ddl", "feed_from_dataframe", "flight_map", "input_schema",
     "map_in_arrow", "plan_options", "read", "register", "spark_schema", "sql", "start_read", "start_workers", "SparkWorkers",
+    "table",
 }
 
 
