@@ -65,22 +65,9 @@ def read_partitions(
             key = protocol_pb2.StageKey.FromString(key_bytes)
             name = format_stage_key(key)
             if url == own_url:
-                producer, why = registry.get(name, wait=wait, stop=task.cancelled.is_set)  # a cancelled consumer stops waiting
-                if producer is not None and not same_secret(task.header.query_secret, producer.header.query_secret):
-                    raise TaskFailedError(f"producer task {name} belongs to another query (its secret differs)")
-                if producer is None or producer.output is None:
-                    raise TaskFailedError(f"producer task {name} is not readable here: {why or 'it has no output buffer'}")
-                try:
-                    for p in range(start, end):
-                        for batch in producer.output.read(p):
-                            if not offer((batch, True)):
-                                return
-                except FlightExecError:
-                    if producer.unavailable is None:
-                        raise
-                    # It failed because a worker it needed is gone: that worker is still the one to blame.
-                    peer, why = producer.unavailable
-                    raise WorkerUnavailableError(why, worker_url=peer) from None
+                for batch in _local_batches(_local_producer(task, registry, name, wait), start, end):
+                    if not offer((batch, True)):
+                        return
             else:
                 ticket = protocol_pb2.Ticket(
                     stage_key=key, partition_start=start, partition_end=end, query_secret=task.header.query_secret
@@ -98,6 +85,30 @@ def read_partitions(
         yield from _consume(task, results, len(producers))
     finally:
         stop.set()
+
+
+def _local_producer(task: Task, registry: TaskRegistry, name: str, wait: float) -> Task:
+    """Producer task ``name`` on this worker, of ``task``'s query and with an output; a cancelled consumer stops waiting."""
+    producer, why = registry.get(name, wait=wait, stop=task.cancelled.is_set)
+    if producer is not None and not same_secret(task.header.query_secret, producer.header.query_secret):
+        raise TaskFailedError(f"producer task {name} belongs to another query (its secret differs)")
+    if producer is None or producer.output is None:
+        raise TaskFailedError(f"producer task {name} is not readable here: {why or 'it has no output buffer'}")
+    return producer
+
+
+def _local_batches(producer: Task, start: int, end: int) -> Iterator[pa.RecordBatch]:
+    """Partitions [start, end) of a producer on this worker. If it failed because a worker it needed is
+    gone, that worker is still the one to blame: the consumer is told UNAVAILABLE naming it."""
+    assert producer.output is not None
+    try:
+        for p in range(start, end):
+            yield from producer.output.read(p)
+    except FlightExecError:
+        if producer.unavailable is None:
+            raise
+        peer, why = producer.unavailable
+        raise WorkerUnavailableError(why, worker_url=peer) from None
 
 
 def _read_error(exc: Exception, url: str, name: str) -> Exception:
