@@ -154,6 +154,12 @@ class DetachedQuery:
         """End the query with ``error`` (e.g. the sender of one of its inputs failed); its tasks are freed."""
         self._run.fail(error)
 
+    def failure(self, wait: float = 0.0) -> BaseException | None:
+        """The query's own error, waiting up to ``wait`` seconds for one: a sender that met an ended task
+        asks whether the query failed first, whose error is then the root of both."""
+        self._run.failed.wait(wait)
+        return self._run.error
+
     def progress(self) -> list[StageProgress]:
         """Every stage of the current attempt, children first, with its tasks' states (a live view)."""
         out = []

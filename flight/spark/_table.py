@@ -87,6 +87,9 @@ def spark_inputs(query: Query) -> list[InputCallNode]:
     return [n for n in query.node.walk() if isinstance(n, InputCallNode) and isinstance(n.source, SparkInput)]
 
 
+_CAUSE_WAIT_S = 2.0  # how long a failed sender waits for the query's own error (it travels a worker's stream)
+
+
 def send_inputs(spark: SparkSession, query: Query, detached: DetachedQuery, files: SecurityFiles) -> None:
     """Send each of ``query``'s DataFrame tables to its tasks: one Spark job each, run to its end here.
 
@@ -129,7 +132,13 @@ def _send_one(node: InputCallNode, source: SparkInput, targets: list[InputTarget
     try:
         pushed = df.mapInArrow(sender(targets, node.schema, files), "partition int, rows long").collect()
     except Exception as exc:  # noqa: BLE001 - Spark's error, with its context, fails the query
-        error = FlightExecError(f"{where} failed: {spark_reason(exc)}")
+        # The query may have failed first (a task's cast), and the sender met its ended task: the query's own
+        # error is then the root, and the worker's account of it comes clipped inside Spark's.
+        cause = detached.failure(wait=_CAUSE_WAIT_S)
+        if cause is not None:
+            error = FlightExecError(f"{where} failed because the query failed: {cause} (Spark: {clip(spark_reason(exc), 400)})")
+        else:
+            error = FlightExecError(f"{where} failed: {spark_reason(exc)}")
         detached.fail(error)
         raise error from None
     sent = sorted(r["partition"] for r in pushed)
