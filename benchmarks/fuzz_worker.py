@@ -2982,6 +2982,7 @@ def _worker_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}  # loopback only, never via a proxy
     env["PYTHONFAULTHANDLER"] = "1"  # a fatal signal prints every thread's Python stack into the log
     env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")  # Arrow's C++ pool as flight-worker chooses it (flight/worker/memory.py)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     return env
 

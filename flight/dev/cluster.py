@@ -41,6 +41,7 @@ from flight.coordinator.resolver import StaticWorkerResolver
 from flight.errors import WorkerUnavailableError
 from flight.security import Security, SecurityFiles
 from flight.wire.limits import DEFAULT_MEMORY_FRACTION, physical_memory
+from flight.worker.memory import WORKER_ENV
 
 __all__ = ["LocalCluster"]
 
@@ -127,7 +128,7 @@ class LocalCluster:
     def _spawn(self, life_r: int, extra: list[str]) -> subprocess.Popen[str]:
         cmd = [sys.executable, "-m", "flight.worker", "--host", "127.0.0.1", "--port", "0", "--parent-fd", str(life_r),
                "--log-level", self._log_level, "--grace", str(self._grace), *self._args, *extra]
-        env = {**os.environ, **self._env, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **WORKER_ENV, **self._env, "PYTHONUNBUFFERED": "1"}
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, pass_fds=(life_r,), env=env)
 
     def _wait_listening(self, proc: subprocess.Popen[str]) -> str:

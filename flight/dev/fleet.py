@@ -51,6 +51,7 @@ from flight.dev.delay_proxy import LinkShape
 from flight.dev.fleet_driver import DriverRun
 from flight.dev.netns import LineReader, NetnsError, Network, netns_unavailable, remove_leftovers
 from flight.wire.limits import DEFAULT_MEMORY_FRACTION, physical_memory
+from flight.worker.memory import WORKER_ENV
 
 __all__ = ["COORDINATOR", "Fleet", "Node", "ProxyProcess"]
 
@@ -159,7 +160,7 @@ class Fleet:
                       *(a for d in data_roots for a in ("--data-root", os.path.abspath(d))), *worker_args]
         self._per_worker = [list(a) for a in per_worker_args] if per_worker_args else [[] for _ in range(workers)]
         self._timeout, self._log_level, self._grace = start_timeout, log_level, grace
-        self._env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+        self._env = {**os.environ, **WORKER_ENV, **(env or {}), "PYTHONUNBUFFERED": "1"}
         self.workers: list[_Worker] = []
         self.shapes: dict[str, LinkShape] = {}  # by node name (c, w0, ...)
         self.mbit: dict[str, float] = {}

@@ -97,7 +97,7 @@ def _run_query(spec: dict[str, Any]) -> bool:
         _emit("error", type=type(exc).__name__, message=str(exc), rows=rows)
         return False
     _emit("done", rows=rows, seconds=round(time.monotonic() - started, 3),
-          attempts=[{"lost": list(a.lost), "within": a.replayed is not None, "task": a.task} for a in ex.attempts],
+          attempts=[{"lost": list(a.lost), "within": a.replayed is not None, "task": a.task, "error": a.error[:300]} for a in ex.attempts],
           units=_units_per_worker(ex))
     return True
 

@@ -42,6 +42,7 @@ import pyarrow.flight as fl
 
 from flight.coordinator.resolver import PollingWorkerResolver, WorkerResolver, normalize_url
 from flight.errors import ResolverError, WorkerUnavailableError
+from flight.worker.memory import WORKER_ENV
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -165,7 +166,7 @@ def _start_worker(host: str, args: Sequence[str], timeout: float) -> tuple[subpr
     cmd = [sys.executable, "-m", "flight.worker", "--host", host, "--port", "0", "--parent-fd", str(life_r), *args]
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, pass_fds=(life_r,),
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                env={**os.environ, **WORKER_ENV, "PYTHONUNBUFFERED": "1"})
     finally:
         os.close(life_r)
     assert proc.stdout is not None

@@ -38,7 +38,7 @@ from flight.sources.storage import FileSystems, load_options, set_filesystems
 from flight.wire.limits import DEFAULT_MEMORY_FRACTION, parse_size, physical_memory
 from flight.worker.auth import ServerSecurity, read_tokens
 from flight.worker.capacity import CLIENT_MEMORY_SHARE, CLIENT_SHARE, MAX_QUEUED_PER_CLIENT
-from flight.worker.memory import limit_malloc_arenas, use_jemalloc
+from flight.worker.memory import limit_malloc_arenas, reexec_with_arrow_pool, use_jemalloc
 from flight.worker.metrics import serve_metrics
 from flight.worker.server import WorkerServer
 
@@ -227,6 +227,8 @@ def _security(args: argparse.Namespace) -> ServerSecurity:
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
+    if argv is None:  # run as a program (not called with arguments, e.g. by a test): Arrow's C++ pool too
+        reexec_with_arrow_pool(sys.argv[1:])
     limit_malloc_arenas()  # before any thread of ours starts (worker/memory.py)
     use_jemalloc()  # before Arrow allocates: it gives freed memory back (worker/memory.py)
     parser = _parser()

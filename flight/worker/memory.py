@@ -30,6 +30,14 @@ are gone, then given its size back: Arrow starts threads again as work comes), c
 and purges and trims both heaps. DuckDB's allocator (jemalloc of its own) flushes itself
 (docs/engine.md). Trimming applies on glibc only.
 
+``pa.set_memory_pool`` only changes the pool pyarrow's own Python calls use. Arrow's C++ code (the
+Flight server reading a call's batches, Acero, the IPC reader) allocates from the C++ default pool,
+which Arrow chooses once, at import, from ``ARROW_DEFAULT_MEMORY_POOL``: set after the import it
+changes nothing, and the worker's batches went on living in mimalloc's heaps (memdiag showed
+330 MiB resident in mimalloc's arena, with the jemalloc pool at 0 bytes). So the worker's launchers
+set it (``WORKER_ENV``), and ``flight-worker`` started without it runs itself again with it
+(``reexec_with_arrow_pool``, before anything else: the same process id, the same arguments).
+
 The system allocator for Arrow was tried too: it gives memory back whichever thread frees
 it, but a worker started so wedged in 16 of its first 150 fuzz cases (threads waiting for the GIL
 behind Acero's and DuckDB's locks): not taken. A pyarrow built without jemalloc keeps its default
@@ -43,14 +51,15 @@ import ctypes.util
 import gc
 import logging
 import os
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
 from flight.threads import retire_idle
 
-__all__ = ["MALLOC_ARENAS", "limit_malloc_arenas", "release_idle_memory", "use_jemalloc"]
+__all__ = ["MALLOC_ARENAS", "WORKER_ENV", "limit_malloc_arenas", "reexec_with_arrow_pool", "release_idle_memory", "use_jemalloc"]
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +117,29 @@ def limit_malloc_arenas() -> None:
         log.debug("mallopt(M_ARENA_MAX) was refused")
     if _LIBC is not None and not _LIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD):
         log.debug("mallopt(M_MMAP_THRESHOLD) was refused")
+
+
+ARROW_POOL_VARIABLE = "ARROW_DEFAULT_MEMORY_POOL"
+WORKER_ENV = {ARROW_POOL_VARIABLE: "jemalloc"}
+"""What a process starting a worker puts in its environment: Arrow's C++ code allocates from jemalloc too."""
+
+
+def reexec_with_arrow_pool(argv: Sequence[str]) -> None:
+    """Run this worker again (``os.execve``: the same pid, open descriptors and ``argv``) with ``WORKER_ENV``,
+    unless the variable is set already (by a launcher, or by the user choosing another pool) or this pyarrow
+    has no jemalloc. Returns only when nothing needed doing."""
+    if os.environ.get(ARROW_POOL_VARIABLE) or not _has_jemalloc():
+        return
+    env = {**os.environ, **WORKER_ENV}
+    os.execve(sys.executable, [sys.executable, "-m", "flight.worker", *argv], env)
+
+
+def _has_jemalloc() -> bool:
+    try:
+        pa.jemalloc_memory_pool()
+        return True
+    except (NotImplementedError, pa.ArrowException):
+        return False
 
 
 def use_jemalloc() -> str:

@@ -180,3 +180,22 @@ def test_giving_idle_memory_back_ends_idle_threads_and_keeps_the_io_pool_size() 
     assert pa.io_thread_count() == size
     wait_until(lambda: not [t for t in threading.enumerate() if t.name == "flight-idle"], timeout=5,
                what="the idle pool threads to end")
+
+
+def test_a_worker_started_without_the_arrow_pool_variable_runs_again_with_it(tmp_path: Path) -> None:
+    # Arrow's C++ code (the Flight server's reads) allocates from the pool Arrow chose at import: the worker
+    # must be the process that set ARROW_DEFAULT_MEMORY_POOL, so flight-worker runs itself again with it.
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    with subprocess.Popen([sys.executable, "-m", "flight.worker", "--host", "127.0.0.1", "--port", "0"],
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=tmp_path) as proc:
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().startswith("flight-worker listening on ")
+            environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+            assert b"ARROW_DEFAULT_MEMORY_POOL=jemalloc" in environ  # the same pid, after the exec
+        finally:
+            proc.terminate()
+            proc.wait(30)
