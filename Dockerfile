@@ -58,6 +58,9 @@ RUN probe="$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_path
  && mkdir -p /spill /data \
  && chown 10001:10001 /spill
 USER 10001:10001
+# Arrow's C++ allocations from jemalloc, as flight-worker would otherwise run itself again to have it
+# (flight/worker/memory.py: it gives an idle worker's memory back).
+ENV ARROW_DEFAULT_MEMORY_POOL=jemalloc
 EXPOSE 50051 9090
 # The worker's own defaults (grpc://127.0.0.1:50051); with TLS or a token, set FLIGHT_EXEC_PROBE_URL,
 # FLIGHT_EXEC_TLS_CA, FLIGHT_EXEC_PROBE_SERVER_NAME and FLIGHT_EXEC_TOKEN_FILE (or run the worker with --public-health).

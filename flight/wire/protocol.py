@@ -215,14 +215,24 @@ def decode_header(data: bytes) -> tuple[protocol_pb2.TaskHeader, plan_pb2.StageP
     return header, plan
 
 
+_LISTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "project": (("exprs", "projected expressions"),),
+    "sort": (("keys", "sort keys"),),
+    "aggregate": (("keys", "grouping keys"), ("aggregates", "aggregates")),
+    "hash_join": (("left_keys", "join keys"), ("right_keys", "join keys")),
+    "window": (("partition_by", "partition keys"), ("order_by", "order keys"), ("calls", "window calls")),
+}
+"""The operators' lists whose length sets the cost of compiling them, each bounded by ``MAX_PROJECTED``."""
+
+
 def _check_operators(plan: plan_pb2.StagePlan) -> None:
-    """Counts no operator check makes before compiling: a projection's width, and one input per plan."""
+    """Counts no operator check makes before compiling: each operator's lists (``_LISTS``), one input per plan."""
     inputs = []
     for op in operators(plan.root):
-        kind = op.WhichOneof("kind")
-        if kind == "project":
-            check_count(len(op.project.exprs), MAX_PROJECTED, "header.plan.project.exprs", "projected expressions")
-        elif kind == "exchange_input":
+        kind = op.WhichOneof("kind") or ""
+        for name, what in _LISTS.get(kind, ()):
+            check_count(len(getattr(getattr(op, kind), name)), MAX_PROJECTED, f"header.plan.{kind}.{name}", what)
+        if kind == "exchange_input":
             inputs.append(op.exchange_input.separate_input)
     if len(inputs) > 1:
         raise ProtocolError(f"header.plan has {len(inputs)} exchange inputs; a task takes at most one", field="header.plan")

@@ -63,7 +63,10 @@ def test_two_thousand_hostile_cases_leave_the_worker_within_200_mb_of_its_baseli
     worker ended its idle threads it kept 400-950 MiB, and before glibc's mmap threshold was fixed, one
     sample in two runs was +300 MiB after an output flood; before the sources handed to native readers
     were let go of (flight/compute/relational.py, ``_Handoff``), every task stopped mid-stream stayed in
-    memory for good.
+    memory for good. The single samples of +300 to +600 MiB that remained came from Arrow's C++ code
+    (the Flight server reading a call's batches) still allocating from mimalloc: ``pa.set_memory_pool``
+    does not reach it, ``ARROW_DEFAULT_MEMORY_POOL`` at the process's start does (worker/memory.py); since,
+    10,000 cases of seed 1 kept at most +94 MiB.
     """
     code, out, err = run_fuzzer(tmp_path, "--cases", str(HOSTILE_CASES), "--seed", str(SEED), "--timeout", "30",
                                 "--health-timeout", "5", "--rss-limit-mb", str(RSS_GROWTH_MB))
@@ -81,11 +84,7 @@ def test_two_thousand_hostile_cases_leave_the_worker_within_200_mb_of_its_baseli
     assert re.search(r"per family: .*\bhoard [1-9]\d* in", err) and re.search(r"per family: .*\bflood [1-9]\d* in", err), report
     assert crashes == 0 and hangs == 0, report
     assert growth != "n/a", report
-    if int(growth) > RSS_GROWTH_MB:
-        # Not yet held on every run (issue 24 stays open): the settled samples are +20 to +70 MiB, but a
-        # single sample now and then catches memory a case still holds (a CI run: +626 after case 545,
-        # +50 at the next sample), and the fuzzer takes it for kept.
-        pytest.xfail(f"the idle worker kept {growth} MiB more than at its baseline (the bound is {RSS_GROWTH_MB})")
+    assert int(growth) <= RSS_GROWTH_MB, report
     assert code == 0, report
 
 
