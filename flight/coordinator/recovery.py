@@ -93,8 +93,7 @@ def probe_lost(urls: Iterable[str], security: Security | None, timeout: float = 
     A worker that answers with an error other than unavailable (say, a refused token) is alive:
     not ours to retry around. One that fails is asked once more before it counts as lost: a dead
     worker refuses at once both times, a frozen one is silent both times, but a busy one that missed
-    one deadline (the fleet tests saw a worker not involved in a cut probed lost, 1 run in 6) is not
-    taken for gone, with the re-runs that would follow.
+    one deadline (2 s, on a loaded machine) is not taken for gone, with the re-runs that would follow.
     """
     suspects = sorted(set(urls))
     for _ in range(PROBE_TRIES):
