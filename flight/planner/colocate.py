@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from flight.plan.expr import col, lit
 from flight.plan.nodes import FeedScanNode, FilterNode, Node, ProjectNode
-from flight.plan.relnodes import JoinNode, UnionNode
+from flight.plan.relnodes import AggregateNode, JoinNode, UnionNode
 from flight.sources.statistics import FileRange
 
 __all__ = ["COLOCATE_READ", "EXACT", "KEPT_UNMATCHED", "KeyRanges", "in_range", "key_scan", "range_files", "rows_read", "split_points", "straddled"]
@@ -178,7 +178,7 @@ def in_range(node: Node, ranges: dict[str, KeyRanges], task: int) -> Node:
 
 
 def key_scan(node: Node, name: str) -> tuple[FeedScanNode, str] | None:
-    """The feed scan column ``name`` comes from unchanged (through filters, renames and joins),
+    """The feed scan column ``name`` comes from unchanged (through filters, renames, joins and group keys),
     or None when it is computed or comes from another stage."""
     while True:
         if isinstance(node, FeedScanNode):
@@ -191,6 +191,10 @@ def key_scan(node: Node, name: str) -> tuple[FeedScanNode, str] | None:
             if source is None:
                 return None
             node, name = node.input, source
+        elif isinstance(node, AggregateNode):
+            if name not in node.keys:  # a group key passes through; an aggregate's result is computed
+                return None
+            node = node.input
         elif isinstance(node, JoinNode):
             if name in node.left.schema.names:
                 node = node.left

@@ -40,18 +40,7 @@ from flight.plan.expr import Expr, col, if_else, lit
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, InputCallNode, LimitNode, Node, ProjectNode, ValuesNode
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, ShuffleReadNode, SortNode, UnionNode
 from flight.plan.window import WindowNode
-from flight.planner.colocate import (
-    COLOCATE_READ,
-    EXACT,
-    KEPT_UNMATCHED,
-    KeyRanges,
-    in_range,
-    key_scan,
-    range_files,
-    rows_read,
-    split_points,
-    straddled,
-)
+from flight.planner.colocate import in_range
 from flight.planner.cost import row_width
 from flight.planner.eager import eager_aggregates
 from flight.planner.frag import Frag, frag_bytes, size_text, smaller
@@ -59,6 +48,7 @@ from flight.planner.inputs import check_inputs_read_once, fix_to_input
 from flight.planner.keysets import reduce_aggregate_inputs
 from flight.planner.notes import describe, join_text, moved_filters, repeatable
 from flight.planner.optimize import prune_columns, push_filters
+from flight.planner.place import colocated, grouped_in_place, joined_into_ranges, split_for_groups
 from flight.planner.ranges import filter_selectivity
 from flight.planner.replicate import replicate_small_broadcasts
 from flight.planner.reuse import align_task_counts, fingerprint, link_consumers, repeated_subtrees
@@ -204,6 +194,12 @@ class _Planner:
         rows = 1.0 if not node.keys else (None if f.rows is None else max(1.0, f.rows * 0.1))
         if f.tasks == 1 or node.partial:  # partial: a sunk pre-aggregate (flight.planner.eager), merged above
             return self.wrap(f, AggregateNode(f.node, node.keys, node.calls, node.label_text, partial=node.partial), rows)
+        f = split_for_groups(self, f, node.keys) or f
+        whole = grouped_in_place(f, node.keys)
+        if whole is not None:  # each group's rows are all in one task already: aggregate there, once
+            self.rewrites.append(f"{node.label_text or 'Aggregate'}{node.keys}: in place, nothing shuffled: "
+                                 f"the co-located stage's tasks each hold whole key ranges of {whole.column!r}")
+            return self.wrap(f, AggregateNode(f.node, node.keys, node.calls, node.label_text), rows)
         mode = "hash" if node.keys else "gather"
         tasks = self.upper_tasks(f.rows) if node.keys else 1
         if any(c.function == "count_distinct" for c in node.calls):
@@ -249,7 +245,7 @@ class _Planner:
                 return Frag(ordered, 1, out_rows, right.feeds + left.feeds, right.reads + left.reads, left.leaf or right.leaf)
             merged = JoinNode(left.node, right.node, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "local", node.filter)
             return Frag(merged, 1, out_rows, left.feeds + right.feeds, left.reads + right.reads, left.leaf or right.leaf)
-        placed = self.colocated(node, left, right, out_rows, swappable)
+        placed = colocated(self, node, left, right, out_rows, swappable) or joined_into_ranges(self, node, left, right, out_rows, swappable)
         if placed is not None:
             return placed
         reduced = semi and self.reduces(node, left, right)
@@ -289,54 +285,6 @@ class _Planner:
             return self.consumer(ordered, tasks, out_rows, [lread, rread])
         merged = JoinNode(lread, rread, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "shuffle", node.filter)
         return self.consumer(merged, tasks, out_rows, [lread, rread])
-
-    def colocated(self, node: JoinNode, left: Frag, right: Frag, rows: float | None, swappable: bool) -> Frag | None:
-        """The join in place, each task reading one range of the first join key on both sides,
-        when each side scans one list of Parquet files whose footers bound that key
-        (``flight.planner.colocate``)."""
-        if not self.colocate or self.max_tasks < 2 or node.join_type not in KEPT_UNMATCHED:
-            return None
-        sides = []
-        for f, key, keeps in ((left, node.left_keys[0], "left"), (right, node.right_keys[0], "right")):
-            if not f.leaf or len(f.feeds) != 1 or f.feeds[0].shared or f.ranges or any(r.mode != "broadcast" for r in f.reads):
-                return None
-            traced = key_scan(f.node, key)
-            if traced is None or traced[0].feed.feed_id != f.feeds[0].feed.feed_id or traced[0].reader != "parquet":
-                return None
-            scan, column = traced
-            if not pa.types.is_integer(scan.schema.field(column).type):
-                return None
-            key_ranges = getattr(f.feeds[0].feed.inner(), "key_ranges", None)
-            ranges = key_ranges(column) if key_ranges is not None else None
-            if not ranges or any(max(abs(r.low), abs(r.high)) > EXACT for r in ranges):
-                return None
-            if keeps in KEPT_UNMATCHED[node.join_type] and any(r.nulls for r in ranges):
-                return None  # its null-keyed rows must come out, and no range reads them
-            sides.append((f, scan, column, ranges))
-        points = split_points(sides[0][3] + sides[1][3], self.max_tasks)
-        if points is None:
-            return None
-        for _, _, _, ranges in sides:  # keys spread over every file (not clustered): a shuffle reads less
-            if rows_read(ranges, points) > COLOCATE_READ * sum(r.rows for r in ranges):
-                return None
-        tasks = len(points) + 1
-        feeds = []
-        bounds: dict[str, KeyRanges] = {}
-        for f, scan, column, ranges in sides:
-            feed = f.feeds[0].feed
-            grouped = feed.inner().grouped(range_files(ranges, points))  # type: ignore[attr-defined]  # key_ranges had it
-            feeds.append(FeedPlan(WorkUnitFeed(grouped, feed.feed_id), tasks))
-            bounds[feed.feed_id] = KeyRanges(column, scan.schema.field(column).type, points, straddled(ranges, points))
-        self.rewrites.append(
-            f"{join_text(node)}: co-located, nothing shuffled: the Parquet footers bound {sides[0][2]!r} and "
-            f"{sides[1][2]!r}, so task t reads key range t of both sides (boundaries {points})"
-        )
-        reads = left.reads + right.reads
-        if swappable and smaller(left, right):
-            ordered = self.swapped(node, left.node, right.node, "co-located", left, right)
-            return Frag(ordered, tasks, rows, feeds, reads, leaf=True, ranges=bounds)
-        merged = JoinNode(left.node, right.node, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "co-located", node.filter)
-        return Frag(merged, tasks, rows, feeds, reads, leaf=True, ranges=bounds)
 
     def swapped(
         self, node: JoinNode, left: Node, right: Node, strategy: str, lf: Frag, rf: Frag, left_read: Node | None = None

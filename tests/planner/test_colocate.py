@@ -197,3 +197,74 @@ def test_spark_plan_options_never_co_locate(tables: dict[str, list[Path]]) -> No
     q = flight.read_parquet(tables["o"]).join(flight.read_parquet(tables["l"]), left_on="ok", right_on="lk")
     assert len(plan_query(q.node, 2).stages) == 1
     assert len(plan_query(q.node, 2, colocate=False).stages) > 1
+
+
+# ------------------------------------------ joins and aggregates joining a co-located stage (place.py)
+
+
+def _catalog(tables: dict[str, list[Path]]) -> flight.Catalog:
+    return flight.Catalog({name: flight.read_parquet(paths) for name, paths in tables.items()})
+
+
+def _one_co_located_stage(ex: flight.DistributedExec) -> None:
+    """Every scan in one co-located leaf stage, which reads no other stage."""
+    leaves = [s for s in ex.plan.stages if s.feeds]
+    assert len(leaves) == 1 and leaves[0].task_roots is not None and not leaves[0].reads, ex.explain()
+
+
+def test_semi_and_anti_joins_on_the_key_join_the_co_located_stage(cluster: flight.LocalCluster, tables: dict[str, list[Path]]) -> None:
+    """TPC-H Q21's shape: a co-located join, then EXISTS and NOT EXISTS on the same key with a
+    condition beside it. Each subquery's scan joins the stage at its boundaries: one stage, exact."""
+    sql = """
+        SELECT prio, count(*) AS n FROM l l1 JOIN o ON l1.lk = o.ok
+        WHERE EXISTS (SELECT 1 FROM l l2 WHERE l2.lk = l1.lk AND l2.qty <> l1.qty)
+          AND NOT EXISTS (SELECT 1 FROM l l3 WHERE l3.lk = l1.lk AND l3.qty > l1.qty + 20)
+        GROUP BY prio"""
+    ex = flight.DistributedExec(flight.sql(sql, _catalog(tables)), cluster.urls)
+    assert _rows(ex.to_table()) == _rows(_duck(tables).sql(sql).arrow())
+    assert sum("joins the stage already split by" in r for r in ex.plan.rewrites) == 2, ex.plan.rewrites
+    _one_co_located_stage(ex)
+
+
+def test_an_aggregate_by_the_range_key_runs_in_place(cluster: flight.LocalCluster, tables: dict[str, list[Path]]) -> None:
+    """Grouped by the key the tasks split: every group is whole in one task, so no shuffle and no
+    final merge; and a second co-located subquery at the same boundaries joins it in the stage."""
+    sql = """
+        SELECT x.ok, x.lines, y.total FROM
+          (SELECT ok, count(*) AS lines FROM o JOIN l ON ok = lk GROUP BY ok) x
+          JOIN (SELECT lk, sum(qty) AS total FROM l JOIN o ON lk = ok WHERE qty > 10 GROUP BY lk) y ON x.ok = y.lk"""
+    ex = flight.DistributedExec(flight.sql(sql, _catalog(tables)), cluster.urls)
+    assert _rows(ex.to_table()) == _rows(_duck(tables).sql(sql).arrow())
+    assert sum(": in place, nothing shuffled" in r for r in ex.plan.rewrites) == 2, ex.plan.rewrites
+    assert any("at the same boundaries" in r for r in ex.plan.rewrites), ex.plan.rewrites
+    _one_co_located_stage(ex)
+    assert "FinalAggregate" not in ex.explain()
+
+
+def test_an_aggregate_by_a_range_key_with_null_keys_is_merged_across_tasks(
+    cluster: flight.LocalCluster, tables: dict[str, list[Path]]
+) -> None:
+    """``n``'s footers count null keys, which every task whose files hold some would group apart:
+    grouped by ``nk`` the aggregate is partial and merged (one null group), and exact."""
+    sql = "SELECT nk, count(*) AS c, sum(v) AS s FROM n LEFT JOIN o ON nk = ok GROUP BY nk"
+    ex = flight.DistributedExec(flight.sql(sql, _catalog(tables)), cluster.urls)
+    assert _rows(ex.to_table()) == _rows(_duck(tables).sql(sql).arrow())
+    assert not any("in place" in r for r in ex.plan.rewrites)
+    inner = flight.sql("SELECT nk, count(*) AS c FROM n JOIN o ON nk = ok GROUP BY nk", _catalog(tables))
+    assert not any("in place" in r for r in plan_query(inner.node, 2).rewrites)  # footers count nulls: never assumed away
+
+
+def test_an_aggregate_over_a_lone_scan_by_its_clustered_key_splits_the_scan(
+    cluster: flight.LocalCluster, tables: dict[str, list[Path]]
+) -> None:
+    """TPC-H Q18's shape: lines grouped by order key, kept ``IN`` a join of orders and lines. The
+    lines' scan splits into key ranges for the aggregate (here at other boundaries than the join's,
+    so the join reads it as a broadcast of its keys; TPC-H's agree, and Q18 is one stage), exact."""
+    sql = """
+        SELECT ok, prio, sum(qty) AS q FROM o JOIN l ON ok = lk
+        WHERE ok IN (SELECT lk FROM l GROUP BY lk HAVING sum(qty) > 60)
+        GROUP BY ok, prio ORDER BY q DESC, ok LIMIT 50"""
+    ex = flight.DistributedExec(flight.sql(sql, _catalog(tables)), cluster.urls)
+    assert ex.to_table().to_pylist() == _duck(tables).sql(sql).arrow().read_all().to_pylist()
+    assert any("is split into key ranges" in r for r in ex.plan.rewrites), ex.plan.rewrites
+    assert sum(": in place, nothing shuffled" in r for r in ex.plan.rewrites) == 2, ex.plan.rewrites

@@ -1,0 +1,223 @@
+"""Where a co-located join runs: both sides fresh scans, or one fresh scan joining a fragment
+that is co-located already (``flight.planner.colocate`` holds the key-range decisions).
+
+Why apart from the cutter: a chain of joins on one clustered key (TPC-H Q21's lineitem joined
+with orders, then semi- and anti-joined with lineitem twice more, all by order key) should stay
+in one stage, each task reading its key range of every scan, instead of shuffling millions of
+rows by a key the files already cluster. The second and later joins reuse the first one's
+boundaries, so a scan joins the stage only when its files split well at them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import pyarrow as pa
+
+from flight.plan.nodes import FeedScanNode, Node
+from flight.plan.relnodes import JoinNode
+from flight.planner.colocate import (
+    COLOCATE_READ,
+    EXACT,
+    KEPT_UNMATCHED,
+    KeyRanges,
+    key_scan,
+    range_files,
+    rows_read,
+    split_points,
+    straddled,
+)
+from flight.planner.frag import Frag, smaller
+from flight.planner.notes import join_text
+from flight.planner.stages import FeedPlan
+from flight.sources.feed import WorkUnitFeed
+from flight.sources.statistics import FileRange
+
+
+class Planner(Protocol):
+    """What these decisions need of the cutter (``flight.planner.cut``): its settings, the rewrites
+    it reports, and how it swaps a join's sides."""
+
+    colocate: bool
+    max_tasks: int
+    rewrites: list[str]
+
+    def swapped(self, node: JoinNode, left: Node, right: Node, strategy: str, lf: Frag, rf: Frag) -> Node: ...
+
+__all__ = ["colocated", "grouped_in_place", "joined_into_ranges", "split_for_groups"]
+
+_Side = tuple[Frag, FeedScanNode, str, list[FileRange]]
+
+
+def _fresh_side(f: Frag, key: str, keeps: bool) -> _Side | None:
+    """``f`` as a scan a key range can split: one list of Parquet files, nothing shuffled into it,
+    the join key an integer column its footers bound (and count no nulls in, when its unmatched
+    rows come out: no key range reads a null key)."""
+    if not f.leaf or len(f.feeds) != 1 or f.feeds[0].shared or f.ranges or any(r.mode != "broadcast" for r in f.reads):
+        return None
+    traced = key_scan(f.node, key)
+    if traced is None or traced[0].feed.feed_id != f.feeds[0].feed.feed_id or traced[0].reader != "parquet":
+        return None
+    scan, column = traced
+    if not pa.types.is_integer(scan.schema.field(column).type):
+        return None
+    key_ranges = getattr(f.feeds[0].feed.inner(), "key_ranges", None)
+    ranges = key_ranges(column) if key_ranges is not None else None
+    if not ranges or any(max(abs(r.low), abs(r.high)) > EXACT for r in ranges):
+        return None
+    if keeps and any(r.nulls for r in ranges):
+        return None
+    return f, scan, column, ranges
+
+
+def _placed_key(f: Frag, key: str, keeps: bool) -> KeyRanges | None:
+    """The key ranges of co-located fragment ``f`` that ``key`` comes from unchanged, or None."""
+    traced = key_scan(f.node, key)
+    if traced is None or traced[0].feed.feed_id not in f.ranges:
+        return None
+    scan, column = traced
+    r = f.ranges[scan.feed.feed_id]
+    if r.column != column:
+        return None
+    if keeps:  # its null-keyed rows must come out, and a range filter drops them
+        key_ranges = getattr(scan.feed.inner(), "key_ranges", None)
+        found = key_ranges(column) if key_ranges is not None else None
+        if not found or any(x.nulls for x in found):
+            return None
+    return r
+
+
+def _split(sides: Sequence[_Side], points: list[int], tasks: int) -> tuple[list[FeedPlan], dict[str, KeyRanges]] | None:
+    """Each side's feed cut at ``points``, or None when a side's keys spread over every file
+    (reading each file's share would read more than a shuffle moves)."""
+    feeds: list[FeedPlan] = []
+    bounds: dict[str, KeyRanges] = {}
+    for _, _, _, ranges in sides:
+        if rows_read(ranges, points) > COLOCATE_READ * sum(r.rows for r in ranges):
+            return None
+    for f, scan, column, ranges in sides:
+        feed = f.feeds[0].feed
+        grouped = feed.inner().grouped(range_files(ranges, points))  # type: ignore[attr-defined]  # key_ranges had it
+        feeds.append(FeedPlan(WorkUnitFeed(grouped, feed.feed_id), tasks))
+        bounds[feed.feed_id] = KeyRanges(column, scan.schema.field(column).type, points, straddled(ranges, points))
+    return feeds, bounds
+
+
+def _joined(planner: Planner, node: JoinNode, left: Frag, right: Frag, swappable: bool) -> Node:
+    if swappable and smaller(left, right):
+        return planner.swapped(node, left.node, right.node, "co-located", left, right)
+    return JoinNode(left.node, right.node, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "co-located", node.filter)
+
+
+def colocated(planner: Planner, node: JoinNode, left: Frag, right: Frag, rows: float | None, swappable: bool) -> Frag | None:
+    """The join in place, each task reading one range of the first join key on both sides,
+    when each side scans one list of Parquet files whose footers bound that key."""
+    if not planner.colocate or planner.max_tasks < 2 or node.join_type not in KEPT_UNMATCHED:
+        return None
+    kept = KEPT_UNMATCHED[node.join_type]
+    sides = [_fresh_side(left, node.left_keys[0], "left" in kept), _fresh_side(right, node.right_keys[0], "right" in kept)]
+    if sides[0] is None or sides[1] is None:
+        return None
+    both = [sides[0], sides[1]]
+    points = split_points(both[0][3] + both[1][3], planner.max_tasks)
+    if points is None:
+        return None
+    tasks = len(points) + 1
+    split = _split(both, points, tasks)
+    if split is None:
+        return None
+    feeds, bounds = split
+    planner.rewrites.append(
+        f"{join_text(node)}: co-located, nothing shuffled: the Parquet footers bound {both[0][2]!r} and "
+        f"{both[1][2]!r}, so task t reads key range t of both sides (boundaries {points})"
+    )
+    joined = _joined(planner, node, left, right, swappable)
+    return Frag(joined, tasks, rows, feeds, left.reads + right.reads, leaf=True, ranges=bounds)
+
+
+def joined_into_ranges(planner: Planner, node: JoinNode, left: Frag, right: Frag, rows: float | None, swappable: bool) -> Frag | None:
+    """The join in a co-located fragment's tasks, when one side is that fragment with the join key
+    one of its range columns and the other a fresh scan its boundaries split well: the scan
+    joins the stage (task t reads its key range t) and nothing is shuffled."""
+    if not planner.colocate or node.join_type not in KEPT_UNMATCHED:
+        return None
+    kept = KEPT_UNMATCHED[node.join_type]
+    if left.ranges and right.ranges:
+        return _merged(planner, node, left, right, rows, swappable)
+    pairs = ((left, right, node.left_keys[0], node.right_keys[0], "left", "right"),
+             (right, left, node.right_keys[0], node.left_keys[0], "right", "left"))
+    for placed, fresh, placed_key, fresh_key, placed_name, fresh_name in pairs:
+        if not placed.ranges or fresh.ranges:
+            continue
+        r = _placed_key(placed, placed_key, placed_name in kept)
+        side = _fresh_side(fresh, fresh_key, fresh_name in kept) if r is not None else None
+        if r is None or side is None:
+            continue
+        split = _split([side], r.points, placed.tasks)
+        if split is None:
+            continue
+        feeds, bounds = split
+        planner.rewrites.append(
+            f"{join_text(node)}: co-located, nothing shuffled: {side[2]!r} joins the stage already split by "
+            f"{r.column!r}, task t reading key range t (boundaries {r.points})"
+        )
+        joined = _joined(planner, node, left, right, swappable)
+        return Frag(joined, placed.tasks, rows, placed.feeds + feeds, left.reads + right.reads,
+                    leaf=True, ranges={**placed.ranges, **bounds})
+    return None
+
+
+def _merged(planner: Planner, node: JoinNode, left: Frag, right: Frag, rows: float | None, swappable: bool) -> Frag | None:
+    """Two co-located fragments split at the same boundaries, joined on a range column of each:
+    key range t of both is in task t, so the join runs there (one stage, nothing moved)."""
+    kept = KEPT_UNMATCHED[node.join_type]
+    a = _placed_key(left, node.left_keys[0], "left" in kept)
+    b = _placed_key(right, node.right_keys[0], "right" in kept)
+    if a is None or b is None or a.points != b.points or left.tasks != right.tasks or set(left.ranges) & set(right.ranges):
+        return None
+    planner.rewrites.append(
+        f"{join_text(node)}: co-located, nothing shuffled: both sides are split by {a.column!r} and "
+        f"{b.column!r} at the same boundaries {a.points}, so task t joins key range t of both"
+    )
+    joined = _joined(planner, node, left, right, swappable)
+    return Frag(joined, left.tasks, rows, left.feeds + right.feeds, left.reads + right.reads,
+                leaf=True, ranges={**left.ranges, **right.ranges})
+
+
+def grouped_in_place(f: Frag, keys: Sequence[str]) -> KeyRanges | None:
+    """The key ranges that already put every group of ``keys`` in one task of co-located fragment
+    ``f`` (a key is one of its range columns, whose footers count no nulls: a null group could
+    otherwise be in several tasks), or None."""
+    if not f.ranges:
+        return None
+    for key in keys:
+        r = _placed_key(f, key, True)
+        if r is not None:
+            return r
+    return None
+
+
+
+def split_for_groups(planner: Planner, f: Frag, keys: Sequence[str]) -> Frag | None:
+    """Fresh scan ``f`` split into key ranges of a group key its footers bound (and count no nulls
+    in), so that an aggregate over it runs whole in each task: no partial aggregate, no shuffle
+    (TPC-H Q18's lineitem grouped by order key: 1.5 million groups, nearly as many rows as a
+    shuffle of partial aggregates moves). A later join on that key can then join the stage too."""
+    if not planner.colocate or planner.max_tasks < 2:
+        return None
+    for key in keys:
+        side = _fresh_side(f, key, True)
+        points = split_points(side[3], planner.max_tasks) if side is not None else None
+        if side is None or points is None:
+            continue
+        split = _split([side], points, len(points) + 1)
+        if split is None:
+            continue
+        feeds, bounds = split
+        planner.rewrites.append(
+            f"the scan of {side[2]!r} is split into key ranges at {points} (its Parquet footers bound it), "
+            f"so the aggregate by {list(keys)} runs whole in each task"
+        )
+        return Frag(f.node, len(points) + 1, f.rows, feeds, f.reads, leaf=True, ranges=bounds)
+    return None
