@@ -50,7 +50,7 @@ from flight.planner.notes import describe, join_text, moved_filters, repeatable
 from flight.planner.optimize import prune_columns, push_filters
 from flight.planner.place import colocated, grouped_in_place, joined_into_ranges, split_for_groups
 from flight.planner.ranges import filter_selectivity
-from flight.planner.replicate import replicate_small_broadcasts
+from flight.planner.replicate import replicable, replicate_small_broadcasts
 from flight.planner.reuse import align_task_counts, fingerprint, link_consumers, repeated_subtrees
 from flight.planner.stages import FeedPlan, PlannerOptions, QueryPlan, StageSpec
 from flight.planner.windows import cut_window
@@ -77,7 +77,8 @@ class _Planner:
 
     def cut(self, frag: Frag, mode: str, keys: list[str] | None = None) -> ShuffleReadNode:
         read_mode = {"hash": "hash", "round_robin": "hash", "gather": "gather", "broadcast": "broadcast", "head": "gather"}[mode]
-        same = None if frag.ranges or mode == "head" else fingerprint(frag.node, frag.feeds, frag.tasks, mode, keys or [])
+        small = mode == "broadcast" and replicable(frag.node, frag.feeds, frag.reads, self.options.replicate_rows)
+        same = None if frag.ranges or mode == "head" or small else fingerprint(frag.node, frag.feeds, frag.tasks, mode, keys or [])
         if same in self.made:  # the same subplan again (a CTE used twice): read the stage it made
             self.rewrites.append(f"stage {self.made[same]} is computed once and read again (the same subplan twice)")
             return ShuffleReadNode(self.made[same], frag.node.schema, read_mode)

@@ -26,7 +26,7 @@ from flight.planner.stages import FeedPlan, StageSpec
 from flight.sources.feed import WorkUnitFeed
 from flight.sources.providers import FileListProvider
 
-__all__ = ["replicate_small_broadcasts"]
+__all__ = ["replicable", "replicate_small_broadcasts"]
 
 
 def replicate_small_broadcasts(stages: list[StageSpec], max_rows: float, rewrites: list[str]) -> list[StageSpec]:
@@ -59,6 +59,14 @@ def replicate_small_broadcasts(stages: list[StageSpec], max_rows: float, rewrite
         return stages
     kept = [s for s in stages if s.stage_id not in gone]
     return _renumbered(kept)
+
+
+def replicable(root: Node, feeds: list[FeedPlan], reads: list[ShuffleReadNode], max_rows: float) -> bool:
+    """Whether a broadcast of ``root`` could be read whole by each task of a co-located stage
+    (per-row operators over at most ``max_rows`` rows of Parquet files, reading no stage). The cutter
+    then makes each use of it a stage of its own rather than one read twice: a stage read twice
+    stays a stage, where two can each be inlined (TPC-H Q2's region, 50 ms of a stage's wait)."""
+    return not reads and _replicable_rows(root, feeds, reads, max_rows) is not None
 
 
 def _rows(stage: StageSpec, by_id: dict[int, StageSpec], max_rows: float) -> float | None:
