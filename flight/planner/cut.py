@@ -50,7 +50,7 @@ from flight.planner.notes import describe, join_text, moved_filters, repeatable
 from flight.planner.optimize import prune_columns, push_filters
 from flight.planner.place import colocated, grouped_in_place, joined_into_ranges, split_for_groups
 from flight.planner.ranges import filter_selectivity
-from flight.planner.replicate import replicable, replicate_small_broadcasts
+from flight.planner.replicate import replicable, replicate_small_broadcasts, substitute_reads
 from flight.planner.reuse import align_task_counts, fingerprint, link_consumers, repeated_subtrees
 from flight.planner.stages import FeedPlan, PlannerOptions, QueryPlan, StageSpec
 from flight.planner.windows import cut_window
@@ -266,9 +266,11 @@ class _Planner:
         if small and node.join_type in ("inner", "left outer", "left semi", "left anti"):
             if distinct is not None:
                 self.rewrites.append(f"{join_text(node)}: the build side is reduced to its distinct keys {node.right_keys} before it is broadcast")
-            read = self.cut(right, "broadcast")
-            merged = JoinNode(left.node, read, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "broadcast", node.filter)
-            return Frag(merged, left.tasks, out_rows, left.feeds, left.reads + [read], left.leaf, left.ranges)
+            finished = self.finished_in_each_task(right)
+            reads = finished.reads if finished is not None else [self.cut(right, "broadcast")]
+            build = finished.node if finished is not None else reads[0]
+            merged = JoinNode(left.node, build, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "broadcast", node.filter)
+            return Frag(merged, left.tasks, out_rows, left.feeds, left.reads + reads, left.leaf, left.ranges)
         left_small = left.rows is not None and left_bytes <= min(self.options.broadcast_bytes, right_bytes or float("inf"))
         if left_small and node.join_type == "inner" and swappable:
             # An inner join is symmetric: broadcast the small left side into the right side's tasks,
@@ -286,6 +288,28 @@ class _Planner:
             return self.consumer(ordered, tasks, out_rows, [lread, rread])
         merged = JoinNode(lread, rread, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "shuffle", node.filter)
         return self.consumer(merged, tasks, out_rows, [lread, rread])
+
+    def finished_in_each_task(self, f: Frag) -> Frag | None:
+        """A one-task final aggregate of gathered partial aggregates (a scalar subquery's), to be
+        broadcast: instead its producers broadcast their partials and every reading task finishes
+        it (a few rows each), one stage and one hop fewer before the reader's query (TPC-H Q11,
+        Q15, Q22). None for anything else."""
+        if f.tasks != 1 or f.feeds or not f.reads or f.rows is None or f.rows > 1:
+            return None
+        if not all(isinstance(n, (ProjectNode, FilterNode, AggregateNode, ShuffleReadNode)) for n in f.node.walk()):
+            return None
+        producers = [self.stages[r.stage_id] for r in f.reads]
+        if any(r.mode != "gather" or not (isinstance(p.root, AggregateNode) and p.root.partial and not p.root.keys)
+               for r, p in zip(f.reads, producers)):
+            return None
+        inline: dict[int, Node] = {}
+        for r, p in zip(f.reads, producers):
+            p.output_mode = "broadcast"
+            self.made = {k: v for k, v in self.made.items() if v != r.stage_id}  # no other use may read it as gathered
+            inline[r.stage_id] = replace(r, mode="broadcast")
+        self.rewrites.append(f"the global aggregate over stage(s) {sorted(inline)} is finished by each task reading it: "
+                             "their partial rows are broadcast, not gathered into a stage of its own")
+        return Frag(substitute_reads(f.node, inline), 1, f.rows, [], list(inline.values()))  # type: ignore[arg-type]
 
     def swapped(
         self, node: JoinNode, left: Node, right: Node, strategy: str, lf: Frag, rf: Frag, left_read: Node | None = None
@@ -390,7 +414,7 @@ def plan_query(root: Node, max_tasks: int, options: PlannerOptions | None = None
     frag = planner.build(pruned)
     planner.cut(frag, "head")
     link_consumers(planner.stages)
-    stages = replicate_small_broadcasts(planner.stages, planner.options.replicate_rows, planner.rewrites)
+    stages = replicate_small_broadcasts(planner.stages, planner.options.replicate_rows, planner.rewrites, fixed=colocate)
     link_consumers(stages)
     align_task_counts(stages)
     check_inputs_read_once(stages)

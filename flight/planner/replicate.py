@@ -1,4 +1,4 @@
-"""Small broadcasts into a co-located stage become scans that every task of that stage reads.
+"""Small broadcasts into a stage that scans files become scans that every task of that stage reads.
 
 Why: a co-located stage (``flight.planner.colocate``) cannot start its query before every stage it
 reads has finished, and each of those is a round of task starts, a scan and a broadcast. TPC-H Q5
@@ -26,17 +26,22 @@ from flight.planner.stages import FeedPlan, StageSpec
 from flight.sources.feed import WorkUnitFeed
 from flight.sources.providers import FileListProvider
 
-__all__ = ["replicable", "replicate_small_broadcasts"]
+__all__ = ["replicable", "replicate_small_broadcasts", "substitute_reads"]
 
 
-def replicate_small_broadcasts(stages: list[StageSpec], max_rows: float, rewrites: list[str]) -> list[StageSpec]:
-    """``stages`` with each qualifying broadcast into a co-located stage read by that stage instead."""
+def replicate_small_broadcasts(stages: list[StageSpec], max_rows: float, rewrites: list[str], *, fixed: bool = True) -> list[StageSpec]:
+    """``stages`` with each qualifying broadcast into a stage that scans files read by that stage instead.
+
+    ``fixed=False``: only into co-located stages (whose task count is fixed already), for callers
+    that run ``StageSpec.root`` as it is in every task (``plan_query(colocate=False)``)."""
     by_id = {s.stage_id: s for s in stages}
     gone: set[int] = set()
     for stage in stages:
-        if stage.task_roots is None or stage.stage_id in gone:
+        if stage.stage_id in gone:
             continue
-        tasks = len(stage.task_roots)
+        if stage.task_roots is None and (not fixed or not stage.feeds or stage.sized_at_execution or _rows(stage, by_id, max_rows) is not None):
+            continue  # reads no files, is sized at execution, or is itself read in place with what it reads
+        tasks = len(stage.task_roots) if stage.task_roots is not None else stage.task_count
         inline: dict[int, Node] = {}
         for read in stage.reads:
             producer = by_id[read.stage_id]
@@ -49,11 +54,14 @@ def replicate_small_broadcasts(stages: list[StageSpec], max_rows: float, rewrite
             gone.update(ids)
             rewrites.append(
                 f"stage {read.stage_id} (a broadcast of ~{rows:,.0f} rows of files) is read by every task of "
-                f"co-located stage {stage.stage_id} instead: it starts without waiting for it"
+                f"{'co-located ' if stage.task_roots is not None else ''}stage {stage.stage_id} instead: it starts without waiting for it"
             )
         if inline:
-            stage.root = _substitute(stage.root, inline)
-            stage.task_roots = [_substitute(r, inline) for r in stage.task_roots]
+            if stage.task_roots is None:  # a leaf stage: its count is fixed now (task t reads partition t of each copy)
+                stage.task_roots = [stage.root] * tasks
+                stage.notes.append(f"{tasks} tasks (fixed count: each reads every file of the stages inlined into it)")
+            stage.root = substitute_reads(stage.root, inline)
+            stage.task_roots = [substitute_reads(r, inline) for r in stage.task_roots]
             stage.reads = [r for r in stage.reads if r.stage_id not in inline]
     if not gone:
         return stages
@@ -118,7 +126,7 @@ def _inlined(stage: StageSpec, by_id: dict[int, StageSpec]) -> tuple[Node, list[
         inline[read.stage_id] = root
         feeds += more
         ids += more_ids
-    return _substitute(stage.root, inline), feeds, ids
+    return substitute_reads(stage.root, inline), feeds, ids
 
 
 def _replicated_feed(plan: FeedPlan, tasks: int) -> FeedPlan:
@@ -148,11 +156,11 @@ def _with_children(node: Node, change: Callable[[Node], Node]) -> Node:
     return replace(node, **changes) if changes else node  # type: ignore[type-var]
 
 
-def _substitute(node: Node, inline: dict[int, Node]) -> Node:
+def substitute_reads(node: Node, inline: dict[int, Node]) -> Node:
     """``node`` with each read of a stage in ``inline`` replaced by that stage's operators."""
     if isinstance(node, ShuffleReadNode):
         return inline.get(node.stage_id, node)
-    return _with_children(node, lambda child: _substitute(child, inline))
+    return _with_children(node, lambda child: substitute_reads(child, inline))
 
 
 def _renumbered(stages: list[StageSpec]) -> list[StageSpec]:
