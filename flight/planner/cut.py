@@ -48,7 +48,7 @@ from flight.planner.inputs import check_inputs_read_once, fix_to_input
 from flight.planner.keysets import reduce_aggregate_inputs
 from flight.planner.notes import describe, join_text, moved_filters, repeatable
 from flight.planner.optimize import prune_columns, push_filters
-from flight.planner.place import colocated, grouped_in_place, joined_into_ranges, split_for_groups
+from flight.planner.place import colocated, grouped_in_place, joined_into_ranges, rotated_for_colocation, split_for_groups
 from flight.planner.ranges import filter_selectivity
 from flight.planner.replicate import replicable, replicate_small_broadcasts, substitute_reads
 from flight.planner.reuse import align_task_counts, fingerprint, link_consumers, repeated_subtrees
@@ -235,6 +235,9 @@ class _Planner:
         return self.consumer(ProjectNode(merged, outputs), tasks, rows, [read])  # type: ignore[arg-type]
 
     def join(self, node: JoinNode) -> Frag:
+        rotated = rotated_for_colocation(self, node)
+        if rotated is not None:
+            return self.build(rotated)
         left, right = self.build(node.left), self.build(node.right)
         rows = max(left.rows or 0.0, right.rows or 0.0) or None
         semi = node.join_type in ("left semi", "left anti")
