@@ -48,7 +48,7 @@ from flight.planner.inputs import check_inputs_read_once, fix_to_input
 from flight.planner.keysets import reduce_aggregate_inputs
 from flight.planner.notes import describe, join_text, moved_filters, repeatable
 from flight.planner.optimize import prune_columns, push_filters
-from flight.planner.place import colocated, grouped_in_place, joined_into_ranges, rotated_for_colocation, split_for_groups
+from flight.planner.place import colocated, grouped_below, grouped_in_place, joined_into_ranges, rotated_for_colocation, split_for_groups
 from flight.planner.ranges import filter_selectivity
 from flight.planner.replicate import replicable, replicate_small_broadcasts, substitute_reads
 from flight.planner.reuse import align_task_counts, fingerprint, link_consumers, repeated_subtrees
@@ -69,6 +69,7 @@ class _Planner:
         self.rewrites: list[str] = []
         self.made: dict[bytes, int] = {}  # stage ids by fingerprint (flight.planner.reuse)
         self.repeated: set[int] = set()  # ids of the nodes each use of a CTE starts at
+        self.hash_on: dict[int, list[str]] = {}  # an aggregate's shuffle keys, when the aggregate above groups by fewer
 
     def upper_tasks(self, rows: float | None) -> int:
         if rows is None:
@@ -102,8 +103,8 @@ class _Planner:
         self.stages.append(spec)
         return ShuffleReadNode(stage_id, frag.node.schema, read_mode)
 
-    def consumer(self, node: Node, tasks: int, rows: float | None, reads: list[ShuffleReadNode]) -> Frag:
-        return Frag(node, tasks, rows, [], reads)
+    def consumer(self, node: Node, tasks: int, rows: float | None, reads: list[ShuffleReadNode], hashed: list[str] | None = None) -> Frag:
+        return Frag(node, tasks, rows, [], reads, hashed=hashed)
 
     # ------------------------------------------------------------- the walk
 
@@ -156,7 +157,13 @@ class _Planner:
 
     @staticmethod
     def wrap(f: Frag, node: Node, rows: float | None) -> Frag:
-        return Frag(node, f.tasks, rows, f.feeds, f.reads, f.leaf, f.ranges)
+        kept = f.hashed
+        if kept is not None and isinstance(node, ProjectNode):
+            exprs = dict(node.exprs)
+            kept = kept if all(k in exprs and exprs[k].column_name() == k for k in kept) else None
+        elif kept is not None and not set(kept) <= set(node.schema.names):
+            kept = None
+        return Frag(node, f.tasks, rows, f.feeds, f.reads, f.leaf, f.ranges, hashed=kept)
 
     def scan(self, node: FeedScanNode) -> Frag:
         provider = node.feed.inner()
@@ -191,10 +198,17 @@ class _Planner:
         return self.consumer(SortNode(read, node.keys, node.nulls_first, fetch), 1, f.rows, [read])
 
     def aggregate(self, node: AggregateNode) -> Frag:
+        inner = grouped_below(node.input)
+        if node.keys and inner is not None and set(node.keys) <= set(inner.keys):
+            self.hash_on[id(inner)] = list(node.keys)  # shuffle it on these: this aggregate then needs none
         f = self.build(node.input)
         rows = 1.0 if not node.keys else (None if f.rows is None else max(1.0, f.rows * 0.1))
         if f.tasks == 1 or node.partial:  # partial: a sunk pre-aggregate (flight.planner.eager), merged above
             return self.wrap(f, AggregateNode(f.node, node.keys, node.calls, node.label_text, partial=node.partial), rows)
+        if node.keys and f.hashed and set(f.hashed) <= set(node.keys):  # every group is whole in one task already
+            self.rewrites.append(f"{node.label_text or 'Aggregate'}{node.keys}: in place, nothing shuffled: its rows were "
+                                 f"hash-partitioned on {f.hashed} to reach it")
+            return self.wrap(f, AggregateNode(f.node, node.keys, node.calls, node.label_text), rows)
         f = split_for_groups(self, f, node.keys) or f
         whole = grouped_in_place(f, node.keys)
         if whole is not None:  # each group's rows are all in one task already: aggregate there, once
@@ -206,7 +220,8 @@ class _Planner:
         if any(c.function == "count_distinct" for c in node.calls):
             # No partial form: move the rows, aggregate once.
             read = self.cut(f, mode, node.keys)
-            return self.consumer(AggregateNode(read, node.keys, node.calls, node.label_text), tasks, rows, [read])
+            return self.consumer(AggregateNode(read, node.keys, node.calls, node.label_text), tasks, rows, [read], hashed=node.keys or None)
+        hash_keys = self.hash_on.pop(id(node), node.keys) if node.keys else node.keys
         partial: list[AggCall] = []
         final: list[AggCall] = []
         outputs: list[tuple[str, object]] = [(k, col(k)) for k in node.keys]
@@ -230,9 +245,9 @@ class _Planner:
                 outputs.append((c.name, col(part(c.function, c.expr))))
         label = node.label_text or "Aggregate"
         pre = self.wrap(f, AggregateNode(f.node, node.keys, partial, f"Partial{label}", partial=True), f.rows)
-        read = self.cut(pre, mode, node.keys)
+        read = self.cut(pre, mode, hash_keys)
         merged = AggregateNode(read, node.keys, final, f"Final{label}")
-        return self.consumer(ProjectNode(merged, outputs), tasks, rows, [read])  # type: ignore[arg-type]
+        return self.consumer(ProjectNode(merged, outputs), tasks, rows, [read], hashed=hash_keys or None)  # type: ignore[arg-type]
 
     def join(self, node: JoinNode) -> Frag:
         rotated = rotated_for_colocation(self, node)
@@ -286,11 +301,12 @@ class _Planner:
         tasks = self.upper_tasks(rows)
         lread = self.cut(left, "hash", node.left_keys)
         rread = self.cut(right, "hash", node.right_keys)
+        hashed = list(node.left_keys) if node.join_type in ("inner", "left outer", "left semi", "left anti") else None
         if swappable and smaller(left, right):
             ordered = self.swapped(node, lread, rread, "shuffle", left, right)
-            return self.consumer(ordered, tasks, out_rows, [lread, rread])
+            return self.consumer(ordered, tasks, out_rows, [lread, rread], hashed)
         merged = JoinNode(lread, rread, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "shuffle", node.filter)
-        return self.consumer(merged, tasks, out_rows, [lread, rread])
+        return self.consumer(merged, tasks, out_rows, [lread, rread], hashed)
 
     def finished_in_each_task(self, f: Frag) -> Frag | None:
         """A one-task final aggregate of gathered partial aggregates (a scalar subquery's), to be

@@ -29,6 +29,9 @@ class Frag:
     leaf: bool = False  # sized by its feeds rather than by rows
     ranges: dict[str, KeyRanges] = field(default_factory=dict)
     """Co-located scans by feed id: task t keeps key range t."""
+    hashed: list[str] | None = None
+    """Columns the rows were hash-partitioned on to reach these tasks (equal values are in one
+    task), while they pass through unchanged; None when unknown."""
 
 
 def frag_bytes(f: Frag) -> float | None:

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from flight.plan.expr import col
 from flight.plan.nodes import FeedScanNode, FilterNode, Node, ProjectNode
-from flight.plan.relnodes import JoinNode
+from flight.plan.relnodes import AggregateNode, JoinNode
 from flight.planner.colocate import (
     COLOCATE_READ,
     EXACT,
@@ -46,7 +46,7 @@ class Planner(Protocol):
 
     def swapped(self, node: JoinNode, left: Node, right: Node, strategy: str, lf: Frag, rf: Frag) -> Node: ...
 
-__all__ = ["colocated", "grouped_in_place", "joined_into_ranges", "rotated_for_colocation", "split_for_groups"]
+__all__ = ["colocated", "grouped_below", "grouped_in_place", "joined_into_ranges", "rotated_for_colocation", "split_for_groups"]
 
 _Side = tuple[Frag, FeedScanNode, str, list[FileRange]]
 
@@ -285,3 +285,18 @@ def rotated_for_colocation(planner: Planner, node: JoinNode) -> Node | None:
     if joined.schema.names == node.schema.names:
         return joined
     return ProjectNode(joined, [(n, col(n)) for n in node.schema.names])
+
+
+def grouped_below(node: Node) -> AggregateNode | None:
+    """The (whole, not partial) aggregate right below ``node`` through filters and projections
+    that pass columns on under their own names, or None: an aggregate above grouping by a subset
+    of its keys can have it shuffled on that subset and then run in place."""
+    while True:
+        if isinstance(node, AggregateNode):
+            return None if node.partial else node
+        if isinstance(node, FilterNode):
+            node = node.input
+        elif isinstance(node, ProjectNode) and all(e.column_name() == n for n, e in node.exprs):
+            node = node.input
+        else:
+            return None

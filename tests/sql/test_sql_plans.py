@@ -16,6 +16,9 @@ from support import tpch_test_files
 import flight
 from benchmarks.tpch_queries import TABLES
 from benchmarks.tpch_sql import SQL
+from flight.plan.relnodes import AggregateNode
+from flight.planner.cut import plan_query
+from flight.planner.stages import PlannerOptions
 
 URLS = ["grpc://127.0.0.1:1", "grpc://127.0.0.1:2"]
 
@@ -57,6 +60,18 @@ def test_joins_and_aggregates_by_the_order_key_stay_in_one_co_located_stage(cata
         leaves = [s for s in ex.plan.stages if s.feeds]
         assert len(leaves) == 1 and leaves[0].task_roots is not None and not leaves[0].reads, ex.explain()
         assert len(ex.plan.stages) == 2, ex.explain()
+
+
+def test_an_aggregate_over_rows_already_hashed_on_its_keys_is_not_shuffled_again(catalog: flight.Catalog) -> None:
+    """Q13 groups by the key its left join was shuffled on; Q16's COUNT(DISTINCT) is a distinct
+    by four keys under a count by three of them, so the distinct is shuffled on the three: in
+    both, the upper aggregate runs where its rows are (no partial aggregate, no second shuffle)."""
+    shuffled = PlannerOptions(broadcast_bytes=0, rows_per_task=1)  # Q13's join shuffled into two tasks at this size too
+    for n, keys, options in ((13, ["c_custkey"], shuffled), (16, ["p_brand", "p_type", "p_size"], PlannerOptions(rows_per_task=1))):
+        plan = plan_query(flight.sql(SQL[n], catalog).node, 2, options)
+        assert any(f"hash-partitioned on {keys}" in r for r in plan.rewrites), plan.rewrites
+        finals = [a.keys for s in plan.stages for a in s.root.walk() if isinstance(a, AggregateNode) and a.label_text.startswith("Final")]
+        assert keys not in finals, finals  # no partial and final split of it, so no shuffle between
 
 
 @pytest.mark.parametrize("n", sorted(SHAPES), ids=lambda n: f"q{n}")
