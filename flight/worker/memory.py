@@ -25,9 +25,12 @@ while busy) with jemalloc. It also caps glibc at ``MALLOC_ARENAS`` arenas and fi
 threshold (``MMAP_THRESHOLD``) before its threads start (a worker's allocations are few and
 large: Arrow and DuckDB have allocators of their own), and, once it becomes idle
 (``release_idle_memory``, run by the watchdog within a second): ends the idle threads of
-``flight.threads`` and of Arrow's I/O and compute pools (each is shrunk to one thread until they
-are gone, then given its size back: Arrow starts threads again as work comes), collects garbage,
-and purges and trims both heaps. DuckDB's allocator (jemalloc of its own) flushes itself
+``flight.threads`` and of Arrow's I/O pool (shrunk to one thread until they are gone, then given
+its size back: Arrow starts threads again as work comes; a task that arrives meanwhile has it back
+within 10 ms), collects garbage,
+and purges and trims both heaps. Arrow's compute pool is never resized: it was, until an Acero
+plan started during the resize was found losing rows (the CPU pool's size is what Acero sizes its
+per-thread state by; ``tests/worker/test_memory_bounds.py`` has the case). DuckDB's allocator (jemalloc of its own) flushes itself
 (docs/engine.md). Trimming applies on glibc only.
 
 ``pa.set_memory_pool`` only changes the pool pyarrow's own Python calls use. Arrow's C++ code (the
@@ -84,7 +87,7 @@ def _threads_settle(busy: Callable[[], bool], limit_s: float = SETTLE_S) -> None
     deadline = time.monotonic() + limit_s
     count = _thread_count()
     while time.monotonic() < deadline and not busy():
-        time.sleep(0.05)
+        time.sleep(0.01)  # a task that arrives waits at most this long for the I/O pool's size
         now = _thread_count()
         if now >= count:
             return
@@ -157,14 +160,15 @@ def release_idle_memory(busy: Callable[[], bool] = lambda: False) -> None:
     ``busy()`` true (a task arrived) gives the I/O pool its size back at once: its sources need it.
     """
     retire_idle()
-    io_threads, cpu_threads = pa.io_thread_count(), pa.cpu_count()
+    io_threads = pa.io_thread_count()
     pa.set_io_thread_count(1)  # idle pool threads end (a pool thread that works ends after its task)
-    pa.set_cpu_count(1)  # the same for Arrow's compute pool: its threads' mimalloc pages go with them
+    # Never Arrow's compute pool: an Acero plan that starts while its size changes sizes its
+    # per-thread state by the size it saw, and a thread beyond it shares another's state (a hash
+    # join lost rows: 5 of 300 runs with the size toggled beside them, none without).
     try:
         _threads_settle(busy)
     finally:
         pa.set_io_thread_count(io_threads)
-        pa.set_cpu_count(cpu_threads)
     gc.collect()
     pa.default_memory_pool().release_unused()
     if _LIBC is not None:
