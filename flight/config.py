@@ -88,6 +88,9 @@ class ExecOptions:
     """A join's right side estimated below this many bytes is broadcast to the other side's tasks."""
     rows_per_task: int = 250_000
     """Upper stages get one task per this many estimated input rows (never more than the workers)."""
+    replicate_rows: int = 500_000
+    """A broadcast of Parquet files holding at most this many rows is read whole by each task of the
+    leaf stage that reads it instead of being a stage of its own (0: always a stage; docs/queries.md)."""
     security: Security | None = None
     """Token and TLS material for talking to the workers (``LocalCluster.security``, ``Security.from_files``)."""
     deadline: float | None = None

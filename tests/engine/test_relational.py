@@ -36,7 +36,7 @@ UNREACHABLE = ["grpc://127.0.0.1:1"]
 ONE = ("1w", 1, {})
 THREE = ("3w", 3, {"rows_per_task": 1})
 SHUFFLE = ("3w-shuffle", 3, {"rows_per_task": 1, "broadcast_bytes": 0})
-BROADCAST = ("3w-broadcast", 3, {"rows_per_task": 1, "broadcast_bytes": 1 << 30})
+BROADCAST = ("3w-broadcast", 3, {"rows_per_task": 1, "broadcast_bytes": 1 << 30, "replicate_rows": 0})  # a stage, not read in place
 SETUPS = [pytest.param(s, id=s[0]) for s in (ONE, THREE)]
 JOIN_SETUPS = [pytest.param(s, id=s[0]) for s in (ONE, SHUFFLE, BROADCAST)]
 
