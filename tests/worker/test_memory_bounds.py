@@ -199,10 +199,44 @@ def test_giving_idle_memory_back_never_resizes_arrows_compute_pool() -> None:
     assert pa.cpu_count() == cpu
 
 
+_RELEASE_BESIDE_ACERO = """
+import sys, threading
+from pathlib import Path
+import pyarrow as pa
+import flight
+from flight.worker.memory import release_idle_memory
+
+root = Path(sys.argv[1])
+q = (flight.read_parquet(sorted((root / "l").glob("*.parquet")))
+     .join(flight.read_parquet(sorted((root / "r").glob("*.parquet"))), left_on="k", right_on="k")
+     .aggregate(["a"], n=flight.agg.count_all(), s=flight.agg.sum("b")))
+stop = threading.Event()
+
+def release_again_and_again():
+    while not stop.is_set():
+        release_idle_memory(lambda: stop.wait(0.003))
+
+threading.Thread(target=release_again_and_again, daemon=True).start()
+for i in range(int(sys.argv[2])):
+    got = flight.run_local(q, engine="acero").read_all().sort_by("a")
+    print(got.to_pylist(), flush=True)
+stop.set()
+"""
+
+
 @pytest.mark.slow
 def test_acero_joins_stay_exact_while_idle_memory_is_given_back(tmp_path: Path) -> None:
     """The same join on Acero 60 times, the release running beside it over and over: every answer
-    equals DuckDB's (with the compute pool resized, runs came out short or the process crashed)."""
+    equals DuckDB's (with the compute pool resized, runs came out short or the process crashed).
+
+    The runs are in a process of their own, as a worker's are: the release collects garbage, and
+    run back to back in the test process (the heap of every test before it, where one collection
+    takes a second with the GIL held) the runs barely moved (CI's timeout).
+    """
+    import json
+    import subprocess
+    import sys
+
     import duckdb
 
     n = 60_000
@@ -212,26 +246,16 @@ def test_acero_joins_stay_exact_while_idle_memory_is_given_back(tmp_path: Path) 
         (tmp_path / name).mkdir()
         for i in range(2):
             pa.parquet.write_table(t.slice(i * n // 2, n // 2), tmp_path / name / f"{i}.parquet", row_group_size=5_000)
-    q = (flight.read_parquet(sorted((tmp_path / "l").glob("*.parquet")))
-         .join(flight.read_parquet(sorted((tmp_path / "r").glob("*.parquet"))), left_on="k", right_on="k")
-         .aggregate(["a"], n=flight.agg.count_all(), s=flight.agg.sum("b")))
     want = duckdb.sql(f"SELECT a, count(*) AS n, sum(b) AS s FROM read_parquet('{tmp_path}/l/*.parquet') "
                       f"JOIN read_parquet('{tmp_path}/r/*.parquet') USING (k) GROUP BY a ORDER BY a").arrow().read_all()
-    stop = threading.Event()
-
-    def release_again_and_again() -> None:
-        while not stop.is_set():
-            release_idle_memory(lambda: stop.wait(0.003))
-
-    releaser = threading.Thread(target=release_again_and_again, daemon=True)
-    releaser.start()
-    try:
-        for i in range(60):
-            got = flight.run_local(q, engine="acero").read_all().sort_by("a")
-            assert got.to_pylist() == want.to_pylist(), f"run {i}"
-    finally:
-        stop.set()
-        releaser.join(10)
+    runs = 60
+    done = subprocess.run([sys.executable, "-c", _RELEASE_BESIDE_ACERO, str(tmp_path), str(runs)],
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr[-2000:]  # a crash is a failure too
+    answers = [json.loads(line.replace("'", '"')) for line in done.stdout.splitlines()]
+    assert len(answers) == runs
+    for i, got in enumerate(answers):
+        assert got == want.to_pylist(), f"run {i}"
 
 
 def test_a_worker_started_without_the_arrow_pool_variable_runs_again_with_it(tmp_path: Path) -> None:
