@@ -28,7 +28,7 @@ from flight.plan.nodes import FeedScanNode, FilterNode, Node, ProjectNode
 from flight.plan.relnodes import AggregateNode, JoinNode, UnionNode
 from flight.sources.statistics import FileRange
 
-__all__ = ["COLOCATE_READ", "EXACT", "KEPT_UNMATCHED", "KeyRanges", "in_range", "key_scan", "range_files", "rows_read", "split_points", "straddled"]
+__all__ = ["COLOCATE_READ", "EXACT", "KEPT_UNMATCHED", "KeyRanges", "distinct_bound", "in_range", "key_scan", "range_files", "rows_read", "split_points", "straddled"]
 
 EXACT = float(1 << 53)
 """Integer keys beyond this are not all exact as floats: such files are never co-located."""
@@ -204,3 +204,20 @@ def key_scan(node: Node, name: str) -> tuple[FeedScanNode, str] | None:
                 return None
         else:
             return None
+
+
+def distinct_bound(node: Node, names: Sequence[str]) -> float | None:
+    """At most how many distinct values the integer columns ``names`` of ``node`` hold together, from
+    the footers' ranges of the scans they come from (``max - min + 1`` each, multiplied); None when a
+    column is computed, not an integer, or its range is not known."""
+    bound = 1.0
+    for name in names:
+        found = key_scan(node, name)
+        if found is None or not pa.types.is_integer(found[0].schema.field(found[1]).type):
+            return None
+        column_range = getattr(found[0].feed.inner(), "column_range", None)
+        known = None if column_range is None else column_range(found[1])
+        if known is None:
+            return None
+        bound *= known[1] - known[0] + 1
+    return bound
