@@ -193,7 +193,9 @@ class Translator:
 
     def right_side(self, join: plan_pb2.HashJoin, here: str) -> str:
         text = self.relation(join.right, f"{here}.right")
-        if not self.whole or _plain_scan(join.right):
+        if not self.whole or _plain_scan(join.right) or join.right.WhichOneof("kind") == "shuffle_read":
+            # Another stage's rows are made a table of their own before the query (``whole_feeds``):
+            # built again, they were copied into a second table (TPC-H Q9, Q16, Q17, Q20).
             return f"({text})"
         name = f"__flight_whole_build_{next(self.task.names)}__"
         self.builds.append((name, text))
