@@ -194,8 +194,9 @@ RSS_WARMUP = 20
 import the engines, open the DuckDB database and start the thread pools, which every later case reuses."""
 RSS_EVERY = 100
 """Cases between two settled RSS samples (``RssWatch``)."""
-SETTLE_S = 1.5
-"""An idle worker's RSS counts as settled once it has not fallen for this long (it trims within a second)."""
+SETTLE_S = 2.5
+"""An idle worker's RSS counts as settled once it has not fallen for this long (it trims within two
+seconds: after a whole round of its watchdog, a second long, in which no call ended)."""
 SETTLE_MAX_S = 15.0
 """The longest wait for a settled sample: past the worker's 10 s peer timeout, which frees a task a
 hoarder abandoned without a word."""
@@ -3219,7 +3220,7 @@ class RssWatch:
     its 192 MiB bound: tests/worker/test_memory_bounds.py checks those bounds); what must not
     happen is that the worker *keeps* it. So every RSS_EVERY cases, and at the baseline and the
     end, the fuzzer waits until the worker runs no task and its RSS stops falling (an idle
-    worker collects garbage and trims its heaps within a second: ``release_idle_memory``),
+    worker collects garbage and trims its heaps within two seconds: ``release_idle_memory``),
     and takes that as a settled sample. ``max_rss_growth_mb`` is the largest settled sample
     minus the baseline; the largest RSS right after any case is reported beside it as the peak.
     A worker swapped for a fresh one (a crash, a hang, too many threads) gets a baseline of its own.

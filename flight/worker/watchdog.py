@@ -32,20 +32,30 @@ def watch(registry: TaskRegistry, admission: Admission, timeout: float, stopped:
     A handler blocked reading a silent peer cannot be woken (pyarrow's server has no way
     to cancel a call), so the task's state is released here; the handler thread ends
     whenever the connection does. Runs until ``stopped``; ``idle`` says calls ended (tasks
-    or refused calls) since memory was last handed back, which is done at the next round
-    (within a second) that finds no task (``release_idle_memory``). Given back sooner (0.2 s after the last task
-    left), an idle worker kept 250-360 MiB more at some samples of the 2,000-case fuzz run:
-    the calls that just ended free what they held after their task left the registry.
+    or refused calls) since memory was last handed back. Memory is handed back
+    (``release_idle_memory``) at the first round (they are a second apart) after a whole
+    round in which no call ended and that finds no task: a worker between two queries of
+    a busy client is not idle. Given back at the first round that found no task, queries
+    run back to back paid for it: the garbage collection holds the interpreter, and the
+    trimmed heaps are faulted in again (a fifth of two workers' busy samples over TPC-H Q2,
+    Q11, Q16 and Q22 run in a loop). Given back sooner (0.2 s after the last task left), an
+    idle worker kept 250-360 MiB more at some samples of the 2,000-case fuzz run: the calls
+    that just ended free what they held after their task left the registry.
     """
     again: list[float] = []  # when to give memory back once more, while the worker stays idle
+    quiet = False  # the last round found no task, and no call ended since
     while not stopped.wait(min(1.0, timeout / 4)):
         now = time.monotonic()
         _free_silent(registry, admission, now, timeout)
         if len(registry):
             idle.set()  # tasks it frees itself (silent clients) leave memory behind too
             again.clear()
+            quiet = False
         elif idle.is_set():
             idle.clear()
+            quiet = True  # calls ended: one quiet round more before memory is handed back
+        elif quiet:
+            quiet = False
             release_idle_memory(busy=lambda: len(registry) > 0)
             again[:] = [now + s for s in RELEASE_AGAIN_S]
         elif again and now >= again[0]:
