@@ -28,7 +28,10 @@ from flight.plan.nodes import FeedScanNode, FilterNode, Node, ProjectNode
 from flight.plan.relnodes import AggregateNode, JoinNode, UnionNode
 from flight.sources.statistics import FileRange
 
-__all__ = ["COLOCATE_READ", "EXACT", "KEPT_UNMATCHED", "KeyRanges", "distinct_bound", "in_range", "key_scan", "range_files", "rows_read", "split_points", "straddled"]
+__all__ = [
+    "COLOCATE_READ", "EXACT", "KEPT_UNMATCHED", "KeyRanges", "distinct_bound", "in_range",
+    "key_scan", "range_files", "rows_read", "split_points", "straddled",
+]
 
 EXACT = float(1 << 53)
 """Integer keys beyond this are not all exact as floats: such files are never co-located."""

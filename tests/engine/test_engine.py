@@ -144,3 +144,35 @@ def test_a_stage_over_few_rows_of_other_stages_runs_on_acero(cluster: flight.Loc
     final = [t for t in ex.metrics.tasks if t.rows_in > 0]
     assert final, "the final aggregate read the partial ones"
     assert {t.engine for t in final} == {"acero" if groups < 8192 else "duckdb"}, [(t.stage_key, t.rows_in, t.engine) for t in final]
+
+
+def test_a_stage_run_again_binds_its_query_once(tmp_path: Path) -> None:
+    # A stage whose Parquet scans are read whole binds its query over empty stand-ins before it
+    # takes a unit (Acero can still take over then); the same query again, over other files of
+    # the same schemas, skips that bind, and both answers are DuckDB's own.
+    import duckdb
+
+    from flight.engine.duck import engine
+
+    def write(name: str, offset: int) -> tuple[list[Path], list[Path]]:
+        (tmp_path / name).mkdir()
+        left = pa.table({"k": pa.array(range(offset, offset + 500), pa.int64()), "a": pa.array([i % 7 for i in range(500)], pa.int64())})
+        right = pa.table({"k": pa.array(range(offset, offset + 1500, 3), pa.int64()), "b": pa.array(range(500), pa.int64())})
+        paths = (tmp_path / name / "l.parquet", tmp_path / name / "r.parquet")
+        pq.write_table(left, paths[0])
+        pq.write_table(right, paths[1])
+        return [paths[0]], [paths[1]]
+
+    engine._BOUND.clear()
+    for i, name in enumerate(["first", "second"]):
+        left, right = write(name, 1000 * i)
+        q = (flight.read_parquet(left).join(flight.read_parquet(right), left_on="k", right_on="k")
+             .aggregate(["a"], n=flight.agg.count_all(), s=flight.agg.sum(col("b"))).sort(["a"]))
+        got = flight.run_local(q, engine="duckdb").read_all()
+        oracle = f"SELECT a, count(*) AS n, sum(b) AS s FROM '{left[0]}' JOIN '{right[0]}' USING (k) GROUP BY a ORDER BY a"
+        want = duckdb.sql(oracle).arrow().read_all()
+        assert got.to_pylist() == want.to_pylist()
+        if i == 0:
+            bound = len(engine._BOUND)
+            assert bound >= 1, "the first run bound its whole-feed query"
+    assert len(engine._BOUND) == bound, "the second run bound nothing new"
