@@ -40,7 +40,7 @@ from flight.plan.expr import Expr, col, if_else, lit
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, InputCallNode, LimitNode, Node, ProjectNode, ValuesNode
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, ShuffleReadNode, SortNode, UnionNode
 from flight.plan.window import WindowNode
-from flight.planner.colocate import distinct_bound, in_range
+from flight.planner.colocate import distinct_bound, in_range, spread_keys
 from flight.planner.cost import row_width
 from flight.planner.eager import eager_aggregates
 from flight.planner.frag import Frag, frag_bytes, size_text, smaller
@@ -219,9 +219,10 @@ class _Planner:
         tasks = self.upper_tasks(f.rows) if node.keys else 1
         if any(c.function == "count_distinct" for c in node.calls):
             # No partial form: move the rows, aggregate once.
-            read = self.cut(f, mode, node.keys)
-            return self.consumer(AggregateNode(read, node.keys, node.calls, node.label_text), tasks, rows, [read], hashed=node.keys or None)
-        hash_keys = self.hash_on.pop(id(node), node.keys) if node.keys else node.keys
+            spread = spread_keys(f.node, node.keys)
+            read = self.cut(f, mode, spread)
+            return self.consumer(AggregateNode(read, node.keys, node.calls, node.label_text), tasks, rows, [read], hashed=spread or None)
+        hash_keys = spread_keys(f.node, self.hash_on.pop(id(node), node.keys)) if node.keys else node.keys
         partial: list[AggCall] = []
         final: list[AggCall] = []
         outputs: list[tuple[str, object]] = [(k, col(k)) for k in node.keys]
