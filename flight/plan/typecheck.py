@@ -15,6 +15,7 @@ from pyarrow import acero
 
 from flight.compute.expressions import to_pyarrow_nodes
 from flight.errors import PlanError, ProtocolError
+from flight.plan.expr_nodes import FieldNode
 from flight.wire._proto import plan_pb2
 
 if TYPE_CHECKING:
@@ -30,6 +31,11 @@ def output_type(expr: Expr, schema: pa.Schema) -> pa.DataType:
 
     Binds the decoded expression with Acero over an empty table of ``schema``.
     """
+    node = expr._node
+    if isinstance(node, FieldNode):  # most of a plan's expressions: nothing to bind
+        index = schema.get_field_index(node.name)
+        if index >= 0:
+            return schema.field(index).type
     missing = sorted(expr.referenced_fields() - set(schema.names))
     if missing:
         available = ", ".join(repr(n) for n in schema.names) or "none"

@@ -61,7 +61,7 @@ def replicate_small_broadcasts(stages: list[StageSpec], max_rows: float, rewrite
                 stage.task_roots = [stage.root] * tasks
                 stage.notes.append(f"{tasks} tasks (fixed count: each reads every file of the stages inlined into it)")
             stage.root = substitute_reads(stage.root, inline)
-            stage.task_roots = [substitute_reads(r, inline) for r in stage.task_roots]
+            stage.task_roots = _each_once(stage.task_roots, lambda r: substitute_reads(r, inline))
             stage.reads = [r for r in stage.reads if r.stage_id not in inline]
     if not gone:
         return stages
@@ -163,6 +163,12 @@ def substitute_reads(node: Node, inline: dict[int, Node]) -> Node:
     return _with_children(node, lambda child: substitute_reads(child, inline))
 
 
+def _each_once(roots: list[Node], change: Callable[[Node], Node]) -> list[Node]:
+    """``change`` of each root, made once for roots the tasks share (``[root] * tasks``), and shared in turn."""
+    made: dict[int, Node] = {}
+    return [made[id(r)] if id(r) in made else made.setdefault(id(r), change(r)) for r in roots]
+
+
 def _renumbered(stages: list[StageSpec]) -> list[StageSpec]:
     """``stages`` numbered 0, 1, … in their order, their reads following."""
     new = {s.stage_id: i for i, s in enumerate(stages)}
@@ -178,6 +184,6 @@ def _renumbered(stages: list[StageSpec]) -> list[StageSpec]:
         s.stage_id = new[s.stage_id]
         s.root = renumber(s.root)
         if s.task_roots is not None:
-            s.task_roots = [renumber(r) for r in s.task_roots]
+            s.task_roots = _each_once(s.task_roots, renumber)
         s.reads = [replace(r, stage_id=new[r.stage_id]) for r in s.reads]
     return stages

@@ -71,6 +71,9 @@ def split_statements(text: str) -> list[Statement]:
     """The statements of ``text``, split at semicolons outside quotes and comments."""
     out: list[Statement] = []
     start = 0
+    if ";" not in text:  # one statement: no need to walk the text character by character
+        _add(out, text, 0, len(text))
+        return out
     for i in _code(text):
         if text[i] == ";":
             _add(out, text, start, i)
@@ -81,7 +84,7 @@ def split_statements(text: str) -> list[Statement]:
 
 def number_placeholders(text: str) -> str:
     """``text`` with each ``?`` parameter (JDBC's and ADBC's) numbered as DataFusion's ``$1``, ``$2``, …"""
-    marks = [i for i in _code(text) if text[i] == "?"]
+    marks = [i for i in _code(text) if text[i] == "?"] if "?" in text else []
     for n, i in reversed(list(enumerate(marks, 1))):
         text = f"{text[:i]}${n}{text[i + 1:]}"
     return text
