@@ -20,11 +20,11 @@ import pyarrow.compute as pc
 import pytest
 
 from flight.engine.duck.sql import Untranslatable, expression_sql, ident, literal
-from flight.plan.expr import Expr, col, lit
+from flight.plan.expr import Expr, call, col, if_else, lit
 
 # The expression cases live with the translation's own tests (tests/compute).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compute"))
-from test_expressions import FAMILIES, TABLE, roundtrip
+from test_expressions import FAMILIES, TABLE, evaluate, roundtrip
 
 DECLINED = {
     "set_string-substr_step",
@@ -214,3 +214,28 @@ def _pyarrow_values(table: pa.Table, expr: pc.Expression) -> list[object]:
     import pyarrow.dataset as ds
 
     return ds.dataset(table).to_table(columns={"r": expr}).column("r").to_pylist()
+
+
+
+def _sql_in(x: Expr, values: list[object], t: pa.DataType, skip_nulls: bool = True) -> Expr:
+    """SQL's ``x IN (values)`` as the SQL front end writes it: null for a null ``x``, else pyarrow's is_in."""
+    return if_else(x.is_null(), lit(None, pa.bool_()), x.isin(pa.array(values, t), skip_nulls=skip_nulls))
+
+
+@pytest.mark.parametrize(
+    ("expr", "in_text"),
+    [
+        (_sql_in(col("s"), ["apple", "cherry pie"], pa.string()), True),
+        (_sql_in(call("utf8_slice_codeunits", col("s"), start=0, stop=2), ["ap", "Ba"], pa.string()), True),
+        (_sql_in(col("i"), [1, 4, 9], pa.int64()), True),
+        (_sql_in(col("s"), ["apple", None], pa.string(), skip_nulls=False), False),  # a null matches a null: not SQL's IN
+        (if_else(col("i").is_null(), lit(None, pa.bool_()), col("j").isin(pa.array([2, 5], pa.int32()))), False),  # another x
+    ],
+    ids=["strings", "substring", "integers", "null_in_set", "other_operand"],
+)
+def test_sql_in_is_rendered_as_duckdbs_in_with_pyarrows_values(expr: Expr, in_text: bool) -> None:
+    """``if_else(is_null(x), null, is_in(x, …))`` is SQL's ``x IN (…)`` (x computed once, not four times)
+    exactly when the set holds no null that could match; every value, nulls too, is pyarrow's."""
+    text = expression_sql(roundtrip(expr).to_proto(), TABLE.schema, "expr")
+    assert ("CASE" not in text) == in_text, text
+    assert duckdb_evaluate(expr).to_pylist() == evaluate(expr).to_pylist()  # Acero's (pyarrow's) values

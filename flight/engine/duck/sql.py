@@ -164,7 +164,10 @@ def expression_sql(
             call = node.call
             args = [texts[a] for a in call.args]
             arg_types = [types[a] for a in call.args]
-            if call.function == "is_in" and i in truthy:
+            sql_in = _sql_in(nodes, call, texts, types) if call.function == "if_else" else None
+            if sql_in is not None:
+                texts.append(sql_in)
+            elif call.function == "is_in" and i in truthy:
                 texts.append(_is_in(call, args[0], arg_types[0], truthy=True))
             else:
                 texts.append(_call(call, args, arg_types, types[i]))
@@ -353,6 +356,34 @@ def _other_call(call: plan_pb2.Call, a: list[str], ts: list[pa.DataType], out: p
 
 def _temporal(t: pa.DataType) -> bool:
     return pa.types.is_date32(t) or (pa.types.is_timestamp(t) and t.tz is None)
+
+
+def _sql_in(nodes: Sequence[plan_pb2.ExprNode], call: plan_pb2.Call, texts: list[str], types: list[pa.DataType]) -> str | None:
+    """SQL's ``x IN (…)`` for ``if_else(is_null(x), null, is_in(x, …))``, what the SQL front end makes of it,
+    when the set holds no null (or nulls are skipped): the same values, null for a null ``x``. None otherwise.
+
+    Why: rendered as it is, ``x`` is computed four times per row inside a CASE (TPC-H Q22's
+    ``substring(c_phone, 1, 2) IN (…)`` over 150,000 customers: 16.3 ms against 11.3 on one thread).
+    """
+    cond, then, other = (nodes[a] for a in call.args)
+    if not (cond.WhichOneof("kind") == "call" and cond.call.function == "is_null" and len(cond.call.args) == 1):
+        return None
+    if cond.call.options.HasField("null") and cond.call.options.null.nan_is_null:
+        return None
+    if not (then.WhichOneof("kind") == "literal" and not literal_value(then.literal, "literal").is_valid):
+        return None
+    if not (other.WhichOneof("kind") == "call" and other.call.function == "is_in" and len(other.call.args) == 1):
+        return None
+    x, y = cond.call.args[0], other.call.args[0]
+    if texts[x] != texts[y]:
+        return None
+    values = ipc_column(other.call.options.set_lookup.value_set, "value_set", "value set")
+    if len(values) > MAX_VALUE_SET or not len(values) or (values.null_count and not other.call.options.set_lookup.skip_nulls):
+        return None
+    if values.type != types[y]:
+        values = values.cast(types[y])
+    items = [literal(v) for v in values if v.is_valid]
+    return f"({texts[x]} IN ({', '.join(items)}))" if items else None
 
 
 def _is_in(call: plan_pb2.Call, arg: str, t: pa.DataType, truthy: bool = False) -> str:
