@@ -91,6 +91,10 @@ class ExecOptions:
     replicate_rows: int = 500_000
     """A broadcast of Parquet files holding at most this many rows is read whole by each task of the
     leaf stage that reads it instead of being a stage of its own (0: always a stage; docs/queries.md)."""
+    small_query_bytes: int = 64 << 20
+    """A query whose scans are estimated to read at most this many bytes (the columns it reads, from the
+    Parquet footers) runs as one task on one worker: a second worker saves less than its stages cost
+    (0: never; docs/queries.md, "Small queries")."""
     security: Security | None = None
     """Token and TLS material for talking to the workers (``LocalCluster.security``, ``Security.from_files``)."""
     deadline: float | None = None

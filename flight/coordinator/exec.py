@@ -69,7 +69,7 @@ class DistributedExec:
             raise ValueError(f"compression must be one of {sorted(COMPRESSION)}, not {self.options.compression!r}")
         planner_options = PlannerOptions(
             broadcast_bytes=self.options.broadcast_bytes, rows_per_task=self.options.rows_per_task,
-            replicate_rows=self.options.replicate_rows,
+            replicate_rows=self.options.replicate_rows, small_query_bytes=self.options.small_query_bytes,
         )
         self.plan: QueryPlan = plan_query(query.node, len(self.resolver.get_urls()), planner_options)
         self.metrics: QueryMetrics | None = None

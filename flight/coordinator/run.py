@@ -20,6 +20,7 @@ lost task's undelivered units (``_lost``, ``_replace``).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import random
@@ -67,6 +68,9 @@ _MAX_BACKOFF_S = 1.0
 """Retrying a query that busy workers refused: jittered exponential backoff between these."""
 
 
+_ROTATION = itertools.count()  # attempts launched by this process: each starts its stages one worker further on
+
+
 class Run:
     """One execution (attempt) of a DistributedExec: its channels, feeds and result queue."""
 
@@ -110,6 +114,7 @@ class Run:
         )
         self.started = time.perf_counter()
         self.started_at = time.monotonic()  # the zero of its tasks' time line (``TaskChannel.opened_at``)
+        self.rotation = next(_ROTATION)  # where its stages' first tasks go: one-task queries take turns
         self.first_batch_s: float | None = None
         self.bound: dict[int, list[str]] = {}  # this attempt's: stage id -> the URL of each task
         context.sink.named(self.query_id, self.secret, self.bound)  # explain() shows the latest execution's
@@ -179,7 +184,7 @@ class Run:
             counts = {s.stage_id: self._size(s, len(urls)) for s in self.plan.stages}
             for stage in self.plan.stages:
                 # Stages start at different workers, so a small stage does not always land on the first.
-                offset = stage.stage_id % len(urls)
+                offset = (stage.stage_id + self.rotation) % len(urls)
                 self.bound[stage.stage_id] = [urls[(offset + t) % len(urls)] for t in range(counts[stage.stage_id])]
             self.counts = counts
             if isinstance(self.replay, StageReplay):

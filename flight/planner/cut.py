@@ -52,6 +52,7 @@ from flight.planner.place import colocated, grouped_below, grouped_in_place, joi
 from flight.planner.ranges import filter_selectivity
 from flight.planner.replicate import replicable, replicate_small_broadcasts, substitute_reads
 from flight.planner.reuse import align_task_counts, fingerprint, link_consumers, repeated_subtrees
+from flight.planner.small import small_query
 from flight.planner.stages import FeedPlan, PlannerOptions, QueryPlan, StageSpec
 from flight.planner.windows import cut_window
 from flight.sources.feed import WorkUnitFeed
@@ -424,8 +425,10 @@ def plan_query(root: Node, max_tasks: int, options: PlannerOptions | None = None
     every task (their tasks would not keep to their key ranges)."""
     if max_tasks < 1:
         raise PlanError("the resolver returned no worker URLs; start workers or check the resolver's source")
-    planner = _Planner(max_tasks, options or PlannerOptions(), colocate)
     pushed = push_filters(root)
+    small = small_query(pushed, max_tasks, (options or PlannerOptions()).small_query_bytes)  # a rewrite note, or ""
+    planner = _Planner(max_tasks := 1 if small else max_tasks, options or PlannerOptions(), colocate)
+    planner.rewrites += [small] if small else []
     uses = repeated_subtrees(pushed)
     ctes = {id(n) for top in pushed.walk() if id(top) in uses for n in top.walk()}
     pushed, notes = reduce_aggregate_inputs(pushed, planner.options.broadcast_bytes, ctes)

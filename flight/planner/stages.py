@@ -32,6 +32,8 @@ class PlannerOptions:
     replicate_rows: int = 500_000
     """A broadcast into a co-located stage whose files hold at most this many rows is read by every
     task of that stage instead (``flight.planner.replicate``)."""
+    small_query_bytes: int = 0
+    """A query whose scans are estimated to read at most this many bytes is planned as one task (0: never)."""
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,7 @@ def test_a_stage_over_few_rows_of_other_stages_runs_on_acero(cluster: flight.Loc
         pq.write_table(table.slice(i * n // 4, n // 4), path)
         files.append(path)
     query = flight.read_parquet(files).aggregate(["g"], s=flight.agg.sum(col("v")), c=flight.agg.count_all())
-    ex = flight.DistributedExec(query, cluster.urls)
+    ex = flight.DistributedExec(query, cluster.urls, small_query_bytes=0)
     got = ex.to_table().sort_by("g")
     want = table.group_by("g").aggregate([("v", "sum"), ("v", "count")]).sort_by("g")
     assert got["g"].to_pylist() == want["g"].to_pylist()

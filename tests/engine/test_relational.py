@@ -32,11 +32,11 @@ from flight import agg, col, if_else, lit
 
 UNREACHABLE = ["grpc://127.0.0.1:1"]
 
-# (id, workers, DistributedExec options)
+# (id, workers, DistributedExec options); the data is small, and would run as one task otherwise (small_query_bytes)
 ONE = ("1w", 1, {})
-THREE = ("3w", 3, {"rows_per_task": 1})
-SHUFFLE = ("3w-shuffle", 3, {"rows_per_task": 1, "broadcast_bytes": 0})
-BROADCAST = ("3w-broadcast", 3, {"rows_per_task": 1, "broadcast_bytes": 1 << 30, "replicate_rows": 0})  # a stage, not read in place
+THREE = ("3w", 3, {"rows_per_task": 1, "small_query_bytes": 0})
+SHUFFLE = ("3w-shuffle", 3, {"rows_per_task": 1, "broadcast_bytes": 0, "small_query_bytes": 0})
+BROADCAST = ("3w-broadcast", 3, {"rows_per_task": 1, "broadcast_bytes": 1 << 30, "replicate_rows": 0, "small_query_bytes": 0})  # a stage
 SETUPS = [pytest.param(s, id=s[0]) for s in (ONE, THREE)]
 JOIN_SETUPS = [pytest.param(s, id=s[0]) for s in (ONE, SHUFFLE, BROADCAST)]
 

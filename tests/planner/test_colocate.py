@@ -122,7 +122,7 @@ def test_joins_of_clustered_files_run_in_place_and_match_duckdb(
 ) -> None:
     o, li = flight.read_parquet(tables["o"]), flight.read_parquet(tables["l"])
     q = o.join(li, left_on="ok", right_on="lk", how=how)
-    ex = flight.DistributedExec(q, cluster.urls)
+    ex = flight.DistributedExec(q, cluster.urls, small_query_bytes=0)
     if how in ("semi", "anti"):
         sql = f"SELECT * FROM o WHERE {'NOT ' if how == 'anti' else ''}EXISTS (SELECT 1 FROM l WHERE lk = ok)"
     else:
@@ -139,7 +139,7 @@ def test_an_aggregate_over_a_co_located_join_matches_duckdb(cluster: flight.Loca
         .join(flight.read_parquet(tables["o"]), left_on="lk", right_on="ok")
         .aggregate(["prio"], n=agg.count_all(), total=agg.sum("qty"))
     )
-    ex = flight.DistributedExec(q, cluster.urls)
+    ex = flight.DistributedExec(q, cluster.urls, small_query_bytes=0)
     got = ex.to_table()
     want = _duck(tables).sql("SELECT prio, count(*) AS n, sum(qty) AS total FROM l JOIN o ON lk = ok WHERE qty < 40 GROUP BY prio").arrow()
     assert _rows(got) == _rows(want)
@@ -158,7 +158,7 @@ def test_small_broadcasts_into_a_co_located_stage_are_read_by_each_task(
         .join(dims, left_on="prio", right_on="p")
         .aggregate(["rname"], n=agg.count_all(), total=agg.sum("qty"))
     )
-    ex = flight.DistributedExec(q, cluster.urls)
+    ex = flight.DistributedExec(q, cluster.urls, small_query_bytes=0)
     want = _duck(tables).sql(
         "SELECT rname, count(*) AS n, sum(qty) AS total FROM l JOIN o ON lk = ok JOIN d ON prio = p JOIN r ON region = r GROUP BY rname"
     ).arrow()
@@ -177,7 +177,7 @@ def test_null_keys_on_a_kept_side_are_not_co_located(cluster: flight.LocalCluste
     """A left join keeps the left side's null-keyed rows, which no key range reads: it is shuffled
     or broadcast instead, and still exact."""
     q = flight.read_parquet(tables["n"]).join(flight.read_parquet(tables["l"]), left_on="nk", right_on="lk", how="left")
-    ex = flight.DistributedExec(q, cluster.urls)
+    ex = flight.DistributedExec(q, cluster.urls, small_query_bytes=0)
     want = _duck(tables).sql("SELECT n.*, l.* FROM n LEFT JOIN l ON nk = lk").arrow()
     assert _rows(ex.to_table()) == _rows(want)
     assert not any("co-located" in r for r in ex.plan.rewrites)
@@ -220,7 +220,7 @@ def test_semi_and_anti_joins_on_the_key_join_the_co_located_stage(cluster: fligh
         WHERE EXISTS (SELECT 1 FROM l l2 WHERE l2.lk = l1.lk AND l2.qty <> l1.qty)
           AND NOT EXISTS (SELECT 1 FROM l l3 WHERE l3.lk = l1.lk AND l3.qty > l1.qty + 20)
         GROUP BY prio"""
-    ex = flight.DistributedExec(flight.sql(sql, _catalog(tables)), cluster.urls)
+    ex = flight.DistributedExec(flight.sql(sql, _catalog(tables)), cluster.urls, small_query_bytes=0)
     assert _rows(ex.to_table()) == _rows(_duck(tables).sql(sql).arrow())
     assert sum("joins the stage already split by" in r for r in ex.plan.rewrites) == 2, ex.plan.rewrites
     _one_co_located_stage(ex)
@@ -233,7 +233,7 @@ def test_an_aggregate_by_the_range_key_runs_in_place(cluster: flight.LocalCluste
         SELECT x.ok, x.lines, y.total FROM
           (SELECT ok, count(*) AS lines FROM o JOIN l ON ok = lk GROUP BY ok) x
           JOIN (SELECT lk, sum(qty) AS total FROM l JOIN o ON lk = ok WHERE qty > 10 GROUP BY lk) y ON x.ok = y.lk"""
-    ex = flight.DistributedExec(flight.sql(sql, _catalog(tables)), cluster.urls)
+    ex = flight.DistributedExec(flight.sql(sql, _catalog(tables)), cluster.urls, small_query_bytes=0)
     assert _rows(ex.to_table()) == _rows(_duck(tables).sql(sql).arrow())
     assert sum(": in place, nothing shuffled" in r for r in ex.plan.rewrites) == 2, ex.plan.rewrites
     assert any("at the same boundaries" in r for r in ex.plan.rewrites), ex.plan.rewrites
@@ -247,7 +247,7 @@ def test_an_aggregate_by_a_range_key_with_null_keys_is_merged_across_tasks(
     """``n``'s footers count null keys, which every task whose files hold some would group apart:
     grouped by ``nk`` the aggregate is partial and merged (one null group), and exact."""
     sql = "SELECT nk, count(*) AS c, sum(v) AS s FROM n LEFT JOIN o ON nk = ok GROUP BY nk"
-    ex = flight.DistributedExec(flight.sql(sql, _catalog(tables)), cluster.urls)
+    ex = flight.DistributedExec(flight.sql(sql, _catalog(tables)), cluster.urls, small_query_bytes=0)
     assert _rows(ex.to_table()) == _rows(_duck(tables).sql(sql).arrow())
     assert not any("in place" in r for r in ex.plan.rewrites)
     inner = flight.sql("SELECT nk, count(*) AS c FROM n JOIN o ON nk = ok GROUP BY nk", _catalog(tables))
@@ -264,7 +264,7 @@ def test_an_aggregate_over_a_lone_scan_by_its_clustered_key_splits_the_scan(
         SELECT ok, prio, sum(qty) AS q FROM o JOIN l ON ok = lk
         WHERE ok IN (SELECT lk FROM l GROUP BY lk HAVING sum(qty) > 60)
         GROUP BY ok, prio ORDER BY q DESC, ok LIMIT 50"""
-    ex = flight.DistributedExec(flight.sql(sql, _catalog(tables)), cluster.urls)
+    ex = flight.DistributedExec(flight.sql(sql, _catalog(tables)), cluster.urls, small_query_bytes=0)
     assert ex.to_table().to_pylist() == _duck(tables).sql(sql).arrow().read_all().to_pylist()
     assert any("is split into key ranges" in r for r in ex.plan.rewrites), ex.plan.rewrites
     assert sum(": in place, nothing shuffled" in r for r in ex.plan.rewrites) == 2, ex.plan.rewrites
@@ -279,7 +279,7 @@ def test_a_join_order_that_hides_a_co_located_pair_is_rotated(cluster: flight.Lo
         .join(flight.read_parquet(tables["o"]), left_on="p", right_on="prio")
         .join(flight.read_parquet(tables["l"]).filter(col("qty") > 5), left_on="ok", right_on="lk")
     )
-    ex = flight.DistributedExec(q, cluster.urls)
+    ex = flight.DistributedExec(q, cluster.urls, small_query_bytes=0)
     got = ex.to_table()
     assert got.column_names == q.schema.names
     want = _duck(tables).sql("SELECT d.*, o.*, l.* FROM d JOIN o ON p = prio JOIN l ON ok = lk WHERE qty > 5").arrow()

@@ -48,8 +48,8 @@ from flight.sources.providers import FileListProvider
 
 # (id, workers, DistributedExec options)
 ONE = ("1w", 1, {})
-SHUFFLE = ("2w-shuffle", 2, {"rows_per_task": 1, "broadcast_bytes": 0})
-BROADCAST = ("2w-broadcast", 2, {"rows_per_task": 1, "broadcast_bytes": 1 << 30})
+SHUFFLE = ("2w-shuffle", 2, {"rows_per_task": 1, "broadcast_bytes": 0, "small_query_bytes": 0})
+BROADCAST = ("2w-broadcast", 2, {"rows_per_task": 1, "broadcast_bytes": 1 << 30, "small_query_bytes": 0})  # the data is small
 SETUPS = [pytest.param(s, id=s[0]) for s in (ONE, SHUFFLE, BROADCAST)]
 
 L_COLUMNS = ["id", "k", "s", "x", "v"]
@@ -372,7 +372,7 @@ def test_tpch_q19_and_q4_plans() -> None:
 def test_explain_shows_what_moved_where(cluster: flight.LocalCluster, data: Data) -> None:
     pred = ((col("v") < 30) & (col("n") > 10)) | ((col("v") > 70) & (col("n") < 5))
     q = data.read("L").join(data.read("R"), left_on="k", right_on="rk").filter(pred & (col("s") == "s1"))
-    ex = flight.DistributedExec(q, cluster.resolver(), broadcast_bytes=0)
+    ex = flight.DistributedExec(q, cluster.resolver(), broadcast_bytes=0, small_query_bytes=0)
     text = ex.explain()
     assert text.startswith("Plan rewrites:\n")
     assert "  - stage 0: filter on ['v'] derived from the OR above HashJoin[inner, k=rk]; now directly above the scan of" in text
@@ -386,7 +386,7 @@ def test_explain_shows_what_moved_where(cluster: flight.LocalCluster, data: Data
 
 
 def test_explain_without_rewrites_has_no_rewrite_block(cluster: flight.LocalCluster, data: Data) -> None:
-    ex = flight.DistributedExec(data.read("L").filter(col("v") > 3), cluster.resolver())
+    ex = flight.DistributedExec(data.read("L").filter(col("v") > 3), cluster.resolver(), small_query_bytes=0)
     assert "Plan rewrites" not in ex.explain() and "<-" not in ex.explain()
 
 

@@ -46,7 +46,7 @@ def _hashed(ex: flight.DistributedExec) -> list[StageSpec]:
 
 def test_few_values_of_the_other_keys_shuffle_on_the_string_keys(files: list[Path]) -> None:
     q = flight.read_parquet(files).aggregate(["brand", "kind", "size"], n=flight.agg.count_all(), s=flight.agg.sum("v"))
-    (stage,) = _hashed(flight.DistributedExec(q, ["grpc://127.0.0.1:1", "grpc://127.0.0.1:2"]))
+    (stage,) = _hashed(flight.DistributedExec(q, ["grpc://127.0.0.1:1", "grpc://127.0.0.1:2"], small_query_bytes=0))
     assert stage.output_keys == ["brand", "kind"]
     # What it avoids: hashed on the size alone (the worker's rule), two tasks get very uneven shares.
     sizes = pa.record_batch({"size": pa.array([i % 8 for i in range(N)], pa.int32())})
@@ -56,14 +56,14 @@ def test_few_values_of_the_other_keys_shuffle_on_the_string_keys(files: list[Pat
 
 def test_many_values_keep_every_key(files: list[Path]) -> None:
     q = flight.read_parquet(files).aggregate(["brand", "wide"], n=flight.agg.count_all())
-    (stage,) = _hashed(flight.DistributedExec(q, ["grpc://127.0.0.1:1", "grpc://127.0.0.1:2"]))
+    (stage,) = _hashed(flight.DistributedExec(q, ["grpc://127.0.0.1:1", "grpc://127.0.0.1:2"], small_query_bytes=0))
     assert stage.output_keys == ["brand", "wide"]
 
 
 def test_computed_keys_are_kept(files: list[Path]) -> None:
     # A computed key's values are not bounded by any footer: nothing is assumed about them.
     q = flight.read_parquet(files).select("brand", s2=flight.col("size") * 2, v="v").aggregate(["brand", "s2"], t=flight.agg.sum("v"))
-    (stage,) = _hashed(flight.DistributedExec(q, ["grpc://127.0.0.1:1", "grpc://127.0.0.1:2"]))
+    (stage,) = _hashed(flight.DistributedExec(q, ["grpc://127.0.0.1:1", "grpc://127.0.0.1:2"], small_query_bytes=0))
     assert stage.output_keys == ["brand", "s2"]
 
 
@@ -75,7 +75,7 @@ def test_aggregates_shuffled_on_the_string_keys_match_duckdb(cluster: flight.Loc
         ({"d": flight.agg.count_distinct("wide")}, "count(DISTINCT wide) AS d"),
     ]:
         q = flight.read_parquet(files).aggregate(["brand", "kind", "size"], **calls)
-        ex = flight.DistributedExec(q, cluster.urls)
+        ex = flight.DistributedExec(q, cluster.urls, small_query_bytes=0)
         got = ex.to_table().sort_by([("brand", "ascending"), ("kind", "ascending"), ("size", "ascending")])
         assert [s.output_keys for s in _hashed(ex)] == [["brand", "kind"]]
         want = oracle.sql(f"SELECT brand, kind, size, {sql} FROM read_parquet([{listed}]) GROUP BY ALL ORDER BY ALL").arrow().read_all()

@@ -30,7 +30,7 @@ def catalog() -> flight.Catalog:
 
 
 def plan(n: int, catalog: flight.Catalog) -> str:
-    return flight.DistributedExec(flight.sql(SQL[n], catalog), URLS).explain()
+    return flight.DistributedExec(flight.sql(SQL[n], catalog), URLS, small_query_bytes=0).explain()
 
 
 SHAPES = {
@@ -56,7 +56,7 @@ def test_joins_and_aggregates_by_the_order_key_stay_in_one_co_located_stage(cata
     tasks that already split orders and lineitem by order key (flight/planner/place.py): one
     leaf stage reading no other stage, then the head."""
     for n in (18, 21):
-        ex = flight.DistributedExec(flight.sql(SQL[n], catalog), URLS)
+        ex = flight.DistributedExec(flight.sql(SQL[n], catalog), URLS, small_query_bytes=0)
         leaves = [s for s in ex.plan.stages if s.feeds]
         assert len(leaves) == 1 and leaves[0].task_roots is not None and not leaves[0].reads, ex.explain()
         assert len(ex.plan.stages) == 2, ex.explain()

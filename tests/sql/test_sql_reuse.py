@@ -80,7 +80,7 @@ def test_tpch_q15_scans_lineitem_once() -> None:
     assert scans(plan) == 2, "lineitem and supplier, once each"
     shared = [s for s in plan.stages if s.shared]
     assert len(shared) == 1 and len(shared[0].consumers) == 2
-    text = flight.DistributedExec(flight.sql(SQL[15], catalog), URLS).explain()
+    text = flight.DistributedExec(flight.sql(SQL[15], catalog), URLS, small_query_bytes=0).explain()
     assert re.search(r"Stage \d+ \[leaf, -> stages \d+, \d+ \(hash, retained: read 2 times\)\]", text), text
     assert "is computed once and read again" in text
 
@@ -156,6 +156,6 @@ def test_a_shared_stage_on_workers_matches_duckdb(
     query = flight.sql(text, catalog)
     plan = plan_query(query.node, 2, PlannerOptions(broadcast_bytes=0, rows_per_task=per_task))
     assert any(s.shared for s in plan.stages), "the statement shares a stage"
-    ex = flight.DistributedExec(query, cluster.urls, broadcast_bytes=0, rows_per_task=per_task)
+    ex = flight.DistributedExec(query, cluster.urls, broadcast_bytes=0, rows_per_task=per_task, small_query_bytes=0)
     difference = same(ex.to_table(), duckdb_table(con, text), ordered=False)
     assert difference is None, f"{text}\n{difference}\n{ex.explain()}"

@@ -1,0 +1,91 @@
+"""Small queries run as one task on one worker (``flight.planner.small``, ``ExecOptions.small_query_bytes``).
+
+The scans' bytes are estimated from the Parquet footers' row counts and the widths of the columns
+read; at most ``small_query_bytes`` (64 MiB by default), the query is one stage of one task, and
+concurrent small queries take turns over the workers. Answers are compared with DuckDB's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import flight
+from flight.planner.small import scan_bytes
+from flight.sources.feed import FeedContext, WorkUnitFeedProvider
+from flight.sources.providers import FileListProvider
+
+URLS = ["grpc://127.0.0.1:1", "grpc://127.0.0.1:2"]
+NOTE = "it runs as one task on one worker"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]:
+    root = tmp_path_factory.mktemp("small")
+    n = 20_000
+    facts = pa.table({"k": pa.array([i % 500 for i in range(n)], pa.int64()), "v": pa.array(range(n), pa.int64()),
+                      "note": pa.array([f"note {i % 77}" for i in range(n)])})
+    dims = pa.table({"dk": pa.array(range(500), pa.int64()), "name": pa.array([f"name {i % 13}" for i in range(500)])})
+    out: dict[str, list[Path]] = {"facts": [], "dims": []}
+    for name, table, parts in (("facts", facts, 4), ("dims", dims, 2)):
+        for i in range(parts):
+            path = root / f"{name}{i}.parquet"
+            pq.write_table(table.slice(i * table.num_rows // parts, table.num_rows // parts), path)
+            out[name].append(path)
+    return out
+
+
+def _query(files: dict[str, list[Path]]) -> flight.Query:
+    catalog = flight.Catalog({name: flight.read_parquet(paths) for name, paths in files.items()})
+    return flight.sql("SELECT name, count(*) AS n, sum(v) AS s FROM facts JOIN dims ON k = dk GROUP BY name ORDER BY name", catalog)
+
+
+def test_a_small_query_is_one_task_and_a_larger_one_is_not(files: dict[str, list[Path]]) -> None:
+    q = _query(files)
+    read = scan_bytes(q.node)
+    assert read is not None and 0 < read < 64 << 20
+    one = flight.DistributedExec(q, URLS)
+    assert [s.task_count for s in one.plan.stages] == [1] and any(NOTE in r for r in one.plan.rewrites), one.explain()
+    # Above the limit (here: below what the scans read), or with the rule off, the stages are cut as before.
+    for options in ({"small_query_bytes": int(read) - 1}, {"small_query_bytes": 0}):
+        many = flight.DistributedExec(q, URLS, **options)
+        assert len(many.plan.stages) > 1 and not any(NOTE in r for r in many.plan.rewrites), many.explain()
+
+
+class _Listing(WorkUnitFeedProvider):
+    """Files discovered as the query runs: how many rows they hold is not known when it is planned."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.paths = paths
+
+    def partitions(self) -> int:
+        return 1
+
+    def feed(self, partition: int, ctx: FeedContext) -> Iterator[object]:
+        for path in self.paths:
+            yield from FileListProvider([str(path)]).file_units(str(path))
+
+
+def test_a_scan_of_unknown_size_is_never_small(files: dict[str, list[Path]]) -> None:
+    schema = pq.read_schema(files["facts"][0])
+    q = flight.read_parquet(_Listing(files["facts"]), schema=schema).aggregate(["k"], s=flight.agg.sum("v"))
+    assert scan_bytes(q.node) is None
+    assert not any(NOTE in r for r in flight.DistributedExec(q, URLS).plan.rewrites)
+
+
+def test_small_queries_answer_as_duckdb_and_take_turns_over_the_workers(cluster: flight.LocalCluster, files: dict[str, list[Path]]) -> None:
+    listed = {name: ", ".join(f"'{p}'" for p in paths) for name, paths in files.items()}
+    want = duckdb.sql(f"SELECT name, count(*) AS n, sum(v) AS s FROM read_parquet([{listed['facts']}]) "
+                      f"JOIN read_parquet([{listed['dims']}]) ON k = dk GROUP BY name ORDER BY name").arrow().read_all()
+    used = set()
+    for _ in range(4):
+        ex = flight.DistributedExec(_query(files), cluster.urls)
+        assert ex.to_table().to_pylist() == want.to_pylist()
+        assert ex.metrics is not None and len(ex.metrics.tasks) == 1
+        used.add(ex.metrics.tasks[0].worker_url)
+    assert len(used) == len(cluster.urls), used  # consecutive small queries do not all land on one worker
