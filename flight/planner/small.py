@@ -12,7 +12,7 @@ over the workers (``coordinator/run.py``). Decisions only: the footers are read 
 
 from __future__ import annotations
 
-from flight.plan.nodes import FeedScanNode, Node
+from flight.plan.nodes import ExchangeInputNode, FeedScanNode, InputCallNode, Node
 from flight.planner.cost import row_width
 from flight.planner.optimize import prune_columns
 
@@ -24,6 +24,8 @@ def scan_bytes(root: Node) -> float | None:
     read), or None when a scan's rows are not known before it runs (a feed discovered as it goes)."""
     total = 0.0
     for node in prune_columns(root).walk():
+        if isinstance(node, (InputCallNode, ExchangeInputNode)):  # rows the client sends while it runs
+            return None
         if not isinstance(node, FeedScanNode):
             continue
         estimate = getattr(node.feed.inner(), "estimated_rows", None)

@@ -128,6 +128,8 @@ def start_read(
     if spark_inputs(query) and retain <= 0:
         raise PlanError("a query reading a Spark DataFrame (flight.spark.table) keeps its result readable: "
                         "retain must be above 0 (Spark may read it only once the DataFrame was sent)")
+    # Spark reads one partition per head task: its parallelism is what the stages give, however small the query.
+    overrides = {"small_query_bytes": 0, **overrides}
     detached = DistributedExec(query, resolver, options, **overrides).start_detached(retain, sends_inputs=True)  # type: ignore[arg-type]
     try:
         partitions = [(p.url, p.ticket) for p in detached.partitions]

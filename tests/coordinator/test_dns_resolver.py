@@ -348,7 +348,7 @@ def test_a_query_runs_on_the_workers_dns_names(dnsmasq_factory: Callable[..., Dn
     query = flight.read_parquet(parquet_files).aggregate(["name"], n=agg.count_all(), total=agg.sum(col("qty")))
 
     def run(dns: flight.DnsWorkerResolver) -> set[str]:
-        ex = flight.DistributedExec(query, dns)
+        ex = flight.DistributedExec(query, dns, small_query_bytes=0)
         got = ex.to_table()
         assert got.sort_by("name").to_pylist() == expected.sort_by("name").to_pylist()
         assert ex.metrics is not None

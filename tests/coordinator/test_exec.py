@@ -45,7 +45,7 @@ def test_provider_discovered_parquet_on_two_workers(cluster: flight.LocalCluster
         .filter((col("qty") > 10) & col("name").is_not_null())
         .select("id", "name", total=col("qty") * 2 + 1)
     )
-    ex = flight.DistributedExec(q, cluster.resolver())
+    ex = flight.DistributedExec(q, cluster.resolver(), small_query_bytes=0)  # several stages, though the data is small
     got = ex.to_table()
 
     src = oracle(parquet_files)
@@ -130,7 +130,7 @@ def test_ipc_compression_on_the_wire(cluster: flight.LocalCluster, parquet_files
 
 def test_streaming_reader_and_early_stop_frees_tasks(cluster: flight.LocalCluster, parquet_files: list[Path]) -> None:
     """Stopping after the first batch cancels the query; the workers free its tasks."""
-    ex = flight.DistributedExec(flight.read_parquet(parquet_files * 20), cluster.resolver(), output_buffer_bytes=1 << 16)
+    ex = flight.DistributedExec(flight.read_parquet(parquet_files * 20), cluster.resolver(), output_buffer_bytes=1 << 16, small_query_bytes=0)
     reader = ex.execute()
     first = reader.read_next_batch()
     assert first.num_rows > 0
@@ -141,7 +141,7 @@ def test_streaming_reader_and_early_stop_frees_tasks(cluster: flight.LocalCluste
 
 def test_explain_names_stage_tasks_and_workers(cluster: flight.LocalCluster, parquet_files: list[Path]) -> None:
     q = flight.read_parquet(parquet_files).filter(col("qty") > 1).select("id")
-    ex = flight.DistributedExec(q, cluster.resolver())
+    ex = flight.DistributedExec(q, cluster.resolver(), small_query_bytes=0)  # several stages, though the data is small
     text = ex.explain()
     assert "Stage 0" in text and "2 task(s)" in text
     for url in cluster.urls:
@@ -176,7 +176,7 @@ def test_map_stage_with_empty_input(cluster: flight.LocalCluster) -> None:
 
 def test_scans_read_only_the_columns_the_plan_uses(cluster: flight.LocalCluster, parquet_files: list[Path]) -> None:
     q = flight.read_parquet(parquet_files).filter(col("qty") > 40).select(n=col("name").upper())
-    ex = flight.DistributedExec(q, cluster.resolver())
+    ex = flight.DistributedExec(q, cluster.resolver(), small_query_bytes=0)  # several stages, though the data is small
     (scan,) = [n for n in ex.stage.root.walk() if isinstance(n, flight.plan.nodes.FeedScanNode)]
     assert scan.columns == ["qty", "name"]
     src = oracle(parquet_files)
@@ -200,7 +200,7 @@ def test_shuffle_within_one_worker_skips_the_network(cluster: flight.LocalCluste
             return [cluster.urls[0]] * 2
 
     q = flight.read_parquet(parquet_files).aggregate(["name"], n=flight.agg.count_all())
-    ex = flight.DistributedExec(q, TwoSlotsOnOneWorker(), rows_per_task=1)
+    ex = flight.DistributedExec(q, TwoSlotsOnOneWorker(), rows_per_task=1, small_query_bytes=0)
     got = ex.to_table()
     src = oracle(parquet_files)
     assert sorted(got["n"].to_pylist()) == sorted(pc.value_counts(src["name"]).field("counts").to_pylist())
@@ -212,7 +212,7 @@ def test_shuffle_within_one_worker_skips_the_network(cluster: flight.LocalCluste
 
 def test_shuffle_across_workers_reads_remote_partitions(cluster: flight.LocalCluster, parquet_files: list[Path]) -> None:
     q = flight.read_parquet(parquet_files).aggregate(["name"], n=flight.agg.count_all())
-    ex = flight.DistributedExec(q, cluster.urls, rows_per_task=1)
+    ex = flight.DistributedExec(q, cluster.urls, rows_per_task=1, small_query_bytes=0)
     ex.to_table()
     assert ex.metrics is not None
     total = sum(t.bytes_in for t in ex.metrics.tasks)
@@ -225,7 +225,7 @@ def test_inner_join_broadcasts_a_small_left_side(cluster: flight.LocalCluster, p
     small = flight.read_parquet(parquet_files[:1]).filter(col("id") < 50).select(k="id", tag="name")
     big = flight.read_parquet(parquet_files).select("id", "qty")
     q = small.join(big, left_on="k", right_on="id")
-    ex = flight.DistributedExec(q, cluster.resolver())
+    ex = flight.DistributedExec(q, cluster.resolver(), small_query_bytes=0)  # several stages, though the data is small
     assert "sides swapped" in ex.explain()
     got = ex.to_table()
     assert got.column_names == ["k", "tag", "id", "qty"]

@@ -67,7 +67,7 @@ def test_a_worker_killed_mid_query_costs_an_attempt_not_the_result(n: int, files
         con.close()
     with cluster_with_slow_victim(data_roots, victim) as cluster:
         url = cluster.urls[victim]
-        ex = flight.DistributedExec(query(n, files), cluster.urls)
+        ex = flight.DistributedExec(query(n, files), cluster.urls, small_query_bytes=0)
         thread, outcome = run_in_thread(ex)
         wait_until(lambda: running_tasks([url]) > 0, timeout=30.0, what="the victim to run tasks")
         threading.Event().wait(rng.uniform(0.0, 0.4))
@@ -96,7 +96,7 @@ def test_a_frozen_worker_is_left_behind_within_the_heartbeat_bound(files: dict[s
         con.close()
     with cluster_with_slow_victim(data_roots, 1) as cluster:
         victim, url = cluster.processes[1], cluster.urls[1]
-        ex = flight.DistributedExec(query(3, files), cluster.urls, heartbeat=0.25, peer_timeout=1.5)
+        ex = flight.DistributedExec(query(3, files), cluster.urls, heartbeat=0.25, peer_timeout=1.5, small_query_bytes=0)
         thread, outcome = run_in_thread(ex)
         try:
             wait_until(lambda: running_tasks([url]) > 0, timeout=30.0, what="the victim to run tasks")
@@ -192,7 +192,7 @@ def test_a_streaming_scan_survives_a_worker_killed_after_rows_reached_the_caller
     expected = streaming_answer(stream_files)
     with cluster_with_slow_victim(data_roots, 1) as cluster:
         url = cluster.urls[1]
-        ex = flight.DistributedExec(streaming_query(stream_files, shared), cluster.urls)
+        ex = flight.DistributedExec(streaming_query(stream_files, shared), cluster.urls, small_query_bytes=0)
         reader = ex.execute()
         got = read_with_a_kill(reader, lambda: cluster.processes[1].send_signal(signal.SIGKILL), rng.randrange(1, 400_000))
     assert_exactly(got, expected)
@@ -208,7 +208,7 @@ def test_a_streaming_scan_survives_a_frozen_worker_within_the_heartbeat_bound(st
     expected = streaming_answer(files)
     with cluster_with_slow_victim(data_roots, 1) as cluster:
         victim, url = cluster.processes[1], cluster.urls[1]
-        ex = flight.DistributedExec(streaming_query(files, shared=False), cluster.urls, heartbeat=0.25, peer_timeout=1.5)
+        ex = flight.DistributedExec(streaming_query(files, shared=False), cluster.urls, heartbeat=0.25, peer_timeout=1.5, small_query_bytes=0)
         try:
             got = read_with_a_kill(ex.execute(), lambda: victim.send_signal(signal.SIGSTOP), 1)
         finally:
@@ -222,7 +222,7 @@ def test_a_streaming_scan_that_loses_more_workers_than_its_retries_fails_naming_
     stream_files: list[Path], data_roots: list[Path]
 ) -> None:
     with flight.LocalCluster(3, data_roots=data_roots, per_worker_args=[["--unit-delay-ms", SLOW_MS]] * 3) as cluster:
-        ex = flight.DistributedExec(streaming_query(stream_files[:12], shared=False), cluster.urls, retries=1)
+        ex = flight.DistributedExec(streaming_query(stream_files[:12], shared=False), cluster.urls, retries=1, small_query_bytes=0)
         reader = ex.execute()
 
         def kill_two() -> None:

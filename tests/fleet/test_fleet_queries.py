@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.required, pytest.mark.slow, pytest.mark.skipif(netns_u
 
 SF = 0.05
 QUERIES = (3, 5, 9, 18, 21)
-SHUFFLED = {"broadcast_bytes": 0, "rows_per_task": 1}  # every join shuffled: the most traffic between workers
+SHUFFLED = {"broadcast_bytes": 0, "rows_per_task": 1, "small_query_bytes": 0}  # every join shuffled: the most traffic between workers
 LOSS = {**SHUFFLED, "heartbeat": 0.5, "peer_timeout": 5.0}  # silence is a loss within seconds (not so soon that a busy worker looks silent)
 UNORDERED = """
 SELECT l_orderkey, sum(l_extendedprice * (1 - l_discount)) AS revenue, count(*) AS n
