@@ -17,6 +17,7 @@ taking group t; the stages left are numbered again from 0.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -61,7 +62,7 @@ def replicate_small_broadcasts(stages: list[StageSpec], max_rows: float, rewrite
                 stage.task_roots = [stage.root] * tasks
                 stage.notes.append(f"{tasks} tasks (fixed count: each reads every file of the stages inlined into it)")
             stage.root = substitute_reads(stage.root, inline)
-            stage.task_roots = _each_once(stage.task_roots, lambda r, inline=inline: substitute_reads(r, inline))
+            stage.task_roots = _each_once(stage.task_roots, functools.partial(substitute_reads, inline=inline))
             stage.reads = [r for r in stage.reads if r.stage_id not in inline]
     if not gone:
         return stages
