@@ -377,24 +377,25 @@ def _sql_in(nodes: Sequence[plan_pb2.ExprNode], call: plan_pb2.Call, texts: list
     x, y = cond.call.args[0], other.call.args[0]
     if texts[x] != texts[y]:
         return None
-    values = ipc_column(other.call.options.set_lookup.value_set, "value_set", "value set")
-    if len(values) > MAX_VALUE_SET or not len(values) or (values.null_count and not other.call.options.set_lookup.skip_nulls):
+    items, has_null = _value_set(other.call, types[y])
+    if not items or (has_null and not other.call.options.set_lookup.skip_nulls):
         return None
-    if values.type != types[y]:
-        values = values.cast(types[y])
-    items = [literal(v) for v in values if v.is_valid]
-    return f"({texts[x]} IN ({', '.join(items)}))" if items else None
+    return f"({texts[x]} IN ({', '.join(items)}))"
 
 
-def _is_in(call: plan_pb2.Call, arg: str, t: pa.DataType, truthy: bool = False) -> str:
-    """pyarrow's ``is_in`` (never null); ``truthy``: where a null result may stand for false."""
+def _value_set(call: plan_pb2.Call, t: pa.DataType) -> tuple[list[str], bool]:
+    """An ``is_in`` call's values as SQL literals of type ``t`` (its nulls left out), and whether it holds a null."""
     values = ipc_column(call.options.set_lookup.value_set, "value_set", "value set")
     if len(values) > MAX_VALUE_SET:
         raise Untranslatable("a large value set")
     if values.type != t:
         values = values.cast(t)
-    texts = [literal(v) for v in values if v.is_valid]
-    has_null = values.null_count > 0
+    return [literal(v) for v in values if v.is_valid], values.null_count > 0
+
+
+def _is_in(call: plan_pb2.Call, arg: str, t: pa.DataType, truthy: bool = False) -> str:
+    """pyarrow's ``is_in`` (never null); ``truthy``: where a null result may stand for false."""
+    texts, has_null = _value_set(call, t)
     if truthy and texts and not (has_null and not call.options.set_lookup.skip_nulls):
         return f"({arg} IN ({', '.join(texts)}))"
     inside = f"coalesce({arg} IN ({', '.join(texts)}), FALSE)" if texts else "FALSE"
