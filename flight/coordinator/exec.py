@@ -21,7 +21,7 @@ from flight.coordinator.detached import DetachedQuery, HeadPartition
 from flight.coordinator.explain import explain_plan
 from flight.coordinator.metrics import QueryMetrics
 from flight.coordinator.progress import StageBars
-from flight.coordinator.recovery import PROBE_TIMEOUT_S, Attempt, may_retry, probe_lost
+from flight.coordinator.recovery import PROBE_TIMEOUT_S, Attempt, may_retry, named_unreachable, probe_lost
 from flight.coordinator.resolver import StaticWorkerResolver, WorkerResolver
 from flight.coordinator.run import Run
 from flight.errors import (
@@ -234,7 +234,7 @@ class _Attempts:
         options = self.ex.options
         if not may_retry(error, delivered, len(self.ex.attempts), options.retries):
             return False
-        lost = self._probe(run)
+        lost = self._probe(run) or named_unreachable(error, run.urls)
         remaining = [u for u in self.ex.resolver.get_urls() if u not in self.excluded and u not in lost]
         if not lost or not remaining:
             return False

@@ -9,7 +9,8 @@ the caller re-runs the query (docs/architecture.md, "Losing a worker").
 
 A failure qualifies when it came from a worker (``WorkerError``) and a probe
 finds a worker of the attempt dead or silent: it refuses connections, or does not
-answer ``health`` within the probe's deadline (a frozen process). Errors the
+answer ``health`` within the probe's deadline (a frozen process), or the failure is
+UNAVAILABLE naming a worker of the attempt (``named_unreachable``). Errors the
 query itself causes (a bad plan, a provider's exception, the deadline, the
 caller stopping) never do, nor does a failure with every worker healthy.
 """
@@ -37,7 +38,7 @@ from flight.security import Security
 from flight.wire.clients import health_check
 from flight.wire.limits import clip
 
-__all__ = ["Attempt", "may_retry", "probe_lost"]
+__all__ = ["Attempt", "may_retry", "named_unreachable", "probe_lost"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,19 @@ def may_retry(error: BaseException, rows_delivered: bool, attempts: int, retries
     if not isinstance(error, FlightExecError) or isinstance(error, _NEVER):
         return False
     return isinstance(error, WorkerError)
+
+
+def named_unreachable(error: BaseException, urls: Iterable[str]) -> list[str]:
+    """The worker of ``urls`` that an UNAVAILABLE failure names, counted lost though a probe may find it answering.
+
+    Such an error says the worker was out of reach for a whole ``peer_timeout``: the coordinator's
+    channel heard nothing from it, a peer's task could not read it, or it heard nothing from the
+    coordinator and freed its tasks (its readers are told so). Its tasks of this attempt are gone
+    whatever a later probe finds: a cut that heals within the probe's seconds (the fleet's partition
+    test, healed 9 s after the cut, lost that race on a loaded CI machine) is still a loss.
+    """
+    peer = error.worker_url if isinstance(error, WorkerUnavailableError) else ""
+    return [peer] if peer and peer in set(urls) else []
 
 
 def probe_lost(urls: Iterable[str], security: Security | None, timeout: float = PROBE_TIMEOUT_S) -> list[str]:

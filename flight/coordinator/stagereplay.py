@@ -30,7 +30,7 @@ from flight.coordinator.binding import task_plan
 from flight.coordinator.channel import TaskChannel
 from flight.coordinator.events import ReplaceTask
 from flight.coordinator.held import HeldOutput
-from flight.coordinator.recovery import PROBE_TIMEOUT_S, Attempt, may_retry, probe_lost
+from flight.coordinator.recovery import PROBE_TIMEOUT_S, Attempt, may_retry, named_unreachable, probe_lost
 from flight.coordinator.replay import Replay
 from flight.coordinator.rerun import Rerun, StageRecovery, Unrecoverable
 from flight.coordinator.results import DONE as _DONE
@@ -138,14 +138,13 @@ class StageReplay(Replay):
             run.fail(error)
 
     def _unreachable_peer(self, channel: TaskChannel, error: BaseException) -> list[str]:
-        """A worker this coordinator reaches but a task's worker could not (a partition between the
-        two): the worker the task's UNAVAILABLE error names, counted as lost like a dead one."""
+        """A worker the probe finds answering that the task's UNAVAILABLE error names (a partition, healed
+        or between two workers; ``named_unreachable``), counted as lost like a dead one."""
         assert self.recovery is not None
-        peer = error.worker_url if isinstance(error, WorkerUnavailableError) else None
-        if not peer or peer == channel.url or peer not in self.run.urls or peer in self.recovery.lost_urls:
-            return []
-        log.warning("query %s: task %s on %s cannot reach %s: counted as lost", self.run.query_id, channel.key, channel.url, peer)
-        return [peer]
+        peer = named_unreachable(error, [u for u in self.run.urls if u not in self.recovery.lost_urls])
+        if peer:
+            log.warning("query %s: task %s on %s: %s was out of reach: counted as lost", self.run.query_id, channel.key, channel.url, peer[0])
+        return peer
 
     def _decide(self, lost: list[str], error: BaseException) -> tuple[FlightExecError | None, list[tuple[TaskChannel, Rerun | None]]]:
         """The decision for workers ``lost`` (lock held): the error that fails the query, or the old

@@ -71,6 +71,11 @@ def _free_silent(registry: TaskRegistry, admission: Admission, now: float, timeo
         silent = now - task.last_heard
         if silent > timeout:
             log.warning("task %s: the coordinator sent nothing for %.1fs; freeing the task", task.key, silent)
+            if task.unavailable is None:
+                # Its readers (other workers' tasks) are told UNAVAILABLE naming this worker: cut off from the
+                # coordinator, it is lost to the query, though a probe may find it answering once the cut heals.
+                why = f"worker {task.worker_url} heard nothing from the coordinator of task {task.key} for {silent:.0f}s"
+                task.unavailable = task.worker_url, why
             task.cancel(f"the coordinator sent nothing for {silent:.0f}s (heartbeats included)")
             registry.remove(task)
             admission.release(task.key)

@@ -24,7 +24,7 @@ from support import running_tasks, tpch_test_files, wait_until
 
 import flight
 from benchmarks.tpch_queries import ORDERED, compare, duckdb_answer, duckdb_connection, query
-from flight.coordinator.recovery import may_retry
+from flight.coordinator.recovery import may_retry, named_unreachable
 from flight.dev.testing import SLEEP_SCHEMA, sleep_unit
 
 SF = 0.05
@@ -293,3 +293,12 @@ def test_negative_retries_are_refused() -> None:
 
 if os.name != "posix":  # pragma: no cover - signals
     pytest.skip("needs POSIX signals", allow_module_level=True)
+
+
+def test_an_unavailable_error_names_the_lost_worker_only_when_it_is_one_of_the_attempts() -> None:
+    urls = ["grpc://127.0.0.1:1", "grpc://127.0.0.1:2"]
+    cut = flight.WorkerUnavailableError("heard nothing from the coordinator", worker_url=urls[1])
+    assert named_unreachable(cut, urls) == [urls[1]]
+    assert named_unreachable(flight.WorkerUnavailableError("gone", worker_url="grpc://127.0.0.1:3"), urls) == []
+    assert named_unreachable(flight.WorkerUnavailableError("no url"), urls) == []
+    assert named_unreachable(flight.TaskFailedError("bad unit", worker_url=urls[0]), urls) == []

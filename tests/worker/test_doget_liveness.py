@@ -60,7 +60,10 @@ def read_plan(producer_url: str, producer: protocol_pb2.StageKey) -> plan_pb2.St
 class Task:
     """One task on a real worker, through the coordinator's channel: units are sent by hand, under credit."""
 
-    def __init__(self, url: str, query_id: str, secret: bytes, stage: int, plan: plan_pb2.StagePlan, *, feeds: bool, retain: bool = False):
+    def __init__(
+        self, url: str, query_id: str, secret: bytes, stage: int, plan: plan_pb2.StagePlan, *, feeds: bool, retain: bool = False,
+        beat_s: float = BEAT_MS / 1000,
+    ):
         self.url = url
         self.credit = threading.Semaphore(0)
         options = protocol_pb2.TaskOptions(heartbeat_ms=BEAT_MS, retain_output=retain)
@@ -70,7 +73,7 @@ class Task:
         )
         self.key = header.stage_key
         self.ticket = protocol_pb2.Ticket(stage_key=self.key, partition_start=0, partition_end=1, query_secret=secret).SerializeToString()
-        self.channel = TaskChannel(url, header, on_credit=self._credit, heartbeat=BEAT_MS / 1000, peer_timeout=None)
+        self.channel = TaskChannel(url, header, on_credit=self._credit, heartbeat=beat_s, peer_timeout=None)
         self.client = fl.connect(url)
         self.channel.open(self.client)
         self.channel.wait_ready(30.0)
@@ -171,11 +174,8 @@ def test_a_reader_gives_up_on_a_frozen_worker_naming_it(cluster: flight.LocalClu
     assert url in str(error) and "sent nothing" in str(error)
 
 
-def test_a_consumer_task_fails_naming_a_producer_worker_frozen_mid_shuffle(cluster: flight.LocalCluster) -> None:
-    (producer_url, consumer_url), victim = cluster.urls, cluster.processes[0]
-    query, secret = f"shuffle-{os.urandom(4).hex()}", new_secret()
-    producer = Task(producer_url, query, secret, 0, sleep_plan(), feeds=True)
-    consumer = Task(consumer_url, query, secret, 1, read_plan(producer_url, producer.key), feeds=False)
+def consume(consumer: Task) -> tuple[threading.Thread, dict[str, object], threading.Event]:
+    """A thread reading the consumer task's output: what it read (``rows``) or its error, and an event set at the first rows."""
     outcome: dict[str, object] = {"rows": 0}
     first_rows = threading.Event()
 
@@ -190,6 +190,15 @@ def test_a_consumer_task_fails_naming_a_producer_worker_frozen_mid_shuffle(clust
 
     thread = threading.Thread(target=read, daemon=True)
     thread.start()
+    return thread, outcome, first_rows
+
+
+def test_a_consumer_task_fails_naming_a_producer_worker_frozen_mid_shuffle(cluster: flight.LocalCluster) -> None:
+    (producer_url, consumer_url), victim = cluster.urls, cluster.processes[0]
+    query, secret = f"shuffle-{os.urandom(4).hex()}", new_secret()
+    producer = Task(producer_url, query, secret, 0, sleep_plan(), feeds=True)
+    consumer = Task(consumer_url, query, secret, 1, read_plan(producer_url, producer.key), feeds=False)
+    thread, outcome, first_rows = consume(consumer)
     try:
         producer.send(sleep_unit(0, 0, rows=20))
         assert first_rows.wait(HANG_S) and outcome["rows"] == 20, outcome  # the shuffle's stream is open and flowing
@@ -209,3 +218,26 @@ def test_a_consumer_task_fails_naming_a_producer_worker_frozen_mid_shuffle(clust
     assert "sent nothing" in str(error), error
     exc = outcome.get("error")
     assert isinstance(exc, fl.FlightError) and producer_url in str(exc), f"the consumer's output did not end with the failure: {outcome}"
+
+
+def test_a_producer_cut_off_from_its_coordinator_is_named_unavailable_by_its_consumer(cluster: flight.LocalCluster) -> None:
+    """Worker 1 frees a task whose coordinator sent nothing for 2 s (--peer-timeout): the consumer reading it on
+    worker 0 fails naming worker 1 as unavailable, not with a task error, so that the coordinator counts worker 1
+    lost (the fleet's partition test: a cut that heals before the coordinator's probe is still a loss)."""
+    consumer_url, producer_url = cluster.urls
+    query, secret = f"cut-{os.urandom(4).hex()}", new_secret()
+    producer = Task(producer_url, query, secret, 0, sleep_plan(), feeds=True, beat_s=10 * HANG_S)  # never beats: silent
+    consumer = Task(consumer_url, query, secret, 1, read_plan(producer_url, producer.key), feeds=False)
+    thread, outcome, first_rows = consume(consumer)
+    try:
+        producer.send(sleep_unit(0, 0, rows=20))
+        assert first_rows.wait(HANG_S) and outcome["rows"] == 20, outcome
+        thread.join(HANG_S)
+        assert not thread.is_alive(), "the consumer task waited for the freed producer forever"
+        wait_until(lambda: consumer.channel.error is not None, HANG_S, "the consumer task's error frame")
+    finally:
+        consumer.close()
+        producer.close()
+    error = consumer.channel.error
+    assert isinstance(error, WorkerUnavailableError) and error.worker_url == producer_url, error
+    assert "heard nothing from the coordinator" in str(error), error

@@ -78,7 +78,7 @@ def test_two_thousand_hostile_cases_leave_the_worker_within_200_mb_of_its_baseli
     kept = sorted(p.name for p in (tmp_path / "corpus").glob("*.json"))
     report = (
         f"{lines[-1]}\nkept inputs (replay with python -m benchmarks.fuzz_worker --replay FILE): {kept}\n"
-        f"fuzzer report:\n{err[-6000:]}"
+        f"fuzzer report:\n{err[-6000:]}{_failures_seen(tmp_path / 'corpus')}"
     )
     assert cases == HOSTILE_CASES, report
     assert re.search(r"per family: .*\bhoard [1-9]\d* in", err) and re.search(r"per family: .*\bflood [1-9]\d* in", err), report
@@ -133,3 +133,15 @@ def test_unsafe_inputs_are_recognised() -> None:
         assert fz.unsafe_reason(case(fz.exchange_step(b"", [fz.op("frame", data=frame)]))), path
     frame = fz.units_frame("files", 0, [fz.file_unit(f"{fz.DATA_TOKEN}/part-0.parquet")])
     assert fz.unsafe_reason(case(fz.exchange_step(b"", [fz.op("frame", data=frame)]))) is None
+
+
+def _failures_seen(corpus: Path) -> str:
+    """What each kept crash or hang saw, and the worker's log then (its threads' stacks, dumped at the
+    hang): the corpus stays on the machine that ran the test, and a CI log is all that comes back."""
+    parts = []
+    for path in sorted(corpus.glob("*.json"))[:3]:
+        record = json.loads(path.read_text())
+        if record["verdict"]["kind"] in ("crash", "hang"):
+            outcome = json.dumps(record["outcome"])[:2000]
+            parts.append(f"\n--- {path.name}: outcome {outcome}\nworker log (end):\n{record['worker_log'][-8000:]}")
+    return "".join(parts)
