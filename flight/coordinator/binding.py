@@ -98,6 +98,7 @@ def bound_header(
             heartbeat_ms=int(options.heartbeat * 1000),
             retain_output=(retain and stage.consumer is None) or stage.shared or (recoverable and stage.consumer is not None),
             tag_units=tagged,
+            whole_query=len(counts) == 1 and counts[stage.stage_id] == 1,
         ),
     )
     header.stage_key.epoch = epoch

@@ -85,6 +85,8 @@ class Env:
     batch_rows: int
     unit_delay_s: float
     roots: DataRoots
+    wide: bool = False
+    """The task is its query's only one: its engine may use every core (``TaskOptions.whole_query``)."""
     schemas: dict[str, pa.Schema] = dataclasses.field(default_factory=dict)
     """Every operator's output schema by its field path, filled in by ``_compile``."""
     read_ahead: dict[_ReadKey, list[tuple[list[pa.RecordBatch], Iterator[pa.RecordBatch] | None]]] = dataclasses.field(

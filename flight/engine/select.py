@@ -45,6 +45,7 @@ def compile_task(
     roots: DataRoots | None = None,
     engine: str | None = None,
     tag_units: bool = False,
+    whole_query: bool = False,
 ) -> pa.RecordBatchReader:
     """The task's output stream. Raises ProtocolError for a plan this worker cannot run.
 
@@ -55,8 +56,10 @@ def compile_task(
     ``roots`` are where the task's readers may open files; ``None`` means this process's
     (``confine.worker_roots()``: what ``flight-worker --data-root`` set, else none at all).
     ``tag_units``: the rows say their work unit, in order (``tagged.py``; Acero, one unit at a time).
+    ``whole_query``: the task is its query's only one (``TaskOptions.whole_query``): DuckDB may run it on
+    every core (``duck.engine``'s wide database).
     """
-    env = Env(inputs, batch_rows, unit_delay_s, worker_roots() if roots is None else roots)
+    env = Env(inputs, batch_rows, unit_delay_s, worker_roots() if roots is None else roots, wide=whole_query)
     on_cancel = getattr(inputs, "on_cancel", None)
     if on_cancel is not None:
         # A worker's task: once it stops, its sources let go of it (relational._Handoff says why).
@@ -114,6 +117,7 @@ def _duck_or_acero(plan: plan_pb2.StagePlan, env: Env, decl: ac.Declaration) -> 
             reader = duck.run_duckdb(
                 plan, env.inputs, env.schemas, env.roots, env.batch_rows, env.delay,
                 lambda scan, field: feed_scan_reader(scan, env, field), env.read_partitions, getattr(env.inputs, "on_cancel", None),
+                wide=env.wide,
             )
         _tell(env.inputs, "duckdb")
     except Untranslatable as exc:

@@ -241,7 +241,8 @@ class WorkerServer(fl.FlightServerBase):
         try:
             try:
                 output = compile_task(
-                    plan, task, self.options.batch_rows, self.options.unit_delay_ms / 1000, tag_units=opts.tag_units
+                    plan, task, self.options.batch_rows, self.options.unit_delay_ms / 1000, tag_units=opts.tag_units,
+                    whole_query=opts.whole_query,
                 )
             except (pa.ArrowException, ValueError, TypeError) as exc:  # Acero refused what our checks let through
                 raise ProtocolError(f"the plan cannot run on this worker: {type(exc).__name__}: {clip(exc)}", field="header.plan") from None

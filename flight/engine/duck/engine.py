@@ -22,7 +22,11 @@ Why DuckDB, with the measurements, is in docs/engine.md. How a task runs:
   plan it cannot express with the IR's meaning raises ``Untranslatable`` and the
   task runs on Acero instead (so does a query DuckDB refuses to bind).
 * One database per worker process (``configure``): its ``memory_limit`` is the worker's
-  ``--memory-limit``; joins, aggregates and sorts past it spill to ``--spill-dir``.
+  ``--memory-limit``; joins, aggregates and sorts past it spill to ``--spill-dir``. Where a task's
+  share of the cores (``--engine-threads``) is less than the machine's (workers that share it), a
+  second, *wide* database runs the tasks that are their query's only one (``TaskOptions.whole_query``)
+  on every core; DuckDB's thread count is its database's, not a query's. The memory limit is then
+  split, a quarter to the wide one (``_memory_split``).
   File access is limited to the worker's data roots inside DuckDB too (defence in
   depth: every path was already checked by ``ReaderContext.open_path``), extensions
   never load, and the configuration is locked.
@@ -33,6 +37,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import logging
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
@@ -57,7 +62,7 @@ log = logging.getLogger(__name__)
 
 
 
-_dbs: dict[tuple[bool, tuple[str, ...]], duckdb.DuckDBPyConnection] = {}
+_dbs: dict[tuple[bool, tuple[str, ...], bool], duckdb.DuckDBPyConnection] = {}
 _lock = threading.Lock()
 
 
@@ -77,9 +82,36 @@ def close_databases() -> None:
         _dbs.clear()
 
 
-def _database(roots: DataRoots) -> duckdb.DuckDBPyConnection:
-    """The process's DuckDB database for tasks confined to ``roots`` (one per distinct roots)."""
-    key = (roots.unrestricted, roots.paths)
+WIDE_MIN_MEMORY = 256 << 20
+"""The least memory the wide database is given; a worker whose limit's quarter is less has none (a hash
+join spilling within 16 MiB ran out of memory: the 64 MB worker of tests/engine/test_engine.py)."""
+
+
+def wide_threads() -> int | None:
+    """The wide database's threads: every core this process may use, when a task's share
+    (``--engine-threads``) is fewer; None: there is no wide database (whole queries run on the one),
+    also when a quarter of the memory limit is less than ``WIDE_MIN_MEMORY``."""
+    s = settings()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if not s.threads or s.threads >= cores or (s.memory_limit is not None and s.memory_limit // 4 < WIDE_MIN_MEMORY):
+        return None
+    return cores
+
+
+def _memory_split(limit: int, wide: bool) -> int:
+    """A database's share of the worker's memory limit: a quarter for the wide one, the rest for the other,
+    when there is a wide one. Why a quarter: its queries are small by definition (at most
+    ``ExecOptions.small_query_bytes`` read, 64 MiB by default), and what they need past it they spill."""
+    if wide_threads() is None:
+        return limit
+    return limit // 4 if wide else limit - limit // 4
+
+
+def _database(roots: DataRoots, wide: bool = False) -> duckdb.DuckDBPyConnection:
+    """The process's DuckDB database for tasks confined to ``roots`` (one per distinct roots), or the wide one
+    for tasks that are their query's only one (``wide``; the same database when no core is to spare)."""
+    wide = wide and wide_threads() is not None
+    key = (roots.unrestricted, roots.paths, wide)
     with _lock:
         con = _dbs.get(key)
         if con is not None:
@@ -102,9 +134,10 @@ def _database(roots: DataRoots) -> duckdb.DuckDBPyConnection:
         }
         _settings = settings()
         if _settings.memory_limit:
-            config["memory_limit"] = f"{_settings.memory_limit // (1 << 20)}MiB"
-        if _settings.threads:
-            config["threads"] = _settings.threads
+            config["memory_limit"] = f"{_memory_split(_settings.memory_limit, wide) // (1 << 20)}MiB"
+        threads = wide_threads() if wide else _settings.threads
+        if threads:
+            config["threads"] = threads
         if _settings.spill_dir:
             config["temp_directory"] = _settings.spill_dir
         con = duckdb.connect(":memory:", config=config)
@@ -129,15 +162,17 @@ def run_duckdb(
     scan_reader: Callable[[plan_pb2.FeedScan, str], pa.RecordBatchReader],
     read_partitions: Callable[[list[tuple[str, bytes]], int, int], Iterator[pa.RecordBatch]],
     on_cancel: Callable[[Callable[[], None]], None] | None = None,
+    wide: bool = False,
 ) -> pa.RecordBatchReader:
-    """The task's output stream, computed by DuckDB; ``Untranslatable`` if it cannot be (use Acero)."""
+    """The task's output stream, computed by DuckDB; ``Untranslatable`` if it cannot be (use Acero).
+    ``wide``: the task is its query's only one (the wide database's, where there is one)."""
     if not worth_it(plan.root):
         raise Untranslatable("nothing to compute that DuckDB does better: Acero streams it batch by batch")
-    task = DuckTask(inputs, schemas, roots, batch_rows, delay, scan_reader, read_partitions, _database(roots))  # type: ignore[arg-type]
+    task = DuckTask(inputs, schemas, roots, batch_rows, delay, scan_reader, read_partitions, _database(roots, wide))  # type: ignore[arg-type]
     try:
         # Joined scans (a co-located join's sides) are one query over all of each side's files:
         # DuckDB then picks the build side and reads every file itself.
-        translator = Translator(task, whole=parquet_scans(plan.root) > 1)
+        translator = Translator(task, whole=wide or parquet_scans(plan.root) > 1)
         text = translator.relation(plan.root, "plan.root")
         out_schema = schemas["plan.root"]
         if translator.root_fragment is not None:  # the whole stage is one unit fragment: its output is the task's

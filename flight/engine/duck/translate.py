@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator
 
@@ -10,6 +11,7 @@ import pyarrow as pa
 from flight.engine.duck.sql import Untranslatable, column_list, expression_sql, ident, sql_type
 from flight.engine.duck.task import UNITS, DuckTask
 from flight.engine.duck.units import WholeFeed, fragment_scan, unit_fragment
+from flight.engine.pruning import prune_of
 from flight.engine.readers import conform
 from flight.wire._proto import plan_pb2
 from flight.wire.ipc import read_ipc_stream
@@ -77,7 +79,11 @@ class Translator:
         if kind == "filter":
             child_schema = task.schemas[f"{here}.input"]
             predicate = expression_sql(op.filter.predicate, child_schema, f"{here}.predicate", predicate=True)
-            return f"SELECT * FROM {self.sub(op.filter.input, f'{here}.input')} WHERE {predicate}"
+            scans = len(self.feeds)
+            text = f"SELECT * FROM {self.sub(op.filter.input, f'{here}.input')} WHERE {predicate}"
+            if len(self.feeds) > scans and self.feeds[-1].path == f"{here}.input":  # a whole scan right below
+                self.feeds[-1] = dataclasses.replace(self.feeds[-1], prune=prune_of(op.filter, f"{here}.predicate"))  # units pyarrow reads
+            return text
         if kind == "project":
             child_schema = task.schemas[f"{here}.input"]
             items = []

@@ -132,6 +132,9 @@ class WholeFeed:
     scan: plan_pb2.FeedScan
     path: str
     token: str
+    prune: pc.Expression | None = None
+    """The predicate of the filter right above the scan, for pyarrow to skip row groups with when it reads
+    the units (row groups, a store's URIs); DuckDB prunes the files it reads itself."""
 
 
 def whole_feeds(
@@ -154,7 +157,7 @@ def whole_feeds(
     text, builds = _tables_of_sources(task, cur, text, builds)
     for feed in feeds:
         ctx = ReaderContext(schema=task.schemas[feed.path], columns=list(feed.scan.columns) or None, roots=task.roots,
-                            batch_rows=task.batch_rows, options=dict(feed.scan.reader_options),
+                            batch_rows=task.batch_rows, options=dict(feed.scan.reader_options), prune=feed.prune,
                             scan=getattr(task.inputs, "scan_stats", None), decode_threads=decode_threads())
         feed_id = feed.scan.feed.feed_id
         plain: list[tuple[str, str, str]] = []

@@ -140,6 +140,7 @@ class TaskOptions(_message.Message):
     HEARTBEAT_MS_FIELD_NUMBER: _builtins.int
     RETAIN_OUTPUT_FIELD_NUMBER: _builtins.int
     TAG_UNITS_FIELD_NUMBER: _builtins.int
+    WHOLE_QUERY_FIELD_NUMBER: _builtins.int
     ipc_compression: Global___Compression.ValueType
     """for the task's output streams"""
     feed_window: _builtins.int
@@ -163,6 +164,11 @@ class TaskOptions(_message.Message):
     WorkUnit.id. All rows of a unit come before any row of the next. Only for a plan of
     filters and projections over one feed scan; any other plan is refused.
     """
+    whole_query: _builtins.bool
+    """The task is its query's only task (a small query run whole, or a plan of one task): the
+    worker may run it on all its cores rather than on one task's share of them (docs/engine.md,
+    "Small queries"). Advisory: a worker without cores to spare runs it as any task.
+    """
     def __init__(
         self,
         *,
@@ -172,10 +178,11 @@ class TaskOptions(_message.Message):
         heartbeat_ms: _builtins.int = ...,
         retain_output: _builtins.bool = ...,
         tag_units: _builtins.bool = ...,
+        whole_query: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["feed_window", b"feed_window", "heartbeat_ms", b"heartbeat_ms", "ipc_compression", b"ipc_compression", "output_buffer_bytes", b"output_buffer_bytes", "retain_output", b"retain_output", "tag_units", b"tag_units"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["feed_window", b"feed_window", "heartbeat_ms", b"heartbeat_ms", "ipc_compression", b"ipc_compression", "output_buffer_bytes", b"output_buffer_bytes", "retain_output", b"retain_output", "tag_units", b"tag_units", "whole_query", b"whole_query"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
