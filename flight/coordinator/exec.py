@@ -31,6 +31,7 @@ from flight.errors import (
 from flight.plan.query import Query
 from flight.planner.cut import plan_query
 from flight.planner.inputs import refuse_unsent_inputs
+from flight.planner.small import one_host, one_task_saves
 from flight.planner.stages import PlannerOptions, QueryPlan, StageSpec
 from flight.sources.estimate import DefaultTaskEstimator, TaskEstimator
 from flight.wire.limits import clip
@@ -71,7 +72,15 @@ class DistributedExec:
             broadcast_bytes=self.options.broadcast_bytes, rows_per_task=self.options.rows_per_task,
             replicate_rows=self.options.replicate_rows, small_query_bytes=self.options.small_query_bytes,
         )
-        self.plan: QueryPlan = plan_query(query.node, len(self.resolver.get_urls()), planner_options)
+        urls = self.resolver.get_urls()
+        self.plan: QueryPlan = plan_query(query.node, len(urls), planner_options)
+        limit = self.options.one_host_query_bytes
+        if limit > self.options.small_query_bytes > 0 and len(self.plan.stages) > 1 and one_host(urls) and one_task_saves(self.plan):
+            whole = plan_query(query.node, len(urls), replace(planner_options, small_query_bytes=limit))
+            if len(whole.stages) == 1:  # its scans read at most the limit
+                whole.rewrites.insert(0, f"its {len(urls)} workers share one host: one task on all its cores saves the hand-offs "
+                                         "of rows between its stages (one_host_query_bytes)")
+                self.plan = whole
         self.metrics: QueryMetrics | None = None
         self.query_id: str | None = None  # of the latest execute(), known from its start
         self.query_secret: bytes | None = None  # of the latest execute(): what its tickets and a cancel must carry

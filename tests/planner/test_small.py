@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import flight
-from flight.planner.small import scan_bytes
+from flight.planner.small import one_host, one_task_saves, scan_bytes
 from flight.sources.feed import FeedContext, WorkUnitFeedProvider
 from flight.sources.providers import FileListProvider
 
@@ -52,9 +52,48 @@ def test_a_small_query_is_one_task_and_a_larger_one_is_not(files: dict[str, list
     one = flight.DistributedExec(q, URLS)
     assert [s.task_count for s in one.plan.stages] == [1] and any(NOTE in r for r in one.plan.rewrites), one.explain()
     # Above the limit (here: below what the scans read), or with the rule off, the stages are cut as before.
-    for options in ({"small_query_bytes": int(read) - 1}, {"small_query_bytes": 0}):
+    for options in ({"small_query_bytes": int(read) - 1, "one_host_query_bytes": 0}, {"small_query_bytes": 0}):
         many = flight.DistributedExec(q, URLS, **options)
         assert len(many.plan.stages) > 1 and not any(NOTE in r for r in many.plan.rewrites), many.explain()
+
+
+def test_workers_on_one_host_run_a_query_that_hands_rows_between_stages_as_one_task(files: dict[str, list[Path]]) -> None:
+    q = _query(files)
+    read = scan_bytes(q.node)
+    assert read is not None
+    above = {"small_query_bytes": int(read) - 1}  # not small by the fleet's rule
+    split = flight.DistributedExec(q, URLS, **above, one_host_query_bytes=0)
+    assert len(split.plan.stages) > 1 and one_task_saves(split.plan), split.explain()
+    whole = flight.DistributedExec(q, URLS, **above)  # both URLs name 127.0.0.1
+    assert [s.task_count for s in whole.plan.stages] == [1] and "share one host" in whole.plan.rewrites[0], whole.explain()
+    for other in (["grpc://10.0.0.1:1", "grpc://10.0.0.2:1"], URLS[:1]):  # two hosts; one worker
+        assert not one_host(other)
+        assert len(flight.DistributedExec(q, other, **above).plan.stages) > 1 or len(other) == 1
+    # Larger than one_host_query_bytes, or with small queries off altogether: split.
+    for options in ({**above, "one_host_query_bytes": int(read) - 1}, {"small_query_bytes": 0}):
+        assert len(flight.DistributedExec(q, URLS, **options).plan.stages) > 1
+
+
+def test_a_plan_that_only_gathers_or_reads_a_stage_twice_keeps_its_split(files: dict[str, list[Path]]) -> None:
+    catalog = flight.Catalog({name: flight.read_parquet(paths) for name, paths in files.items()})
+    off = {"small_query_bytes": 0}
+    gather = flight.DistributedExec(flight.sql("SELECT k, v FROM facts WHERE v < 100 ORDER BY v", catalog), URLS, **off)
+    assert [s.output_mode for s in gather.plan.stages] == ["gather", "head"] and not one_task_saves(gather.plan), gather.explain()
+    twice = flight.sql("WITH s AS (SELECT k, sum(v) AS t FROM facts GROUP BY k) "
+                       "SELECT a.k, a.t FROM s AS a JOIN s AS b ON a.k = b.k + 1", catalog)
+    shared = flight.DistributedExec(twice, URLS, **off)
+    assert any(s.shared for s in shared.plan.stages) and not one_task_saves(shared.plan), shared.explain()
+
+
+@pytest.mark.slow
+def test_one_host_queries_answer_as_duckdb(cluster: flight.LocalCluster, files: dict[str, list[Path]]) -> None:
+    listed = {name: ", ".join(f"'{p}'" for p in paths) for name, paths in files.items()}
+    want = duckdb.sql(f"SELECT name, count(*) AS n, sum(v) AS s FROM read_parquet([{listed['facts']}]) "
+                      f"JOIN read_parquet([{listed['dims']}]) ON k = dk GROUP BY name ORDER BY name").arrow().read_all()
+    for one_host_bytes in (1 << 30, 0):
+        ex = flight.DistributedExec(_query(files), cluster.urls, small_query_bytes=1, one_host_query_bytes=one_host_bytes)
+        assert ex.to_table().to_pylist() == want.to_pylist()
+        assert ex.metrics is not None and (len(ex.metrics.tasks) == 1) == bool(one_host_bytes)
 
 
 class _Listing(WorkUnitFeedProvider):
