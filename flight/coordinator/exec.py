@@ -31,6 +31,7 @@ from flight.errors import (
 from flight.plan.query import Query
 from flight.planner.cut import plan_query
 from flight.planner.inputs import refuse_unsent_inputs
+from flight.planner.optimize import push_filters
 from flight.planner.small import one_host, one_task_saves
 from flight.planner.stages import PlannerOptions, QueryPlan, StageSpec
 from flight.sources.estimate import DefaultTaskEstimator, TaskEstimator
@@ -75,7 +76,8 @@ class DistributedExec:
         urls = self.resolver.get_urls()
         self.plan: QueryPlan = plan_query(query.node, len(urls), planner_options)
         limit = self.options.one_host_query_bytes
-        if limit > self.options.small_query_bytes > 0 and len(self.plan.stages) > 1 and one_host(urls) and one_task_saves(self.plan):
+        one_task = len(self.plan.stages) > 1 and one_host(urls) and limit > self.options.small_query_bytes > 0
+        if one_task and one_task_saves(self.plan, push_filters(query.node)):
             whole = plan_query(query.node, len(urls), replace(planner_options, small_query_bytes=limit))
             if len(whole.stages) == 1:  # its scans read at most the limit
                 whole.rewrites.insert(0, f"its {len(urls)} workers share one host: one task on all its cores saves the hand-offs "

@@ -16,7 +16,9 @@ from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, InputCallNode, Node
+from flight.plan.relnodes import AggregateNode
 from flight.planner.cost import row_width
+from flight.planner.keysets import estimated_rows
 from flight.planner.optimize import prune_columns
 from flight.planner.stages import QueryPlan
 
@@ -59,17 +61,25 @@ def one_host(urls: Sequence[str]) -> bool:
     return len(urls) > 1 and len({urlsplit(u).hostname for u in urls}) == 1
 
 
-def one_task_saves(plan: QueryPlan) -> bool:
-    """Whether ``plan``, run as one task with every core, saves more than the split costs: rows cross between
-    workers mid-plan (a stage's output hashed or broadcast to another), and no stage is read twice (one task
-    would compute a CTE once per use).
+SPLIT_GROUPS = 500_000
+"""A plan that only gathers its tasks' work keeps its split when it aggregates at least this many groups
+(estimated): each task's hash table is then a share of one task's."""
+
+
+def one_task_saves(plan: QueryPlan, root: Node) -> bool:
+    """Whether ``plan`` (of ``root``, filters pushed), run as one task with every core, saves more than the split
+    costs: no stage is read twice (one task would compute a CTE once per use), and rows cross between workers
+    mid-plan (a stage's output hashed or broadcast to another), or the plan only gathers and aggregates fewer
+    than ``SPLIT_GROUPS`` groups.
 
     Measured on two workers sharing two cores, TPC-H SF 1, each query as one task on the wide database
-    against its split plan: Q8, Q10, Q13, Q17 and Q20 took 0.71 to 0.84 of their time. A plan whose stages
-    only gather co-located work splits its joins and aggregates for free and keeps them: Q18, whose 1.5
-    million groups are halved per task that way, took 1.42 times as long as one task; Q15 (its view read
-    twice) 1.28.
+    against its split plan: Q8, Q10, Q13, Q17 and Q20 took 0.71 to 0.84 of their time, Q2, Q3 and Q6 (gather
+    only) 0.85 to 0.89. Q18, whose co-located split halves each task's 1.5 million groups (600,000
+    estimated), took 1.42 times as long as one task; Q15 (its view read twice) 1.28.
     """
     if any(s.shared for s in plan.stages):
         return False
-    return any(s.output_mode in ("hash", "broadcast", "round_robin") for s in plan.stages)
+    if any(s.output_mode in ("hash", "broadcast", "round_robin") for s in plan.stages):
+        return True
+    groups = [estimated_rows(n) for n in root.walk() if isinstance(n, AggregateNode) and n.keys]
+    return all(g is not None and g < SPLIT_GROUPS for g in groups)
