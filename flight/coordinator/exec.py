@@ -32,7 +32,7 @@ from flight.plan.query import Query
 from flight.planner.cut import plan_query
 from flight.planner.inputs import refuse_unsent_inputs
 from flight.planner.optimize import push_filters
-from flight.planner.small import one_host, one_task_saves
+from flight.planner.small import hands_off, many_groups, one_host, reads_twice, scan_bytes
 from flight.planner.stages import PlannerOptions, QueryPlan, StageSpec
 from flight.sources.estimate import DefaultTaskEstimator, TaskEstimator
 from flight.wire.limits import clip
@@ -74,20 +74,30 @@ class DistributedExec:
             replicate_rows=self.options.replicate_rows, small_query_bytes=self.options.small_query_bytes,
         )
         urls = self.resolver.get_urls()
-        self.plan: QueryPlan = plan_query(query.node, len(urls), planner_options)
-        limit = self.options.one_host_query_bytes
-        one_task = len(self.plan.stages) > 1 and one_host(urls) and limit > self.options.small_query_bytes > 0
-        if one_task and one_task_saves(self.plan, push_filters(query.node)):
-            whole = plan_query(query.node, len(urls), replace(planner_options, small_query_bytes=limit))
-            if len(whole.stages) == 1:  # its scans read at most the limit
-                whole.rewrites.insert(0, f"its {len(urls)} workers share one host: one task on all its cores saves the hand-offs "
-                                         "of rows between its stages (one_host_query_bytes)")
-                self.plan = whole
+        self.plan: QueryPlan = self._plan(urls, planner_options)
         self.metrics: QueryMetrics | None = None
         self.query_id: str | None = None  # of the latest execute(), known from its start
         self.query_secret: bytes | None = None  # of the latest execute(): what its tickets and a cancel must carry
         self.bound: dict[int, list[str]] = {}  # stage id -> the URL of each task, once executed
         self.attempts: list[Attempt] = []  # of the latest execute(): the attempts a lost worker failed
+
+    def _plan(self, urls: list[str], options: PlannerOptions) -> QueryPlan:
+        """The query's stages; on workers that share one host, one task on all its cores where the split would
+        cost more than it saves (docs/queries.md, "Small queries"). Planned twice only for a query that
+        aggregates many groups: whether its split hands rows off decides."""
+        node, limit, small = self.query.node, self.options.one_host_query_bytes, self.options.small_query_bytes
+        if not (limit > small > 0 and one_host(urls)):
+            return plan_query(node, len(urls), options)
+        root = push_filters(node)
+        read = scan_bytes(root)
+        if read is None or read <= small or read > limit or reads_twice(root):
+            return plan_query(node, len(urls), options)
+        if many_groups(root) and not hands_off(split := plan_query(node, len(urls), options)):
+            return split
+        whole = plan_query(node, len(urls), replace(options, small_query_bytes=limit))
+        whole.rewrites.insert(0, f"its {len(urls)} workers share one host: one task on all its cores costs less than the "
+                                 "split's stages (one_host_query_bytes)")
+        return whole
 
     @property
     def stage(self) -> StageSpec:

@@ -16,13 +16,14 @@ from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, InputCallNode, Node
-from flight.plan.relnodes import AggregateNode
+from flight.plan.relnodes import AggregateNode, JoinNode
 from flight.planner.cost import row_width
 from flight.planner.keysets import estimated_rows
 from flight.planner.optimize import prune_columns
+from flight.planner.reuse import repeated_subtrees
 from flight.planner.stages import QueryPlan
 
-__all__ = ["one_host", "one_task_saves", "scan_bytes", "small_query"]
+__all__ = ["hands_off", "many_groups", "one_host", "reads_twice", "scan_bytes", "small_query"]
 
 
 def scan_bytes(root: Node) -> float | None:
@@ -66,20 +67,22 @@ SPLIT_GROUPS = 500_000
 (estimated): each task's hash table is then a share of one task's."""
 
 
-def one_task_saves(plan: QueryPlan, root: Node) -> bool:
-    """Whether ``plan`` (of ``root``, filters pushed), run as one task with every core, saves more than the split
-    costs: no stage is read twice (one task would compute a CTE once per use), and rows cross between workers
-    mid-plan (a stage's output hashed or broadcast to another), or the plan only gathers and aggregates fewer
-    than ``SPLIT_GROUPS`` groups.
+def reads_twice(root: Node) -> bool:
+    """Whether ``root`` (filters pushed) computes a subplan twice (a CTE or a view that aggregates or joins, used
+    twice): split, it is one stage read twice; one task would compute it once per use (TPC-H Q15 took 1.28
+    times as long). A table scanned twice (filtered, projected) costs the same either way."""
+    repeated = repeated_subtrees(root)
+    return any(isinstance(d, (AggregateNode, JoinNode)) for n in root.walk() if id(n) in repeated for d in n.walk())
 
-    Measured on two workers sharing two cores, TPC-H SF 1, each query as one task on the wide database
-    against its split plan: Q8, Q10, Q13, Q17 and Q20 took 0.71 to 0.84 of their time, Q2, Q3 and Q6 (gather
-    only) 0.85 to 0.89. Q18, whose co-located split halves each task's 1.5 million groups (600,000
-    estimated), took 1.42 times as long as one task; Q15 (its view read twice) 1.28.
-    """
-    if any(s.shared for s in plan.stages):
-        return False
-    if any(s.output_mode in ("hash", "broadcast", "round_robin") for s in plan.stages):
-        return True
+
+def many_groups(root: Node) -> bool:
+    """Whether ``root`` aggregates ``SPLIT_GROUPS`` or more groups, or an unknown number (estimated)."""
     groups = [estimated_rows(n) for n in root.walk() if isinstance(n, AggregateNode) and n.keys]
-    return all(g is not None and g < SPLIT_GROUPS for g in groups)
+    return any(g is None or g >= SPLIT_GROUPS for g in groups)
+
+
+def hands_off(plan: QueryPlan) -> bool:
+    """Whether rows cross between workers mid-plan: a stage's output hashed or broadcast to another, not only
+    gathered to the head. A plan that only gathers co-located work splits its joins and aggregates for free
+    (Q18's 1.5 million groups, halved per task, took 1.42 times as long as one task)."""
+    return any(s.output_mode in ("hash", "broadcast", "round_robin") for s in plan.stages)

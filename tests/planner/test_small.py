@@ -17,7 +17,8 @@ import pytest
 
 import flight
 from flight.planner import small
-from flight.planner.small import one_host, one_task_saves, scan_bytes
+from flight.planner.optimize import push_filters
+from flight.planner.small import hands_off, many_groups, one_host, reads_twice, scan_bytes
 from flight.sources.feed import FeedContext, WorkUnitFeedProvider
 from flight.sources.providers import FileListProvider
 
@@ -64,7 +65,7 @@ def test_workers_on_one_host_run_a_query_that_hands_rows_between_stages_as_one_t
     assert read is not None
     above = {"small_query_bytes": int(read) - 1}  # not small by the fleet's rule
     split = flight.DistributedExec(q, URLS, **above, one_host_query_bytes=0)
-    assert len(split.plan.stages) > 1 and one_task_saves(split.plan, q.node), split.explain()
+    assert len(split.plan.stages) > 1 and hands_off(split.plan), split.explain()
     whole = flight.DistributedExec(q, URLS, **above)  # both URLs name 127.0.0.1
     assert [s.task_count for s in whole.plan.stages] == [1] and "share one host" in whole.plan.rewrites[0], whole.explain()
     for other in (["grpc://10.0.0.1:1", "grpc://10.0.0.2:1"], URLS[:1]):  # two hosts; one worker
@@ -75,22 +76,26 @@ def test_workers_on_one_host_run_a_query_that_hands_rows_between_stages_as_one_t
         assert len(flight.DistributedExec(q, URLS, **options).plan.stages) > 1
 
 
-def test_a_plan_that_reads_a_stage_twice_or_only_gathers_many_groups_keeps_its_split(
+def test_a_plan_that_computes_a_cte_twice_or_only_gathers_many_groups_keeps_its_split(
     files: dict[str, list[Path]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     catalog = flight.Catalog({name: flight.read_parquet(paths) for name, paths in files.items()})
     off = {"small_query_bytes": 0}
     gather = flight.DistributedExec(flight.sql("SELECT k, v FROM facts WHERE v < 100 ORDER BY v", catalog), URLS, **off)
-    assert [s.output_mode for s in gather.plan.stages] == ["gather", "head"], gather.explain()
-    assert one_task_saves(gather.plan, gather.query.node)  # nothing to aggregate: one task saves the hand-off
+    assert [s.output_mode for s in gather.plan.stages] == ["gather", "head"] and not hands_off(gather.plan), gather.explain()
     grouped = flight.sql("SELECT k, sum(v) AS t FROM facts GROUP BY k", catalog).node  # ~2,000 groups estimated
-    assert one_task_saves(gather.plan, grouped)
-    monkeypatch.setattr(small, "SPLIT_GROUPS", 100)  # as if they were many: the split halves each task's groups
-    assert not one_task_saves(gather.plan, grouped)
+    assert not many_groups(grouped)
+    monkeypatch.setattr(small, "SPLIT_GROUPS", 100)  # as if they were many: a split halves each task's groups
+    assert many_groups(grouped)
     twice = flight.sql("WITH s AS (SELECT k, sum(v) AS t FROM facts GROUP BY k) "
-                       "SELECT a.k, a.t FROM s AS a JOIN s AS b ON a.k = b.k + 1", catalog)
-    shared = flight.DistributedExec(twice, URLS, **off)
-    assert any(s.shared for s in shared.plan.stages) and not one_task_saves(shared.plan, twice.node), shared.explain()
+                       "SELECT a.k, a.t, b.t AS u FROM s AS a JOIN s AS b ON a.k = b.k + 1", catalog)
+    assert reads_twice(push_filters(twice.node))
+    scanned_twice = flight.sql("SELECT a.k FROM facts AS a JOIN facts AS b ON a.k = b.v", catalog)
+    assert not reads_twice(push_filters(scanned_twice.node))  # a table read twice costs the same split or not
+    # On one host, above small_query_bytes: the CTE's query keeps its split, the other is one task.
+    for q, tasks in ((twice, None), (scanned_twice, 1)):
+        ex = flight.DistributedExec(q, URLS, small_query_bytes=1)
+        assert (len(ex.plan.stages) == 1) == (tasks == 1), ex.explain()
 
 
 @pytest.mark.slow
