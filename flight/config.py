@@ -97,9 +97,9 @@ class ExecOptions:
     (0: never; docs/queries.md, "Small queries")."""
     one_host_query_bytes: int = 1 << 30
     """When every worker is on one host (their URLs name the same one: they share its cores), a query reading
-    at most this many bytes also runs as one task, on all of the host's cores, if its split plan would hand
-    rows between workers and read no stage twice (``planner.small.one_task_saves``; 0: never, and never
-    when ``small_query_bytes`` is 0)."""
+    at most this many bytes also runs as one task, on all of the host's cores, unless it computes a CTE twice
+    or its split only gathers co-located work over many groups (``DistributedExec._plan``; docs/queries.md,
+    "Small queries"; 0: never, and never when ``small_query_bytes`` is 0)."""
     security: Security | None = None
     """Token and TLS material for talking to the workers (``LocalCluster.security``, ``Security.from_files``)."""
     deadline: float | None = None
