@@ -102,7 +102,7 @@ def _memory_split(limit: int, wide: bool) -> int:
     """A database's share of the worker's memory limit: a quarter for the wide one, the rest for the other,
     when there is a wide one. Why a quarter: its queries are small (at most ``ExecOptions.small_query_bytes``
     read, 64 MiB by default, or ``one_host_query_bytes``, 1 GiB, on one host), and what they need past it
-    they spill: TPC-H SF 10 on two workers limited to 4 GB, Q11, Q16 and Q22 one task each, peaked at 1.3 GB."""
+    they spill: TPC-H SF 10 on two workers limited to 4 GB, Q11, Q13, Q16 and Q22 one task each, peaked at 1.3 GB."""
     if wide_threads() is None:
         return limit
     return limit // 4 if wide else limit - limit // 4
