@@ -8,6 +8,7 @@ driven with the coordinator's own ``TaskChannel``, without its watch for a silen
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -193,15 +194,28 @@ def consume(consumer: Task) -> tuple[threading.Thread, dict[str, object], thread
     return thread, outcome, first_rows
 
 
-def test_a_consumer_task_fails_naming_a_producer_worker_frozen_mid_shuffle(cluster: flight.LocalCluster) -> None:
-    (producer_url, consumer_url), victim = cluster.urls, cluster.processes[0]
+@contextlib.contextmanager
+def flowing_shuffle(producer_url: str, consumer_url: str, producer_beat_s: float = BEAT_MS / 1000) -> Iterator[
+    tuple[Task, threading.Thread, dict[str, object]]
+]:
+    """A producer task and a consumer task reading it from another worker, 20 rows already through; yields the
+    consumer, the thread reading its output and what that read. Both tasks are closed at the end."""
     query, secret = f"shuffle-{os.urandom(4).hex()}", new_secret()
-    producer = Task(producer_url, query, secret, 0, sleep_plan(), feeds=True)
+    producer = Task(producer_url, query, secret, 0, sleep_plan(), feeds=True, beat_s=producer_beat_s)
     consumer = Task(consumer_url, query, secret, 1, read_plan(producer_url, producer.key), feeds=False)
     thread, outcome, first_rows = consume(consumer)
     try:
         producer.send(sleep_unit(0, 0, rows=20))
         assert first_rows.wait(HANG_S) and outcome["rows"] == 20, outcome  # the shuffle's stream is open and flowing
+        yield consumer, thread, outcome
+    finally:
+        consumer.close()
+        producer.close()
+
+
+def test_a_consumer_task_fails_naming_a_producer_worker_frozen_mid_shuffle(cluster: flight.LocalCluster) -> None:
+    (producer_url, consumer_url), victim = cluster.urls, cluster.processes[0]
+    with flowing_shuffle(producer_url, consumer_url) as (consumer, thread, outcome):
         victim.send_signal(signal.SIGSTOP)
         try:
             thread.join(HANG_S)
@@ -209,9 +223,6 @@ def test_a_consumer_task_fails_naming_a_producer_worker_frozen_mid_shuffle(clust
             wait_until(lambda: consumer.channel.error is not None, HANG_S, "the consumer task's error frame")
         finally:
             victim.send_signal(signal.SIGCONT)
-    finally:
-        consumer.close()
-        producer.close()
     # The consumer's worker reports its task failed because the producer's worker is lost, and names that worker.
     error = consumer.channel.error
     assert isinstance(error, WorkerUnavailableError) and error.worker_url == producer_url, error
@@ -225,19 +236,10 @@ def test_a_producer_cut_off_from_its_coordinator_is_named_unavailable_by_its_con
     worker 0 fails naming worker 1 as unavailable, not with a task error, so that the coordinator counts worker 1
     lost (the fleet's partition test: a cut that heals before the coordinator's probe is still a loss)."""
     consumer_url, producer_url = cluster.urls
-    query, secret = f"cut-{os.urandom(4).hex()}", new_secret()
-    producer = Task(producer_url, query, secret, 0, sleep_plan(), feeds=True, beat_s=10 * HANG_S)  # never beats: silent
-    consumer = Task(consumer_url, query, secret, 1, read_plan(producer_url, producer.key), feeds=False)
-    thread, outcome, first_rows = consume(consumer)
-    try:
-        producer.send(sleep_unit(0, 0, rows=20))
-        assert first_rows.wait(HANG_S) and outcome["rows"] == 20, outcome
+    with flowing_shuffle(producer_url, consumer_url, producer_beat_s=10 * HANG_S) as (consumer, thread, _):  # never beats
         thread.join(HANG_S)
         assert not thread.is_alive(), "the consumer task waited for the freed producer forever"
         wait_until(lambda: consumer.channel.error is not None, HANG_S, "the consumer task's error frame")
-    finally:
-        consumer.close()
-        producer.close()
     error = consumer.channel.error
     assert isinstance(error, WorkerUnavailableError) and error.worker_url == producer_url, error
     assert "heard nothing from the coordinator" in str(error), error
