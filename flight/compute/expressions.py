@@ -172,12 +172,41 @@ def literal_value(msg: plan_pb2.Literal, path: str) -> pa.Scalar:
     if kind == "binary_value":
         return pa.scalar(msg.binary_value, pa.binary())
     if kind == "arrow":
-        column = ipc_column(msg.arrow, f"{path}.arrow", "literal")
-        if len(column) != 1:
-            message = f"An Arrow literal must hold exactly one row, not {len(column)}."
-            raise ProtocolError(message, field=f"{path}.arrow")
-        return column[0]
+        return _arrow_literal(msg.arrow, f"{path}.arrow")
     raise ProtocolError("The literal sets no value.", field=path)
+
+
+def _arrow_literal(data: bytes, path: str) -> pa.Scalar:
+    """The value of an Arrow literal (an IPC stream of one row), remembered per process by its bytes.
+
+    Why: every decimal, date and timestamp literal is one, and decoding an IPC stream (validated in
+    full) costs about 50 us; a plan is decoded twice on a worker (the compile, the translation to
+    SQL) and every query of the same shape carries the same literals. A remembered value is what
+    the same bytes decoded to; only small streams are kept, and at most ``_LITERALS_MAX`` of them,
+    so a peer cannot grow the memory. Errors are not remembered."""
+    keep = len(data) <= _LITERAL_KEY_BYTES
+    if keep:
+        with _literals_lock:
+            known = _LITERALS.get(data)
+            if known is not None:
+                _LITERALS.move_to_end(data)
+                return known
+    column = ipc_column(data, path, "literal")
+    if len(column) != 1:
+        raise ProtocolError(f"An Arrow literal must hold exactly one row, not {len(column)}.", field=path)
+    value = column[0]
+    if keep:
+        with _literals_lock:
+            _LITERALS[data] = value
+            while len(_LITERALS) > _LITERALS_MAX:
+                _LITERALS.popitem(last=False)
+    return value
+
+
+_LITERALS: OrderedDict[bytes, pa.Scalar] = OrderedDict()
+_LITERALS_MAX = 4096
+_LITERAL_KEY_BYTES = 4 << 10
+_literals_lock = threading.Lock()
 
 
 def ipc_column(data: bytes, path: str, what: str) -> pa.Array:

@@ -32,7 +32,7 @@ from flight.plan.query import Query
 from flight.planner.cut import plan_query
 from flight.planner.inputs import refuse_unsent_inputs
 from flight.planner.optimize import push_filters
-from flight.planner.small import hands_off, many_groups, one_host, reads_twice, scan_bytes
+from flight.planner.small import hands_off, many_groups, one_host, reads_twice, scan_bytes, small_note
 from flight.planner.stages import PlannerOptions, QueryPlan, StageSpec
 from flight.sources.estimate import DefaultTaskEstimator, TaskEstimator
 from flight.wire.limits import clip
@@ -88,15 +88,18 @@ class DistributedExec:
         node, limit, small = self.query.node, self.options.one_host_query_bytes, self.options.small_query_bytes
         if not (limit > small > 0 and one_host(urls)):
             return plan_query(node, len(urls), options)
+        # Filters pushed and scans sized once, here: planned as one task, the planner need not do either again.
         root = push_filters(node)
         read = scan_bytes(root)
-        if read is None or read <= small or read > limit or reads_twice(root):
-            return plan_query(node, len(urls), options)
-        if many_groups(root) and not hands_off(split := plan_query(node, len(urls), options)):
+        if read is None or read > limit or (read > small and reads_twice(root)):
+            return plan_query(root, len(urls), options)
+        if read > small and many_groups(root) and not hands_off(split := plan_query(root, len(urls), options)):
             return split
-        whole = plan_query(node, len(urls), replace(options, small_query_bytes=limit))
-        whole.rewrites.insert(0, f"its {len(urls)} workers share one host: one task on all its cores costs less than the "
-                                 "split's stages (one_host_query_bytes)")
+        whole = plan_query(root, 1, options)
+        whole.rewrites.insert(0, small_note(read, small if read <= small else limit))
+        if read > small:
+            whole.rewrites.insert(0, f"its {len(urls)} workers share one host: one task on all its cores costs less "
+                                     "than the split's stages (one_host_query_bytes)")
         return whole
 
     @property

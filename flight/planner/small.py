@@ -23,7 +23,7 @@ from flight.planner.optimize import prune_columns
 from flight.planner.reuse import repeated_subtrees
 from flight.planner.stages import QueryPlan
 
-__all__ = ["hands_off", "many_groups", "one_host", "reads_twice", "scan_bytes", "small_query"]
+__all__ = ["hands_off", "many_groups", "one_host", "reads_twice", "scan_bytes", "small_note", "small_query"]
 
 
 def scan_bytes(root: Node) -> float | None:
@@ -51,6 +51,11 @@ def small_query(root: Node, max_tasks: int, limit: int) -> str:
     read = scan_bytes(root)
     if read is None or read > limit:
         return ""
+    return small_note(read, limit)
+
+
+def small_note(read: float, limit: int) -> str:
+    """The rewrite note of a query run as one task because its scans read ``read`` bytes, at most ``limit``."""
     return (f"the query's scans are estimated to read ~{read / (1 << 20):,.1f} MiB (at most "
             f"{limit / (1 << 20):,.0f} MiB): it runs as one task on one worker")
 

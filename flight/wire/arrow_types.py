@@ -34,20 +34,32 @@ def unit_tag(unit: int, rows: int) -> pa.Array:
 
 
 def normalize_type(t: pa.DataType) -> pa.DataType:
-    """The type Acero processes for ``t``: view types become their plain forms."""
-    if t == pa.string_view():
+    """The type Acero processes for ``t``: view types become their plain forms.
+
+    Called for every column of every schema planned or compiled (thousands per query), so a type
+    with nothing to change (no view, no nesting: nearly all) returns after one set lookup."""
+    if t.id not in _REWRITTEN:
+        return t
+    if pa.types.is_string_view(t):
         return pa.string()
-    if t == pa.binary_view():
+    if pa.types.is_binary_view(t):
         return pa.binary()
-    if pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
-        return pa.list_(normalize_type(t.value_type))
-    if pa.types.is_list(t):
+    if pa.types.is_list_view(t) or pa.types.is_large_list_view(t) or pa.types.is_list(t):
         return pa.list_(normalize_type(t.value_type))
     if pa.types.is_struct(t):
         return pa.struct([f.with_type(normalize_type(f.type)) for f in t])
     return t
 
 
+_REWRITTEN = frozenset(
+    t.id for t in (pa.string_view(), pa.binary_view(), pa.list_view(pa.int8()), pa.large_list_view(pa.int8()),
+                   pa.list_(pa.int8()), pa.struct([]))
+)
+"""The type ids ``normalize_type`` may change (the views, and the nested types that can hold them)."""
+
+
 def normalize_schema(schema: pa.Schema) -> pa.Schema:
+    if all(t.id not in _REWRITTEN for t in schema.types):
+        return schema  # nothing to change (nearly always): building fields again costs ~2 us each
     fields = [f.with_type(normalize_type(f.type)) for f in schema]
     return pa.schema(fields, metadata=schema.metadata)  # type: ignore[arg-type]  # stubs: bytes keys are what it gives
