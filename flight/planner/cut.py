@@ -106,7 +106,6 @@ class _Planner:
 
     def consumer(self, node: Node, tasks: int, rows: float | None, reads: list[ShuffleReadNode], hashed: list[str] | None = None) -> Frag:
         return Frag(node, tasks, rows, [], reads, hashed=hashed)
-
     # ------------------------------------------------------------- the walk
 
     def build(self, node: Node) -> Frag:
@@ -179,7 +178,8 @@ class _Planner:
         if declared is not None and declared < 1:
             raise PlanError(f"feed {node.feed.feed_id!r}: partitions() returned {declared}; it must be at least 1")
         tasks = min(self.max_tasks, declared) if declared is not None else self.max_tasks
-        return Frag(node, tasks, rows, [FeedPlan(node.feed, declared or tasks)], leaf=True)
+        parts = 1 if self.max_tasks == 1 and provider.dealt else declared or tasks  # one task: one partition will do
+        return Frag(node, tasks, rows, [FeedPlan(node.feed, parts)], leaf=True)
 
     def limit(self, node: LimitNode) -> Frag:
         if isinstance(node.input, SortNode):  # top-k: every task keeps only its first count + offset rows

@@ -30,6 +30,7 @@ class FileListProvider(WorkUnitFeedProvider):
     """
 
     repeatable = True
+    dealt = True
 
     def __init__(
         self, paths: Sequence[str | os.PathLike[str]], *, split_row_groups: bool | int = False, partitions: int | None = None

@@ -53,6 +53,8 @@ def test_a_small_query_is_one_task_and_a_larger_one_is_not(files: dict[str, list
     assert read is not None and 0 < read < 64 << 20
     one = flight.DistributedExec(q, URLS)
     assert [s.task_count for s in one.plan.stages] == [1] and any(NOTE in r for r in one.plan.rewrites), one.explain()
+    # One task reads each file list through one feed partition (FileListProvider deals its files over any number).
+    assert [f.partitions for f in one.plan.stages[0].feeds] == [1, 1], one.explain()
     # Above the limit (here: below what the scans read), or with the rule off, the stages are cut as before.
     for options in ({"small_query_bytes": int(read) - 1, "one_host_query_bytes": 0}, {"small_query_bytes": 0}):
         many = flight.DistributedExec(q, URLS, **options)
@@ -121,6 +123,28 @@ class _Listing(WorkUnitFeedProvider):
     def feed(self, partition: int, ctx: FeedContext) -> Iterator[object]:
         for path in self.paths:
             yield from FileListProvider([str(path)]).file_units(str(path))
+
+
+class _Fixed(_Listing):
+    """Partition ``p`` is file ``p``: a provider that does not deal its units over however many partitions."""
+
+    def partitions(self) -> int:
+        return len(self.paths)
+
+    def feed(self, partition: int, ctx: FeedContext) -> Iterator[object]:
+        path = self.paths[partition]
+        yield from FileListProvider([str(path)]).file_units(str(path))
+
+
+def test_one_task_keeps_the_partitions_of_a_provider_that_does_not_deal_its_units(
+    cluster: flight.LocalCluster, files: dict[str, list[Path]]
+) -> None:
+    schema = pq.read_schema(files["facts"][0])
+    q = flight.read_parquet(_Fixed(files["facts"]), schema=schema).aggregate([], n=flight.agg.count("v"), s=flight.agg.sum("v"))
+    ex = flight.DistributedExec(q, cluster.urls[:1])
+    assert [f.partitions for st in ex.plan.stages for f in st.feeds] == [4], ex.explain()
+    listed = ", ".join(f"'{p}'" for p in files["facts"])
+    assert ex.to_table().to_pylist() == duckdb.sql(f"SELECT count(v) AS n, sum(v) AS s FROM read_parquet([{listed}])").arrow().read_all().to_pylist()
 
 
 def test_a_scan_of_unknown_size_is_never_small(files: dict[str, list[Path]]) -> None:
