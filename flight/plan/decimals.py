@@ -30,7 +30,8 @@ _OPERATORS = frozenset({
 def with_decimal_literals(expr: Expr, schema: pa.Schema) -> Expr:
     """``expr`` with each Python number beside a decimal operand made a decimal literal (``expr``
     itself when there is none)."""
-    if not any(pa.types.is_decimal(schema.field(n).type) for n in expr.referenced_fields() if n in schema.names):
+    names = set(schema.names)
+    if not any(pa.types.is_decimal(schema.field(n).type) for n in expr.referenced_fields() if n in names):
         return expr
     fixed = _fix(expr._node, schema)
     return expr if fixed is expr._node else Expr._of(fixed)

@@ -69,21 +69,24 @@ class FeedScanNode(Node):
     declared_schema: pa.Schema
     columns: list[str] | None = None
     reader_options: dict[str, str] = field(default_factory=dict)
+    _schema: pa.Schema = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.declared_schema = normalize_schema(self.declared_schema)
         if self.reader == UNITS_READER and self.declared_schema.names != ["unit"]:
             raise PlanError("the 'units' reader produces one binary column named 'unit'")
+        self._schema = self.declared_schema
         if self.columns is not None:
-            missing = [c for c in self.columns if c not in self.declared_schema.names]
+            names = set(self.declared_schema.names)
+            missing = [c for c in self.columns if c not in names]
             if missing:
                 raise PlanError(f"scan of feed {self.feed.feed_id!r}: columns {missing} are not in {self.declared_schema.names}")
+            self._schema = pa.schema([self.declared_schema.field(c) for c in self.columns])
 
     @property
     def schema(self) -> pa.Schema:
-        if self.columns is None:
-            return self.declared_schema
-        return pa.schema([self.declared_schema.field(c) for c in self.columns])
+        """The columns read (made once: the planner asks for every node's schema many times)."""
+        return self._schema
 
     def to_proto(self) -> plan_pb2.Operator:
         return plan_pb2.Operator(

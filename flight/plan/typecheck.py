@@ -36,14 +36,17 @@ def output_type(expr: Expr, schema: pa.Schema) -> pa.DataType:
         index = schema.get_field_index(node.name)
         if index >= 0:
             return schema.field(index).type
-    missing = sorted(expr.referenced_fields() - set(schema.names))
+    used = expr.referenced_fields()
+    missing = sorted(used - set(schema.names))
     if missing:
         available = ", ".join(repr(n) for n in schema.names) or "none"
         raise PlanError(f"Column {missing[0]!r} is not in the input; available columns: {available}.")
     msg = expr._proto()
     if len(msg.nodes) == 1 and msg.nodes[0].WhichOneof("kind") == "field":
         return schema.field(msg.nodes[0].field.name).type  # a column: nothing to bind
-    key = (msg.SerializeToString(deterministic=True), schema)
+    # The type depends on the types of the columns it reads only; hashing the whole schema would
+    # cost microseconds per column, for every expression of every node the planner builds.
+    key = (msg.SerializeToString(deterministic=True), tuple((n, _type_of(schema, n)) for n in sorted(used)))
     known = _TYPED.get(key)
     if known is not None:
         return known
@@ -63,7 +66,13 @@ def output_type(expr: Expr, schema: pa.Schema) -> pa.DataType:
         raise PlanError(f"Function {function!r} cannot be applied to argument types ({types}): {exc}") from exc
 
 
-_TYPED: dict[tuple[bytes, pa.Schema], pa.DataType] = {}
+def _type_of(schema: pa.Schema, name: str) -> pa.DataType | None:
+    """Column ``name``'s type; None when the name is not one column (the bind then says why)."""
+    index = schema.get_field_index(name)
+    return schema.field(index).type if index >= 0 else None
+
+
+_TYPED: dict[tuple[bytes, tuple[tuple[str, pa.DataType | None], ...]], pa.DataType] = {}
 """Types already bound: the optimizer rebuilds nodes, and each node types its expressions again."""
 _TYPED_MAX = 4096
 

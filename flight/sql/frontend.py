@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,6 +30,9 @@ _SETTINGS = {
     "datafusion.sql_parser.parse_float_as_decimal": "true",
     "datafusion.sql_parser.map_string_types_to_utf8view": "false",
     "datafusion.optimizer.enable_physical_uncorrelated_scalar_subquery": "false",  # a join instead
+    # Two passes of the rules, not three: on the 22 TPC-H queries the third changed no plan and cost
+    # a fifth of the optimizer's time (0.47 ms a query); the worker's DuckDB optimizes its SQL again.
+    "datafusion.optimizer.max_passes": "2",
 }
 
 DIALECTS = {"duckdb": "duckdb", "generic": "generic", "postgres": "postgresql", "spark": "postgresql"}
@@ -119,6 +123,38 @@ def position(statement: Statement, word: str) -> str:
     return f"line {line}:{column}"
 
 
+class _Sessions:
+    """Sessions that know the same tables, kept for the next query over them.
+
+    Why: making a session and registering its tables costs ~0.3 ms, a tenth of planning a small
+    query. A session only plans queries (``SQLOptions`` refuse DDL, DML and statements), so one
+    that planned a query is as it was; a text with views makes a session of its own, never kept.
+    One query at a time uses a session (taken out, put back); at most ``_KEEP`` sessions are kept."""
+
+    _KEEP = 16
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: dict[tuple[str, tuple[tuple[str, pa.Schema], ...]], list[Any]] = {}
+
+    def take(self, schemas: dict[str, pa.Schema], dialect: str) -> tuple[Any, tuple[str, tuple[tuple[str, pa.Schema], ...]]]:
+        key = (dialect, tuple(sorted(schemas.items(), key=lambda item: item[0])))
+        with self._lock:
+            idle = self._idle.get(key)
+            if idle:
+                return idle.pop(), key
+        return session(schemas, dialect), key
+
+    def give_back(self, key: tuple[str, tuple[tuple[str, pa.Schema], ...]], ctx: Any) -> None:
+        with self._lock:
+            if sum(len(v) for v in self._idle.values()) >= self._KEEP:
+                self._idle.clear()
+            self._idle.setdefault(key, []).append(ctx)
+
+
+_SESSIONS = _Sessions()
+
+
 def session(schemas: dict[str, pa.Schema], dialect: str) -> Any:
     """A DataFusion session that knows each table by its schema (and holds no data)."""
     try:
@@ -153,19 +189,31 @@ def plan_text(
     ``schemas``: the tables the text may name; ``tables``: every table there is (for errors);
     ``params``: the values of the query's parameters (``$1`` or ``?`` by number, ``$name`` by name)."""
     known = tables if tables is not None else list(schemas)
-    import datafusion
-
     statements = split_statements(text)
     if not statements:
         raise PlanError("SQL: the text holds no statement")
-    ctx = session(schemas, dialect)
-    query_only = datafusion.SQLOptions().with_allow_ddl(False).with_allow_dml(False).with_allow_statements(False)
-    views = datafusion.SQLOptions().with_allow_dml(False).with_allow_statements(False)
-    result: tuple[Any, Statement] | None = None
+    if dialect not in DIALECTS:
+        raise PlanError(f"SQL: dialect {dialect!r} is not one of {', '.join(DIALECTS)}")
     if dialect == "spark":
         from flight.sql.spark import to_postgres
 
         statements = [Statement(to_postgres(st.text), st.line, st.column) for st in statements]
+    if any(_is_view(st.keywords()) for st in statements):
+        return _plan_statements(session(schemas, dialect), statements, schemas, known, params)
+    ctx, key = _SESSIONS.take(schemas, dialect)
+    planned = _plan_statements(ctx, statements, schemas, known, params)
+    _SESSIONS.give_back(key, ctx)  # not after a failure: a session that failed is let go
+    return planned
+
+
+def _plan_statements(
+    ctx: Any, statements: list[Statement], schemas: dict[str, pa.Schema], known: list[str], params: dict[str, Any] | None
+) -> tuple[Any, Statement]:
+    import datafusion
+
+    query_only = datafusion.SQLOptions().with_allow_ddl(False).with_allow_dml(False).with_allow_statements(False)
+    views = datafusion.SQLOptions().with_allow_dml(False).with_allow_statements(False)
+    result: tuple[Any, Statement] | None = None
     for st in statements:
         words = st.keywords()
         if _is_view(words):
