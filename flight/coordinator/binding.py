@@ -34,7 +34,7 @@ def task_plan(
     ``DistributedExec`` may run several executions at once.
     """
     plan = plan_pb2.StagePlan(
-        root=(stage.root if stage.task_roots is None else stage.task_roots[task]).to_proto(),
+        root=stage.root_proto(task),
         output=stage.output_spec([counts[c] for c in stage.consumers] or [1]),
         output_schema=encode_schema(stage.output_schema),
     )

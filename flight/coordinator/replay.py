@@ -69,7 +69,7 @@ def replay_mode(plan: QueryPlan, options: ExecOptions, retain: bool) -> Mode | N
         return "stages" if options.stage_recovery else None  # ``stagereplay.py``
     if retain:
         return "task"
-    if options.unit_recovery and taggable(plan.head.root.to_proto()):
+    if options.unit_recovery and taggable(plan.head.root_proto()):
         return "units"
     return None
 
