@@ -173,7 +173,7 @@ def run_duckdb(
     try:
         # Joined scans (a co-located join's sides) are one query over all of each side's files:
         # DuckDB then picks the build side and reads every file itself.
-        translator = Translator(task, whole=wide or parquet_scans(plan.root) > 1)
+        translator = Translator(task, whole=wide or parquet_scans(plan.root) > 1, query=wide)
         text = translator.relation(plan.root, "plan.root")
         out_schema = schemas["plan.root"]
         if translator.root_fragment is not None:  # the whole stage is one unit fragment: its output is the task's

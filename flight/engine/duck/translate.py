@@ -20,17 +20,21 @@ from flight.wire.ipc import read_ipc_stream
 class Translator:
     """Operators → SQL text over the task's sources (see the module docstring)."""
 
-    def __init__(self, task: DuckTask, whole: bool = False) -> None:
+    def __init__(self, task: DuckTask, whole: bool = False, query: bool = False) -> None:
         self.task = task
         self.aliases = itertools.count()
         self.root_fragment: Iterator[pa.RecordBatch] | None = None
         self.whole = whole
+        self.query = query
         self.feeds: list[WholeFeed] = []
         """``whole``: the stage is one query, each Parquet scan reading all of its task's units at once
         (``duck_units.whole_feeds``); these are its scans, their tokens filled in when the units are here."""
         self.builds: list[tuple[str, str]] = []
         """``whole``: each join's right side that is more than a scan (``_plain_scan``), made a table
-        before the query (inner ones first), so that DuckDB orders the joins by true sizes; (name, query)."""
+        before the query (inner ones first), so that DuckDB orders the joins by true sizes; (name, query).
+        Not for the query's only task (``query``): its text is the whole query, which DuckDB plans as
+        it plans its own; a table first costs a write and a read (TPC-H at SF 0.1 and 1: Q3, Q5, Q11,
+        Q17, Q18, Q20, Q22 took 0.79 to 0.98 of the time without their tables, Q2 the same)."""
 
     def sub(self, op: plan_pb2.Operator, path: str) -> str:
         """``op`` as a FROM item: a parenthesised query with an alias."""
@@ -199,7 +203,7 @@ class Translator:
 
     def right_side(self, join: plan_pb2.HashJoin, here: str) -> str:
         text = self.relation(join.right, f"{here}.right")
-        if not self.whole or _plain_scan(join.right) or join.right.WhichOneof("kind") == "shuffle_read":
+        if not self.whole or self.query or _plain_scan(join.right) or join.right.WhichOneof("kind") == "shuffle_read":
             # Another stage's rows are made a table of their own before the query (``whole_feeds``):
             # built again, they were copied into a second table (TPC-H Q9, Q16, Q17, Q20).
             return f"({text})"
