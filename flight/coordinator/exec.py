@@ -92,10 +92,10 @@ class DistributedExec:
         root = push_filters(node)
         read = scan_bytes(root)
         if read is None or read > limit or (read > small and reads_twice(root)):
-            return plan_query(root, len(urls), options)
-        if read > small and many_groups(root) and not hands_off(split := plan_query(root, len(urls), options)):
+            return plan_query(root, len(urls), options, pushed=True)
+        if read > small and many_groups(root) and not hands_off(split := plan_query(root, len(urls), options, pushed=True)):
             return split
-        whole = plan_query(root, 1, options)
+        whole = plan_query(root, 1, options, pushed=True)
         whole.rewrites.insert(0, small_note(read, small if read <= small else limit))
         if read > small:
             whole.rewrites.insert(0, f"its {len(urls)} workers share one host: one task on all its cores costs less "

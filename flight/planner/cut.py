@@ -418,25 +418,25 @@ _REDUCE_RATIO = 10.0
 _DISTINCT_FRACTION = 0.1  # of a semi join's build-side rows estimated distinct keys (as for a grouped aggregate)
 
 
-def plan_query(root: Node, max_tasks: int, options: PlannerOptions | None = None, *, colocate: bool = True) -> QueryPlan:
-    """Cut ``root`` into stages; the head stage (what the caller reads) comes last.
-
-    ``colocate=False``: no co-located joins, for callers that run ``StageSpec.root`` as it is in
-    every task (their tasks would not keep to their key ranges)."""
+def plan_query(
+    root: Node, max_tasks: int, options: PlannerOptions | None = None, *, colocate: bool = True, pushed: bool = False
+) -> QueryPlan:
+    """Cut ``root`` (its filters already pushed: ``pushed``) into stages; the head stage (what the caller reads) comes last.
+    ``colocate=False``: no co-located joins, for callers that run ``StageSpec.root`` as is in every task (off their key ranges)."""
     if max_tasks < 1:
         raise PlanError("the resolver returned no worker URLs; start workers or check the resolver's source")
-    pushed = push_filters(root)
-    small = small_query(pushed, max_tasks, (options or PlannerOptions()).small_query_bytes)  # a rewrite note, or ""
+    root = root if pushed else push_filters(root)
+    small = small_query(root, max_tasks, (options or PlannerOptions()).small_query_bytes)  # a rewrite note, or ""
     planner = _Planner(max_tasks := 1 if small else max_tasks, options or PlannerOptions(), colocate)
     planner.rewrites += [small] if small else []
-    uses = repeated_subtrees(pushed)
-    ctes = {id(n) for top in pushed.walk() if id(top) in uses for n in top.walk()}
-    pushed, notes = reduce_aggregate_inputs(pushed, planner.options.broadcast_bytes, ctes)
+    uses = repeated_subtrees(root)
+    ctes = {id(n) for top in root.walk() if id(top) in uses for n in top.walk()}
+    root, notes = reduce_aggregate_inputs(root, planner.options.broadcast_bytes, ctes)
     planner.rewrites.extend(notes)
     if max_tasks > 1:  # what it saves is rows moved between tasks
-        pushed, notes = eager_aggregates(pushed)
+        root, notes = eager_aggregates(root)
         planner.rewrites.extend(notes)
-    pruned = prune_columns(pushed)
+    pruned = prune_columns(root)
     planner.repeated = repeated_subtrees(pruned)
     frag = planner.build(pruned)
     planner.cut(frag, "head")
