@@ -35,8 +35,6 @@ a 5,000-term ``or`` evaluates about 64 levels deep.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import pyarrow as pa
@@ -48,6 +46,7 @@ from flight.wire._proto import plan_pb2
 from flight.wire.functions import NARY_FUNCTIONS, FunctionSpec, lookup
 from flight.wire.ipc import read_ipc_stream
 from flight.wire.limits import clip
+from flight.wire.memo import Memo
 
 __all__ = ["MAX_DEPTH", "MAX_NODES", "bind", "bound_types", "ipc_column", "literal_value", "referenced_fields", "to_pyarrow", "to_pyarrow_nodes"]
 
@@ -185,28 +184,18 @@ def _arrow_literal(data: bytes, path: str) -> pa.Scalar:
     the same bytes decoded to; only small streams are kept, and at most ``_LITERALS_MAX`` of them,
     so a peer cannot grow the memory. Errors are not remembered."""
     keep = len(data) <= _LITERAL_KEY_BYTES
-    if keep:
-        with _literals_lock:
-            known = _LITERALS.get(data)
-            if known is not None:
-                _LITERALS.move_to_end(data)
-                return known
+    if keep and (known := _LITERALS.get(data)) is not None:
+        return known
     column = ipc_column(data, path, "literal")
     if len(column) != 1:
         raise ProtocolError(f"An Arrow literal must hold exactly one row, not {len(column)}.", field=path)
-    value = column[0]
     if keep:
-        with _literals_lock:
-            _LITERALS[data] = value
-            while len(_LITERALS) > _LITERALS_MAX:
-                _LITERALS.popitem(last=False)
-    return value
+        _LITERALS.put(data, column[0])
+    return column[0]
 
 
-_LITERALS: OrderedDict[bytes, pa.Scalar] = OrderedDict()
-_LITERALS_MAX = 4096
+_LITERALS: Memo[bytes, pa.Scalar] = Memo(4096)
 _LITERAL_KEY_BYTES = 4 << 10
-_literals_lock = threading.Lock()
 
 
 def ipc_column(data: bytes, path: str, what: str) -> pa.Array:
@@ -395,7 +384,7 @@ def bound_types(
     0.5 ms, more on a worker whose other tasks hold the GIL; profiled on TPC-H as 1-2 ms of a
     task's start). Keys are the message's bytes and the schema's IPC bytes (metadata included),
     so a remembered answer is Acero's own for the same input; only small keys are kept and the
-    entries are bounded (``_BOUND_MAX``), so a peer's large or many expressions cannot grow it.
+    entries are bounded (``_BOUND``: a ``Memo``), so a peer's large or many expressions cannot grow it.
     Errors are not remembered: a bad expression is bound, and refused, each time.
     ``msg`` must have been decoded (validated) once already; a hit skips ``decode``.
     """
@@ -406,25 +395,17 @@ def bound_types(
     wire = msg.SerializeToString(deterministic=True)
     shape = schema.serialize().to_pybytes()
     key = (tag, wire, shape) if len(wire) + len(shape) <= _BOUND_KEY_BYTES else None
-    if key is not None:
-        with _bound_lock:
-            known = _BOUND.get(key)
-            if known is not None:
-                _BOUND.move_to_end(key)
-                return list(known)
+    if key is not None and (known := _BOUND.get(key)) is not None:
+        return list(known)
     exprs = list(decode())
     source = acero.Declaration("table_source", acero.TableSourceNodeOptions(schema.empty_table()))
     project = acero.Declaration("project", acero.ProjectNodeOptions(exprs, [f"n{i}" for i in range(len(exprs))]))
     types = tuple(acero.Declaration.from_sequence([source, project]).to_table().schema.types)
     if key is not None:
-        with _bound_lock:
-            _BOUND[key] = types
-            while len(_BOUND) > _BOUND_MAX:
-                _BOUND.popitem(last=False)
+        _BOUND.put(key, types)
     return list(types)
 
 
-_BOUND: OrderedDict[tuple[str, bytes, bytes], tuple[pa.DataType, ...]] = OrderedDict()
-_BOUND_MAX = 1024
+_BOUND: Memo[tuple[str, bytes, bytes], tuple[pa.DataType, ...]] = Memo(1024)
 _BOUND_KEY_BYTES = 16 << 10
-_bound_lock = threading.Lock()
+

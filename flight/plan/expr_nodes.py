@@ -13,8 +13,6 @@ recursion limit.
 
 from __future__ import annotations
 
-import datetime
-import decimal
 import json
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -226,32 +224,13 @@ def _ipc_stream(array: pa.Array) -> bytes:
 
 
 def scalar_bytes(value: object, type: pa.DataType | None) -> bytes:
-    """``value`` as a one-row Arrow IPC stream, of ``type`` (or the type Arrow infers).
-
-    Remembered for plain Python values (numbers, text, decimals, dates): writing a stream costs
-    ~30 us, and a SQL query's plan makes one per decimal or date literal each time it is planned.
-    Keyed by the value's class and ``repr`` (``0.05`` and ``0.050`` are equal decimals of different
-    types; ``0.0`` and ``-0.0`` equal floats of different bits) and the type; bounded."""
-    key = (value.__class__, repr(value), type) if isinstance(value, _PLAIN) else None
-    if key is not None and (known := _SCALARS.get(key)) is not None:
-        return known
     try:
         if isinstance(value, pa.Scalar) and type is not None:
             value = value.cast(type)
-        data = _ipc_stream(pa.array([value], type=type))
+        return _ipc_stream(pa.array([value], type=type))
     except _ARROW_ERRORS as exc:
         as_type = f" of type {type}" if type is not None else ""
         raise PlanError(f"Cannot make a literal{as_type} from {value!r}: {exc}") from exc
-    if key is not None and len(key[1]) <= 256:
-        if len(_SCALARS) >= 4096:
-            _SCALARS.clear()
-        _SCALARS[key] = data
-    return data
-
-
-_PLAIN = (bool, int, float, str, decimal.Decimal, datetime.date, datetime.time, datetime.timedelta)
-"""Python values whose ``repr`` says exactly what they are (a ``datetime`` is a ``date``: its repr names its zone)."""
-_SCALARS: dict[tuple[type, str, pa.DataType | None], bytes] = {}
 
 
 def _value_set_bytes(function: str, values: object) -> bytes:

@@ -827,11 +827,10 @@ def test_lookup() -> None:
 
 def test_bound_types_are_acero_s_remembered_and_bounded_and_errors_are_not(monkeypatch: pytest.MonkeyPatch) -> None:
     """``bound_types`` answers as an Acero project over no rows does (the oracle), decodes a
-    message once per schema, never remembers a failure, and keeps at most ``_BOUND_MAX`` answers."""
+    message once per schema, never remembers a failure, and keeps at most as many answers as its bound."""
     from flight.compute import expressions as ex
 
-    monkeypatch.setattr(ex, "_BOUND", type(ex._BOUND)())
-    monkeypatch.setattr(ex, "_BOUND_MAX", 2)
+    monkeypatch.setattr(ex, "_BOUND", type(ex._BOUND)(2))
     expr = (col("a") + lit(1.5)).to_proto()
     decoded = []
 
