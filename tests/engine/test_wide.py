@@ -88,3 +88,49 @@ def test_a_worker_with_little_memory_keeps_one_database() -> None:
         assert _database(ANY_PATH, wide=True) is _database(ANY_PATH)
     finally:
         configure(before)
+
+
+def _whole(query: flight.Query) -> pa.Table:
+    """``query`` as a query's only task runs it on a worker (``whole_query``), in this process."""
+    from flight.dev.local import _LocalInputs
+    from flight.engine.select import compile_task
+    from flight.planner.cut import plan_query
+    from flight.wire._proto import plan_pb2
+
+    stage = plan_query(query.node, 1).head
+    inputs = _LocalInputs({f.feed.feed_id: (f.feed, f.partitions) for f in stage.feeds})
+    plan = plan_pb2.StagePlan(root=stage.root.to_proto())
+    with compile_task(plan, inputs, 1 << 16, roots=ANY_PATH, engine="duckdb", whole_query=True) as reader:
+        return reader.read_all()
+
+
+def test_a_whole_querys_inner_joins_are_one_join_list_and_answer_as_duckdb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inner joins (through projections that pick columns) are one ``FROM a, b, c WHERE ...`` list, so DuckDB
+    orders them as its own SQL; an outer join, or a join with a condition beside its keys, stays as written."""
+    from flight.engine.duck import translate
+
+    ints = lambda xs: pa.array(xs, pa.int64())  # noqa: E731
+    tables = {
+        "a": pa.table({"k": ints([1, 2, 3, None, 5]), "x": ints([10, 20, 30, 40, 50])}),
+        "b": pa.table({"k": ints([1, 1, 2, None, 7]), "y": ints([5, 25, 15, 0, 1]), "z": ints([100, 200, 100, 300, None])}),
+        "c": pa.table({"z": ints([100, 200, 400]), "x": ints([7, 8, 9])}),
+    }
+    for name, table in tables.items():
+        pq.write_table(table, tmp_path / f"{name}.parquet")
+    catalog = flight.Catalog({name: flight.read_parquet([tmp_path / f"{name}.parquet"]) for name in tables})
+    flat: list[str] = []
+    joins = translate.Translator.joins
+    monkeypatch.setattr(translate.Translator, "joins", lambda self, *a: flat.append(joins(self, *a)) or flat[-1])
+    con = duckdb.connect()
+    for name in tables:
+        con.execute(f"CREATE VIEW {name} AS SELECT * FROM '{tmp_path / name}.parquet'")
+    for text, lists in (
+        ("SELECT a.x, b.y, c.x AS cx FROM a JOIN b ON a.k = b.k JOIN c ON b.z = c.z ORDER BY 1, 2, 3", 1),
+        ("SELECT a.x, b.y, c.x AS cx FROM a JOIN b ON a.k = b.k LEFT JOIN c ON b.z = c.z ORDER BY 1, 2, 3", 1),
+        ("SELECT a.x, b.y FROM a JOIN b ON a.k = b.k AND a.x > b.y * 2 ORDER BY 1, 2", 0),
+    ):
+        flat.clear()
+        got = _whole(flight.sql(text, catalog))
+        assert got.to_pylist() == con.sql(text).arrow().read_all().to_pylist(), text
+        assert len(flat) == lists, (text, flat)
+        assert all(" JOIN " not in f.split(" WHERE ")[0] for f in flat), flat  # a join list, not JOIN ... ON

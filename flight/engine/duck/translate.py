@@ -17,7 +17,66 @@ from flight.wire._proto import plan_pb2
 from flight.wire.ipc import read_ipc_stream
 
 
-class Translator:
+class _Chains:
+    """A query's inner joins written as one join list: ``FROM a, b, c WHERE a.k = b.k AND ...``.
+
+    Why: a join written as a subquery of another (``(SELECT ... FROM a JOIN b ON ...) AS l JOIN c``)
+    leaves DuckDB the order it was written in for its filters across joins, so a selective join's
+    keys do not reach the scans they would prune. As one list, DuckDB orders every join of it as it
+    does its own SQL: TPC-H Q5 at SF 0.1 took 16.7 ms instead of 21.1 (DuckDB's own text 15.5).
+    Only for a query's only task (``Translator.query``); inner joins without a condition beside the
+    keys, through projections that only pick columns; every other operator is a leaf of the list."""
+
+    task: DuckTask
+    aliases: Iterator[int]
+
+    def relation(self, op: plan_pb2.Operator, path: str) -> str:  # pragma: no cover - Translator's
+        raise NotImplementedError
+
+    def joins(self, op: plan_pb2.Operator, path: str, schema: pa.Schema) -> str:
+        """``op``, an inner join (``_chain``), with the inner joins below it as one join list."""
+        leaves: list[str] = []
+        conds: list[str] = []
+        refs = self._flat(op, path, leaves, conds)
+        picked = ", ".join(f"{ref} AS {ident(out)}" for ref, out in zip(refs, schema.names))
+        return f"SELECT {picked} FROM {', '.join(leaves)} WHERE {' AND '.join(conds)}"
+
+    def _chain(self, op: plan_pb2.Operator, path: str) -> bool:
+        """Whether ``op`` (at ``path``) is such an inner join, or picks columns of one."""
+        kind = op.WhichOneof("kind")
+        if kind == "project":
+            if any(len(e.expr.nodes) != 1 or e.expr.nodes[0].WhichOneof("kind") != "field" for e in op.project.exprs):
+                return False
+            return self._unique(f"{path}.project.input") and self._chain(op.project.input, f"{path}.project.input")
+        if kind != "hash_join" or op.hash_join.join_type != "inner" or op.hash_join.HasField("filter"):
+            return False
+        here = f"{path}.hash_join"
+        sides = len(self.task.schemas[f"{here}.left"]) + len(self.task.schemas[f"{here}.right"])
+        return sides == len(self.task.schemas[path]) and self._unique(f"{here}.left") and self._unique(f"{here}.right")
+
+    def _flat(self, op: plan_pb2.Operator, path: str, leaves: list[str], conds: list[str]) -> list[str]:
+        """The qualified column of each output column of ``op`` (at ``path``); its leaves and join
+        conditions appended to ``leaves`` and ``conds``."""
+        if not self._chain(op, path):
+            alias = f"j{next(self.aliases)}"
+            leaves.append(f"({self.relation(op, path)}) AS {alias}")
+            return [f"{alias}.{ident(n)}" for n in self.task.schemas[path].names]
+        if op.WhichOneof("kind") == "project":
+            below = f"{path}.project.input"
+            refs = dict(zip(self.task.schemas[below].names, self._flat(op.project.input, below, leaves, conds)))
+            return [refs[e.expr.nodes[0].field.name] for e in op.project.exprs]
+        join, here = op.hash_join, f"{path}.hash_join"
+        left = dict(zip(self.task.schemas[f"{here}.left"].names, self._flat(join.left, f"{here}.left", leaves, conds)))
+        right = dict(zip(self.task.schemas[f"{here}.right"].names, self._flat(join.right, f"{here}.right", leaves, conds)))
+        conds.extend(f"{left[a]} = {right[b]}" for a, b in zip(join.left_keys, join.right_keys))
+        return [*left.values(), *right.values()]
+
+    def _unique(self, path: str) -> bool:
+        names = self.task.schemas[path].names
+        return len(set(names)) == len(names)
+
+
+class Translator(_Chains):
     """Operators → SQL text over the task's sources (see the module docstring)."""
 
     def __init__(self, task: DuckTask, whole: bool = False, query: bool = False) -> None:
@@ -110,7 +169,7 @@ class Translator:
         if kind == "aggregate":
             return self.aggregate(op.aggregate, here, schema)
         if kind == "hash_join":
-            return self.join(op.hash_join, here, schema)
+            return self.joins(op, path, schema) if self.query and self._chain(op, path) else self.join(op.hash_join, here, schema)
         if kind == "window":
             return self.window(op.window, here, schema)
         raise Untranslatable(f"operator {kind}")
