@@ -239,3 +239,21 @@ def test_sql_in_is_rendered_as_duckdbs_in_with_pyarrows_values(expr: Expr, in_te
     text = expression_sql(roundtrip(expr).to_proto(), TABLE.schema, "expr")
     assert ("CASE" not in text) == in_text, text
     assert duckdb_evaluate(expr).to_pylist() == evaluate(expr).to_pylist()  # Acero's (pyarrow's) values
+
+
+def test_a_case_whose_condition_cannot_be_null_is_a_plain_case_with_pyarrows_values() -> None:
+    """SQL's CASE, as the front end writes it (``if_else(coalesce(c, FALSE), a, b)``), is a plain CASE: the
+    condition is evaluated once; a condition that can be null keeps pyarrow's null for a null condition."""
+    from flight.compute.expressions import to_pyarrow
+    from flight.plan.expr import coalesce
+
+    table = pa.table({"s": pa.array(["PROMO x", "other", None, "PROMO"]), "v": pa.array([1, 2, 3, None], pa.int64())})
+    schema = table.schema
+    cond = call("match_like", col("s"), pattern="PROMO%")
+    con = duckdb.connect()
+    con.register("t", table)
+    for expr, plain in ((if_else(coalesce(cond, lit(False)), col("v"), lit(0)), True), (if_else(cond, col("v"), lit(0)), False)):
+        text = expression_sql(expr.to_proto(), schema, "e")
+        assert ("IS NULL THEN NULL" not in text) == plain, text
+        got = [r[0] for r in con.execute(f"SELECT {text} FROM t").fetchall()]
+        assert got == _pyarrow_values(table, to_pyarrow(expr.to_proto())), text

@@ -1,19 +1,16 @@
 """The plan IR as DuckDB SQL text: types, literals, identifiers and expressions.
 
-Nothing a peer sent reaches the text unescaped. Identifiers are always quoted
-(``"`` doubled); literals are rendered from their Arrow value by type (strings
-quoted with ``'`` doubled, decimals and dates from their Python values, floats by
-``repr``, binary as hex), never from text the peer wrote; function names and
-type names come from this module's own tables. Anything this module cannot
-express with the IR's meaning raises ``Untranslatable``, and the task runs on
-Acero instead (``flight.engine.duck.engine``).
+Nothing a peer sent reaches the text unescaped. Identifiers are always quoted (``"`` doubled); literals are
+rendered from their Arrow value by type (strings quoted with ``'`` doubled, decimals and dates from their Python
+values, floats by ``repr``, binary as hex), never from text the peer wrote; function names and type names come
+from this module's own tables. Anything this module cannot express with the IR's meaning raises
+``Untranslatable``, and the task runs on Acero instead (``flight.engine.duck.engine``).
 
-The IR's meaning is pyarrow's (``flight.wire.functions``), so where DuckDB
-differs the translation bridges it: ``is_in`` never yields null, ``if_else`` with
-a null condition is null, ``round`` rounds half to even, ``day_of_week`` counts
-Monday as 0, LIKE escapes with a backslash, and every call whose result type
-matters is cast to the type Acero binds it to. What is left over (integer
-overflow raises instead of wrapping, for one) is listed in docs/engine.md.
+The IR's meaning is pyarrow's (``flight.wire.functions``), so where DuckDB differs the translation bridges it:
+``is_in`` never yields null, ``if_else`` with a null condition is null, ``round`` rounds half to even,
+``day_of_week`` counts Monday as 0, LIKE escapes with a backslash, and every call whose result type matters is
+cast to the type Acero binds it to. What is left over (integer overflow raises instead of wrapping, for one) is
+listed in docs/engine.md.
 """
 
 from __future__ import annotations
@@ -51,10 +48,8 @@ def ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-_INTS = {
-    pa.int8(): "TINYINT", pa.int16(): "SMALLINT", pa.int32(): "INTEGER", pa.int64(): "BIGINT",
-    pa.uint8(): "UTINYINT", pa.uint16(): "USMALLINT", pa.uint32(): "UINTEGER", pa.uint64(): "UBIGINT",
-}
+_INTS = {pa.int8(): "TINYINT", pa.int16(): "SMALLINT", pa.int32(): "INTEGER", pa.int64(): "BIGINT",
+         pa.uint8(): "UTINYINT", pa.uint16(): "USMALLINT", pa.uint32(): "UINTEGER", pa.uint64(): "UBIGINT"}
 _TIMESTAMPS = {"s": "TIMESTAMP_S", "ms": "TIMESTAMP_MS", "us": "TIMESTAMP", "ns": "TIMESTAMP_NS"}
 
 
@@ -94,8 +89,7 @@ def literal(value: pa.Scalar) -> str:
         return f"CAST({int(v)} AS {kind})"
     if pa.types.is_floating(t):
         f = float(v)
-        text = "'nan'" if math.isnan(f) else ("'inf'" if f == math.inf else ("'-inf'" if f == -math.inf else repr(f)))
-        return f"CAST({text} AS {kind})"
+        return f"CAST({_NAN if math.isnan(f) else _FLOAT_WORDS.get(f, repr(f))} AS {kind})"
     if pa.types.is_decimal(t):
         assert isinstance(v, Decimal)
         return f"CAST('{v}' AS {kind})"
@@ -114,6 +108,7 @@ def literal(value: pa.Scalar) -> str:
 
 
 _US_PER = {"s": 1_000_000, "ms": 1_000, "us": 1}
+_FLOAT_WORDS, _NAN = {math.inf: "'inf'", -math.inf: "'-inf'"}, "'nan'"
 
 
 def _string(text: str) -> str:
@@ -126,10 +121,8 @@ def _string(text: str) -> str:
 
 _COMPARE = {"equal": "=", "not_equal": "<>", "less": "<", "less_equal": "<=", "greater": ">", "greater_equal": ">="}
 _ARITH = {"add": "+", "subtract": "-", "multiply": "*"}
-_PARTS = {
-    "year": "year", "month": "month", "day": "day", "day_of_year": "dayofyear", "quarter": "quarter",
-    "hour": "hour", "minute": "minute", "second": "second", "iso_year": "isoyear",
-}
+_PARTS = {"year": "year", "month": "month", "day": "day", "day_of_year": "dayofyear", "quarter": "quarter",
+          "hour": "hour", "minute": "minute", "second": "second", "iso_year": "isoyear"}
 
 
 def node_types(msg: plan_pb2.Expression, schema: pa.Schema, field: str) -> list[pa.DataType]:
@@ -164,7 +157,7 @@ def expression_sql(
             call = node.call
             args = [texts[a] for a in call.args]
             arg_types = [types[a] for a in call.args]
-            sql_in = _sql_in(nodes, call, texts, types) if call.function == "if_else" else None
+            sql_in = _if_else(nodes, call, texts, types, types[i]) if call.function == "if_else" else None
             if sql_in is not None:
                 texts.append(sql_in)
             elif call.function == "is_in" and i in truthy:
@@ -173,10 +166,8 @@ def expression_sql(
                 texts.append(_call(call, args, arg_types, types[i]))
         written += len(texts[-1])
         if len(texts[-1]) > MAX_SQL_CHARS or written > 8 * MAX_SQL_CHARS:
-            # A node used by several others is written out at each use, and each level copies the text
-            # below it: a deep DAG grows exponentially as text, a deep chain quadratically to write, and
-            # rendering such plans held the GIL for minutes (fuzz cases "and-chain of 100", "expression
-            # nested 10 deep"). Acero runs them.
+            # A node used by several others is written out at each use: a deep DAG grows exponentially as text,
+            # and rendering such plans held the GIL for minutes (fuzz: "and-chain of 100", "nested 10 deep"). Acero runs them.
             raise Untranslatable(f"{field} is longer than {MAX_SQL_CHARS >> 10} KiB as SQL text")
     return texts[-1]
 
@@ -358,13 +349,22 @@ def _temporal(t: pa.DataType) -> bool:
     return pa.types.is_date32(t) or (pa.types.is_timestamp(t) and t.tz is None)
 
 
+def _if_else(nodes: Sequence[plan_pb2.ExprNode], call: plan_pb2.Call, texts: list[str], types: list[pa.DataType], out: pa.DataType) -> str | None:
+    """A plain ``CASE`` when the condition cannot be null (SQL's CASE: the front end wrote ``coalesce(c, FALSE)``), as
+    the null branch cost DuckDB a second evaluation of it (Q14's ``LIKE``: 6% of its query); else ``_sql_in``'s."""
+    cond = nodes[call.args[0]]
+    if cond.WhichOneof("kind") == "call" and cond.call.function == "coalesce" and len(cond.call.args) > 1:
+        last = nodes[cond.call.args[-1]]
+        if last.WhichOneof("kind") == "literal" and last.literal.WhichOneof("value") == "bool_value":
+            return _cast(f"(CASE WHEN {texts[call.args[0]]} THEN {texts[call.args[1]]} ELSE {texts[call.args[2]]} END)", out)
+    return _sql_in(nodes, call, texts, types)
+
+
 def _sql_in(nodes: Sequence[plan_pb2.ExprNode], call: plan_pb2.Call, texts: list[str], types: list[pa.DataType]) -> str | None:
     """SQL's ``x IN (…)`` for ``if_else(is_null(x), null, is_in(x, …))``, what the SQL front end makes of it,
     when the set holds no null (or nulls are skipped): the same values, null for a null ``x``. None otherwise.
-
     Why: rendered as it is, ``x`` is computed four times per row inside a CASE (TPC-H Q22's
-    ``substring(c_phone, 1, 2) IN (…)`` over 150,000 customers: 16.3 ms against 11.3 on one thread).
-    """
+    ``substring(c_phone, 1, 2) IN (…)`` over 150,000 customers: 16.3 ms against 11.3 on one thread)."""
     cond, then, other = (nodes[a] for a in call.args)
     if not (cond.WhichOneof("kind") == "call" and cond.call.function == "is_null" and len(cond.call.args) == 1):
         return None
