@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flight.engine.decode import decode_threads
-from flight.engine.duck.task import ENGINE_ERRORS, UNITS, DuckTask, error_kind, stream
+from flight.engine.duck.task import ENGINE_ERRORS, UNITS, DuckTask, Statement, error_kind, stream
 from flight.engine.pruning import prune_of
 from flight.engine.readers import PathRefused, ReaderContext, UnitReadError, conform, read_parquet
 from flight.wire._proto import plan_pb2
@@ -185,7 +185,7 @@ def whole_feeds(
     try:
         for name, build in builds:  # inner ones first
             cur.execute(f"CREATE TEMP TABLE {name} AS {build}")
-        for batch in stream(cur.sql(text), task.batch_rows):
+        for batch in stream(Statement(cur, text), task.batch_rows):
             if batch.num_rows:
                 yield conform(batch, schema, "the stage's output")
     except ENGINE_ERRORS as exc:
@@ -295,7 +295,7 @@ def _files(
     """The fragment over whole Parquet files, one query; a failure names the file that causes it."""
     source = "read_parquet([" + ", ".join("'" + real.replace("'", "''") + "'" for _, _, real in files) + "])"
     try:
-        for batch in stream(cur.sql(text.replace(UNITS, source)), task.batch_rows):
+        for batch in stream(Statement(cur, text.replace(UNITS, source)), task.batch_rows):
             if batch.num_rows:
                 yield conform(batch, schema, files[0][0] if len(files) == 1 else "a fragment's output")
     except ENGINE_ERRORS as exc:
@@ -316,7 +316,7 @@ def _pyarrow_unit(
     name = "__flight_unit"
     cur.register(name, task.guarded(ctx.schema, (conform(b, ctx.schema, where) for b in read_parquet(body, ctx))))
     try:
-        for batch in stream(cur.sql(text.replace(UNITS, name)), task.batch_rows):
+        for batch in stream(Statement(cur, text.replace(UNITS, name)), task.batch_rows):
             if batch.num_rows:
                 yield conform(batch, schema, where)
     except ENGINE_ERRORS as exc:
