@@ -17,6 +17,7 @@ from flight.compute.expressions import to_pyarrow_nodes
 from flight.errors import PlanError, ProtocolError
 from flight.plan.expr_nodes import FieldNode
 from flight.wire._proto import plan_pb2
+from flight.wire.memo import Memo
 
 if TYPE_CHECKING:
     from flight.plan.expr import Expr
@@ -53,9 +54,7 @@ def output_type(expr: Expr, schema: pa.Schema) -> pa.DataType:
     decoded = _decode(msg)
     try:
         typed = _types([decoded[-1]], schema)[0]
-        if len(_TYPED) >= _TYPED_MAX:
-            _TYPED.clear()
-        _TYPED[key] = typed
+        _TYPED.put(key, typed)
         return typed
     except _BIND_ERRORS as exc:
         failing = _failing_call(msg, decoded, schema)
@@ -72,9 +71,8 @@ def _type_of(schema: pa.Schema, name: str) -> pa.DataType | None:
     return schema.field(index).type if index >= 0 else None
 
 
-_TYPED: dict[tuple[bytes, tuple[tuple[str, pa.DataType | None], ...]], pa.DataType] = {}
+_TYPED: Memo[tuple[bytes, tuple[tuple[str, pa.DataType | None], ...]], pa.DataType] = Memo(4096)
 """Types already bound: the optimizer rebuilds nodes, and each node types its expressions again."""
-_TYPED_MAX = 4096
 
 
 def _decode(msg: plan_pb2.Expression) -> list[pc.Expression]:

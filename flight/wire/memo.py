@@ -1,7 +1,7 @@
 """Answers remembered per process, bounded: ``Memo``.
 
 Why one small class: the worker and the planner keep answers that depend only on what a message
-holds (an expression's types, its decoding, its SQL text, a literal's value), because every run of
+holds (an expression's types, a literal's value or its Arrow stream), because every run of
 a query of the same shape asks the same questions. A peer chooses those messages, so every such
 store must be bounded in entries (and its callers bound the size of each key), and used from many
 threads at once. Errors are never stored: a bad message is examined, and refused, each time.
