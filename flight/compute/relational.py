@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from flight.errors import TaskCancelledError, light_copy
 
 __all__ = [
+    "AGGREGATES",
     "JOIN_TYPES",
     "Handoffs",
     "aggregate_decl",
@@ -38,6 +39,11 @@ __all__ = [
 JOIN_TYPES = ("inner", "left outer", "right outer", "full outer", "left semi", "left anti")
 
 _ONLY_VALID = pc.CountOptions(mode="only_valid")
+_VARIANCES = {"var_samp": ("variance", 1), "var_pop": ("variance", 0), "stddev_samp": ("stddev", 1), "stddev_pop": ("stddev", 0)}
+"""The IR's variances as Acero's kernels and their delta degrees of freedom (null below ddof + 1 values, as SQL)."""
+
+AGGREGATES = frozenset({"count", "count_all", "count_distinct", "sum", "min", "max", "mean", *_VARIANCES})
+"""Every aggregate function an ``Aggregate`` operator may name (``flight.plan.agg`` builds them)."""
 
 
 def aggregate_decl(child: ac.Declaration, keys: Sequence[str], calls: Sequence[tuple[str, str, str]]) -> ac.Declaration:
@@ -49,6 +55,9 @@ def aggregate_decl(child: ac.Declaration, keys: Sequence[str], calls: Sequence[t
             aggregates.append(([], prefix + "count_all", None, name))
         elif function in ("count", "count_distinct"):
             aggregates.append((column, prefix + function, _ONLY_VALID, name))
+        elif function in _VARIANCES:
+            kernel, ddof = _VARIANCES[function]
+            aggregates.append((column, prefix + kernel, pc.VarianceOptions(ddof=ddof), name))
         else:
             aggregates.append((column, prefix + function, None, name))
     options = ac.AggregateNodeOptions(aggregates, keys=list(keys) or None)

@@ -10,9 +10,21 @@ from dataclasses import dataclass
 from flight.errors import PlanError
 from flight.plan.expr import Expr, col
 
-__all__ = ["Agg", "count", "count_all", "count_distinct", "max", "mean", "min", "sum"]
+__all__ = [
+    "FUNCTIONS", "MERGEABLE", "NUMERIC", "Agg", "count", "count_all", "count_distinct", "max", "mean", "min",
+    "stddev_pop", "stddev_samp", "sum", "var_pop", "var_samp",
+]
 
-FUNCTIONS = ("count", "count_all", "count_distinct", "sum", "min", "max", "mean")
+FUNCTIONS = (
+    "count", "count_all", "count_distinct", "sum", "min", "max", "mean", "var_samp", "var_pop", "stddev_samp", "stddev_pop",
+)
+
+MERGEABLE = frozenset({"count", "count_all", "sum", "min", "max", "mean"})
+"""Aggregates with a partial form the planner merges across tasks (``mean`` as a sum and a count). The
+others (``count_distinct``, the variances) move their rows by the keys and aggregate once."""
+
+NUMERIC = frozenset({"mean", "var_samp", "var_pop", "stddev_samp", "stddev_pop"})
+"""Aggregates of a number computed as float64: the argument is cast to it (a DOUBLE, as in DuckDB)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,3 +82,23 @@ def max(value: Expr | str) -> Agg:
 def mean(value: Expr | str) -> Agg:
     """The average as float64 (of non-null values)."""
     return Agg("mean", _arg(value))
+
+
+def var_samp(value: Expr | str) -> Agg:
+    """The sample variance (n - 1 in the denominator) as float64; null for fewer than two values."""
+    return Agg("var_samp", _arg(value))
+
+
+def var_pop(value: Expr | str) -> Agg:
+    """The population variance (n in the denominator) as float64."""
+    return Agg("var_pop", _arg(value))
+
+
+def stddev_samp(value: Expr | str) -> Agg:
+    """The sample standard deviation as float64; null for fewer than two values."""
+    return Agg("stddev_samp", _arg(value))
+
+
+def stddev_pop(value: Expr | str) -> Agg:
+    """The population standard deviation as float64."""
+    return Agg("stddev_pop", _arg(value))

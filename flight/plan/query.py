@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flight.errors import FlightExecError, PlanError
-from flight.plan.agg import Agg
+from flight.plan.agg import NUMERIC, Agg
 from flight.plan.decimals import with_decimal_literals
 from flight.plan.expr import Expr, coalesce, col
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, LimitNode, Node, ProjectNode, ValuesNode
@@ -94,11 +94,11 @@ class Query:
             if not isinstance(a, Agg):
                 raise PlanError(f"aggregate {name!r}: {a!r} is not an aggregate; use flight.agg.sum(...) and friends")
             expr = None if a.expr is None else with_decimal_literals(a.expr, self.schema)
-            if a.function == "mean" and expr is not None:
+            if a.function in NUMERIC and expr is not None:
                 t = output_type(expr, self.schema)
                 if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)):
                     used = ", ".join(sorted(expr.referenced_fields()))
-                    raise PlanError(f"aggregate {name}: mean needs a number, but {expr!r} ({used}) is {t}")
+                    raise PlanError(f"aggregate {name}: {a.function} needs a number, but {expr!r} ({used}) is {t}")
                 expr = expr if t == pa.float64() else expr.cast(pa.float64())
             calls.append(AggCall(name, a.function, expr))
         return Query(AggregateNode(self.node, key_list, calls))
@@ -171,12 +171,11 @@ class Query:
         return "\n".join(lines)
 
     def stage_plan(self) -> plan_pb2.StagePlan:
-        """The serialized form a worker runs (one stage)."""
-        return plan_pb2.StagePlan(
-            root=self.node.to_proto(),
-            output=plan_pb2.OutputSpec(partitions=1),
-            output_schema=encode_schema(self.schema),
-        )
+        """The plan a worker runs (one stage), as a tree (``root``); ``flight.wire.plan_codec.encode_plan``
+        makes the bytes a worker takes."""
+        plan = plan_pb2.StagePlan(output=plan_pb2.OutputSpec(partitions=1), output_schema=encode_schema(self.schema))
+        plan.root.CopyFrom(self.node.to_proto())  # not root=...: protobuf would copy a deep tree by parsing it again
+        return plan
 
     def __repr__(self) -> str:
         return f"Query(\n{self.explain()}\n)"

@@ -6,7 +6,7 @@ must cross workers:
 
 * aggregate → partial aggregate in every task, hash shuffle on the keys (one
   task for a global aggregate), final aggregate; ``mean`` travels as sum and
-  count, ``count_distinct`` shuffles the rows and aggregates once;
+  count, ``count_distinct`` and the variances shuffle the rows and aggregate once;
 * join → broadcast of the right (build) side when it is estimated small, else a
   hash shuffle of both sides on the keys; an inner or outer join whose left side
   is estimated smaller swaps its sides (the smaller side builds the hash table),
@@ -36,6 +36,7 @@ from dataclasses import replace
 import pyarrow as pa
 
 from flight.errors import PlanError
+from flight.plan.agg import MERGEABLE
 from flight.plan.expr import Expr, col, if_else, lit
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, InputCallNode, LimitNode, Node, ProjectNode, ValuesNode
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, ShuffleReadNode, SortNode, UnionNode
@@ -218,8 +219,7 @@ class _Planner:
             return self.wrap(f, AggregateNode(f.node, node.keys, node.calls, node.label_text), rows)
         mode = "hash" if node.keys else "gather"
         tasks = self.upper_tasks(f.rows) if node.keys else 1
-        if any(c.function == "count_distinct" for c in node.calls):
-            # No partial form: move the rows, aggregate once.
+        if any(c.function not in MERGEABLE for c in node.calls):  # no partial form: move the rows, aggregate once
             spread = spread_keys(f.node, node.keys)
             read = self.cut(f, mode, spread)
             return self.consumer(AggregateNode(read, node.keys, node.calls, node.label_text), tasks, rows, [read], hashed=spread or None)

@@ -100,6 +100,8 @@ class ExprTranslator:
             return call("divide", self.as_double(left), self.as_double(right))
         if op == "%":
             return self._modulo(left, right, e)
+        if op in _BITWISE:
+            return call(_BITWISE[op], left, right)
         if op == "||":
             return call("binary_join_element_wise", self.as_text(left), self.as_text(right), lit(""))
         if op in ("~", "~*", "!~", "!~*"):  # a regular expression (Spark's RLIKE), RE2 in both engines
@@ -192,7 +194,10 @@ class ExprTranslator:
         return e if pa.types.is_string(t) or pa.types.is_large_string(t) else e.cast(pa.string())
 
     def _Not(self, e: DFExpr) -> Expr:
-        return ~self(e.to_variant().expr())
+        inner = self(e.to_variant().expr())
+        if any(name.startswith("__mark") for name in inner.referenced_fields()):  # flight.sql.joins: a mark is never null
+            raise unsupported(f"NOT EXISTS or NOT IN under OR ({_text(e)})")
+        return ~inner
 
     def _Negative(self, e: DFExpr) -> Expr:
         return call("negate_checked", self(e.to_variant().expr()))
@@ -401,6 +406,8 @@ def _text(e: DFExpr) -> str:
     text = e.canonical_name() if hasattr(e, "canonical_name") else str(e)
     return text if len(text) <= 120 else text[:117] + "..."
 
+
+_BITWISE = {"&": "bit_wise_and", "|": "bit_wise_or", "#": "bit_wise_xor", "<<": "shift_left", ">>": "shift_right"}
 
 _BINARY = {
     "=": "equal", "!=": "not_equal", "<>": "not_equal", "<": "less", "<=": "less_equal",

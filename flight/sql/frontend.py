@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 
 from flight.errors import PlanError
+from flight.sql.library import declare
 
 __all__ = ["Statement", "number_placeholders", "plan_text", "position", "split_statements"]
 
@@ -167,6 +168,7 @@ def session(schemas: dict[str, pa.Schema], dialect: str) -> Any:
     for key, value in {**_SETTINGS, "datafusion.sql_parser.dialect": DIALECTS[dialect]}.items():
         config = config.set(key, value)
     ctx = datafusion.SessionContext(config)
+    declare(ctx)
     for name, schema in schemas.items():
         ctx.register_record_batches(name, [[pa.RecordBatch.from_pylist([], schema=_plannable(schema))]])
     return ctx

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from flight.plan import agg
-from flight.plan.expr import Expr, coalesce, col, lit
+from flight.plan.expr import Expr, coalesce, col, if_else, lit
 from flight.plan.query import Query
 from flight.sql.errors import unsupported
 from flight.sql.exprs import ExprTranslator
@@ -29,7 +29,10 @@ from flight.sql.rel import Rel, fields_of
 if TYPE_CHECKING:
     from flight.sql.translate import Translator
 
-__all__ = ["join"]
+__all__ = ["MARK", "TOO_MANY_ROWS", "join", "one_row"]
+
+MARK = "__mark"
+"""The stem of a mark join's column (``EXISTS`` or ``IN`` under ``OR``): true where the left row has a match."""
 
 _HOW = {"Inner": "inner", "Left": "left", "Right": "right", "Full": "full", "LeftSemi": "semi", "LeftAnti": "anti"}
 
@@ -42,10 +45,10 @@ def join(tr: Translator, v: Any, plan: Any) -> Rel:
         left, right = right, left
         pairs = [(b, a) for a, b in pairs]
         kind = "Left" + kind[len("Right"):]
-    if kind not in _HOW:
-        raise unsupported(f"a {kind} join (an EXISTS or IN under OR, for one)")
-    if not pairs and not at_most_one_row(v.right()) and _alias(v.right()).startswith("__scalar_sq"):
-        raise unsupported("a scalar subquery that may return more than one row (aggregate it, or add LIMIT 1)")
+    if kind not in _HOW and kind != "LeftMark":
+        raise unsupported(f"a {kind} join")
+    if _alias(v.right()).startswith("__scalar_sq") and not at_most_one_row(v.right()) and not _one_per_key(v.right(), pairs):
+        right = Rel(one_row(right.query, tr), right.fields)
     right = _disjoint(left, right, tr)
     lt = ExprTranslator(left.columns(), left.query.schema)
     rt = ExprTranslator(right.columns(), right.query.schema)
@@ -74,6 +77,11 @@ def join(tr: Translator, v: Any, plan: Any) -> Rel:
     condition = v.filter()
     both = ExprTranslator({**left.columns(), **right.columns()}, pa.schema([*lq.schema, *rq.schema]))
     predicate = both(condition) if condition is not None else None
+    if kind == "LeftMark":
+        if predicate is not None:
+            raise unsupported("EXISTS or IN under OR with a correlation other than equalities")
+        marked, name = _mark(lq, rq, lkeys, rkeys, tr)
+        return Rel(marked.select(*left.query.schema.names, name), fields_of(plan))
     how = _HOW[kind]
     null_aware = plan.display().rstrip().endswith("null_aware")
     if null_aware and (predicate is not None or len(pairs) != 1):
@@ -111,6 +119,25 @@ def at_most_one_row(plan: Any) -> bool:
         if kind not in ("Projection", "SubqueryAlias", "Filter", "Sort"):
             return False
         plan = plan.inputs()[0]
+
+
+def _one_per_key(plan: Any, pairs: list[tuple[Any, Any]]) -> bool:
+    """Whether a scalar subquery's plan has one row per value of its join keys: a correlated subquery,
+    which DataFusion makes an aggregate grouped by the correlated columns and joins on them."""
+    keys = {_bare(b.canonical_name()) for _, b in pairs}
+    while True:
+        v = plan.to_variant()
+        kind = type(v).__name__
+        if kind == "Aggregate":
+            groups = fields_of(plan)[: len(list(v.group_by_exprs()))]
+            return bool(groups) and all(_bare(g) in keys for g in groups)
+        if kind not in ("Projection", "SubqueryAlias", "Filter", "Sort"):
+            return False
+        plan = plan.inputs()[0]
+
+
+def _bare(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
 
 
 def _disjoint(left: Rel, right: Rel, tr: Translator) -> Rel:
@@ -184,3 +211,36 @@ def _null_aware(anti: Query, list_side: Query, probe: str, key: str, tr: Transla
     with_counts = anti.with_columns(**{one: lit(1)}).join(counts, left_on=one, right_on=one2, how="left")
     keep = (col(rows) == lit(0)) | (col(probe).is_not_null() & (col(rows) == col(keys)))
     return with_counts.filter(coalesce(keep, lit(False))).select(*anti.schema.names)
+
+
+def _mark(left: Query, right: Query, lkeys: list[str], rkeys: list[str], tr: Translator) -> tuple[Query, str]:
+    """DataFusion's mark join (``a > 3 OR EXISTS (...)``): the left rows, each with a column that is true
+    where the right side holds its keys and false where it does not; the right side's distinct keys
+    are what the left rows are joined with, so no left row is repeated.
+
+    The mark is never null: ``x IN (subquery)`` under OR is false where SQL says unknown (x null, or no
+    match and a null in the list). Both filter a row alike, so the translation refuses a mark under NOT
+    (``flight.sql.exprs``), the one place where they differ in a predicate."""
+    name, found = tr.fresh(MARK.strip("_")), tr.fresh("found")
+    keys = right.select(*rkeys).distinct().with_columns(**{found: lit(True)})
+    joined = left.join(keys, left_on=lkeys, right_on=rkeys, how="left")
+    return joined.with_columns(**{name: coalesce(col(found), lit(False))}), name
+
+
+TOO_MANY_ROWS = "more than one row returned by a subquery used as an expression"
+
+
+def one_row(query: Query, tr: Translator) -> Query:
+    """A scalar subquery's one row, or an error when it has several (as in DuckDB and Spark); no row
+    gives a row of nulls.
+
+    The rows are counted beside each column's value (its minimum, the value when there is one row).
+    Where the count passes one, each value goes through a cast of this module's message to a number,
+    which fails in either engine with the message in its text: the IR has no call that raises."""
+    n = tr.fresh("rows")
+    calls = {n: agg.count_all(), **{name: agg.min(col(name)) for name in query.schema.names}}
+    counted = query.aggregate([], calls)
+    check = if_else(col(n) > lit(1), lit(TOO_MANY_ROWS), lit("0")).cast(pa.int32())
+    return counted.select(**{
+        name: if_else(check == lit(0), col(name), lit(None, query.schema.field(name).type)) for name in query.schema.names
+    })

@@ -28,9 +28,11 @@ import pyarrow as pa
 from flight.plan import agg
 from flight.plan.expr import Expr, col, lit
 from flight.plan.query import Query, from_arrow
+from flight.sql.aggregates import aggregate_call
 from flight.sql.errors import unsupported
 from flight.sql.exprs import DFExpr, ExprTranslator
 from flight.sql.functions import arrow_type
+from flight.sql.grouping import grouping_sets
 from flight.sql.joins import join
 from flight.sql.rel import DFPlan, Rel, fields_of, output_names, schema_of, unique
 from flight.sql.windows import window
@@ -110,12 +112,16 @@ class Translator:
     def _Aggregate(self, v: Any, plan: DFPlan) -> Rel:
         rel = self.relation(plan.inputs()[0])
         t = self.exprs(rel)
+        groups = list(v.group_by_exprs())
+        sets: list[list[int]] | None = None
+        if any(g.variant_name() == "GroupingSet" for g in groups):
+            if len(groups) != 1:
+                raise unsupported("a GROUP BY with several grouping sets")
+            groups, sets = grouping_sets(groups[0])
         extra: dict[str, Expr] = {}
         keys: list[str] = []
         taken = set(rel.query.schema.names)
-        for g in v.group_by_exprs():
-            if g.variant_name() in ("GroupingSet",):
-                raise unsupported("GROUPING SETS, ROLLUP and CUBE")
+        for g in groups:
             expr = t(g)
             name = expr.column_name()
             if name is None or name in keys:
@@ -124,35 +130,12 @@ class Translator:
             keys.append(name)
         query = rel.query.with_columns(**extra) if extra else rel.query
         calls: dict[str, agg.Agg] = {}
-        out_taken = set(keys)
+        out_taken = set(keys) | {"__grouping_id"}
         for a in v.aggregate_exprs():
-            calls[unique(_stem(a, None), out_taken)] = self.aggregate_call(a, t)
-        return Rel(query.aggregate(keys, calls), fields_of(plan))
-
-    def aggregate_call(self, e: DFExpr, t: ExprTranslator) -> agg.Agg:
-        while e.variant_name() == "Alias":
-            e = e.to_variant().expr()
-        if e.variant_name() != "AggregateFunction":
-            raise unsupported(f"the aggregate expression {e.canonical_name()}")
-        text = e.canonical_name()
-        if " FILTER (WHERE" in text or " ORDER BY [" in text:
-            raise unsupported(f"an aggregate with FILTER or ORDER BY ({text})")
-        v = e.to_variant()
-        name = str(v.aggregate_type()).lower()
-        args = list(v.args())
-        if name == "count" and not v.is_distinct() and (not args or _non_null_literal(args[0])):
-            return agg.count_all()
-        if len(args) != 1:
-            raise unsupported(f"the aggregate {name}() with {len(args)} arguments")
-        arg = t(args[0])
-        if v.is_distinct():
-            if name != "count":
-                raise unsupported(f"{name.upper()}(DISTINCT ...)")
-            return agg.count_distinct(arg)
-        make = _AGGREGATES.get(name)
-        if make is None:
-            raise unsupported(f"the aggregate function {name}()")
-        return make(arg)
+            calls[unique(_stem(a, None), out_taken)] = aggregate_call(a, t)
+        if sets is None:
+            return Rel(query.aggregate(keys, calls), fields_of(plan))
+        return Rel(_grouping_union(query, keys, sets, calls, dict(schema_of(plan))["__grouping_id"]), fields_of(plan))
 
     def _Sort(self, v: Any, plan: DFPlan) -> Rel:
         """ORDER BY: keys that are expressions become hidden columns; a key whose nulls go the other
@@ -258,11 +241,6 @@ _KINDS = {
     "Repartition": "DISTRIBUTE BY",
 }
 
-_AGGREGATES: dict[str, Callable[[Expr], agg.Agg]] = {
-    "sum": agg.sum, "min": agg.min, "max": agg.max, "avg": agg.mean, "mean": agg.mean, "count": agg.count,
-}
-
-
 def _constant(value: Any, what: str) -> int | None:
     """A LIMIT's or OFFSET's count: DataFusion gives an int, an expression, or None (no limit)."""
     if value is None or isinstance(value, int):
@@ -282,12 +260,6 @@ def _values_type(t: pa.DataType | None) -> pa.DataType:
     return t
 
 
-def _non_null_literal(e: DFExpr) -> bool:
-    while e.variant_name() == "Alias":
-        e = e.to_variant().expr()
-    return bool(e.variant_name() == "Literal" and e.python_value().is_valid)
-
-
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 
@@ -303,3 +275,21 @@ def _stem(e: DFExpr, expr: Expr | None) -> str:
         return str(e.to_variant().name())
     return "_expr"
 
+
+
+def _grouping_union(query: Query, keys: list[str], sets: list[list[int]], calls: dict[str, agg.Agg], id_type: str) -> Query:
+    """One aggregate per grouping set, its missing keys null, ``__grouping_id`` a constant (a bit per
+    key, the first key the highest, set where the key is rolled up), the rows of all sets in one union."""
+    types = [query.schema.field(k).type for k in keys]
+    id_arrow = arrow_type(id_type)
+    branches = []
+    for members in sets:
+        grouped = query.aggregate([keys[i] for i in members], calls)
+        gid = sum(1 << (len(keys) - 1 - i) for i in range(len(keys)) if i not in members)
+        items: dict[str, Expr] = {
+            k: col(k) if i in members else lit(None, t) for i, (k, t) in enumerate(zip(keys, types))
+        }
+        items["__grouping_id"] = lit(gid, id_arrow)
+        items.update({name: col(name) for name in calls})
+        branches.append(grouped.select(**items))
+    return branches[0].union(*branches[1:]) if len(branches) > 1 else branches[0]

@@ -76,6 +76,7 @@ _SPECS: list[FunctionSpec] = [
         "add", "add_checked", "subtract", "subtract_checked", "multiply", "multiply_checked",
         "divide", "divide_checked", "power", "power_checked",
     ),
+    *_binary("bit_wise_and", "bit_wise_or", "bit_wise_xor", "shift_left", "shift_right"),
     *_unary("negate", "negate_checked", "abs", "abs_checked", "sqrt", "sqrt_checked", "floor", "ceil"),
     *_unary("round", options="round"),
     # set membership

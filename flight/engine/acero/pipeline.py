@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from flight.compute.expressions import bind, to_pyarrow
 from flight.compute.relational import (
+    AGGREGATES,
     JOIN_TYPES,
     aggregate_decl,
     aggregate_schema,
@@ -278,7 +279,7 @@ def _check_columns(names: Iterable[str], schema: pa.Schema, field: str) -> None:
             raise ProtocolError(f"{field}: column {n!r} is not in the input ({schema.names})", field=field)
 
 
-_AGG_FUNCTIONS = {"count", "count_all", "count_distinct", "sum", "min", "max", "mean"}
+_AGG_FUNCTIONS = AGGREGATES
 
 
 def _aggregate(agg: plan_pb2.Aggregate, env: Env, here: str) -> tuple[ac.Declaration, pa.Schema]:

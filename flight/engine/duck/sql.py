@@ -120,7 +120,7 @@ def _string(text: str) -> str:
 # -------------------------------------------------------------- expressions
 
 _COMPARE = {"equal": "=", "not_equal": "<>", "less": "<", "less_equal": "<=", "greater": ">", "greater_equal": ">="}
-_ARITH = {"add": "+", "subtract": "-", "multiply": "*"}
+_ARITH = {"add": "+", "subtract": "-", "multiply": "*", "bit_wise_and": "&", "bit_wise_or": "|", "shift_left": "<<", "shift_right": ">>"}
 _PARTS = {"year": "year", "month": "month", "day": "day", "day_of_year": "dayofyear", "quarter": "quarter",
           "hour": "hour", "minute": "minute", "second": "second", "iso_year": "isoyear"}
 

@@ -254,6 +254,10 @@ class Translator(_Chains):
                 "min": f"min({arg})",
                 "max": f"max({arg})",
                 "mean": f"avg({arg})",
+                "var_samp": f"var_samp({arg})",
+                "var_pop": f"var_pop({arg})",
+                "stddev_samp": f"stddev_samp({arg})",
+                "stddev_pop": f"stddev_pop({arg})",
             }[a.function]
         items = []
         below = self.task.schemas[f"{here}.input"]

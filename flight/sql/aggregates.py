@@ -1,0 +1,115 @@
+"""SQL's aggregate calls in the IR: one registry entry per function DataFusion's plans name.
+
+Each entry builds an ``agg.Agg`` from the call's translated arguments. What a call carries
+beside its arguments is applied here, the same way for every function:
+
+- ``FILTER (WHERE c)``: the argument is null where ``c`` is not true (``count(*)`` counts a
+  constant there), so the aggregate skips those rows, as SQL says;
+- ``ORDER BY``: ignored where the result does not depend on the order (every function here);
+  a function whose result does (``string_agg``, ``array_agg``) is refused by name until the IR
+  has it;
+- ``DISTINCT``: only ``count``; for ``min`` and ``max`` it changes nothing and is dropped.
+
+DataFusion's Python API gives an aggregate call's function, arguments and DISTINCT, not its
+FILTER or ORDER BY: those are read from ``Expr.to_bytes`` (DataFusion's own protobuf, its
+``AggregateUDFExprNode``: ``filter`` is field 3, ``order_by`` field 4), bytes this process's
+own plan produced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from flight.plan import agg
+from flight.plan.expr import Expr, if_else, lit
+from flight.sql.errors import unsupported
+from flight.sql.exprs import ExprTranslator
+from flight.sql.grouping import fields
+
+__all__ = ["AGGREGATES", "aggregate_call"]
+
+DFExpr = Any
+
+_AGGREGATE_UDF = 19
+_FILTER, _ORDER_BY = 3, 4
+
+
+def _numeric(make: Callable[[Expr], agg.Agg]) -> Callable[[ExprTranslator, Expr], agg.Agg]:
+    return lambda t, x: make(t.as_double(x))
+
+
+AGGREGATES: dict[str, Callable[[ExprTranslator, Expr], agg.Agg]] = {
+    "sum": lambda t, x: agg.sum(x),
+    "min": lambda t, x: agg.min(x),
+    "max": lambda t, x: agg.max(x),
+    "avg": lambda t, x: agg.mean(x),
+    "mean": lambda t, x: agg.mean(x),
+    "count": lambda t, x: agg.count(x),
+    "stddev": _numeric(agg.stddev_samp),
+    "stddev_samp": _numeric(agg.stddev_samp),
+    "stddev_pop": _numeric(agg.stddev_pop),
+    "var": _numeric(agg.var_samp),
+    "var_samp": _numeric(agg.var_samp),
+    "var_pop": _numeric(agg.var_pop),
+    "variance": _numeric(agg.var_samp),  # declared to DataFusion by flight.sql.library
+}
+"""One-argument aggregates by the name DataFusion's plans give them."""
+
+_ORDER_FREE = frozenset(AGGREGATES)
+"""Functions whose result does not depend on the order of their rows (an ORDER BY is dropped)."""
+
+
+def aggregate_call(e: DFExpr, t: ExprTranslator) -> agg.Agg:
+    """The IR aggregate of DataFusion's aggregate expression ``e`` over the relation ``t`` reads."""
+    while e.variant_name() == "Alias":
+        e = e.to_variant().expr()
+    if e.variant_name() != "AggregateFunction":
+        raise unsupported(f"the aggregate expression {e.canonical_name()}")
+    v = e.to_variant()
+    name = str(v.aggregate_type()).lower()
+    args = list(v.args())
+    condition, ordered = _extras(e)
+    if ordered and name not in _ORDER_FREE:
+        raise unsupported(f"{name}() with ORDER BY ({e.canonical_name()})")
+    keep = None if condition is None else t(condition)
+
+    def only(x: Expr) -> Expr:
+        """``x`` where the FILTER holds, else null: the aggregate skips the row."""
+        return x if keep is None else if_else(keep, x, lit(None, t.type_of(x)))
+
+    if name == "count" and not v.is_distinct() and (not args or _non_null_literal(args[0])):
+        return agg.count_all() if keep is None else agg.count(only(lit(1)))
+    if len(args) != 1:
+        raise unsupported(f"the aggregate {name}() with {len(args)} arguments")
+    arg = only(t(args[0]))
+    if v.is_distinct() and name not in ("min", "max"):
+        if name != "count":
+            raise unsupported(f"{name.upper()}(DISTINCT ...)")
+        return agg.count_distinct(arg)
+    make = AGGREGATES.get(name)
+    if make is None:
+        raise unsupported(f"the aggregate function {name}()")
+    return make(t, arg)
+
+
+def _extras(e: DFExpr) -> tuple[DFExpr | None, bool]:
+    """The call's FILTER condition (or None) and whether it has an ORDER BY."""
+    from datafusion import Expr as DFExprType
+
+    condition, ordered = None, False
+    for number, body in fields(e.to_bytes()):
+        if number != _AGGREGATE_UDF:
+            continue
+        for inner, value in fields(body):
+            if inner == _FILTER:
+                condition = DFExprType.from_bytes(value)
+            elif inner == _ORDER_BY:
+                ordered = True
+    return condition, ordered
+
+
+def _non_null_literal(e: DFExpr) -> bool:
+    while e.variant_name() == "Alias":
+        e = e.to_variant().expr()
+    return bool(e.variant_name() == "Literal" and e.python_value().is_valid)

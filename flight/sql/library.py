@@ -1,0 +1,33 @@
+"""Functions the SQL front end knows beyond DataFusion's own: declared to its planner by name and type.
+
+DataFusion plans only; a function it does not know fails the text before any translation. Each
+entry here is registered in every planning session as a function that never runs (its body
+raises): the plan names it, and the translation (``flight.sql.aggregates``, ``flight.sql.functions``)
+turns it into the IR like any other. So DuckDB's spellings that DataFusion lacks plan too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+__all__ = ["AGGREGATE_ALIASES", "declare"]
+
+AGGREGATE_ALIASES: dict[str, tuple[list[pa.DataType], pa.DataType]] = {
+    "variance": ([pa.float64()], pa.float64()),  # DuckDB's (and Spark's) name for var_samp
+}
+"""Aggregates by name: their argument types (DataFusion coerces to them) and result type."""
+
+
+def _never(*args: Any) -> Any:
+    raise RuntimeError("a function declared for planning ran")
+
+
+def declare(ctx: Any) -> None:
+    """Register every declared function in DataFusion session ``ctx``."""
+    from datafusion import Accumulator, udaf
+
+    never = type("Never", (Accumulator,), {"state": _never, "update": _never, "merge": _never, "evaluate": _never})
+    for name, (args, result) in AGGREGATE_ALIASES.items():
+        ctx.register_udaf(udaf(never, args, result, [result], "immutable", name=name))
