@@ -128,9 +128,9 @@ class ExprTranslator:
             days = right.cast(pa.int32())
         elif rt == pa.month_day_nano_interval():
             value = v.right().python_value().as_py() if v.right().variant_name() == "Literal" else None
-            if value is None or value.months or value.nanoseconds:
+            if value is None or value.months or value.nanoseconds % _DAY_NS:
                 raise unsupported("adding months or a time to a date column (only whole days)")
-            days = lit(int(value.days), pa.int32())
+            days = lit(int(value.days) + value.nanoseconds // _DAY_NS, pa.int32())  # date + 5 arrives as 5 days of nanoseconds
         else:
             return None
         shifted = call("add_checked" if op == "+" else "subtract_checked", left.cast(pa.int32()), days)
@@ -291,8 +291,12 @@ class ExprTranslator:
         if inner.variant_name() == "Literal":
             value = inner.python_value()
             if pa.types.is_decimal(target) and value.is_valid and isinstance(value.as_py(), (int, decimal.Decimal)):
-                return literal(pa.scalar(decimal.Decimal(value.as_py()), target))
+                return lit(decimal.Decimal(value.as_py()), target)  # the CAST's type, not the digits' (literal())
         source = self(inner)
+        if pa.types.is_decimal(target) and pa.types.is_floating(self.type_of(source)):
+            # DuckDB rounds half away from zero (pyarrow's cast to even): rounded first, both engines agree.
+            # Also where DataFusion's coercion casts an AVG, a DECIMAL there and a DOUBLE here (as in DuckDB).
+            return source.round(target.scale, "half_towards_infinity").cast(target)
         if pa.types.is_decimal(target) and pa.types.is_integer(t := self.type_of(source)):
             digits = len(str(2 ** (t.bit_width - 1)))
             if target.precision - target.scale < digits:  # Arrow wants room for any value; DuckDB checks the values
@@ -334,6 +338,7 @@ def literal(value: pa.Scalar) -> Expr:
 
 
 _INT_DIGITS = {8: 3, 16: 5, 32: 10, 64: 19}
+_DAY_NS = 86_400 * 10**9
 
 
 def unify(types: list[pa.DataType]) -> pa.DataType:

@@ -81,7 +81,7 @@ def join(tr: Translator, v: Any, plan: Any) -> Rel:
         if predicate is not None:
             raise unsupported("EXISTS or IN under OR with a correlation other than equalities")
         marked, name = _mark(lq, rq, lkeys, rkeys, tr)
-        return Rel(marked.select(*left.query.schema.names, name), fields_of(plan))
+        return Rel(marked.select(*left.query.schema.names, name), left.fields + fields_of(plan)[-1:])
     how = _HOW[kind]
     null_aware = plan.display().rstrip().endswith("null_aware")
     if null_aware and (predicate is not None or len(pairs) != 1):
@@ -93,6 +93,8 @@ def join(tr: Translator, v: Any, plan: Any) -> Rel:
     if joined.schema.names != kept:
         joined = joined.select(*kept)
     fields = fields_of(plan)
+    if len(fields) != len(kept):  # a side that reads no column holds a stand-in (a constant) DataFusion does not name
+        fields = left.fields + ([] if how in ("semi", "anti") else right.fields)
     return Rel(joined, fields)
 
 

@@ -30,7 +30,7 @@ from flight.plan.expr import Expr, col, lit
 from flight.plan.query import Query, from_arrow
 from flight.sql.aggregates import aggregate_call
 from flight.sql.errors import unsupported
-from flight.sql.exprs import DFExpr, ExprTranslator
+from flight.sql.exprs import DFExpr, ExprTranslator, unify
 from flight.sql.functions import arrow_type
 from flight.sql.grouping import grouping_sets
 from flight.sql.joins import join
@@ -179,19 +179,22 @@ class Translator:
         return Rel(rel.query.distinct(), rel.fields)
 
     def _Union(self, v: Any, plan: DFPlan) -> Rel:
+        """The inputs' rows, each column of the type all inputs' values meet in (a DECIMAL wide
+        enough for every input's, as DuckDB types a UNION), named as the first input names it."""
         inputs = [self.relation(p) for p in plan.inputs()]
-        first = inputs[0].query
-        names = first.schema.names
-        aligned = [first]
-        for rel in inputs[1:]:
+        names = inputs[0].query.schema.names
+        targets = [unify([rel.query.schema.field(i).type for rel in inputs]) for i in range(len(names))]
+        aligned = []
+        for rel in inputs:
             items = {}
-            for name, source, target in zip(names, rel.query.schema.names, first.schema.types):
+            for name, source, target in zip(names, rel.query.schema.names, targets):
                 expr = col(source)
-                if rel.query.schema.field(source).type != target:
+                if rel.query.schema.field(source).type != target and not pa.types.is_null(target):
                     expr = expr.cast(target)
                 items[name] = expr
-            aligned.append(rel.query.select(**items))
-        return Rel(first.union(*aligned[1:]), fields_of(plan))
+            same = list(items) == rel.query.schema.names and all(e.column_name() == n for n, e in items.items())
+            aligned.append(rel.query if same else rel.query.select(**items))
+        return Rel(aligned[0].union(*aligned[1:]), fields_of(plan))
 
     def _EmptyRelation(self, v: Any, plan: DFPlan) -> Rel:
         if v.produce_one_row():  # SELECT without FROM: one row, no columns (one stands in)

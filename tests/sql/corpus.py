@@ -271,6 +271,9 @@ CORPUS: dict[str, list[str]] = {
         "select id, (select y from u where u.id = 6) as y6 from t",
         "select id from t where d < (select distinct d2 from u where y = 4)",
         "select id from t where x = (select max(y) from u group by g having g = 'a')",
+        "select (select avg(y) from u) as a, (select count(*) from u) as c, (select max(d2) from u) as m from t where id = 1",
+        "select (select sum(y) from u where y > 0) as s from t",
+        "select g, cast(0 as decimal(7, 2)) as z from t union all select g, d2 from u",
     ],
     "strings": [
         "select id from t where s like 'app%'",

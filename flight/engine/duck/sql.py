@@ -430,8 +430,9 @@ def _cast_call(call: plan_pb2.Call, arg: str, source: pa.DataType, target: pa.Da
     s_num = any(f(source) for f in numeric)
     t_num = any(f(target) for f in numeric)
     if s_num and t_num:
-        if pa.types.is_floating(source) and not pa.types.is_floating(target):
-            raise Untranslatable("a cast from floating point to an exact type")  # pyarrow refuses truncation; DuckDB rounds
+        if pa.types.is_floating(source) and pa.types.is_integer(target):
+            raise Untranslatable("a cast from floating point to an integer")  # pyarrow refuses truncation; DuckDB rounds
+        # To a DECIMAL, pyarrow rounds a tie to even and DuckDB away from zero: SQL's front end rounds first (flight.sql.exprs).
         if pa.types.is_decimal(source) and pa.types.is_decimal(target):
             arg = _uncast(arg, source)  # a checked cast to the target follows: the wide one between adds nothing
         return _cast(arg, target)
