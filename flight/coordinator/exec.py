@@ -32,7 +32,7 @@ from flight.plan.query import Query
 from flight.planner.cut import plan_query
 from flight.planner.inputs import refuse_unsent_inputs
 from flight.planner.optimize import push_filters
-from flight.planner.small import hands_off, many_groups, one_host, reads_twice, scan_bytes, small_note
+from flight.planner.small import hands_off, many_groups, one_host, reads_twice, scan_bytes, small_note, too_many_sources
 from flight.planner.stages import PlannerOptions, QueryPlan, StageSpec
 from flight.sources.estimate import DefaultTaskEstimator, TaskEstimator
 from flight.wire.limits import clip
@@ -91,7 +91,7 @@ class DistributedExec:
         # Filters pushed and scans sized once, here: planned as one task, the planner need not do either again.
         root = push_filters(node)
         read = scan_bytes(root)
-        if read is None or read > limit or (read > small and reads_twice(root)):
+        if read is None or read > limit or (read > small and reads_twice(root)) or too_many_sources(root):
             return plan_query(root, len(urls), options, pushed=True)
         if read > small and many_groups(root) and not hands_off(split := plan_query(root, len(urls), options, pushed=True)):
             return split

@@ -53,7 +53,7 @@ from flight.planner.place import colocated, grouped_below, grouped_in_place, joi
 from flight.planner.ranges import filter_selectivity
 from flight.planner.replicate import replicable, replicate_small_broadcasts, substitute_reads
 from flight.planner.reuse import align_task_counts, fingerprint, link_consumers, repeated_subtrees
-from flight.planner.small import small_query
+from flight.planner.small import small_query, too_many_sources
 from flight.planner.stages import FeedPlan, PlannerOptions, QueryPlan, StageSpec
 from flight.planner.windows import cut_window
 from flight.sources.feed import WorkUnitFeed
@@ -71,6 +71,7 @@ class _Planner:
         self.rewrites: list[str] = []
         self.made: dict[bytes, int] = {}  # stage ids by fingerprint (flight.planner.reuse)
         self.repeated: set[int] = set()  # ids of the nodes each use of a CTE starts at
+        self.crowded = False  # one task would hold too many sources (small.too_many_sources): every repeat is a stage
         self.hash_on: dict[int, list[str]] = {}  # an aggregate's shuffle keys, when the aggregate above groups by fewer
 
     def upper_tasks(self, rows: float | None) -> int:
@@ -149,10 +150,8 @@ class _Planner:
             f = self.build(node)
         finally:
             self.repeated.add(id(node))
-        if not f.feeds or f.tasks == 1 or f.ranges:  # its scans are behind a cut (reused there), or one task reads all
-            return f
-        if repeatable(node):
-            return f  # reading the files again costs less than moving every row through a stage more
+        if not f.feeds or f.ranges or (f.tasks == 1 or repeatable(node)) and not self.crowded:
+            return f  # its scans are behind a cut (reused there), one task reads all, or reading again costs less than a stage
         read = self.cut(f, "round_robin")
         return self.consumer(read, f.tasks, f.rows, [read])
 
@@ -437,7 +436,7 @@ def plan_query(
         root, notes = eager_aggregates(root)
         planner.rewrites.extend(notes)
     pruned = prune_columns(root)
-    planner.repeated = repeated_subtrees(pruned)
+    planner.repeated, planner.crowded = repeated_subtrees(pruned), too_many_sources(pruned)
     frag = planner.build(pruned)
     planner.cut(frag, "head")
     link_consumers(planner.stages)

@@ -15,15 +15,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
-from flight.plan.nodes import ExchangeInputNode, FeedScanNode, InputCallNode, Node
-from flight.plan.relnodes import AggregateNode, JoinNode
+from flight.plan.nodes import ExchangeInputNode, FeedScanNode, InputCallNode, LimitNode, Node
+from flight.plan.relnodes import AggregateNode, JoinNode, SortNode, UnionNode
 from flight.planner.cost import row_width
 from flight.planner.keysets import estimated_rows
 from flight.planner.optimize import prune_columns
 from flight.planner.reuse import repeated_subtrees
 from flight.planner.stages import QueryPlan
 
-__all__ = ["hands_off", "many_groups", "one_host", "reads_twice", "scan_bytes", "small_note", "small_query"]
+__all__ = [
+    "ONE_TASK_SOURCES", "hands_off", "many_groups", "one_host", "reads_twice", "scan_bytes", "small_note", "small_query", "too_many_sources",
+]
 
 
 def scan_bytes(root: Node) -> float | None:
@@ -49,7 +51,7 @@ def small_query(root: Node, max_tasks: int, limit: int) -> str:
     if max_tasks <= 1 or limit <= 0:
         return ""
     read = scan_bytes(root)
-    if read is None or read > limit:
+    if read is None or read > limit or too_many_sources(root):
         return ""
     return small_note(read, limit)
 
@@ -91,3 +93,18 @@ def hands_off(plan: QueryPlan) -> bool:
     gathered to the head. A plan that only gathers co-located work splits its joins and aggregates for free
     (Q18's 1.5 million groups, halved per task, took 1.42 times as long as one task)."""
     return any(s.output_mode in ("hash", "broadcast", "round_robin") for s in plan.stages)
+
+
+ONE_TASK_SOURCES = 32
+"""Most sources (scans, unions, limits: each holds a thread while it waits) a query planned as one task may
+have: half a worker's default 64 source threads, so two such queries run at once. A text that repeats a
+large subplan many times (TPC-DS q14's ROLLUP over a union of three channels: 308) keeps its split, where
+each repeated subplan is one stage every use reads."""
+
+
+def too_many_sources(root: Node) -> bool:
+    """Whether ``root`` as one task would hold more than ``ONE_TASK_SOURCES`` source threads (as
+    ``flight.engine.acero.pipeline.source_threads`` counts them: one per scan, input, limit, union and top-k)."""
+    blocking = (FeedScanNode, ExchangeInputNode, InputCallNode, LimitNode, UnionNode)
+    count = sum(1 for n in root.walk() if isinstance(n, blocking) or (isinstance(n, SortNode) and n.fetch > 0))
+    return count > ONE_TASK_SOURCES
