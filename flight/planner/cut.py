@@ -150,7 +150,7 @@ class _Planner:
             f = self.build(node)
         finally:
             self.repeated.add(id(node))
-        if not f.feeds or f.ranges or (f.tasks == 1 or repeatable(node)) and not self.crowded:
+        if not f.feeds or f.ranges or ((f.tasks == 1 or repeatable(node)) and not self.crowded):
             return f  # its scans are behind a cut (reused there), one task reads all, or reading again costs less than a stage
         read = self.cut(f, "round_robin")
         return self.consumer(read, f.tasks, f.rows, [read])
