@@ -26,6 +26,7 @@ from flight.engine.select import compile_task
 from flight.errors import PlanError
 from flight.plan.query import Query
 from flight.planner.cut import plan_query
+from flight.planner.stages import PlannerOptions
 from flight.sources.feed import FeedContext, WorkUnitFeed, unit_bytes
 from flight.wire._proto import plan_pb2
 
@@ -110,13 +111,14 @@ def run_local(
     the file readers to them, exactly as on a worker (``ValueError`` if one is not a directory).
     """
     roots = ANY_PATH if data_roots is None else DataRoots.of(data_roots)
-    plan = plan_query(query.node, max_tasks=1)
+    plan = plan_query(query.node, max_tasks=1, options=PlannerOptions(one_stage=True))
     if len(plan.stages) != 1:  # pragma: no cover - one task never needs a network boundary
         raise PlanError("a one-task plan should be a single stage")
     stage = plan.head
     feeds = {f.feed.feed_id: (f.feed, f.partitions) for f in stage.feeds}
     inputs = _LocalInputs(feeds)
-    stage_plan = plan_pb2.StagePlan(root=stage.root.to_proto())
+    stage_plan = plan_pb2.StagePlan()
+    stage_plan.root.CopyFrom(stage.root.to_proto())
     # Every blocking source of the plan may hold an I/O thread while it waits (a worker admits
     # tasks against the same count): a pool smaller than that deadlocks, so grow it (never shrink).
     need = source_threads(stage_plan) + _IO_MARGIN

@@ -150,7 +150,7 @@ class _Planner:
             f = self.build(node)
         finally:
             self.repeated.add(id(node))
-        if not f.feeds or f.ranges or ((f.tasks == 1 or repeatable(node)) and not self.crowded):
+        if f.ranges or (not self.crowded and (not f.feeds or f.tasks == 1 or repeatable(node))):
             return f  # its scans are behind a cut (reused there), one task reads all, or reading again costs less than a stage
         read = self.cut(f, "round_robin")
         return self.consumer(read, f.tasks, f.rows, [read])
@@ -436,7 +436,8 @@ def plan_query(
         root, notes = eager_aggregates(root)
         planner.rewrites.extend(notes)
     pruned = prune_columns(root)
-    planner.repeated, planner.crowded = repeated_subtrees(pruned), too_many_sources(pruned)
+    planner.crowded = not planner.options.one_stage and too_many_sources(pruned)
+    planner.repeated = repeated_subtrees(pruned)
     frag = planner.build(pruned)
     planner.cut(frag, "head")
     link_consumers(planner.stages)
