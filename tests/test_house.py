@@ -44,6 +44,20 @@ def test_no_module_imports_itself_back_through_others() -> None:
     assert not circles, "\n".join(circles)
 
 
+def test_the_sql_translation_has_no_circle_even_for_the_type_checker() -> None:
+    """flight/sql: a node handler or a function's builder never imports its caller, not even for a type
+    (``flight.sql.rel``'s protocols and handler table stand between them)."""
+    graph = grimp.build_graph("flight", exclude_type_checking_imports=False)
+    sql = sorted(m for m in graph.modules if m.startswith("flight.sql"))
+    circles = [
+        f"{a} <-> {b}"
+        for a in sql
+        for b in graph.find_modules_directly_imported_by(a)
+        if b.startswith("flight.sql") and a < b and graph.chain_exists(importer=b, imported=a)
+    ]
+    assert not circles, "\n".join(circles)
+
+
 def test_no_private_name_is_imported_from_another_module() -> None:
     found = []
     for path in _modules():

@@ -24,8 +24,8 @@ from typing import Any
 from flight.plan import agg
 from flight.plan.expr import Expr, if_else, lit
 from flight.sql.errors import unsupported
-from flight.sql.exprs import ExprTranslator
 from flight.sql.grouping import fields
+from flight.sql.rel import Scalars
 
 __all__ = ["AGGREGATES", "aggregate_call"]
 
@@ -35,11 +35,11 @@ _AGGREGATE_UDF = 19
 _FILTER, _ORDER_BY = 3, 4
 
 
-def _numeric(make: Callable[[Expr], agg.Agg]) -> Callable[[ExprTranslator, Expr], agg.Agg]:
+def _numeric(make: Callable[[Expr], agg.Agg]) -> Callable[[Scalars, Expr], agg.Agg]:
     return lambda t, x: make(t.as_double(x))
 
 
-AGGREGATES: dict[str, Callable[[ExprTranslator, Expr], agg.Agg]] = {
+AGGREGATES: dict[str, Callable[[Scalars, Expr], agg.Agg]] = {
     "sum": lambda t, x: agg.sum(x),
     "min": lambda t, x: agg.min(x),
     "max": lambda t, x: agg.max(x),
@@ -60,7 +60,7 @@ _ORDER_FREE = frozenset(AGGREGATES)
 """Functions whose result does not depend on the order of their rows (an ORDER BY is dropped)."""
 
 
-def aggregate_call(e: DFExpr, t: ExprTranslator) -> agg.Agg:
+def aggregate_call(e: DFExpr, t: Scalars) -> agg.Agg:
     """The IR aggregate of DataFusion's aggregate expression ``e`` over the relation ``t`` reads."""
     while e.variant_name() == "Alias":
         e = e.to_variant().expr()

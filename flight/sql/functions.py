@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
 from flight.plan.expr import Expr, call, coalesce, if_else, lit
 from flight.sql.errors import unsupported
-
-if TYPE_CHECKING:
-    from flight.sql.exprs import ExprTranslator
+from flight.sql.rel import Scalars
 
 __all__ = ["FUNCTIONS", "arrow_type"]
 
@@ -57,7 +55,7 @@ def _arg_literal(args: list[DFExpr], i: int, what: str) -> Any:
     return args[i].python_value().as_py()
 
 
-def _substr(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
+def _substr(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
     start = int(_arg_literal(args, 1, "a SUBSTRING start"))
     length = int(_arg_literal(args, 2, "a SUBSTRING length")) if len(args) > 2 else None
     begin = max(start, 1) - 1
@@ -65,7 +63,7 @@ def _substr(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
     return t(args[0]).substr(begin, stop if stop is None or stop > begin else begin)
 
 
-def _date_part(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
+def _date_part(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
     part = str(_arg_literal(args, 0, "a date part")).lower()
     functions = {
         "year": "year", "month": "month", "day": "day", "quarter": "quarter", "hour": "hour",
@@ -79,23 +77,23 @@ def _date_part(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
     return call(functions[part], t(args[1]))
 
 
-def _nullif(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
+def _nullif(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
     a, b = t(args[0]), t(args[1])
     return if_else(coalesce(a == b, lit(False)), lit(None, t.type_of(a)), a)
 
 
-def _concat(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
+def _concat(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
     parts = [coalesce(t.as_text(t(a)), lit("")) for a in args]
     return call("binary_join_element_wise", *parts, lit(""))
 
 
-def _round(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
+def _round(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
     digits = int(_arg_literal(args, 1, "ROUND's digits")) if len(args) > 1 else 0
     return t(args[0]).round(digits, "half_towards_infinity")  # SQL's (and DuckDB's) rounding
 
 
-def _unary(function: str) -> Callable[[ExprTranslator, list[DFExpr], DFExpr], Expr]:
-    def make(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
+def _unary(function: str) -> Callable[[Scalars, list[DFExpr], DFExpr], Expr]:
+    def make(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
         if len(args) != 1:
             raise unsupported(f"{function} with {len(args)} arguments")
         return call(function, t(args[0]))
@@ -103,28 +101,28 @@ def _unary(function: str) -> Callable[[ExprTranslator, list[DFExpr], DFExpr], Ex
     return make
 
 
-def _left(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
+def _left(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
     n = int(_arg_literal(args, 1, "LEFT's length"))
     return t(args[0]).substr(0, max(n, 0))
 
 
-def _coalesce(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
+def _coalesce(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
     return coalesce(*t.common([t(a) for a in args]))
 
 
-def _starts_with(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
+def _starts_with(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
     return t(args[0]).startswith(str(_arg_literal(args, 1, "STARTS_WITH's prefix")))
 
 
-def _ends_with(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
+def _ends_with(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
     return t(args[0]).endswith(str(_arg_literal(args, 1, "ENDS_WITH's suffix")))
 
 
-def _power(t: ExprTranslator, args: list[DFExpr], e: DFExpr) -> Expr:
+def _power(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
     return call("power", t.as_double(t(args[0])), t.as_double(t(args[1])))
 
 
-FUNCTIONS: dict[str, Callable[[ExprTranslator, list[DFExpr], DFExpr], Expr]] = {
+FUNCTIONS: dict[str, Callable[[Scalars, list[DFExpr], DFExpr], Expr]] = {
     "substr": _substr,
     "substring": _substr,
     "date_part": _date_part,

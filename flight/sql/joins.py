@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
@@ -24,10 +24,7 @@ from flight.plan.expr import Expr, coalesce, col, if_else, lit
 from flight.plan.query import Query
 from flight.sql.errors import unsupported
 from flight.sql.exprs import ExprTranslator
-from flight.sql.rel import Rel, fields_of
-
-if TYPE_CHECKING:
-    from flight.sql.translate import Translator
+from flight.sql.rel import Rel, Relations, fields_of, handles
 
 __all__ = ["MARK", "TOO_MANY_ROWS", "join", "one_row"]
 
@@ -37,7 +34,8 @@ MARK = "__mark"
 _HOW = {"Inner": "inner", "Left": "left", "Right": "right", "Full": "full", "LeftSemi": "semi", "LeftAnti": "anti"}
 
 
-def join(tr: Translator, v: Any, plan: Any) -> Rel:
+@handles("Join")
+def join(tr: Relations, v: Any, plan: Any) -> Rel:
     kind = str(v.join_type())
     left, right = tr.relation(v.left()), tr.relation(v.right())
     pairs = list(v.on())
@@ -142,7 +140,7 @@ def _bare(name: str) -> str:
     return name.rsplit(".", 1)[-1]
 
 
-def _disjoint(left: Rel, right: Rel, tr: Translator) -> Rel:
+def _disjoint(left: Rel, right: Rel, tr: Relations) -> Rel:
     """``right`` with its IR names renamed where they are also ``left``'s."""
     taken = set(left.query.schema.names)
     if not taken & set(right.query.schema.names):
@@ -156,7 +154,7 @@ def _disjoint(left: Rel, right: Rel, tr: Translator) -> Rel:
     return Rel(right.query.select(**items), right.fields)
 
 
-def _as_column(query: Query, expr: Expr, tr: Translator, force: bool = False) -> tuple[Query, str]:
+def _as_column(query: Query, expr: Expr, tr: Relations, force: bool = False) -> tuple[Query, str]:
     name = expr.column_name()
     if name is not None and not force:
         return query, name
@@ -204,7 +202,7 @@ def _stand_in(t: pa.DataType) -> Expr:
     return lit(0).cast(t)
 
 
-def _null_aware(anti: Query, list_side: Query, probe: str, key: str, tr: Translator) -> Query:
+def _null_aware(anti: Query, list_side: Query, probe: str, key: str, tr: Relations) -> Query:
     """``x NOT IN (list)`` from the anti join on ``x``: no row when the list holds a null, and a
     null ``x`` only when the list is empty."""
     rows, keys, one, one2 = tr.fresh("rows"), tr.fresh("keys"), tr.fresh("one"), tr.fresh("one")
@@ -215,7 +213,7 @@ def _null_aware(anti: Query, list_side: Query, probe: str, key: str, tr: Transla
     return with_counts.filter(coalesce(keep, lit(False))).select(*anti.schema.names)
 
 
-def _mark(left: Query, right: Query, lkeys: list[str], rkeys: list[str], tr: Translator) -> tuple[Query, str]:
+def _mark(left: Query, right: Query, lkeys: list[str], rkeys: list[str], tr: Relations) -> tuple[Query, str]:
     """DataFusion's mark join (``a > 3 OR EXISTS (...)``): the left rows, each with a column that is true
     where the right side holds its keys and false where it does not; the right side's distinct keys
     are what the left rows are joined with, so no left row is repeated.
@@ -232,7 +230,7 @@ def _mark(left: Query, right: Query, lkeys: list[str], rkeys: list[str], tr: Tra
 TOO_MANY_ROWS = "more than one row returned by a subquery used as an expression"
 
 
-def one_row(query: Query, tr: Translator) -> Query:
+def one_row(query: Query, tr: Relations) -> Query:
     """A scalar subquery's one row, or an error when it has several (as in DuckDB and Spark); no row
     gives a row of nulls.
 

@@ -1,19 +1,31 @@
-"""A translated relation: its query, and DataFusion's name for each of its columns.
+"""A translated relation, and what the translation's parts may ask of each other.
 
 DataFusion names a column by its qualifier and name (``l1.l_orderkey``, ``__scalar_sq_1.x``);
 the IR names it uniquely within its relation. ``Rel`` keeps both, in order, so a column
 reference resolves by position and a self-join needs no suffixes.
+
+The translation is cut by what it translates: ``translate`` walks the plan and looks up a handler
+by node kind (``HANDLERS``: ``joins`` and ``windows`` register theirs), ``exprs`` translates
+expressions and looks up a function's builder by name (``functions``, ``aggregates``). A handler
+or a builder sees its caller only through the protocols here (``Relations``, ``Scalars``), so no
+module imports the one that calls it.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+import pyarrow as pa
+
+from flight.plan.expr import Expr
 from flight.plan.query import Query
 
-__all__ = ["DFPlan", "Rel", "fields_of", "output_names", "schema_of", "unique"]
+__all__ = [
+    "HANDLERS", "DFPlan", "Handler", "Rel", "Relations", "Scalars", "fields_of", "handles", "output_names", "schema_of", "unique",
+]
 
 DFPlan = Any  # datafusion.LogicalPlan: the package is an optional dependency (the ``sql`` extra)
 
@@ -30,6 +42,43 @@ class Rel:
 
     def renamed(self, fields: list[str]) -> Rel:
         return Rel(self.query, fields)
+
+
+class Relations(Protocol):
+    """What a node's handler may ask of the plan's translation: its inputs, and fresh names."""
+
+    def relation(self, plan: DFPlan) -> Rel: ...
+
+    def fresh(self, stem: str) -> str: ...
+
+
+class Scalars(Protocol):
+    """What a function's builder may ask of the expression translation over one relation."""
+
+    def __call__(self, e: Any) -> Expr: ...
+
+    def type_of(self, e: Expr) -> pa.DataType: ...
+
+    def as_double(self, e: Expr) -> Expr: ...
+
+    def as_text(self, e: Expr) -> Expr: ...
+
+    def common(self, exprs: list[Expr]) -> list[Expr]: ...
+
+
+Handler = Callable[[Relations, Any, DFPlan], "Rel"]
+HANDLERS: dict[str, Handler] = {}
+"""Node handlers by the kind of DataFusion plan node they translate (``type(plan.to_variant()).__name__``)."""
+
+
+def handles(kind: str) -> Callable[[Handler], Handler]:
+    """Register the decorated function as the handler of plan nodes of ``kind``."""
+
+    def register(handler: Handler) -> Handler:
+        HANDLERS[kind] = handler
+        return handler
+
+    return register
 
 
 def fields_of(plan: DFPlan) -> list[str]:

@@ -28,14 +28,13 @@ import pyarrow as pa
 from flight.plan import agg
 from flight.plan.expr import Expr, col, lit
 from flight.plan.query import Query, from_arrow
+from flight.sql import joins, windows  # noqa: F401 - each registers its node handler (rel.HANDLERS)
 from flight.sql.aggregates import aggregate_call
 from flight.sql.errors import unsupported
 from flight.sql.exprs import DFExpr, ExprTranslator, unify
 from flight.sql.functions import arrow_type
 from flight.sql.grouping import grouping_sets
-from flight.sql.joins import join
-from flight.sql.rel import DFPlan, Rel, fields_of, output_names, schema_of, unique
-from flight.sql.windows import window
+from flight.sql.rel import HANDLERS, DFPlan, Rel, fields_of, output_names, schema_of, unique
 
 __all__ = ["Translator"]
 
@@ -61,6 +60,9 @@ class Translator:
     def relation(self, plan: DFPlan) -> Rel:
         v = plan.to_variant()
         kind = type(v).__name__
+        registered = HANDLERS.get(kind)
+        if registered is not None:
+            return registered(self, v, plan)
         handler = getattr(self, f"_{kind}", None)
         if handler is None:
             raise unsupported(_KINDS.get(kind, f"the plan node {kind}"))
@@ -224,11 +226,6 @@ class Translator:
         arrays = [pa.array(c, _values_type(t)) for c, t in zip(columns, types)]
         return Rel(from_arrow(pa.table(dict(zip(names, arrays)))), fields)
 
-    def _Join(self, v: Any, plan: DFPlan) -> Rel:
-        return join(self, v, plan)
-
-    def _WindowExpr(self, v: Any, plan: DFPlan) -> Rel:
-        return window(self, v, plan)
 
 
 _KINDS = {

@@ -7,17 +7,14 @@ A frame is SQL's default, or ROWS between offsets; a RANGE frame with offsets is
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flight.plan.expr import Expr
 from flight.plan.query import Query
 from flight.plan.window import WindowCall, WindowNode
 from flight.sql.errors import unsupported
 from flight.sql.exprs import DFExpr, ExprTranslator
-from flight.sql.rel import DFPlan, Rel, fields_of
-
-if TYPE_CHECKING:
-    from flight.sql.translate import Translator
+from flight.sql.rel import DFPlan, Rel, Relations, fields_of, handles
 
 __all__ = ["window"]
 
@@ -28,7 +25,8 @@ _FUNCTIONS = {
 }
 
 
-def window(tr: Translator, v: Any, plan: DFPlan) -> Rel:
+@handles("WindowExpr")
+def window(tr: Relations, v: Any, plan: DFPlan) -> Rel:
     rel = tr.relation(plan.inputs()[0])
     t = ExprTranslator(rel.columns(), rel.query.schema)
     query = rel.query
