@@ -122,6 +122,51 @@ def _power(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
     return call("power", t.as_double(t(args[0])), t.as_double(t(args[1])))
 
 
+def _extreme(function: str) -> Callable[[Scalars, list[DFExpr], DFExpr], Expr]:
+    """greatest / least: the arguments in one type, nulls skipped (null only when all are)."""
+    return lambda t, args, e: call(function, *t.common([t(a) for a in args]))
+
+
+def _double(function: str) -> Callable[[Scalars, list[DFExpr], DFExpr], Expr]:
+    """A function of one number computed as a DOUBLE (ln, exp, ...)."""
+    def make(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
+        if len(args) != 1:
+            raise unsupported(f"{function} with {len(args)} arguments")
+        return call(function, t.as_double(t(args[0])))
+
+    return make
+
+
+def _log(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
+    """log(x) is the base-10 logarithm; log(b, x) the base-b one (DuckDB's and DataFusion's order)."""
+    if len(args) == 1:
+        return call("log10", t.as_double(t(args[0])))
+    return call("logb", t.as_double(t(args[1])), t.as_double(t(args[0])))
+
+
+def _sign(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
+    """-1, 0 or 1 as a TINYINT (DuckDB's type), whatever the number's type."""
+    x = t.as_double(t(args[0]))
+    return if_else(call("is_nan", x), lit(0.0), call("sign", x)).cast(pa.int8())  # NaN's sign is 0 in DuckDB
+
+
+def _repeat(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
+    """The text repeated n times; n below zero repeats it none (DuckDB's ''), where pyarrow would fail."""
+    count = t(args[1]).cast(pa.int64())
+    n = if_else(count < lit(0, pa.int64()), lit(0, pa.int64()), count)
+    return call("binary_repeat", t.as_text(t(args[0])), n)
+
+
+def _right(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
+    """The last n characters (all but the first -n when n is negative, as DuckDB)."""
+    n = int(_arg_literal(args, 1, "RIGHT's length"))
+    return t(args[0]).substr(0, 0) if n == 0 else t(args[0]).substr(-n)
+
+
+def _contains(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
+    return call("match_substring", t(args[0]), pattern=str(_arg_literal(args, 1, "CONTAINS's text")))
+
+
 FUNCTIONS: dict[str, Callable[[Scalars, list[DFExpr], DFExpr], Expr]] = {
     "substr": _substr,
     "substring": _substr,
@@ -147,5 +192,22 @@ FUNCTIONS: dict[str, Callable[[Scalars, list[DFExpr], DFExpr], Expr]] = {
     "floor": _unary("floor"),
     "ceil": _unary("ceil"),
     "sqrt": _unary("sqrt"),
+    "greatest": _extreme("max_element_wise"),
+    "least": _extreme("min_element_wise"),
+    "ln": _double("ln"),
+    "log10": _double("log10"),
+    "log2": _double("log2"),
+    "exp": _double("exp"),
+    "log": _log,
+    "sign": _sign,
+    "signum": _sign,
+    "trunc": _double("trunc"),
+    "reverse": _unary("utf8_reverse"),
+    "repeat": _repeat,
+    "right": _right,
+    "contains": _contains,
+    "ltrim": _unary("utf8_ltrim_whitespace"),
+    "rtrim": _unary("utf8_rtrim_whitespace"),
+    "octet_length": _unary("binary_length"),
 }
 """DataFusion's scalar functions (by the name its plans give them) that have an IR form."""

@@ -12,12 +12,17 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["AGGREGATE_ALIASES", "declare"]
+__all__ = ["AGGREGATE_ALIASES", "SCALAR_ALIASES", "declare"]
 
 AGGREGATE_ALIASES: dict[str, tuple[list[pa.DataType], pa.DataType]] = {
     "variance": ([pa.float64()], pa.float64()),  # DuckDB's (and Spark's) name for var_samp
 }
 """Aggregates by name: their argument types (DataFusion coerces to them) and result type."""
+
+SCALAR_ALIASES: dict[str, tuple[list[pa.DataType], pa.DataType]] = {
+    "sign": ([pa.float64()], pa.int8()),  # DuckDB's name for signum, a TINYINT
+}
+"""Scalar functions by name, as ``AGGREGATE_ALIASES``."""
 
 
 def _never(*args: Any) -> Any:
@@ -26,8 +31,10 @@ def _never(*args: Any) -> Any:
 
 def declare(ctx: Any) -> None:
     """Register every declared function in DataFusion session ``ctx``."""
-    from datafusion import Accumulator, udaf
+    from datafusion import Accumulator, udaf, udf
 
     never = type("Never", (Accumulator,), {"state": _never, "update": _never, "merge": _never, "evaluate": _never})
     for name, (args, result) in AGGREGATE_ALIASES.items():
         ctx.register_udaf(udaf(never, args, result, [result], "immutable", name=name))
+    for name, (args, result) in SCALAR_ALIASES.items():
+        ctx.register_udf(udf(_never, args, result, "immutable", name=name))

@@ -79,6 +79,10 @@ _SPECS: list[FunctionSpec] = [
     *_binary("bit_wise_and", "bit_wise_or", "bit_wise_xor", "shift_left", "shift_right"),
     *_unary("negate", "negate_checked", "abs", "abs_checked", "sqrt", "sqrt_checked", "floor", "ceil"),
     *_unary("round", options="round"),
+    *_unary("ln", "log10", "log2", "exp", "sign", "trunc"),
+    *_binary("logb"),
+    FunctionSpec("max_element_wise", None, 1, None),  # SQL's greatest: nulls skipped
+    FunctionSpec("min_element_wise", None, 1, None),  # SQL's least
     # set membership
     *_unary("is_in", options="set_lookup", required=True),
     # pattern matching
@@ -88,7 +92,11 @@ _SPECS: list[FunctionSpec] = [
     ),
     # strings
     *_unary("utf8_slice_codeunits", options="slice", required=True),
-    *_unary("utf8_upper", "utf8_lower", "utf8_length", "binary_length", "utf8_trim_whitespace"),
+    *_unary(
+        "utf8_upper", "utf8_lower", "utf8_length", "binary_length", "utf8_trim_whitespace", "utf8_ltrim_whitespace",
+        "utf8_rtrim_whitespace", "utf8_reverse",
+    ),
+    *_binary("binary_repeat"),
     FunctionSpec("binary_join_element_wise", None, 2, None),  # strings..., separator last
     # casts ("cast" is pyarrow's meta function; the engine builds it with Expression.cast)
     *_unary("cast", options="cast", required=True),

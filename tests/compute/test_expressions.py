@@ -202,6 +202,23 @@ LITERALS: list[Case] = [
 ]
 
 
+LIBRARY: list[Case] = [  # what flight.sql's function library builds on (flight/sql/functions.py)
+    ("greatest", call("max_element_wise", col("i"), col("j").cast(pa.int64())), lambda: pc.max_element_wise(T["i"], T["j"].cast(pa.int64()))),
+    ("least_float", call("min_element_wise", col("f"), lit(1.0)), lambda: pc.min_element_wise(T["f"], pa.scalar(1.0))),
+    ("ln", call("ln", col("f")), lambda: pc.ln(T["f"])),
+    ("log10", call("log10", col("f")), lambda: pc.log10(T["f"])),
+    ("log2", call("log2", col("f")), lambda: pc.log2(T["f"])),
+    ("logb", call("logb", col("f"), lit(3.0)), lambda: pc.logb(T["f"], pa.scalar(3.0))),
+    ("exp", call("exp", col("f")), lambda: pc.exp(T["f"])),
+    ("sign", call("sign", col("f")), lambda: pc.sign(T["f"])),
+    ("sign_int", call("sign", col("i")), lambda: pc.sign(T["i"])),
+    ("trunc", call("trunc", col("f")), lambda: pc.trunc(T["f"])),
+    ("reverse", call("utf8_reverse", col("s")), lambda: pc.utf8_reverse(T["s"])),
+    ("repeat", call("binary_repeat", col("s"), lit(2)), lambda: pc.binary_repeat(T["s"], 2)),
+    ("right", col("s").substr(-3), lambda: pc.utf8_slice_codeunits(T["s"], -3)),
+]
+
+
 FAMILIES = {
     "comparison": COMPARISONS,
     "boolean": BOOLEANS,
@@ -209,6 +226,7 @@ FAMILIES = {
     "set_string": SETS_AND_STRINGS,
     "cast_date_conditional": CASTS_DATES_CONDITIONALS,
     "literal": LITERALS,
+    "library": LIBRARY,
 }
 
 

@@ -90,6 +90,15 @@ def _arithmetic_call(call: plan_pb2.Call, a: list[str], ts: list[pa.DataType], o
         return cast_to(f"abs({a[0]})", out)
     if fn == "sqrt" and pa.types.is_floating(out):  # pyarrow: NaN below zero
         return cast_to(f"(CASE WHEN {a[0]} < 0 THEN CAST('nan' AS DOUBLE) ELSE sqrt({a[0]}) END)", out)
+    if fn in ("ln", "log10", "log2", "exp") and pa.types.is_floating(out):  # -inf, nan and inf as pyarrow's
+        return cast_to(f"{fn}({a[0]})", out)
+    if fn == "logb" and pa.types.is_floating(out):
+        return cast_to(f"(ln({a[0]}) / ln({a[1]}))", out)
+    if fn in ("sign", "trunc") and (pa.types.is_floating(out) or pa.types.is_integer(out)):
+        nan = fn == "sign" and pa.types.is_floating(ts[0])  # pyarrow's sign of NaN is NaN, DuckDB's 0
+        return cast_to(f"(CASE WHEN isnan({a[0]}) THEN {a[0]} ELSE sign({a[0]}) END)" if nan else f"{fn}({a[0]})", out)
+    if fn in ("max_element_wise", "min_element_wise") and not pa.types.is_null(out):  # both skip nulls
+        return cast_to(f"{'greatest' if fn.startswith('max') else 'least'}({', '.join(cast_to(x, out) for x in a)})", out)
     if fn in ("floor", "ceil") and (pa.types.is_floating(out) or pa.types.is_decimal(out)):
         return cast_to(f"{fn}({a[0]})", out)
     if fn == "round" and (pa.types.is_floating(out) or pa.types.is_decimal(out)):
@@ -107,13 +116,17 @@ def _text_call(call: plan_pb2.Call, a: list[str], ts: list[pa.DataType], out: pa
         return _match(fn, call.options.match_substring, a[0])
     if fn == "utf8_slice_codeunits":
         opts = call.options.slice
+        if opts.step in (0, 1) and opts.start < 0 and not opts.HasField("stop"):  # the last -start characters
+            return f"right({a[0]}, {-int(opts.start)})"
         if opts.step not in (0, 1) or opts.start < 0 or (opts.HasField("stop") and opts.stop < 0):
             raise Untranslatable("a slice from the end or with a step")
         if not opts.HasField("stop"):
             return f"substr({a[0]}, {int(opts.start) + 1})"
         return f"substr({a[0]}, {int(opts.start) + 1}, {max(0, int(opts.stop) - int(opts.start))})"
-    if fn in ("utf8_upper", "utf8_lower"):
+    if fn in ("utf8_upper", "utf8_lower", "utf8_reverse"):
         return f"{fn.removeprefix('utf8_')}({a[0]})"
+    if fn == "binary_repeat" and pa.types.is_string(out):
+        return f"repeat({a[0]}, {a[1]})"
     if fn == "utf8_length":
         return cast_to(f"length({a[0]})", out)
     if fn == "binary_length":
