@@ -46,7 +46,7 @@ def sql(
     schemas = {name: catalog[name].schema for name in catalog if name.lower() in words}
     plan, statement = plan_text(text, schemas, dialect, list(catalog), values)
     try:
-        query = Translator(catalog.__getitem__).query(plan)
+        query = Translator(catalog.__getitem__, "spark" if dialect == "spark" else "duckdb").query(plan)
     except PlanError as exc:
         message = str(exc)
         for word in ("over", "grouping", "rollup", "cube", "try_cast", "escape", "unnest", "filter"):

@@ -19,15 +19,20 @@ own plan produced.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
 from flight.plan import agg
-from flight.plan.expr import Expr, if_else, lit
+from flight.plan.expr import Expr, col, if_else, lit
+from flight.sql import spark_types
+from flight.sql.arithmetic import quotient
 from flight.sql.errors import unsupported
 from flight.sql.grouping import fields
 from flight.sql.rel import Scalars
 
-__all__ = ["AGGREGATES", "aggregate_call"]
+__all__ = ["AGGREGATES", "Derived", "aggregate_call", "aggregated"]
 
 DFExpr = Any
 
@@ -60,7 +65,16 @@ _ORDER_FREE = frozenset(AGGREGATES)
 """Functions whose result does not depend on the order of their rows (an ORDER BY is dropped)."""
 
 
-def aggregate_call(e: DFExpr, t: Scalars) -> agg.Agg:
+@dataclass(frozen=True)
+class Derived:
+    """An aggregate computed from others: ``parts`` (by a suffix of the output's name), then ``finish``
+    over their columns (Spark's DECIMAL average: a sum and a count, divided as Spark divides)."""
+
+    parts: dict[str, agg.Agg]
+    finish: Callable[[dict[str, Expr]], Expr]
+
+
+def aggregate_call(e: DFExpr, t: Scalars) -> agg.Agg | Derived:
     """The IR aggregate of DataFusion's aggregate expression ``e`` over the relation ``t`` reads."""
     while e.variant_name() == "Alias":
         e = e.to_variant().expr()
@@ -87,10 +101,28 @@ def aggregate_call(e: DFExpr, t: Scalars) -> agg.Agg:
         if name != "count":
             raise unsupported(f"{name.upper()}(DISTINCT ...)")
         return agg.count_distinct(arg)
+    decimal = spark_types.as_decimal(t.type_of(arg)) if t.dialect == "spark" and pa.types.is_decimal(t.type_of(arg)) else None
+    if decimal is not None and name in ("sum", "avg", "mean"):
+        return _spark_decimal(name, arg, decimal)
     make = AGGREGATES.get(name)
     if make is None:
         raise unsupported(f"the aggregate function {name}()")
     return make(t, arg)
+
+
+def _spark_decimal(name: str, arg: Expr, d: pa.Decimal128Type) -> Derived:
+    """Spark's SUM of DECIMAL(p, s) is DECIMAL(p + 10, s); its AVG, DECIMAL(p + 4, s + 4): the sum divided
+    by the count as Spark divides (HALF_UP), null for no rows."""
+    total = spark_types.sum_type(d)
+    if name == "sum":
+        return Derived({"": agg.sum(arg)}, lambda c: c[""].cast(total))
+    count_type = pa.decimal128(10, 0)
+
+    def average(c: dict[str, Expr]) -> Expr:
+        n = if_else(c["n"] == lit(0, pa.int64()), lit(None, pa.int64()), c["n"])  # no zero divisor: both branches run
+        return quotient(c["s"].cast(total), n, total, count_type, spark_types.avg_type(d))
+
+    return Derived({"s": agg.sum(arg), "n": agg.count(arg)}, average)
 
 
 def _extras(e: DFExpr) -> tuple[DFExpr | None, bool]:
@@ -113,3 +145,18 @@ def _non_null_literal(e: DFExpr) -> bool:
     while e.variant_name() == "Alias":
         e = e.to_variant().expr()
     return bool(e.variant_name() == "Literal" and e.python_value().is_valid)
+
+
+def aggregated(query: Any, keys: list[str], made: dict[str, agg.Agg | Derived], aggregate: Callable[[Any, dict[str, agg.Agg]], Any]) -> Any:
+    """``aggregate(query, calls)`` of every aggregate ``made`` needs, then, where some are derived, their
+    values computed from their parts (the other columns as they are): the output has ``made``'s names."""
+    calls: dict[str, agg.Agg] = {}
+    for name, m in made.items():
+        calls.update({name: m} if isinstance(m, agg.Agg) else {f"{name}__{k}": a for k, a in m.parts.items()})
+    out = aggregate(query, calls)
+    if all(isinstance(m, agg.Agg) for m in made.values()):
+        return out
+    items: dict[str, Expr] = {n: col(n) for n in out.schema.names if n not in calls}
+    for name, m in made.items():
+        items[name] = col(name) if isinstance(m, agg.Agg) else m.finish({k: col(f"{name}__{k}") for k in m.parts})
+    return out.select(**items)

@@ -24,6 +24,7 @@ import pyarrow as pa
 from flight.errors import PlanError
 from flight.plan.expr import Expr, call, coalesce, col, if_else, lit
 from flight.plan.typecheck import output_type
+from flight.sql.arithmetic import add, divide, fit, modulo, multiply
 from flight.sql.errors import unsupported
 from flight.sql.functions import FUNCTIONS, arrow_type
 
@@ -38,9 +39,10 @@ class ExprTranslator:
     ``columns`` maps DataFusion's (qualified) field names to the IR's column names; ``schema`` is
     the IR input's schema (types decide decimal arithmetic)."""
 
-    def __init__(self, columns: dict[str, str], schema: pa.Schema) -> None:
+    def __init__(self, columns: dict[str, str], schema: pa.Schema, dialect: str = "duckdb") -> None:
         self.columns = columns
         self.schema = schema
+        self.dialect = dialect
 
     # ------------------------------------------------------------- dispatch
 
@@ -88,18 +90,18 @@ class ExprTranslator:
         left, right = self(v.left()), self(v.right())
         simple = _BINARY.get(op)
         if simple is not None:
-            return call(simple, *self._fit(left, right, 0))
+            return call(simple, *fit(self, left, right, 0))
         if op in ("+", "-"):
             dated = self._dates(v, left, right, op)
             if dated is not None:
                 return dated
-            return call("add_checked" if op == "+" else "subtract_checked", *self._fit(left, right, 1))
+            return add(self, left, right, op)
         if op == "*":
-            return self._multiply(left, right)
+            return multiply(self, left, right)
         if op == "/":
-            return call("divide", self.as_double(left), self.as_double(right))
+            return divide(self, left, right)
         if op == "%":
-            return self._modulo(left, right, e)
+            return modulo(self, left, right, _text(e))
         if op in _BITWISE:
             return call(_BITWISE[op], left, right)
         if op == "||":
@@ -135,55 +137,6 @@ class ExprTranslator:
             return None
         shifted = call("add_checked" if op == "+" else "subtract_checked", left.cast(pa.int32()), days)
         return shifted.cast(pa.date32())
-
-    def _fit(self, left: Expr, right: Expr, carry: int) -> tuple[Expr, Expr]:
-        """Two decimals narrowed (a checked cast: an error, never a wrong value) where Arrow's
-        result would need more than 38 digits: their integer digits plus the larger scale, plus
-        ``carry`` (1 for a sum). DuckDB caps such a result at 38 digits and checks at run time."""
-        lt, rt = self.type_of(left), self.type_of(right)
-        if not (pa.types.is_decimal(lt) and pa.types.is_decimal(rt)):
-            return left, right
-        scale = max(lt.scale, rt.scale)
-        room = 38 - carry - scale  # integer digits the result can hold
-        if max(lt.precision - lt.scale, rt.precision - rt.scale) <= room:
-            return left, right
-        if room < 1:
-            raise PlanError(f"SQL: {lt} and {rt} have no common DECIMAL type within 38 digits")
-        fitted = [
-            e if t.precision - t.scale <= room else e.cast(pa.decimal128(room + t.scale, t.scale))
-            for e, t in ((left, lt), (right, rt))
-        ]
-        return fitted[0], fitted[1]
-
-    def _multiply(self, left: Expr, right: Expr) -> Expr:
-        lt, rt = self.type_of(left), self.type_of(right)
-        if not (pa.types.is_decimal(lt) and pa.types.is_decimal(rt)):
-            return call("multiply_checked", left, right)
-        scale = lt.scale + rt.scale
-        if scale > 38:
-            raise PlanError(f"SQL: the product of {lt} and {rt} has {scale} digits after the point; DECIMAL holds 38")
-        precision = lt.precision + rt.precision  # DuckDB's type for the product
-        if precision > 18 and lt.precision <= 18 and rt.precision <= 18 and scale <= 18:
-            precision = 18
-        precision = min(precision, 38)
-        if lt.precision + rt.precision + 1 > 38:  # Arrow's product type would not fit: narrow the wider factor
-            wide, narrow = (left, lt), (right, rt)
-            if rt.precision > lt.precision:
-                wide, narrow = narrow, wide
-            digits = 37 - narrow[1].precision
-            if digits < wide[1].scale + 1:
-                raise PlanError(f"SQL: the product of {lt} and {rt} does not fit DECIMAL's 38 digits")
-            narrowed = wide[0].cast(pa.decimal128(digits, wide[1].scale))
-            left, right = (narrowed, narrow[0]) if wide[0] is left else (narrow[0], narrowed)
-        return call("multiply_checked", left, right).cast(pa.decimal128(precision, scale))
-
-    def _modulo(self, left: Expr, right: Expr, e: DFExpr) -> Expr:
-        """``a % b`` of integers, signed as the dividend (C's and DuckDB's rule): a - trunc(a / b) * b."""
-        lt, rt = self.type_of(left), self.type_of(right)
-        if not (pa.types.is_integer(lt) and pa.types.is_integer(rt)):
-            raise unsupported(f"% of {lt} and {rt} ({_text(e)}); it takes integers")
-        a, b = left.cast(pa.int64()), right.cast(pa.int64())
-        return a - call("divide_checked", a, b) * b
 
     def as_double(self, e: Expr) -> Expr:
         t = self.type_of(e)
@@ -246,7 +199,7 @@ class ExprTranslator:
         text = pattern.python_value().as_py()
         if text is None:
             return lit(None, pa.bool_())
-        text = like_pattern(text, v.escape_char())
+        text = like_pattern(text, v.escape_char() or ("\\" if self.dialect == "spark" else None))  # Spark escapes with \ unless told
         case_insensitive = ignore_case or "ilike" in str(e.rex_call_operator()).lower()
         matched = self(v.expr()).like(text, ignore_case=case_insensitive)
         return ~matched if v.negated() else matched

@@ -36,6 +36,13 @@ _SETTINGS = {
     "datafusion.optimizer.max_passes": "2",
 }
 
+_DIALECT_SETTINGS = {
+    # Spark's text reaches DataFusion in PostgreSQL's spelling (flight.sql.spark), where sqlglot writes each null order
+    # that differs from PostgreSQL's default: read with that default, a Spark ASC sorts NULLS FIRST and DESC NULLS LAST.
+    "spark": {"datafusion.sql_parser.default_null_ordering": "nulls_max"},
+}
+"""Settings of one dialect's sessions over ``_SETTINGS`` (DuckDB's semantics)."""
+
 DIALECTS = {"duckdb": "duckdb", "generic": "generic", "postgres": "postgresql", "spark": "postgresql"}
 """The dialects ``flight.sql`` takes, and the DataFusion parser dialect each one uses (Spark's text
 is first rewritten in PostgreSQL's spelling by ``flight.sql.spark``)."""
@@ -165,7 +172,7 @@ def session(schemas: dict[str, pa.Schema], dialect: str) -> Any:
     if dialect not in DIALECTS:
         raise PlanError(f"SQL: dialect {dialect!r} is not one of {', '.join(DIALECTS)}")
     config = datafusion.SessionConfig()
-    for key, value in {**_SETTINGS, "datafusion.sql_parser.dialect": DIALECTS[dialect]}.items():
+    for key, value in {**_SETTINGS, **_DIALECT_SETTINGS.get(dialect, {}), "datafusion.sql_parser.dialect": DIALECTS[dialect]}.items():
         config = config.set(key, value)
     ctx = datafusion.SessionContext(config)
     declare(ctx)

@@ -132,16 +132,24 @@ def _double(function: str) -> Callable[[Scalars, list[DFExpr], DFExpr], Expr]:
     def make(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
         if len(args) != 1:
             raise unsupported(f"{function} with {len(args)} arguments")
-        return call(function, t.as_double(t(args[0])))
+        return _logarithm(t, function, t.as_double(t(args[0])))
 
     return make
+
+
+def _logarithm(t: Scalars, function: str, x: Expr, *more: Expr) -> Expr:
+    """A logarithm of ``x`` (others pass through): Spark's is null for x <= 0, DuckDB's -inf or NaN (as pyarrow's)."""
+    value = call(function, x, *more)
+    if t.dialect != "spark" or function not in ("ln", "log10", "log2", "logb"):
+        return value
+    return if_else(x > lit(0.0), value, lit(None, pa.float64()))
 
 
 def _log(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
     """log(x) is the base-10 logarithm; log(b, x) the base-b one (DuckDB's and DataFusion's order)."""
     if len(args) == 1:
-        return call("log10", t.as_double(t(args[0])))
-    return call("logb", t.as_double(t(args[1])), t.as_double(t(args[0])))
+        return _logarithm(t, "log10", t.as_double(t(args[0])))
+    return _logarithm(t, "logb", t.as_double(t(args[1])), t.as_double(t(args[0])))
 
 
 def _sign(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
@@ -158,9 +166,11 @@ def _repeat(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
 
 
 def _right(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
-    """The last n characters (all but the first -n when n is negative, as DuckDB)."""
+    """The last n characters (DuckDB: all but the first -n when n is negative)."""
     n = int(_arg_literal(args, 1, "RIGHT's length"))
-    return t(args[0]).substr(0, 0) if n == 0 else t(args[0]).substr(-n)
+    if n == 0 or (n < 0 and t.dialect == "spark"):  # Spark: nothing for n <= 0
+        return t(args[0]).substr(0, 0)
+    return t(args[0]).substr(-n)
 
 
 def _contains(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:

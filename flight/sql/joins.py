@@ -48,8 +48,8 @@ def join(tr: Relations, v: Any, plan: Any) -> Rel:
     if _alias(v.right()).startswith("__scalar_sq") and not at_most_one_row(v.right()) and not _one_per_key(v.right(), pairs):
         right = Rel(one_row(right.query, tr), right.fields)
     right = _disjoint(left, right, tr)
-    lt = ExprTranslator(left.columns(), left.query.schema)
-    rt = ExprTranslator(right.columns(), right.query.schema)
+    lt = ExprTranslator(left.columns(), left.query.schema, tr.dialect)
+    rt = ExprTranslator(right.columns(), right.query.schema, tr.dialect)
     lq, rq = left.query, right.query
     lkeys: list[str] = []
     rkeys: list[str] = []
@@ -73,7 +73,7 @@ def join(tr: Relations, v: Any, plan: Any) -> Rel:
         rq, rk = _as_column(rq, lit(1), tr, force=True)
         lkeys, rkeys = [lk], [rk]
     condition = v.filter()
-    both = ExprTranslator({**left.columns(), **right.columns()}, pa.schema([*lq.schema, *rq.schema]))
+    both = ExprTranslator({**left.columns(), **right.columns()}, pa.schema([*lq.schema, *rq.schema]), tr.dialect)
     predicate = both(condition) if condition is not None else None
     if kind == "LeftMark":
         if predicate is not None:

@@ -45,7 +45,9 @@ class Rel:
 
 
 class Relations(Protocol):
-    """What a node's handler may ask of the plan's translation: its inputs, and fresh names."""
+    """What a node's handler may ask of the plan's translation: its inputs, fresh names, the dialect."""
+
+    dialect: str
 
     def relation(self, plan: DFPlan) -> Rel: ...
 
@@ -54,6 +56,8 @@ class Relations(Protocol):
 
 class Scalars(Protocol):
     """What a function's builder may ask of the expression translation over one relation."""
+
+    dialect: str  # "duckdb" or "spark": whose types and answers (flight.sql.arithmetic)
 
     def __call__(self, e: Any) -> Expr: ...
 

@@ -5,7 +5,8 @@ lacks written as ``EXTRACT``.
 Why sqlglot: it already knows Spark's grammar and functions (backtick identifiers, ``date_add``,
 ``datediff``, ``nvl``, ``nvl2``, ``if``, ``rlike``, ``lcase``, ``instr``, ...) and how each is spelled
 elsewhere; a rewrite by hand would be a second, worse parser. It is part of the ``sql`` extra and
-imported only for this dialect. The semantics stay DuckDB's (docs/sql.md lists where Spark's differ).
+imported only for this dialect. Spark's semantics are the translation's (``flight.sql.arithmetic``,
+``flight.sql.spark_types``; docs/sql.md lists what is Spark's and what is not yet).
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ def to_postgres(text: str) -> str:
         if isinstance(node, exp.DateDiff) and node.args.get("unit") is None:  # days: end - start, as dates
             end, start = (exp.Cast(this=x, to=exp.DataType.build("date")) for x in (node.this, node.expression))
             return exp.Sub(this=end, expression=start)
+        if isinstance(node, exp.Div):  # plain '/': its type (a DECIMAL of decimals) and its zero divisor are the translation's
+            return exp.Div(this=node.this, expression=node.expression, typed=True, safe=False)
+        if isinstance(node, exp.Extract) and node.this.name.upper() in ("DOW", "DAYOFWEEK"):  # Spark's Sunday is 1
+            return exp.Add(this=exp.Extract(this=exp.Var(this="DOW"), expression=node.expression), expression=exp.Literal.number(1))
         if isinstance(node, exp.DayOfWeek):  # Spark's Sunday is 1, EXTRACT's DOW 0
             return exp.Add(this=exp.Extract(this=exp.Var(this="DOW"), expression=node.this), expression=exp.Literal.number(1))
         return node

@@ -29,7 +29,7 @@ from flight.plan import agg
 from flight.plan.expr import Expr, col, lit
 from flight.plan.query import Query, from_arrow
 from flight.sql import joins, windows  # noqa: F401 - each registers its node handler (rel.HANDLERS)
-from flight.sql.aggregates import aggregate_call
+from flight.sql.aggregates import Derived, aggregate_call, aggregated
 from flight.sql.errors import unsupported
 from flight.sql.exprs import DFExpr, ExprTranslator, unify
 from flight.sql.functions import arrow_type
@@ -40,10 +40,12 @@ __all__ = ["Translator"]
 
 
 class Translator:
-    """Translates one statement's plan; ``source`` gives the query of a table by name."""
+    """Translates one statement's plan; ``source`` gives the query of a table by name, ``dialect``
+    whose types and answers (DuckDB's or Spark's: ``flight.sql.arithmetic``)."""
 
-    def __init__(self, source: Callable[[str], Query]) -> None:
+    def __init__(self, source: Callable[[str], Query], dialect: str = "duckdb") -> None:
         self.source = source
+        self.dialect = dialect
         self._fresh = itertools.count(1)
 
     def fresh(self, stem: str) -> str:
@@ -70,7 +72,7 @@ class Translator:
         return rel
 
     def exprs(self, rel: Rel) -> ExprTranslator:
-        return ExprTranslator(rel.columns(), rel.query.schema)
+        return ExprTranslator(rel.columns(), rel.query.schema, self.dialect)
 
     # ---------------------------------------------------------------- nodes
 
@@ -131,13 +133,15 @@ class Translator:
                 extra[name] = expr
             keys.append(name)
         query = rel.query.with_columns(**extra) if extra else rel.query
-        calls: dict[str, agg.Agg] = {}
+        made: dict[str, agg.Agg | Derived] = {}
         out_taken = set(keys) | {"__grouping_id"}
         for a in v.aggregate_exprs():
-            calls[unique(_stem(a, None), out_taken)] = aggregate_call(a, t)
+            made[unique(_stem(a, None), out_taken)] = aggregate_call(a, t)
         if sets is None:
-            return Rel(query.aggregate(keys, calls), fields_of(plan))
-        return Rel(_grouping_union(query, keys, sets, calls, dict(schema_of(plan))["__grouping_id"]), fields_of(plan))
+            return Rel(aggregated(query, keys, made, lambda q, calls: q.aggregate(keys, calls)), fields_of(plan))
+        gid = dict(schema_of(plan))["__grouping_id"]
+        every = self.dialect == "spark"  # Spark's grand total of no rows is no row (its sets are groups of an expanded input)
+        return Rel(aggregated(query, keys, made, lambda q, calls: _grouping_union(q, keys, sets, calls, gid, every)), fields_of(plan))
 
     def _Sort(self, v: Any, plan: DFPlan) -> Rel:
         """ORDER BY: keys that are expressions become hidden columns; a key whose nulls go the other
@@ -277,14 +281,20 @@ def _stem(e: DFExpr, expr: Expr | None) -> str:
 
 
 
-def _grouping_union(query: Query, keys: list[str], sets: list[list[int]], calls: dict[str, agg.Agg], id_type: str) -> Query:
+def _grouping_union(
+    query: Query, keys: list[str], sets: list[list[int]], calls: dict[str, agg.Agg], id_type: str, grouped_total: bool = False
+) -> Query:
     """One aggregate per grouping set, its missing keys null, ``__grouping_id`` a constant (a bit per
-    key, the first key the highest, set where the key is rolled up), the rows of all sets in one union."""
+    key, the first key the highest, set where the key is rolled up), the rows of all sets in one union.
+    ``grouped_total``: the empty set is a group too (Spark's), so no rows give no total row."""
     types = [query.schema.field(k).type for k in keys]
     id_arrow = arrow_type(id_type)
     branches = []
     for members in sets:
-        grouped = query.aggregate([keys[i] for i in members], calls)
+        if not members and grouped_total:
+            grouped = query.with_columns(__total=lit(0)).aggregate(["__total"], calls).select(*calls)
+        else:
+            grouped = query.aggregate([keys[i] for i in members], calls)
         gid = sum(1 << (len(keys) - 1 - i) for i in range(len(keys)) if i not in members)
         items: dict[str, Expr] = {
             k: col(k) if i in members else lit(None, t) for i, (k, t) in enumerate(zip(keys, types))

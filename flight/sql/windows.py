@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from flight.plan.expr import Expr
+import pyarrow as pa
+
+from flight.plan.expr import Expr, col, if_else, lit
 from flight.plan.query import Query
 from flight.plan.window import WindowCall, WindowNode
+from flight.sql import spark_types
+from flight.sql.arithmetic import quotient
 from flight.sql.errors import unsupported
 from flight.sql.exprs import DFExpr, ExprTranslator
 from flight.sql.rel import DFPlan, Rel, Relations, fields_of, handles
@@ -28,7 +32,7 @@ _FUNCTIONS = {
 @handles("WindowExpr")
 def window(tr: Relations, v: Any, plan: DFPlan) -> Rel:
     rel = tr.relation(plan.inputs()[0])
-    t = ExprTranslator(rel.columns(), rel.query.schema)
+    t = ExprTranslator(rel.columns(), rel.query.schema, tr.dialect)
     query = rel.query
     outputs: list[str] = []
     for e in v.get_window_expr():
@@ -63,13 +67,22 @@ def window(tr: Relations, v: Any, plan: DFPlan) -> Rel:
                 order.append((column(key.is_null()), True))
             order.append((column(key), not s.ascending()))
         out = tr.fresh("win")
-        call = WindowCall(function, argument, out, offset, _frame(v.get_frame(e), bool(order)))
+        frame = _frame(v.get_frame(e), bool(order))
         base = query.with_columns(**hidden) if hidden else query
-        query = Query(WindowNode(base.node, partition, order, [call]))
+        decimal = function == "mean" and tr.dialect == "spark" and pa.types.is_decimal(base.schema.field(argument).type)
+        if decimal:  # Spark's average of a DECIMAL is one: the window's sum and count, divided as Spark divides
+            parts = (tr.fresh("wsum"), tr.fresh("wcount"))
+            calls = [WindowCall("sum", argument, parts[0], 0, frame), WindowCall("count", argument, parts[1], 0, frame)]
+        else:
+            calls = [WindowCall(function, argument, out, offset, frame)]
+        query = Query(WindowNode(base.node, partition, order, calls))
+        if decimal:
+            query = query.with_columns(**{out: _spark_average(col(parts[0]), col(parts[1]), base.schema.field(argument).type)})
+            hidden.update(dict.fromkeys(parts, col(parts[0])))
         if hidden:
             query = query.select(*[n for n in query.schema.names if n not in hidden])
         outputs.append(out)
-        t = ExprTranslator({**rel.columns()}, query.schema)
+        t = ExprTranslator({**rel.columns()}, query.schema, tr.dialect)
     return Rel(query, fields_of(plan))
 
 
@@ -115,3 +128,10 @@ def _frame(frame: Any, ordered: bool) -> tuple[int | None, int | None] | None:
     if not ordered and start is None and end is None:
         return None
     return (start, end)
+
+
+def _spark_average(total: Expr, count: Expr, d: pa.Decimal128Type) -> Expr:
+    """Spark's AVG of DECIMAL(p, s): DECIMAL(p + 4, s + 4), the sum over the count rounded HALF_UP; null over no value."""
+    n = if_else(count == lit(0, pa.int64()), lit(None, pa.int64()), count)
+    total_type = spark_types.sum_type(d)
+    return quotient(total.cast(total_type), n, total_type, pa.decimal128(10, 0), spark_types.avg_type(d))

@@ -216,6 +216,12 @@ LIBRARY: list[Case] = [  # what flight.sql's function library builds on (flight/
     ("reverse", call("utf8_reverse", col("s")), lambda: pc.utf8_reverse(T["s"])),
     ("repeat", call("binary_repeat", col("s"), lit(2)), lambda: pc.binary_repeat(T["s"], 2)),
     ("right", col("s").substr(-3), lambda: pc.utf8_slice_codeunits(T["s"], -3)),
+    ("decimal_quotient", call("divide_checked", col("dec"), lit(Decimal("3.00"), pa.decimal128(5, 2))),
+     lambda: pc.divide_checked(T["dec"], pa.scalar(Decimal("3.00"), pa.decimal128(5, 2)))),
+    ("decimal_quotient_wide", call("divide_checked", col("dec").cast(pa.decimal128(20, 6)), col("dec")),
+     lambda: pc.divide_checked(T["dec"].cast(pa.decimal128(20, 6)), T["dec"])),
+    ("decimal_quotient_negative", call("divide", lit(Decimal("-7.5"), pa.decimal128(3, 1)), col("dec")),
+     lambda: pc.divide(pa.scalar(Decimal("-7.5"), pa.decimal128(3, 1)), T["dec"])),
 ]
 
 

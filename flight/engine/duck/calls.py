@@ -10,11 +10,12 @@ cast to the type Acero binds it to. A call this module cannot express with that 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from decimal import Decimal
 
 import pyarrow as pa
 
 from flight.compute.expressions import ipc_column, literal_value
-from flight.engine.duck.sqltext import Untranslatable, cast_to, literal, string_literal, uncast
+from flight.engine.duck.sqltext import Untranslatable, cast_to, literal, sql_type, string_literal, uncast
 from flight.wire._proto import plan_pb2
 
 __all__ = ["call_sql", "if_else_sql", "is_in_sql"]
@@ -81,7 +82,9 @@ def _arithmetic_call(call: plan_pb2.Call, a: list[str], ts: list[pa.DataType], o
             if fn == "divide":  # IEEE: x / 0 is inf or nan, as DuckDB also computes it
                 return quotient
             return f"(CASE WHEN {a[1]} = 0 THEN error('divide by zero') ELSE {quotient} END)"
-        raise Untranslatable(f"{fn} over {out}")  # decimal division rounds differently
+        if pa.types.is_decimal(out) and all(pa.types.is_decimal(t) and t.precision <= 38 for t in ts):
+            return _decimal_quotient(a, ts, out)
+        raise Untranslatable(f"{fn} over {out}")
     if base == "power" and pa.types.is_floating(out) and fn == "power":
         return cast_to(f"pow({a[0]}, {a[1]})", out)
     if base == "negate" and (pa.types.is_floating(out) or pa.types.is_decimal(out) or pa.types.is_signed_integer(out)):
@@ -261,3 +264,22 @@ def _cast_call(call: plan_pb2.Call, arg: str, source: pa.DataType, target: pa.Da
         return cast_to(arg, target)
     raise Untranslatable(f"a cast from {source} to {target}")
 
+
+
+def _decimal_quotient(a: list[str], ts: list[pa.DataType], out: pa.DataType) -> str:
+    """Arrow's decimal quotient, truncated at its type's scale, from DuckDB's 128-bit integers (DuckDB's own
+    decimal ``/`` is a DOUBLE): the unscaled dividend, raised to the quotient's scale, divided by the unscaled
+    divisor (``//`` truncates toward zero, as Arrow), then scaled back down; a zero divisor is an error."""
+    x, y = ts
+    assert isinstance(x, pa.Decimal128Type) and isinstance(y, pa.Decimal128Type) and isinstance(out, pa.Decimal128Type)
+    if out.scale > 37 or out.scale - x.scale + y.scale < 0:
+        raise Untranslatable(f"a decimal quotient of scale {out.scale}")
+
+    def unscaled(text: str, scale: int) -> str:
+        return f"CAST(({text}) * CAST({10 ** scale} AS HUGEINT) AS HUGEINT)"
+
+    divisor = unscaled(a[1], y.scale)
+    shifted = f"({unscaled(a[0], x.scale)} * CAST({10 ** (out.scale - x.scale + y.scale)} AS HUGEINT))"
+    unit = f"CAST('{Decimal(1).scaleb(-out.scale):f}' AS DECIMAL({out.scale + 1},{out.scale}))"
+    value = f"CAST(CAST({shifted} // {divisor} AS DECIMAL(38,0)) * {unit} AS {sql_type(out)})"
+    return f"(CASE WHEN {divisor} = 0 THEN error('divide by zero') ELSE {value} END)"
