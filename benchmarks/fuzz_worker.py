@@ -10,7 +10,9 @@ How: every case starts from a *valid* seed (a task header whose plan the
 worker accepts, the frames that feed it, a map stage's input batches, a ticket
 for a live task, an action) and mutates it: bit flips, truncations, splices,
 field values set to huge / max-uint / negative / empty, repeated fields blown
-up, deeply nested or very wide expressions and operators, and Arrow IPC
+up, deeply nested or very wide expressions and operators, flat operator lists
+that are not trees (an input that is no earlier node, a node two operators share,
+two roots, a kind with the wrong number of inputs, more nodes than a worker takes), and Arrow IPC
 payloads with corrupted offsets and lengths (string offsets out of range in a
 ``Values.ipc_stream``, in an IPC file read by a feed scan and in a map stage's
 input batches; zstd bodies that inflate hugely; duplicate field names in
@@ -205,6 +207,8 @@ RSS_NOTE_MB = 150.0
 
 FRAME_MEMBERS = [f.name for f in P.CoordinatorFrame.DESCRIPTOR.oneofs_by_name["frame"].fields]
 FLAT_EXPRESSIONS = "nodes" in L.Expression.DESCRIPTOR.fields_by_name
+FLAT_OPERATORS = "operators" in L.StagePlan.DESCRIPTOR.fields_by_name
+"""Whether a plan's operators travel as a flat list (``StagePlan.operators``, protocol 6) rather than nested in ``root``."""
 
 
 def ser(msg: Message) -> bytes:
@@ -493,6 +497,115 @@ def plan_bytes(root: bytes, plan: Any) -> bytes:
     return _field(_number(L.StagePlan, "root"), root) + ser(rest)
 
 
+# -------------------------------------------------------- a plan's operators on the wire
+
+OPERATOR_KINDS = [f.name for f in L.Operator.DESCRIPTOR.oneofs_by_name["kind"].fields]
+CHILD_FIELDS = {
+    kind: tuple(f.name for f in L.Operator.DESCRIPTOR.fields_by_name[kind].message_type.fields if f.message_type is L.Operator.DESCRIPTOR)
+    for kind in OPERATOR_KINDS
+}
+"""Each operator kind's fields that hold its inputs (``HashJoin``: left, right; ``Union``: inputs), from plan.proto."""
+
+
+def _inputs_of(op: Any) -> list[Any]:
+    kind = op.WhichOneof("kind")
+    if kind is None:
+        return []
+    body = getattr(op, kind)
+    out: list[Any] = []
+    for name in CHILD_FIELDS[kind]:
+        fd = body.DESCRIPTOR.fields_by_name[name]
+        out += list(getattr(body, name)) if fd.is_repeated else [getattr(body, name)] if body.HasField(name) else []
+    return out
+
+
+def wire(plan: Any) -> bytes:
+    """What ``TaskHeader.plan`` carries for ``plan``, a StagePlan whose operators are a tree in ``root``: with flat
+    operators, the tree as ``OperatorNode``s in post-order, each naming its inputs by index, the root last."""
+    if not FLAT_OPERATORS:
+        return ser(plan)
+    out = L.StagePlan()
+    out.CopyFrom(plan)
+    out.ClearField("root")
+    if not plan.HasField("root"):
+        return ser(out)
+    order, inputs, stack = [], [], [(plan.root, -1)]  # pre-order, each operator's inputs as positions
+    while stack:
+        op, parent = stack.pop()
+        order.append(op)
+        inputs.append([])
+        if parent >= 0:
+            inputs[parent].append(len(order) - 1)
+        stack.extend((child, len(order) - 1) for child in reversed(_inputs_of(op)))
+    number, walk_ = [0] * len(order), [[0, 0]]
+    while walk_:  # post-order: a node once its inputs have theirs
+        top = walk_[-1]
+        if top[1] < len(inputs[top[0]]):
+            top[1] += 1
+            walk_.append([inputs[top[0]][top[1] - 1], 0])
+            continue
+        walk_.pop()
+        op, node = order[top[0]], out.operators.add()
+        kind = op.WhichOneof("kind")
+        if kind is not None:
+            getattr(node, kind).CopyFrom(getattr(op, kind))  # seeds are shallow: copying the subtree costs little
+            for name in CHILD_FIELDS[kind]:
+                getattr(node, kind).ClearField(name)
+            node.inputs.extend(number[i] for i in inputs[top[0]])
+        number[top[0]] = len(out.operators) - 1
+    return ser(out)
+
+
+def tree_of(plan: Any) -> Any:
+    """``plan`` as received (flat operators) with its operators as a tree in ``root`` again, leniently: an input
+    index that is not an earlier node, or a node already used, is left out (a mutation may have made either)."""
+    if not FLAT_OPERATORS:
+        return plan
+    tree = L.StagePlan()
+    tree.CopyFrom(plan)
+    tree.ClearField("operators")
+    nodes, used = plan.operators, set()
+    stack = [(len(nodes) - 1, tree.root)] if len(nodes) else []
+    while stack:
+        i, target = stack.pop()
+        node = nodes[i]
+        kind = node.WhichOneof("kind")
+        if kind is None:
+            continue
+        body = getattr(target, kind)
+        body.CopyFrom(getattr(node, kind))
+        fields = [(name, body.DESCRIPTOR.fields_by_name[name].is_repeated) for name in CHILD_FIELDS[kind]]
+        for k, j in enumerate(node.inputs):
+            name, repeated = fields[min(k, len(fields) - 1)] if fields else ("", False)
+            if j >= i or j in used or not name or (k >= len(fields) and not repeated):
+                continue
+            used.add(j)
+            stack.append((j, getattr(body, name).add() if repeated else getattr(body, name)))
+    return tree
+
+
+def node_bytes(kind: str, body: bytes, inputs: Sequence[int] = ()) -> bytes:
+    """One ``OperatorNode`` written directly (a body may hold an expression of 100,000 nodes): ``kind`` with the
+    serialized ``body`` (no inputs in it), naming ``inputs`` by index."""
+    packed = b"".join(_varint(i) for i in inputs)
+    return _field(_number(L.OperatorNode, kind), body) + (_field(_number(L.OperatorNode, "inputs"), packed) if inputs else b"")
+
+
+def with_nodes(plan: Any, nodes: Sequence[bytes]) -> bytes:
+    """The (flat) ``plan`` as bytes with serialized ``nodes`` appended: the last one is the new root."""
+    number = _number(L.StagePlan, "operators")
+    return ser(plan) + b"".join(_field(number, n) for n in nodes)
+
+
+def over_root(plan: Any, kind: str, body: bytes) -> bytes:
+    """``plan`` (as received) with one more operator over its root: ``kind`` of ``body`` (serialized, without its
+    input), taking the old root as its input."""
+    if FLAT_OPERATORS:
+        return with_nodes(plan, [node_bytes(kind, body, [max(0, len(plan.operators) - 1)])])
+    inner = L.Operator.DESCRIPTOR.fields_by_name[kind].message_type
+    return plan_bytes(_field(_number(L.Operator, kind), _field(inner.fields_by_name["input"].number, ser(plan.root)) + body), plan)
+
+
 # ---------------------------------------------------------------------- seeds
 
 SOURCES = ("values", "parquet", "csv", "ipc", "units", "exchange", "shuffle")
@@ -554,7 +667,7 @@ def task_header(key: Any, plan: Any, feeds: Sequence[Any] = (), window: int = 0,
         protocol_version=PROTOCOL["version"],
         stage_key=key,
         task_count=key.task_number + 1,
-        plan=ser(plan),
+        plan=wire(plan),
         feeds=list(feeds),
         target_worker_url=SELF_URL,
         query_start_unix_nanos=T0,
@@ -1751,13 +1864,14 @@ class Generator:
 # -- header mutations
 
 def _plan_of(header: Any) -> Any:
+    """The header's plan as sent: its operators flat (``FLAT_OPERATORS``), else nested in ``root``."""
     return parse(L.StagePlan, header.plan) or L.StagePlan()
 
 
-def _project_bytes(src: Any, expr: bytes) -> bytes:
-    """An Operator projecting one column ``x`` = the serialized Expression ``expr`` over ``src``."""
+def _project_body(expr: bytes) -> bytes:
+    """A Project's body (its input left out) computing one column ``x`` = the serialized Expression ``expr``."""
     named = _field(_number(L.NamedExpression, "name"), b"x") + _field(_number(L.NamedExpression, "expr"), expr)
-    return _field(_number(L.Operator, "project"), _field(_number(L.Project, "input"), ser(src)) + _field(_number(L.Project, "exprs"), named))
+    return _field(_number(L.Project, "exprs"), named)
 
 
 def header_struct(m: Mutator, header: Any) -> None:
@@ -1770,27 +1884,41 @@ def header_deep_expression(m: Mutator, header: Any) -> None:
     depth = m.rng.choice([10, 60, 99, 100, 101, 150, 199, 200, 201, 1_000, 10_000, 100_000])
     if m.rng.random() < 0.5:
         expr = chain_expression(depth, "invert", "name", "is_valid")
-        root = _field(_number(L.Operator, "filter"), _field(_number(L.Filter, "input"), ser(plan.root)) + _field(_number(L.Filter, "predicate"), expr))
+        header.plan = over_root(plan, "filter", _field(_number(L.Filter, "predicate"), expr))
     else:
         expr = chain_expression(depth, "negate", "score")
-        root = _project_bytes(plan.root, expr)
-    header.plan = plan_bytes(root, plan)
+        header.plan = over_root(plan, "project", _project_body(expr))
     m.note(f"plan: expression nested {depth} deep")
+
+
+DEEP_OPERATORS = [10, 40, 50, 64, 100, 1_000, 5_000] + ([9_990, 10_001, 30_000] if FLAT_OPERATORS else [])
+"""Chains of operators over a plan's root. Nested, protobuf refused them past 50; flat, the worker takes up to
+10,000 operators (limits.MAX_PLAN_OPERATORS), refuses longer lists, and refuses a plan deeper than its engines
+compile (a few hundred operators), each by name."""
 
 
 def header_deep_operator(m: Mutator, header: Any) -> None:
     plan = _plan_of(header)
-    depth = m.rng.choice([10, 40, 50, 64, 100, 1_000, 5_000])
+    depth = m.rng.choice(DEEP_OPERATORS)
     kind = m.rng.choice(["limit", "filter"])
-    header.plan = plan_bytes(chain_operator(ser(plan.root), depth, kind), plan)
+    if not FLAT_OPERATORS:
+        header.plan = plan_bytes(chain_operator(ser(plan.root), depth, kind), plan)
+    else:
+        if kind == "limit":
+            body = _int_field(_number(L.Limit, "count"), 5)
+        else:
+            body = _field(_number(L.Filter, "predicate"), ser(expression(call("is_valid", col("name")))))
+        base = len(plan.operators)
+        header.plan = with_nodes(plan, [node_bytes(kind, body, [max(0, base + k - 1)]) for k in range(depth)])
     m.note(f"plan: {depth} nested {kind} operators")
 
 
 def header_wide(m: Mutator, header: Any) -> None:
-    plan = _plan_of(header)
+    plan = tree_of(_plan_of(header))  # the operators as a tree, however they travel
     kind = m.rng.choice(["union", "project", "coalesce", "aggregate", "sort", "partitions", "producers", "and"])
     n = m.rng.choice([100, 100, 1_000, 1_000, 10_000])
-    root = plan.root
+    root = L.Operator()
+    root.CopyFrom(plan.root)
     if kind == "union":
         n = min(n, 300)
         plan.root.CopyFrom(L.Operator(union=L.Union(inputs=[root] + [data_values(2)] * n)))
@@ -1814,10 +1942,10 @@ def header_wide(m: Mutator, header: Any) -> None:
         plan.root.CopyFrom(L.Operator(union=L.Union(inputs=[root, L.Operator(shuffle_read=read)])))
     else:  # a long chain of and(...): deep in the nested encoding, long in the flat one
         predicate = _field(_number(L.Filter, "predicate"), chain_expression(n, "and", "name", "is_valid", binary=True))
-        header.plan = plan_bytes(_field(_number(L.Operator, "filter"), _field(_number(L.Filter, "input"), ser(root)) + predicate), plan)
+        header.plan = over_root(_plan_of(header), "filter", predicate)
         m.note(f"plan: and-chain of {n}")
         return
-    header.plan = ser(plan)
+    header.plan = wire(plan)
     m.note(f"plan: wide {kind} x{n}")
 
 
@@ -1829,12 +1957,64 @@ def header_flat_expression(m: Mutator, header: Any) -> None:
     plan = _plan_of(header)
     kind = m.rng.choice(["dag", "self", "forward", "huge", "cycle", "empty"])
     expr = {"dag": lambda: dag_expression(m.rng.choice([20, 40, 64, 200])), "empty": lambda: b""}.get(kind, lambda: bad_reference_expression(kind))()
-    header.plan = plan_bytes(_project_bytes(plan.root, expr), plan)
+    header.plan = over_root(plan, "project", _project_body(expr))
     m.note(f"plan: flat expression {kind}")
+
+
+def _flat_values() -> bytes:
+    """A Values node (no inputs) of two data rows."""
+    return node_bytes("values", ser(data_values(2).values))
+
+
+def header_flat_operators(m: Mutator, header: Any) -> None:
+    """(flat operators) a list that is not a tree, a node of the wrong shape, or more nodes than a worker takes."""
+    if not FLAT_OPERATORS:
+        header_deep_operator(m, header)
+        return
+    plan = _plan_of(header)
+    n = len(plan.operators)
+    root, leaf = max(0, n - 1), _flat_values()
+    limit = _int_field(_number(L.Limit, "count"), 3)
+    kind = m.rng.choice(["self", "forward", "huge", "shared", "two-roots", "no-kind", "no-inputs", "extra-input", "join-one",
+                         "union-none", "leaf-input", "nested-input", "nested-root", "empty", "over-limit", "at-limit"])
+    if kind in ("self", "forward", "huge"):
+        index = {"self": n, "forward": n + 5, "huge": 2**32 - 1}[kind]
+        header.plan = with_nodes(plan, [node_bytes("limit", limit, [index])])
+    elif kind == "shared":  # the root is the input of two operators
+        header.plan = with_nodes(plan, [node_bytes("limit", limit, [root]), node_bytes("limit", limit, [root]),
+                                        node_bytes("union", b"", [n, n + 1])])
+    elif kind == "two-roots":
+        header.plan = with_nodes(plan, [leaf])
+    elif kind == "no-kind":
+        header.plan = with_nodes(plan, [_field(_number(L.OperatorNode, "inputs"), _varint(root))])
+    elif kind == "no-inputs":
+        header.plan = with_nodes(plan, [node_bytes("filter", b"")])
+    elif kind == "extra-input":
+        header.plan = with_nodes(plan, [leaf, node_bytes("limit", limit, [root, n])])
+    elif kind == "join-one":
+        header.plan = with_nodes(plan, [node_bytes("hash_join", ser(L.HashJoin(left_keys=["id"], right_keys=["id"], join_type="inner")), [root])])
+    elif kind == "union-none":
+        header.plan = with_nodes(plan, [node_bytes("union", b"")])
+    elif kind == "leaf-input":
+        header.plan = with_nodes(plan, [node_bytes("values", ser(data_values(2).values), [root])])  # a leaf with an input
+    elif kind == "nested-input":  # an input nested in the body as well as named
+        nested = _field(_number(L.Limit, "input"), ser(data_values(2))) + limit
+        header.plan = with_nodes(plan, [node_bytes("limit", nested, [root])])
+    elif kind == "nested-root":  # the nested encoding of protocol 5, root set beside the operators
+        header.plan = ser(plan) + _field(_number(L.StagePlan, "root"), ser(data_values(2)))
+    elif kind == "empty":
+        plan.ClearField("operators")
+        header.plan = ser(plan)
+    else:  # a union of as many Values as make the list one more than a worker takes, or exactly as many
+        total = 10_000 + (kind == "over-limit")
+        leaves = max(1, total - n - 1)
+        header.plan = with_nodes(plan, [leaf] * leaves + [node_bytes("union", b"", [root, *range(n, n + leaves)])])
+    m.note(f"plan: flat operators {kind}")
 
 
 HEADER_OPS_W: list[tuple[str, float]] = [
     ("struct", 52), ("raw", 18), ("splice", 4), ("deep_expression", 8), ("deep_operator", 5), ("wide", 5), ("flat_expression", 6),
+    ("flat_operators", 6),
 ]
 HEADER_OPS = [name for name, _ in HEADER_OPS_W]
 HEADER_MUTATIONS: dict[str, Callable[[Mutator, Any], None]] = {
@@ -1843,6 +2023,7 @@ HEADER_MUTATIONS: dict[str, Callable[[Mutator, Any], None]] = {
     "deep_operator": header_deep_operator,
     "wide": header_wide,
     "flat_expression": header_flat_expression,
+    "flat_operators": header_flat_operators,
 }
 
 

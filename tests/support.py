@@ -20,6 +20,7 @@ import pytest
 
 import flight
 from flight.wire._proto import plan_pb2, protocol_pb2
+from flight.wire.plan_codec import encode_plan
 from flight.wire.protocol import PROTOCOL_VERSION, encode_schema
 
 if TYPE_CHECKING:
@@ -120,7 +121,7 @@ def header(plan: plan_pb2.StagePlan, feeds: dict[str, list[int]] | None = None, 
         protocol_version=PROTOCOL_VERSION,
         stage_key=protocol_pb2.StageKey(query_id=f"q-{uuid.uuid4().hex[:8]}", stage_id=0, task_number=0),
         task_count=1,
-        plan=plan.SerializeToString(),
+        plan=encode_plan(plan),
         query_secret=b"s" * 16,
         feeds=[protocol_pb2.FeedAssignment(feed_id=f, partitions=p) for f, p in (feeds or {}).items()],
     )

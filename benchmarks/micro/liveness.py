@@ -34,6 +34,7 @@ if __name__ == "__main__" and not __package__:
 import flight
 from flight.dev.testing import waiting_query
 from flight.wire._proto import protocol_pb2
+from flight.wire.plan_codec import encode_plan
 from flight.wire.protocol import PROTOCOL_VERSION, make_stage_key
 
 
@@ -93,7 +94,7 @@ def sigterm_silent_client() -> tuple[float, int]:
             protocol_version=PROTOCOL_VERSION,
             stage_key=make_stage_key("liveness", 0, 0),
             task_count=1,
-            plan=stage.SerializeToString(),
+            plan=encode_plan(stage),
             query_secret=b"liveness-secret!",
         )
         client = fl.connect(one.urls[0])

@@ -15,6 +15,7 @@ from flight.coordinator.headers import task_header
 from flight.planner.stages import StageSpec
 from flight.wire._proto import plan_pb2, protocol_pb2
 from flight.wire.operators import operators
+from flight.wire.plan_codec import encode_plan
 from flight.wire.protocol import COMPRESSION, encode_schema, make_stage_key
 
 __all__ = ["Epochs", "bound_header", "task_plan"]
@@ -34,10 +35,10 @@ def task_plan(
     ``DistributedExec`` may run several executions at once.
     """
     plan = plan_pb2.StagePlan(
-        root=stage.root_proto(task),
         output=stage.output_spec([counts[c] for c in stage.consumers] or [1]),
         output_schema=encode_schema(stage.output_schema),
     )
+    plan.root.CopyFrom(stage.root_proto(task))  # not root=...: protobuf would copy a deep tree by parsing it again
     modes = {read.stage_id: read.mode for read in stage.reads}
     for op in operators(plan.root):
         if op.WhichOneof("kind") != "shuffle_read":
@@ -52,7 +53,7 @@ def task_plan(
         )
         read.partition_start = task if modes.get(read.stage_id) == "hash" else 0
         read.partition_end = read.partition_start + 1
-    return plan.SerializeToString()
+    return encode_plan(plan)
 
 
 def bound_header(

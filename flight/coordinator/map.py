@@ -32,6 +32,7 @@ from flight.security import Security, connect
 from flight.threads import Job, spawn
 from flight.wire._proto import plan_pb2, protocol_pb2
 from flight.wire.clients import translate_flight_error
+from flight.wire.plan_codec import encode_plan
 from flight.wire.protocol import new_secret
 
 __all__ = ["map_batches"]
@@ -53,6 +54,9 @@ def map_batches(
     security: Security | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Run a map stage over ``batches`` on ``worker_url``; yield its output batches as they come.
+
+    ``stage``: a query built from ``flight.map_input``, its plan, or that plan as ``TaskHeader.plan``
+    carries it (``flight.wire.plan_codec.encode_plan``: the operators as a flat list), sent as it is.
 
     Input is read on a thread of its own, so input and output overlap. Stopping
     early (the caller's error, a limit, a worker's error frame) tells the upload
@@ -201,5 +205,5 @@ def _plan_bytes(stage: Query | plan_pb2.StagePlan | bytes) -> bytes:
     if isinstance(stage, Query):
         if not any(isinstance(n, ExchangeInputNode) for n in stage.node.walk()):
             raise PlanError("map_batches needs a map stage: build it from flight.map_input(schema)")
-        return stage.stage_plan().SerializeToString()
-    return stage.SerializeToString()
+        return encode_plan(stage.stage_plan())
+    return encode_plan(stage)

@@ -41,7 +41,25 @@ class Node(abc.ABC):
     def schema(self) -> pa.Schema: ...
 
     @abc.abstractmethod
-    def to_proto(self) -> plan_pb2.Operator: ...
+    def fill_proto(self, op: plan_pb2.Operator) -> Sequence[plan_pb2.Operator]:
+        """Write this operator, without its inputs, into the empty ``op``; return the (empty) places
+        its ``children()`` go, in their order."""
+
+    def to_proto(self) -> plan_pb2.Operator:
+        """This operator and every one below it as one message tree.
+
+        Built top down, each operator written in its place: no recursion (a plan may be deeper
+        than Python's 1,000 frames), and no subtree handed to a message's constructor, which
+        protobuf (upb) copies by serializing and parsing it again, refusing more than 100
+        levels of nesting (a plan 50 operators deep).
+        """
+        root = plan_pb2.Operator()
+        stack: list[tuple[Node, plan_pb2.Operator]] = [(self, root)]
+        while stack:
+            node, op = stack.pop()
+            places = node.fill_proto(op)
+            stack.extend(zip(node.children(), places, strict=True))
+        return root
 
     @abc.abstractmethod
     def label(self) -> str:
@@ -88,9 +106,9 @@ class FeedScanNode(Node):
         """The columns read (made once: the planner asks for every node's schema many times)."""
         return self._schema
 
-    def to_proto(self) -> plan_pb2.Operator:
-        return plan_pb2.Operator(
-            feed_scan=plan_pb2.FeedScan(
+    def fill_proto(self, op: plan_pb2.Operator) -> Sequence[plan_pb2.Operator]:
+        op.feed_scan.CopyFrom(
+            plan_pb2.FeedScan(
                 feed=self.feed.to_proto(),
                 reader=self.reader,
                 schema=encode_schema(self.declared_schema),
@@ -98,6 +116,7 @@ class FeedScanNode(Node):
                 reader_options=self.reader_options,
             )
         )
+        return ()
 
     def label(self) -> str:
         cols = f", columns={self.columns}" if self.columns is not None else ""
@@ -115,8 +134,9 @@ class ExchangeInputNode(Node):
     def schema(self) -> pa.Schema:
         return normalize_schema(self.input_schema)
 
-    def to_proto(self) -> plan_pb2.Operator:
-        return plan_pb2.Operator(exchange_input=plan_pb2.ExchangeInput(schema=encode_schema(self.schema)))
+    def fill_proto(self, op: plan_pb2.Operator) -> Sequence[plan_pb2.Operator]:
+        op.exchange_input.CopyFrom(plan_pb2.ExchangeInput(schema=encode_schema(self.schema)))
+        return ()
 
     def label(self) -> str:
         return f"ExchangeInput[{', '.join(self.schema.names)}]"
@@ -146,9 +166,9 @@ class InputCallNode(Node):
         schema = normalize_schema(self.input_schema)
         return schema if self.columns is None else pa.schema([schema.field(c) for c in self.columns])
 
-    def to_proto(self) -> plan_pb2.Operator:
-        op = plan_pb2.ExchangeInput(schema=encode_schema(self.schema), separate_input=True, input_id=self.input_id)
-        return plan_pb2.Operator(exchange_input=op)
+    def fill_proto(self, op: plan_pb2.Operator) -> Sequence[plan_pb2.Operator]:
+        op.exchange_input.CopyFrom(plan_pb2.ExchangeInput(schema=encode_schema(self.schema), separate_input=True, input_id=self.input_id))
+        return ()
 
     def label(self) -> str:
         return f"InputCall[{self.input_id}: {self.partitions} partitions, {', '.join(self.schema.names)}]"
@@ -162,11 +182,12 @@ class ValuesNode(Node):
     def schema(self) -> pa.Schema:
         return self.table.schema
 
-    def to_proto(self) -> plan_pb2.Operator:
+    def fill_proto(self, op: plan_pb2.Operator) -> Sequence[plan_pb2.Operator]:
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, self.table.schema) as writer:
             writer.write_table(self.table)
-        return plan_pb2.Operator(values=plan_pb2.Values(ipc_stream=sink.getvalue().to_pybytes()))
+        op.values.CopyFrom(plan_pb2.Values(ipc_stream=sink.getvalue().to_pybytes()))
+        return ()
 
     def label(self) -> str:
         return f"Values[{self.table.num_rows} rows]"
@@ -192,8 +213,9 @@ class FilterNode(Node):
     def children(self) -> Sequence[Node]:
         return (self.input,)
 
-    def to_proto(self) -> plan_pb2.Operator:
-        return plan_pb2.Operator(filter=plan_pb2.Filter(input=self.input.to_proto(), predicate=self.predicate.to_proto()))
+    def fill_proto(self, op: plan_pb2.Operator) -> Sequence[plan_pb2.Operator]:
+        op.filter.predicate.CopyFrom(self.predicate.to_proto())
+        return (op.filter.input,)
 
     def label(self) -> str:
         return f"Filter[{self.predicate!r}]" + self.origin_note()
@@ -232,13 +254,10 @@ class ProjectNode(Node):
     def children(self) -> Sequence[Node]:
         return (self.input,)
 
-    def to_proto(self) -> plan_pb2.Operator:
-        return plan_pb2.Operator(
-            project=plan_pb2.Project(
-                input=self.input.to_proto(),
-                exprs=[plan_pb2.NamedExpression(name=n, expr=e.to_proto()) for n, e in self.exprs],
-            )
-        )
+    def fill_proto(self, op: plan_pb2.Operator) -> Sequence[plan_pb2.Operator]:
+        op.project.SetInParent()  # set even without expressions (the worker refuses those, saying so)
+        op.project.exprs.extend(plan_pb2.NamedExpression(name=n, expr=e.to_proto()) for n, e in self.exprs)
+        return (op.project.input,)
 
     def label(self) -> str:
         return "Project[" + ", ".join(n if _is_col(e, n) else f"{n}={e!r}" for n, e in self.exprs) + "]"
@@ -261,8 +280,9 @@ class LimitNode(Node):
     def children(self) -> Sequence[Node]:
         return (self.input,)
 
-    def to_proto(self) -> plan_pb2.Operator:
-        return plan_pb2.Operator(limit=plan_pb2.Limit(input=self.input.to_proto(), count=self.count, offset=self.offset))
+    def fill_proto(self, op: plan_pb2.Operator) -> Sequence[plan_pb2.Operator]:
+        op.limit.CopyFrom(plan_pb2.Limit(count=self.count, offset=self.offset))
+        return (op.limit.input,)
 
     def label(self) -> str:
         return f"Limit[{self.count}" + (f", offset={self.offset}]" if self.offset else "]")

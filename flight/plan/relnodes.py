@@ -101,30 +101,20 @@ class AggregateNode(Node):
     def children(self) -> Sequence[Node]:
         return (self.input,)
 
-    def to_proto(self) -> plan_pb2.Operator:
+    def fill_proto(self, op: plan_pb2.Operator) -> Sequence[plan_pb2.Operator]:
         exprs, names = self._arguments()
-        if not exprs:  # e.g. a global count(*): nothing to compute, the rows are enough
-            return plan_pb2.Operator(
-                aggregate=plan_pb2.Aggregate(
-                    input=self.input.to_proto(),
-                    aggregates=[plan_pb2.AggregateCall(function=f, column=c, name=n) for f, c, n in self._calls()],
-                    partial=self.partial,
-                )
-            )
-        project = plan_pb2.Operator(
-            project=plan_pb2.Project(
-                input=self.input.to_proto(),
-                exprs=[plan_pb2.NamedExpression(name=n, expr=e.to_proto()) for n, e in zip(names, exprs)],
-            )
-        )
-        return plan_pb2.Operator(
-            aggregate=plan_pb2.Aggregate(
-                input=project,
+        op.aggregate.CopyFrom(
+            plan_pb2.Aggregate(
                 keys=self.keys,
                 aggregates=[plan_pb2.AggregateCall(function=f, column=c, name=n) for f, c, n in self._calls()],
                 partial=self.partial,
             )
         )
+        if not exprs:  # e.g. a global count(*): nothing to compute, the rows are enough
+            return (op.aggregate.input,)
+        project = op.aggregate.input.project  # the arguments, computed below the aggregate
+        project.exprs.extend(plan_pb2.NamedExpression(name=n, expr=e.to_proto()) for n, e in zip(names, exprs))
+        return (project.input,)
 
     def label(self) -> str:
         what = self.label_text or "Aggregate"
@@ -176,11 +166,9 @@ class JoinNode(Node):
     def children(self) -> Sequence[Node]:
         return (self.left, self.right)
 
-    def to_proto(self) -> plan_pb2.Operator:
-        return plan_pb2.Operator(
-            hash_join=plan_pb2.HashJoin(
-                left=self.left.to_proto(),
-                right=self.right.to_proto(),
+    def fill_proto(self, op: plan_pb2.Operator) -> Sequence[plan_pb2.Operator]:
+        op.hash_join.CopyFrom(
+            plan_pb2.HashJoin(
                 left_keys=self.left_keys,
                 right_keys=self.right_keys,
                 join_type=self.join_type,
@@ -188,6 +176,7 @@ class JoinNode(Node):
                 filter=self.filter.to_proto() if self.filter is not None else None,
             )
         )
+        return (op.hash_join.left, op.hash_join.right)
 
     def label(self) -> str:
         how = f", {self.strategy}" if self.strategy else ""
@@ -215,15 +204,15 @@ class SortNode(Node):
     def children(self) -> Sequence[Node]:
         return (self.input,)
 
-    def to_proto(self) -> plan_pb2.Operator:
-        return plan_pb2.Operator(
-            sort=plan_pb2.Sort(
-                input=self.input.to_proto(),
+    def fill_proto(self, op: plan_pb2.Operator) -> Sequence[plan_pb2.Operator]:
+        op.sort.CopyFrom(
+            plan_pb2.Sort(
                 keys=[plan_pb2.SortKey(column=k, descending=d) for k, d in self.keys],
                 nulls_first=self.nulls_first,
                 fetch=self.fetch,
             )
         )
+        return (op.sort.input,)
 
     def label(self) -> str:
         keys = ", ".join(f"{k} {'desc' if d else 'asc'}" for k, d in self.keys)
@@ -247,8 +236,8 @@ class UnionNode(Node):
     def children(self) -> Sequence[Node]:
         return tuple(self.inputs)
 
-    def to_proto(self) -> plan_pb2.Operator:
-        return plan_pb2.Operator(union=plan_pb2.Union(inputs=[n.to_proto() for n in self.inputs]))
+    def fill_proto(self, op: plan_pb2.Operator) -> Sequence[plan_pb2.Operator]:
+        return [op.union.inputs.add() for _ in self.inputs]
 
     def label(self) -> str:
         return f"Union[{len(self.inputs)} inputs]"
@@ -274,10 +263,10 @@ class ShuffleReadNode(Node):
     def schema(self) -> pa.Schema:
         return self.input_schema
 
-    def to_proto(self) -> plan_pb2.Operator:
+    def fill_proto(self, op: plan_pb2.Operator) -> Sequence[plan_pb2.Operator]:
         start = self.partition if self.mode == "hash" else 0
-        return plan_pb2.Operator(
-            shuffle_read=plan_pb2.ShuffleRead(
+        op.shuffle_read.CopyFrom(
+            plan_pb2.ShuffleRead(
                 stage_id=self.stage_id,
                 producers=[plan_pb2.ProducerTask(url=u, stage_key=k) for u, k in self.producers],
                 partition_start=start,
@@ -285,6 +274,7 @@ class ShuffleReadNode(Node):
                 schema=encode_schema(self.input_schema),
             )
         )
+        return ()
 
     def label(self) -> str:
         return f"{self.mode.capitalize()}Read[stage {self.stage_id}]"

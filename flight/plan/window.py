@@ -63,7 +63,7 @@ class WindowNode(Node):
     def children(self) -> Sequence[Node]:
         return (self.input,)
 
-    def to_proto(self) -> plan_pb2.Operator:
+    def fill_proto(self, op: plan_pb2.Operator) -> Sequence[plan_pb2.Operator]:
         calls = []
         for c in self.calls:
             call = plan_pb2.WindowCall(function=c.function, column=c.column, name=c.name, offset=c.offset)
@@ -73,12 +73,12 @@ class WindowNode(Node):
                     start_unbounded=start is None, start=start or 0, end_unbounded=end is None, end=end or 0
                 ))
             calls.append(call)
-        return plan_pb2.Operator(window=plan_pb2.Window(
-            input=self.input.to_proto(),
+        op.window.CopyFrom(plan_pb2.Window(
             partition_by=self.partition_by,
             order_by=[plan_pb2.SortKey(column=k, descending=d) for k, d in self.order_by],
             calls=calls,
         ))
+        return (op.window.input,)
 
     def label(self) -> str:
         order = ", ".join(f"{k} {'desc' if d else 'asc'}" for k, d in self.order_by)

@@ -25,6 +25,7 @@ from flight.security import SecurityFiles
 from flight.spark._schema import Conformer, arrow_schema, check_conformable, ddl, to_struct
 from flight.spark._workers import Workers, describe_workers, mark_down
 from flight.wire.clients import translate_flight_error
+from flight.wire.plan_codec import encode_plan
 from flight.wire.protocol import decode_schema, encode_schema
 
 if TYPE_CHECKING:
@@ -166,7 +167,7 @@ def flight_map(
     target = arrow_schema(struct)
     check_conformable(stage.schema, target, "flight_map")
     return FlightMap(
-        stage.stage_plan().SerializeToString(),
+        encode_plan(stage.stage_plan()),
         encode_schema(input_schema),
         encode_schema(target),
         struct.json(),

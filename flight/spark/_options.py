@@ -8,7 +8,8 @@ planner process and then (inside the reader) to every Spark task. Two forms:
   query running detached on the driver; ``schema`` = base64 of its Arrow IPC
   schema; ``query_id`` for messages.
 * **one-stage plan** (coordinator-less): ``plan`` = base64 of a serialized
-  ``StagePlan`` without shuffle reads; ``workers`` = comma-separated URLs (or
+  ``StagePlan`` as ``TaskHeader.plan`` carries it (its operators flat: docs/protocol.md, section 5),
+  without shuffle reads; ``workers`` = comma-separated URLs (or
   ``resolver`` = a resolver's ``describe()`` JSON); ``units`` = base64 of JSON
   ``{"tasks": n, "assign": [{feed_id: {partition: [base64 unit, ...]}}, ...]}``
   (one dict per task); ``tasks`` overrides the task count.
@@ -35,6 +36,7 @@ from flight.security import SecurityFiles
 from flight.spark._service import ServiceSource
 from flight.spark._workers import Workers, describe_workers
 from flight.wire._proto import plan_pb2
+from flight.wire.plan_codec import decode_plan
 from flight.wire.protocol import decode_schema
 
 __all__ = ["HeadOptions", "PlanOptions", "b64", "decode_options", "encode_head", "encode_units"]
@@ -201,12 +203,14 @@ def decode_options(options: Mapping[str, str]) -> HeadOptions | PlanOptions | Se
         return HeadOptions(parts, schema, str(options.get("query_id") or "?"), _security_files(options), tuple(workers))
     if options.get("plan") is not None:
         plan = plan_pb2.StagePlan()
+        raw = _unb64(options["plan"], "plan")
         try:
-            plan.ParseFromString(_unb64(options["plan"], "plan"))
+            plan.ParseFromString(raw)
+            decode_plan(plan, "plan")  # flat operators, as TaskHeader.plan carries them (plan_codec)
         except Exception as exc:
             raise PlanError(f"flight data source: option 'plan' is not a serialized StagePlan: {exc}") from exc
-        if not plan.HasField("root") or not plan.output_schema:
-            raise PlanError("flight data source: option 'plan' needs a StagePlan with a root and an output_schema")
+        if not plan.output_schema:
+            raise PlanError("flight data source: option 'plan' needs a StagePlan with an output_schema")
         schema = decode_schema(plan.output_schema, "plan.output_schema")
         if options.get("resolver") is not None:
             described = _json(options["resolver"], "resolver")
@@ -226,7 +230,7 @@ def decode_options(options: Mapping[str, str]) -> HeadOptions | PlanOptions | Se
         if assign and tasks != len(assign):
             raise PlanError(f"flight data source: option 'tasks' is {tasks} but 'units' was made for {len(assign)} tasks")
         assign = assign or [{} for _ in range(tasks)]
-        return PlanOptions(plan.SerializeToString(), schema, workers, assign, _float(options, "connect_timeout", 10.0))
+        return PlanOptions(raw, schema, workers, assign, _float(options, "connect_timeout", 10.0))
     raise PlanError(
         "flight data source: give options 'coordinator' and 'sql' (a statement for a flight-coordinator), or 'plan' "
         "(a one-stage StagePlan, base64) with 'workers', or use flight.spark.read(spark, query, resolver), which sets "

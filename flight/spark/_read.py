@@ -30,6 +30,7 @@ from flight.security import SecurityFiles
 from flight.sources.feed import FeedContext, WorkUnit, unit_bytes
 from flight.spark._options import Assignment, b64, encode_head, encode_units
 from flight.wire._proto import plan_pb2
+from flight.wire.plan_codec import encode_plan
 from flight.wire.protocol import encode_schema
 
 if TYPE_CHECKING:
@@ -229,7 +230,6 @@ def plan_options(query: Query, tasks: int = 2) -> dict[str, str]:
         else:
             for p, units in enumerate(streams):
                 assign[p % count][f.feed.feed_id][p] = units
-    plan = plan_pb2.StagePlan(
-        root=stage.root.to_proto(), output=plan_pb2.OutputSpec(partitions=1), output_schema=encode_schema(stage.output_schema)
-    )
-    return {"plan": b64(plan.SerializeToString()), "units": encode_units(assign), "tasks": str(count)}
+    plan = plan_pb2.StagePlan(output=plan_pb2.OutputSpec(partitions=1), output_schema=encode_schema(stage.output_schema))
+    plan.root.CopyFrom(stage.root.to_proto())
+    return {"plan": b64(encode_plan(plan)), "units": encode_units(assign), "tasks": str(count)}

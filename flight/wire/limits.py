@@ -32,6 +32,7 @@ __all__ = [
     "MAX_OUTPUT_BUFFER_BYTES",
     "MAX_OUTPUT_PARTITIONS",
     "MAX_OUTPUT_READERS",
+    "MAX_PLAN_OPERATORS",
     "MAX_PRODUCERS",
     "MAX_RETAINED_BYTES",
     "MAX_SECRET_BYTES",
@@ -71,6 +72,9 @@ MAX_OUTPUT_READERS = 4_096
 """Readers of each output partition (plan.output.readers): a broadcast's consumers."""
 MAX_PRODUCERS = 4_096
 """Producer tasks one shuffle read names."""
+MAX_PLAN_OPERATORS = 10_000
+"""Operators in one stage's plan (``StagePlan.operators``, a flat list: docs/protocol.md, section 5). The coordinator
+refuses a larger plan (``PlanError``) before it sends it."""
 MAX_PROJECTED = 8_192
 """Items in one of an operator's lists: the expressions a projection computes, a sort's or an aggregate's keys,
 its aggregates, a join's keys, a window's keys and calls. 70,000 projected expressions took the worker over

@@ -38,7 +38,8 @@ from flight.wire.limits import (
     check_count,
     clip,
 )
-from flight.wire.operators import operators, taggable
+from flight.wire.operators import taggable
+from flight.wire.plan_codec import check_operators, unflatten
 
 __all__ = [
     "COMPRESSION",
@@ -64,10 +65,12 @@ __all__ = [
     "status_message",
 ]
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 """Bumped on any change a peer of the previous version would misread (2: heartbeats, InputEnd, flat expressions;
 3: the Release frame, which a version-2 worker would refuse as a frame without a member; 4: heartbeats on
-DoGet streams, whose absence a version-4 reader takes for a lost worker when a version-3 producer is slow)."""
+DoGet streams, whose absence a version-4 reader takes for a lost worker when a version-3 producer is slow;
+5: input calls, which a version-4 worker would run as a map stage; 6: a plan's operators as a flat list,
+``StagePlan.operators``, where a version-5 worker finds no ``root``)."""
 
 RETAIN_HEADER = "x-flight-exec-retain"
 INPUT_CALL_PATH = "flight-exec.input"
@@ -166,7 +169,8 @@ def _check_stage_key(key: protocol_pb2.StageKey, field: str) -> None:
 
 
 def decode_header(data: bytes) -> tuple[protocol_pb2.TaskHeader, plan_pb2.StagePlan]:
-    """Parse and check a DoExchange descriptor: the TaskHeader and the StagePlan inside it."""
+    """Parse and check a DoExchange descriptor: the TaskHeader and the StagePlan inside it, whose flat
+    operators (``plan_codec``) come back as the tree ``plan.root``."""
     if not data:
         raise ProtocolError("the DoExchange descriptor has no command; expected a TaskHeader", field="descriptor.cmd")
     header = protocol_pb2.TaskHeader()
@@ -202,11 +206,11 @@ def decode_header(data: bytes) -> tuple[protocol_pb2.TaskHeader, plan_pb2.StageP
     if not header.plan:
         raise ProtocolError("header.plan is empty; expected a StagePlan", field="header.plan")
     _parse(plan, header.plan, "header.plan", MAX_HEADER_BYTES)
-    if not plan.HasField("root"):
-        raise ProtocolError("header.plan.root is missing", field="header.plan.root")
+    check_operators(plan, "header.plan")  # a flat list that is a tree (plan_codec)
     check_count(plan.output.partitions, MAX_OUTPUT_PARTITIONS, "header.plan.output.partitions", "output partitions")
     check_count(plan.output.readers, MAX_OUTPUT_READERS, "header.plan.output.readers", "readers per partition")
-    _check_operators(plan)
+    _check_lists(plan)
+    unflatten(plan)  # the tree every later step walks: plan.root
     if header.options.tag_units and (plan.output.partitions > 1 or not taggable(plan.root)):
         raise ProtocolError(
             "header.options.tag_units needs one output partition and a plan of filters and projections over one feed scan",
@@ -225,13 +229,14 @@ _LISTS: dict[str, tuple[tuple[str, str], ...]] = {
 """The operators' lists whose length sets the cost of compiling them, each bounded by ``MAX_PROJECTED``."""
 
 
-def _check_operators(plan: plan_pb2.StagePlan) -> None:
-    """Counts no operator check makes before compiling: each operator's lists (``_LISTS``), one input per plan."""
+def _check_lists(plan: plan_pb2.StagePlan) -> None:
+    """Counts no operator check makes before compiling, on the received (flat) operators: each one's
+    lists (``_LISTS``), one exchange input per plan."""
     inputs = []
-    for op in operators(plan.root):
+    for i, op in enumerate(plan.operators):
         kind = op.WhichOneof("kind") or ""
         for name, what in _LISTS.get(kind, ()):
-            check_count(len(getattr(getattr(op, kind), name)), MAX_PROJECTED, f"header.plan.{kind}.{name}", what)
+            check_count(len(getattr(getattr(op, kind), name)), MAX_PROJECTED, f"header.plan.operators[{i}].{kind}.{name}", what)
         if kind == "exchange_input":
             inputs.append(op.exchange_input.separate_input)
     if len(inputs) > 1:

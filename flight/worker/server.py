@@ -246,6 +246,10 @@ class WorkerServer(fl.FlightServerBase):
                 )
             except (pa.ArrowException, ValueError, TypeError) as exc:  # Acero refused what our checks let through
                 raise ProtocolError(f"the plan cannot run on this worker: {type(exc).__name__}: {clip(exc)}", field="header.plan") from None
+            except RecursionError:  # the engines compile a plan recursively: a few hundred operators deep at most
+                raise ProtocolError(
+                    "the plan's operators nest too deep for this worker to compile (past Python's recursion limit)", field="header.plan"
+                ) from None
             task.output_schema = output.schema  # before the task is visible to DoGet
             self.registry.add(task)
         except ProtocolError as exc:

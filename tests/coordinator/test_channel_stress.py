@@ -38,6 +38,7 @@ def _child(workdir: Path) -> int:
     from flight.coordinator.headers import task_header
     from flight.sources.feed import file_unit
     from flight.wire._proto import protocol_pb2
+    from flight.wire.plan_codec import encode_plan
     from flight.wire.protocol import new_secret
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: tests/ holds support.py
@@ -60,7 +61,7 @@ def _child(workdir: Path) -> int:
             r = random.Random(seed * 1000 + n)
             ending = ENDINGS[n % len(ENDINGS)]
             header = task_header(
-                query_id=os.urandom(8).hex(), stage_id=0, task=0, task_count=1, plan=plan.SerializeToString(), url=url,
+                query_id=os.urandom(8).hex(), stage_id=0, task=0, task_count=1, plan=encode_plan(plan), url=url,
                 secret=new_secret(), feeds={feed_id: [0]},
                 options=protocol_pb2.TaskOptions(heartbeat_ms=50),
             )

@@ -26,6 +26,7 @@ from benchmarks.tpch_queries import ORDERED, compare, duckdb_answer, duckdb_conn
 from benchmarks.tpch_sql import SQL
 from flight import agg, col, lit
 from flight.errors import PlanError, WorkerUnavailableError
+from flight.wire.plan_codec import encode_plan
 
 pyspark = pytest.importorskip("pyspark", reason="the Spark tests need the spark extra: pip install -e '.[dev,spark]'")
 
@@ -161,7 +162,7 @@ def test_spark_stopping_early_leaves_its_python_workers_healthy(spark, cluster: 
 def test_abandoning_an_exchange_half_way_is_safe(cluster: flight.LocalCluster) -> None:
     from flight.coordinator.map import map_batches
 
-    plan = _simple_stage().stage_plan().SerializeToString()
+    plan = encode_plan(_simple_stage().stage_plan())
     batch = pa.record_batch([pa.array(range(5000)), pa.array([5] * 5000, pa.int32()), pa.array(["a"] * 5000)], schema=IDS_SCHEMA)
     for _ in range(30):  # flight.map_batches aborts the process here now and then (see docs/spark.md)
         out = map_batches(plan, iter([batch] * 50), cluster.urls[0])
@@ -339,7 +340,7 @@ def test_the_plan_option_alone_runs_a_plan_without_feeds(spark, cluster: flight.
 
     q = flight.from_arrow(pa.table({"a": [1, 2, 3], "b": ["x", "y", "z"]})).filter(col("a") >= 2)
     fs.register(spark)
-    plan = base64.b64encode(q.stage_plan().SerializeToString()).decode()
+    plan = base64.b64encode(encode_plan(q.stage_plan())).decode()
     df = spark.read.format("flight").option("plan", plan).option("workers", ",".join(cluster.urls)).load()
     assert [tuple(r) for r in df.collect()] == [(2, "y"), (3, "z")] == [tuple(r) for r in df.collect()]
 

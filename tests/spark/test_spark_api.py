@@ -14,6 +14,7 @@ from flight.errors import PlanError, ResolverError
 from flight.spark._options import decode_options, encode_head, encode_units
 from flight.spark._schema import Conformer, check_conformable
 from flight.spark._workers import describe_workers
+from flight.wire.plan_codec import encode_plan
 
 pytest.importorskip("pyspark", reason="the Spark tests need the spark extra: pip install -e '.[dev,spark]'")
 
@@ -89,7 +90,7 @@ def test_data_source_options_round_trip_and_explain_mistakes() -> None:
     schema = pa.schema([("a", pa.int64())])
     head = decode_options(encode_head([("grpc://a:1", b"\x01\x02")], schema, "q1"))
     assert head.partitions == [("grpc://a:1", b"\x01\x02")] and head.schema.equals(schema) and head.query_id == "q1"
-    plan = flight.from_arrow(pa.table({"a": [1]})).stage_plan().SerializeToString()
+    plan = encode_plan(flight.from_arrow(pa.table({"a": [1]})).stage_plan())
     import base64
 
     options = {"plan": base64.b64encode(plan).decode(), "workers": "grpc://a:1", "units": encode_units([{"f": {0: [b"u"]}}, {"f": {}}])}

@@ -26,6 +26,7 @@ from flight.dev.testing import SLEEP_SCHEMA, sleep_unit
 from flight.errors import WorkerUnavailableError
 from flight.wire._proto import plan_pb2, protocol_pb2
 from flight.wire.clients import read_stream, translate_flight_error
+from flight.wire.plan_codec import encode_plan
 from flight.wire.protocol import encode_schema, new_secret
 
 FEED = "s"
@@ -69,7 +70,7 @@ class Task:
         self.credit = threading.Semaphore(0)
         options = protocol_pb2.TaskOptions(heartbeat_ms=BEAT_MS, retain_output=retain)
         header = task_header(
-            query_id=query_id, stage_id=stage, task=0, task_count=1, plan=plan.SerializeToString(), url=url, secret=secret,
+            query_id=query_id, stage_id=stage, task=0, task_count=1, plan=encode_plan(plan), url=url, secret=secret,
             feeds={FEED: [0]} if feeds else None, options=options,
         )
         self.key = header.stage_key

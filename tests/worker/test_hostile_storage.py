@@ -273,7 +273,8 @@ def _untaggable() -> dict[str, plan_pb2.StagePlan]:
         "join": plan_pb2.StagePlan(root=plan_pb2.Operator(hash_join=join)),
         "two-partitions": plan_pb2.StagePlan(root=scan, output=plan_pb2.OutputSpec(partitions=2, hash_keys=["x"], readers=1)),
         "values": plan_pb2.StagePlan(root=plan_pb2.Operator(values=plan_pb2.Values())),
-        "empty-filter": plan_pb2.StagePlan(root=plan_pb2.Operator(filter=plan_pb2.Filter())),
+        # (A filter without an input is no plan at all now: refused as such, header.plan.operators[0].inputs.)
+        "filter-over-values": plan_pb2.StagePlan(root=plan_pb2.Operator(filter=plan_pb2.Filter(input=plan_pb2.Operator(values=plan_pb2.Values())))),
     }
 
 

@@ -22,6 +22,7 @@ from flight.coordinator.detached import InputTarget
 from flight.security import SecurityFiles
 from flight.spark._table import send_partition
 from flight.wire._proto import plan_pb2, protocol_pb2
+from flight.wire.plan_codec import encode_plan
 from flight.wire.protocol import INPUT_CALL_PATH, PROTOCOL_VERSION, error_info_of
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
@@ -38,7 +39,7 @@ def _plan(separate: bool = True) -> plan_pb2.StagePlan:
 
 def _header(plan: plan_pb2.StagePlan) -> protocol_pb2.TaskHeader:
     key = protocol_pb2.StageKey(query_id=f"q{uuid.uuid4().hex[:12]}", stage_id=0, task_number=0)
-    return protocol_pb2.TaskHeader(protocol_version=PROTOCOL_VERSION, stage_key=key, task_count=1, plan=plan.SerializeToString(),
+    return protocol_pb2.TaskHeader(protocol_version=PROTOCOL_VERSION, stage_key=key, task_count=1, plan=encode_plan(plan),
                                    query_secret=SECRET)
 
 

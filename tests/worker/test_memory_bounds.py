@@ -26,6 +26,7 @@ import flight
 from flight import threads
 from flight.coordinator.headers import task_header
 from flight.wire._proto import protocol_pb2
+from flight.wire.plan_codec import encode_plan
 from flight.wire.protocol import new_secret
 from flight.worker.memory import release_idle_memory
 
@@ -63,7 +64,7 @@ def units_header(url: str, **options: int) -> protocol_pb2.TaskHeader:
     plan = flight.units(_Nothing()).stage_plan()  # the units themselves as rows: output as large as the input
     feed_id = plan.root.feed_scan.feed.feed_id
     return task_header(
-        query_id=os.urandom(8).hex(), stage_id=0, task=0, task_count=1, plan=plan.SerializeToString(), url=url,
+        query_id=os.urandom(8).hex(), stage_id=0, task=0, task_count=1, plan=encode_plan(plan), url=url,
         secret=new_secret(), feeds={feed_id: [0]}, options=protocol_pb2.TaskOptions(**options),
     )
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -43,7 +43,7 @@ from grpc_tools import protoc
 ROOT = Path(__file__).resolve().parents[2]
 PROTO_DIR = ROOT / "proto"
 PROTO_FILES = ["flight/wire/_proto/protocol.proto", "flight/wire/_proto/plan.proto"]
-PROTOCOL_VERSION = 5  # docs/protocol.md, section 1
+PROTOCOL_VERSION = 6  # docs/protocol.md, section 1
 SECRET = b"raw-client-query-secret"  # 16 to 64 bytes: every header, ticket and cancel of a query repeats it
 LISTENING = re.compile(rb"^flight-worker listening on (grpc://\S+)$")
 START_TIMEOUT = 30.0
@@ -101,6 +101,35 @@ class Protos:
         if options is not None:
             call.options.CopyFrom(options)
         return out
+
+    # Plans (plan.proto: StagePlan.operators = flat OperatorNode list in post-order, the root last; a node
+    # names its inputs by the indexes of earlier nodes). The tests write a plan as nested Operators, which
+    # reads better; ``wire`` lists it the way TaskHeader.plan carries it.
+    INPUTS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "filter": ("input",), "project": ("input",), "limit": ("input",), "aggregate": ("input",), "sort": ("input",),
+        "window": ("input",), "hash_join": ("left", "right"), "union": ("inputs",),
+    }
+
+    def wire(self, plan: Any) -> bytes:
+        out = self.StagePlan()
+        out.CopyFrom(plan)
+        out.ClearField("root")
+
+        def add(op: Any) -> int:  # each input's nodes first, then the operator's own
+            kind = op.WhichOneof("kind")
+            body = getattr(op, kind)
+            inputs = [add(child) for name in self.INPUTS.get(kind, ()) for child in
+                      (getattr(body, name) if name == "inputs" else [getattr(body, name)] if body.HasField(name) else [])]
+            node = out.operators.add()
+            getattr(node, kind).CopyFrom(body)
+            for name in self.INPUTS.get(kind, ()):
+                getattr(node, kind).ClearField(name)
+            node.inputs.extend(inputs)
+            return len(out.operators) - 1
+
+        if plan.HasField("root"):
+            add(plan.root)
+        return bytes(out.SerializeToString())
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +273,7 @@ def header(P: Protos, key: Any, plan: Any, feeds: dict[str, list[int]] | None = 
         protocol_version=PROTOCOL_VERSION,
         stage_key=key,
         task_count=key.task_number + 1,
-        plan=plan.SerializeToString(),
+        plan=P.wire(plan) if plan.HasField("root") else plan.SerializeToString(),  # a plan without root: its operators as given
         feeds=[P.FeedAssignment(feed_id=f, partitions=p) for f, p in (feeds or {}).items()],
         query_start_unix_nanos=time.time_ns(),
         options=P.TaskOptions(**options),
@@ -648,6 +677,30 @@ def _unlisted_function(P: Protos) -> bytes:
     return bytes(header(P, new_key(P), plan, {"files": [0]}).SerializeToString())
 
 
+def _shared_operator(P: Protos) -> bytes:
+    # The scan (node 0) is the input of two limits: a plan's operators form a tree.
+    limit = P.Limit(count=1)
+    nodes = [P.OperatorNode(feed_scan=scan(P).feed_scan), P.OperatorNode(limit=limit, inputs=[0]), P.OperatorNode(limit=limit, inputs=[0]),
+             P.OperatorNode(union=P.Union(), inputs=[1, 2])]
+    return bytes(header(P, new_key(P), P.StagePlan(operators=nodes), {"files": [0]}).SerializeToString())
+
+
+def _forward_input(P: Protos) -> bytes:
+    nodes = [P.OperatorNode(limit=P.Limit(count=1), inputs=[1]), P.OperatorNode(feed_scan=scan(P).feed_scan)]
+    return bytes(header(P, new_key(P), P.StagePlan(operators=nodes), {"files": [0]}).SerializeToString())
+
+
+def _nested_root(P: Protos) -> bytes:
+    # Protocol 5's encoding: the operators nested in root, not listed.
+    return _with_plan(P, P.StagePlan(root=scan(P)).SerializeToString())
+
+
+def _with_plan(P: Protos, plan: bytes) -> bytes:
+    task = header(P, new_key(P), P.StagePlan(root=scan(P)), {"files": [0]})
+    task.plan = plan
+    return bytes(task.SerializeToString())
+
+
 @pytest.mark.parametrize(
     ("make_cmd", "code", "field"),
     [
@@ -655,8 +708,11 @@ def _unlisted_function(P: Protos) -> bytes:
         (_version_99, "ERROR_CODE_VERSION_MISMATCH", "header.protocol_version"),
         (_task_number_too_big, "ERROR_CODE_INVALID_ARGUMENT", "header.stage_key.task_number"),
         (_unlisted_function, "ERROR_CODE_INVALID_ARGUMENT", "plan.root.filter.predicate.nodes[1].call.function"),
+        (_shared_operator, "ERROR_CODE_INVALID_ARGUMENT", "header.plan.operators[2].inputs[0]"),
+        (_forward_input, "ERROR_CODE_INVALID_ARGUMENT", "header.plan.operators[0].inputs[0]"),
+        (_nested_root, "ERROR_CODE_INVALID_ARGUMENT", "header.plan.root"),
     ],
-    ids=["garbage", "version-99", "task-number", "unlisted-function"],
+    ids=["garbage", "version-99", "task-number", "unlisted-function", "shared-operator", "forward-input", "nested-root"],
 )
 def test_malformed_header_is_rejected_with_its_field(
     P: Protos, client: fl.FlightClient, make_cmd: Callable[[Protos], bytes], code: str, field: str
@@ -681,6 +737,36 @@ def test_malformed_header_is_rejected_with_its_field(
     assert "Traceback" not in message
     assert healthy(client)
     assert info(P, client).running_tasks == 0
+
+
+def test_a_plan_deeper_than_protobuf_nests_travels_as_a_flat_list(P: Protos, client: fl.FlightClient) -> None:
+    # 150 filters over a Values: nested, 300 levels of messages, which protobuf decoders refuse past 100;
+    # listed, each filter names the node below it (docs/protocol.md, section 5).
+    table = pa.table({"id": pa.array(range(200), pa.int64())})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    nodes = [P.OperatorNode(values=P.Values(ipc_stream=sink.getvalue().to_pybytes()))]
+    for i in range(150):
+        predicate = P.call("greater_equal", P.col("id"), P.lit(int_value=i))
+        nodes.append(P.OperatorNode(filter=P.Filter(predicate=predicate), inputs=[len(nodes) - 1]))
+    plan = P.StagePlan(operators=nodes, output=P.OutputSpec(partitions=1), output_schema=schema_bytes(table.schema))
+    key = new_key(P)
+    ex = Exchange(P, client, header(P, key, plan).SerializeToString())
+    try:
+        ready = ex.frame()
+        assert ready.WhichOneof("frame") == "ready", ready
+        _, batches, _ = read_doget(P, client, P.Ticket(stage_key=key, partition_start=0, partition_end=1, query_secret=SECRET))
+        frame = ex.frame()
+        while frame.WhichOneof("frame") != "finished":
+            assert frame.WhichOneof("frame") in {"credit", "heartbeat"}, frame
+            frame = ex.frame()
+        ex.writer.done_writing()
+        ex.drain()
+    finally:
+        ex.close()
+    assert sorted(i for b in batches for i in b.column("id").to_pylist()) == list(range(149, 200))
+    wait_until(lambda: info(P, client).running_tasks == 0, "the worker to free the task")
 
 
 def test_more_units_than_credit_is_a_protocol_error(P: Protos, client: fl.FlightClient, tmp_path: Path) -> None:

@@ -385,7 +385,12 @@ Global___NamedExpression: _TypeAlias = NamedExpression  # noqa: Y015
 
 @_typing.final
 class Operator(_message.Message):
-    """------------------------------------------------------------------ operators"""
+    """------------------------------------------------------------------ operators
+
+    One operator of a plan as a process holds it: a tree, each operator's inputs nested in
+    its body (`Filter.input`, `HashJoin.left`, `Union.inputs`, ...). Never sent nested: a
+    StagePlan's operators travel as a flat list of OperatorNode (below), as expressions do.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -450,6 +455,84 @@ class Operator(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___Operator: _TypeAlias = Operator  # noqa: Y015
+
+@_typing.final
+class OperatorNode(_message.Message):
+    """One operator of a StagePlan's flat list (`StagePlan.operators`): exactly one kind is set,
+    with its own fields but none of its child operators (`input`, `left`, `right` and `inputs`
+    of its body stay unset). `inputs` names them instead, as indexes of earlier nodes of the
+    same list, in the order the kind reads them: filter, project, limit, aggregate, sort and
+    window one (their input); hash_join two (left, then right); union one or more; feed_scan,
+    exchange_input, values and shuffle_read none. The kinds are numbered as Operator's.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FEED_SCAN_FIELD_NUMBER: _builtins.int
+    EXCHANGE_INPUT_FIELD_NUMBER: _builtins.int
+    VALUES_FIELD_NUMBER: _builtins.int
+    FILTER_FIELD_NUMBER: _builtins.int
+    PROJECT_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    AGGREGATE_FIELD_NUMBER: _builtins.int
+    HASH_JOIN_FIELD_NUMBER: _builtins.int
+    SORT_FIELD_NUMBER: _builtins.int
+    UNION_FIELD_NUMBER: _builtins.int
+    SHUFFLE_READ_FIELD_NUMBER: _builtins.int
+    WINDOW_FIELD_NUMBER: _builtins.int
+    INPUTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def feed_scan(self) -> Global___FeedScan: ...
+    @_builtins.property
+    def exchange_input(self) -> Global___ExchangeInput: ...
+    @_builtins.property
+    def values(self) -> Global___Values: ...
+    @_builtins.property
+    def filter(self) -> Global___Filter: ...
+    @_builtins.property
+    def project(self) -> Global___Project: ...
+    @_builtins.property
+    def limit(self) -> Global___Limit: ...
+    @_builtins.property
+    def aggregate(self) -> Global___Aggregate: ...
+    @_builtins.property
+    def hash_join(self) -> Global___HashJoin: ...
+    @_builtins.property
+    def sort(self) -> Global___Sort: ...
+    @_builtins.property
+    def union(self) -> Global___Union: ...
+    @_builtins.property
+    def shuffle_read(self) -> Global___ShuffleRead: ...
+    @_builtins.property
+    def window(self) -> Global___Window: ...
+    @_builtins.property
+    def inputs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        feed_scan: Global___FeedScan | None = ...,
+        exchange_input: Global___ExchangeInput | None = ...,
+        values: Global___Values | None = ...,
+        filter: Global___Filter | None = ...,
+        project: Global___Project | None = ...,
+        limit: Global___Limit | None = ...,
+        aggregate: Global___Aggregate | None = ...,
+        hash_join: Global___HashJoin | None = ...,
+        sort: Global___Sort | None = ...,
+        union: Global___Union | None = ...,
+        shuffle_read: Global___ShuffleRead | None = ...,
+        window: Global___Window | None = ...,
+        inputs: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["aggregate", b"aggregate", "exchange_input", b"exchange_input", "feed_scan", b"feed_scan", "filter", b"filter", "hash_join", b"hash_join", "kind", b"kind", "limit", b"limit", "project", b"project", "shuffle_read", b"shuffle_read", "sort", b"sort", "union", b"union", "values", b"values", "window", b"window"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aggregate", b"aggregate", "exchange_input", b"exchange_input", "feed_scan", b"feed_scan", "filter", b"filter", "hash_join", b"hash_join", "inputs", b"inputs", "kind", b"kind", "limit", b"limit", "project", b"project", "shuffle_read", b"shuffle_read", "sort", b"sort", "union", b"union", "values", b"values", "window", b"window"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["feed_scan", "exchange_input", "values", "filter", "project", "limit", "aggregate", "hash_join", "sort", "union", "shuffle_read", "window"]  # noqa: Y015
+    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+
+Global___OperatorNode: _TypeAlias = OperatorNode  # noqa: Y015
 
 @_typing.final
 class Window(_message.Message):
@@ -1066,29 +1149,40 @@ Global___OutputSpec: _TypeAlias = OutputSpec  # noqa: Y015
 
 @_typing.final
 class StagePlan(_message.Message):
-    """What a task runs: TaskHeader.plan holds one of these, serialized."""
+    """What a task runs: TaskHeader.plan holds one of these, serialized.
+
+    On the wire the operators are `operators`, a flat list in post-order: each node's inputs are
+    earlier nodes, named by their index; every node but the last is the input of exactly one later
+    node (a tree); the last node is the root. Flat, so a plan's depth never nests protobuf messages
+    (decoders refuse messages nested more than 100 deep). `root` is the same tree nested, as a
+    process holds it once decoded; it is never sent (a receiver refuses a plan that sets it).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     ROOT_FIELD_NUMBER: _builtins.int
     OUTPUT_FIELD_NUMBER: _builtins.int
     OUTPUT_SCHEMA_FIELD_NUMBER: _builtins.int
+    OPERATORS_FIELD_NUMBER: _builtins.int
     output_schema: _builtins.bytes
     """Arrow IPC schema of the rows the root produces"""
     @_builtins.property
     def root(self) -> Global___Operator: ...
     @_builtins.property
     def output(self) -> Global___OutputSpec: ...
+    @_builtins.property
+    def operators(self) -> _containers.RepeatedCompositeFieldContainer[Global___OperatorNode]: ...
     def __init__(
         self,
         *,
         root: Global___Operator | None = ...,
         output: Global___OutputSpec | None = ...,
         output_schema: _builtins.bytes = ...,
+        operators: _abc.Iterable[Global___OperatorNode] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["output", b"output", "root", b"root"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["output", b"output", "output_schema", b"output_schema", "root", b"root"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["operators", b"operators", "output", b"output", "output_schema", b"output_schema", "root", b"root"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
