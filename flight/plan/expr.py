@@ -39,12 +39,11 @@ from flight.plan.expr_nodes import (
     canonical_id,
     flatten,
     nary_call,
-    options_message,
     referenced_fields,
     render,
-    scalar_bytes,
     unflatten,
 )
+from flight.plan.expr_options import options_message, scalar_bytes
 from flight.wire._proto import plan_pb2
 from flight.wire.functions import NARY_FUNCTIONS, lookup
 from flight.wire.memo import Memo

@@ -16,7 +16,6 @@ A subquery DataFusion leaves inside an expression (one it could not make a join)
 from __future__ import annotations
 
 import decimal
-import re
 from typing import Any
 
 import pyarrow as pa
@@ -26,9 +25,9 @@ from flight.plan.expr import Expr, call, coalesce, col, if_else, lit
 from flight.plan.typecheck import output_type
 from flight.sql.arithmetic import add, divide, fit, modulo, multiply
 from flight.sql.errors import unsupported
-from flight.sql.functions import FUNCTIONS, arrow_type
+from flight.sql.functions import FUNCTIONS, arrow_type, cast_target
 
-__all__ = ["ExprTranslator", "unify"]
+__all__ = ["ExprTranslator", "converted", "unify"]
 
 DFExpr = Any  # datafusion.Expr: the package is an optional dependency (the ``sql`` extra)
 
@@ -234,12 +233,12 @@ class ExprTranslator:
         Said explicitly because Acero's binding of ``if_else`` types a decimal result by its
         last argument (a ``0`` literal's DECIMAL(5,4)), where its kernel widens."""
         types = [self.type_of(e) for e in exprs]
-        target = unify(types)
-        return [e if t == target or pa.types.is_null(target) else e.cast(target) for e, t in zip(exprs, types)]
+        target = unify(types, self.dialect)
+        return [e if t == target or pa.types.is_null(target) else converted(e, t, target) for e, t in zip(exprs, types)]
 
     def _Cast(self, e: DFExpr) -> Expr:
         v = e.to_variant()
-        target = arrow_type(_cast_target(e))
+        target = arrow_type(cast_target(e))
         inner = v.expr()
         if inner.variant_name() == "Literal":
             value = inner.python_value()
@@ -294,8 +293,19 @@ _INT_DIGITS = {8: 3, 16: 5, 32: 10, 64: 19}
 _DAY_NS = 86_400 * 10**9
 
 
-def unify(types: list[pa.DataType]) -> pa.DataType:
-    """The one type values of ``types`` meet in (SQL's rule for CASE branches and COALESCE)."""
+def converted(e: Expr, source: pa.DataType, target: pa.DataType) -> Expr:
+    """``e`` cast from ``source`` to ``target``; a DECIMAL that loses digits after the point is rounded
+    HALF_UP first (a cast would refuse to drop them)."""
+    if pa.types.is_decimal(source) and pa.types.is_decimal(target) and target.scale < source.scale:
+        return e.round(target.scale, "half_towards_infinity").cast(target)
+    return e.cast(target)
+
+
+def unify(types: list[pa.DataType], dialect: str = "duckdb") -> pa.DataType:
+    """The one type values of ``types`` meet in (SQL's rule for CASE branches, COALESCE and UNION).
+
+    Decimals past 38 digits: DuckDB's keep their scale; Spark's keep their integer digits and give up
+    scale (Spark 4's rule, ``retainFractionDigitsOnTruncate`` off)."""
     known = [t for t in types if not pa.types.is_null(t)]
     if not known:
         return pa.null()
@@ -306,6 +316,8 @@ def unify(types: list[pa.DataType]) -> pa.DataType:
     if all(pa.types.is_decimal(t) or pa.types.is_integer(t) for t in known):
         scale = max(t.scale for t in known if pa.types.is_decimal(t))
         digits = max(t.precision - t.scale if pa.types.is_decimal(t) else _INT_DIGITS[t.bit_width] for t in known)
+        if dialect == "spark" and digits + scale > 38:
+            scale = max(0, 38 - digits)
         return pa.decimal128(min(38, digits + scale), scale)
     if all(pa.types.is_integer(t) or pa.types.is_decimal(t) or pa.types.is_floating(t) for t in known):
         return pa.float64()
@@ -371,13 +383,3 @@ _BINARY = {
     "=": "equal", "!=": "not_equal", "<>": "not_equal", "<": "less", "<=": "less_equal",
     ">": "greater", ">=": "greater_equal",
 }
-
-
-def _cast_target(e: DFExpr) -> str:
-    """The target type of a CAST as DataFusion prints it (its Python API gives no other way)."""
-    match = re.search(r" AS ([^()]+(?:\([^()]*\))?)\)\)?$", str(e))
-    if match is None:
-        raise unsupported(f"a CAST whose target type cannot be read ({_text(e)})")
-    return match.group(1)
-
-

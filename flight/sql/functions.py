@@ -17,7 +17,7 @@ from flight.plan.expr import Expr, call, coalesce, if_else, lit
 from flight.sql.errors import unsupported
 from flight.sql.rel import Scalars
 
-__all__ = ["FUNCTIONS", "arrow_type"]
+__all__ = ["FUNCTIONS", "arrow_type", "cast_target"]
 
 DFExpr = Any
 
@@ -47,6 +47,15 @@ def arrow_type(text: str) -> pa.DataType:
             raise unsupported(f"the type {text}")
         return pa.timestamp(unit, tz)  # type: ignore[call-overload]
     raise unsupported(f"the type {text}")
+
+
+def cast_target(e: DFExpr) -> str:
+    """The target type of a CAST as DataFusion prints it (its Python API gives no other way)."""
+    match = re.search(r" AS ([^()]+(?:\([^()]*\))?)\)\)?$", str(e))
+    if match is None:
+        text = e.canonical_name() if hasattr(e, "canonical_name") else str(e)
+        raise unsupported(f"a CAST whose target type cannot be read ({text[:120]})")
+    return match.group(1)
 
 
 def _arg_literal(args: list[DFExpr], i: int, what: str) -> Any:
@@ -89,7 +98,12 @@ def _concat(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
 
 def _round(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
     digits = int(_arg_literal(args, 1, "ROUND's digits")) if len(args) > 1 else 0
-    return t(args[0]).round(digits, "half_towards_infinity")  # SQL's (and DuckDB's) rounding
+    x = t(args[0])
+    rounded = x.round(digits, "half_towards_infinity")  # SQL's (DuckDB's and Spark's) rounding
+    d = t.type_of(x)
+    if t.dialect == "spark" and pa.types.is_decimal(d) and 0 <= digits < d.scale:  # Spark: DECIMAL(p - s + 1 + d, d)
+        return rounded.cast(pa.decimal128(min(38, d.precision - d.scale + 1 + digits), digits))
+    return rounded
 
 
 def _unary(function: str) -> Callable[[Scalars, list[DFExpr], DFExpr], Expr]:
@@ -177,6 +191,90 @@ def _contains(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
     return call("match_substring", t(args[0]), pattern=str(_arg_literal(args, 1, "CONTAINS's text")))
 
 
+def _pad(function: str) -> Callable[[Scalars, list[DFExpr], DFExpr], Expr]:
+    """lpad / rpad: to exactly n characters, a longer text cut to its first n (SQL's, DuckDB's and Spark's)."""
+    def make(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
+        n = int(_arg_literal(args, 1, f"{function.upper()}'s length"))
+        fill = str(_arg_literal(args, 2, f"{function.upper()}'s padding")) if len(args) > 2 else " "
+        if len(fill) != 1:
+            raise unsupported(f"{function}() with a padding of {len(fill)} characters (one is taken)")
+        text = t.as_text(t(args[0]))
+        if n <= 0:
+            return text.substr(0, 0)
+        return call(f"utf8_{function}", text, width=n, padding=fill).substr(0, n)
+
+    return make
+
+
+def _trim(side: str) -> Callable[[Scalars, list[DFExpr], DFExpr], Expr]:
+    """trim / ltrim / rtrim: whitespace, or the characters given."""
+    def make(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
+        text = t.as_text(t(args[0]))
+        if len(args) == 1:
+            return call(f"utf8_{side}trim_whitespace", text)
+        return call(f"utf8_{side}trim", text, characters=str(_arg_literal(args, 1, "TRIM's characters")))
+
+    return make
+
+
+def _replace(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
+    return call("replace_substring", t.as_text(t(args[0])), pattern=str(_arg_literal(args, 1, "REPLACE's text")),
+                replacement=str(_arg_literal(args, 2, "REPLACE's replacement")))
+
+
+def _regexp_replace(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
+    """The first match replaced, or every one with the flag 'g'; 'i' ignores case (RE2 in both engines)."""
+    flags = str(_arg_literal(args, 3, "REGEXP_REPLACE's flags")) if len(args) > 3 else ""
+    if set(flags) - {"g", "i"}:
+        raise unsupported(f"regexp_replace() with the flags {flags!r} (g and i are taken)")
+    pattern = str(_arg_literal(args, 1, "REGEXP_REPLACE's pattern"))
+    options: dict[str, object] = {"pattern": f"(?i){pattern}" if "i" in flags else pattern,
+                                  "replacement": str(_arg_literal(args, 2, "REGEXP_REPLACE's replacement"))}
+    if "g" not in flags:
+        options["max_replacements"] = 1
+    return call("replace_substring_regex", t.as_text(t(args[0])), **options)
+
+
+def _concat_ws(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
+    """The parts joined by the separator, null parts left out (null only when the separator is).
+
+    Each part that is not null becomes the separator and the part; their join, less its first separator,
+    is the answer. (pyarrow's own ``null_handling="skip"`` drops the rows whose parts are all null: 26.0.1.)"""
+    sep = _arg_literal(args, 0, "CONCAT_WS's separator")
+    if sep is None:
+        return lit(None, pa.string())
+    parts = [coalesce(call("binary_join_element_wise", lit(str(sep)), t.as_text(t(a)), lit("")), lit("")) for a in args[1:]]
+    return call("binary_join_element_wise", *parts, lit("")).substr(len(str(sep)))
+
+
+_TRUNC_UNITS = ("year", "quarter", "month", "week", "day", "hour", "minute", "second")
+
+
+def _date_trunc(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
+    """The start of the period holding each value (a week starts on Monday, as in DuckDB and Spark)."""
+    unit = str(_arg_literal(args, 0, "DATE_TRUNC's unit")).lower()
+    if unit not in _TRUNC_UNITS:
+        raise unsupported(f"date_trunc('{unit}', ...) (the units taken: {', '.join(_TRUNC_UNITS)})")
+    floor = call("floor_temporal", t(args[1]), unit=unit, week_starts_monday=True)
+    return floor.cast(pa.timestamp("us")) if t.type_of(floor) == pa.timestamp("ns") else floor  # DuckDB's TIMESTAMP
+
+
+def _strftime(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
+    """A date or timestamp as text, by C's strftime directives (%Y, %m, %d, %H, ...).
+
+    DuckDB's ``strftime`` is declared to DataFusion as taking text (``flight.sql.library``: a declaration
+    has one signature), so DataFusion casts a date or timestamp to text first: that cast is left out."""
+    value = args[0]
+    while value.variant_name() == "Cast" and arrow_type(cast_target(value)) == pa.string():
+        value = value.to_variant().expr()
+    return call("strftime", t(value), format=str(_arg_literal(args, 1, "the format")))
+
+
+def _strptime(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
+    """Text read as a timestamp by C's strptime directives; text that does not match is an error."""
+    return call("strptime", t.as_text(t(args[0])), format=str(_arg_literal(args, 1, "the format")), unit="us")
+
+
 FUNCTIONS: dict[str, Callable[[Scalars, list[DFExpr], DFExpr], Expr]] = {
     "substr": _substr,
     "substring": _substr,
@@ -196,8 +294,8 @@ FUNCTIONS: dict[str, Callable[[Scalars, list[DFExpr], DFExpr], Expr]] = {
     "length": _unary("utf8_length"),
     "char_length": _unary("utf8_length"),
     "character_length": _unary("utf8_length"),
-    "btrim": _unary("utf8_trim_whitespace"),
-    "trim": _unary("utf8_trim_whitespace"),
+    "btrim": _trim(""),
+    "trim": _trim(""),
     "abs": _unary("abs_checked"),
     "floor": _unary("floor"),
     "ceil": _unary("ceil"),
@@ -216,8 +314,18 @@ FUNCTIONS: dict[str, Callable[[Scalars, list[DFExpr], DFExpr], Expr]] = {
     "repeat": _repeat,
     "right": _right,
     "contains": _contains,
-    "ltrim": _unary("utf8_ltrim_whitespace"),
-    "rtrim": _unary("utf8_rtrim_whitespace"),
+    "ltrim": _trim("l"),
+    "rtrim": _trim("r"),
+    "lpad": _pad("lpad"),
+    "rpad": _pad("rpad"),
+    "replace": _replace,
+    "regexp_replace": _regexp_replace,
+    "concat_ws": _concat_ws,
+    "date_trunc": _date_trunc,
+    "datetrunc": _date_trunc,
+    "strftime": _strftime,
+    "to_char": _strftime,
+    "strptime": _strptime,
     "octet_length": _unary("binary_length"),
 }
 """DataFusion's scalar functions (by the name its plans give them) that have an IR form."""

@@ -21,6 +21,8 @@ AGGREGATE_ALIASES: dict[str, tuple[list[pa.DataType], pa.DataType]] = {
 
 SCALAR_ALIASES: dict[str, tuple[list[pa.DataType], pa.DataType]] = {
     "sign": ([pa.float64()], pa.int8()),  # DuckDB's name for signum, a TINYINT
+    "strftime": ([pa.string(), pa.string()], pa.string()),  # DuckDB's date formatting (DataFusion's to_char)
+    "strptime": ([pa.string(), pa.string()], pa.timestamp("us")),  # DuckDB's parsing with a format
 }
 """Scalar functions by name, as ``AGGREGATE_ALIASES``."""
 

@@ -49,7 +49,9 @@ def to_postgres(text: str) -> str:
             end, start = (exp.Cast(this=x, to=exp.DataType.build("date")) for x in (node.this, node.expression))
             return exp.Sub(this=end, expression=start)
         if isinstance(node, exp.Div):  # plain '/': its type (a DECIMAL of decimals) and its zero divisor are the translation's
-            return exp.Div(this=node.this, expression=node.expression, typed=True, safe=False)
+            node.set("typed", True)  # set on the node itself: a new node's own divisions would not be visited
+            node.set("safe", False)
+            return node
         if isinstance(node, exp.Extract) and node.this.name.upper() in ("DOW", "DAYOFWEEK"):  # Spark's Sunday is 1
             return exp.Add(this=exp.Extract(this=exp.Var(this="DOW"), expression=node.expression), expression=exp.Literal.number(1))
         if isinstance(node, exp.DayOfWeek):  # Spark's Sunday is 1, EXTRACT's DOW 0

@@ -31,7 +31,7 @@ from flight.plan.query import Query, from_arrow
 from flight.sql import joins, windows  # noqa: F401 - each registers its node handler (rel.HANDLERS)
 from flight.sql.aggregates import Derived, aggregate_call, aggregated
 from flight.sql.errors import unsupported
-from flight.sql.exprs import DFExpr, ExprTranslator, unify
+from flight.sql.exprs import DFExpr, ExprTranslator, converted, unify
 from flight.sql.functions import arrow_type
 from flight.sql.grouping import grouping_sets
 from flight.sql.rel import HANDLERS, DFPlan, Rel, fields_of, output_names, schema_of, unique
@@ -189,14 +189,14 @@ class Translator:
         enough for every input's, as DuckDB types a UNION), named as the first input names it."""
         inputs = [self.relation(p) for p in plan.inputs()]
         names = inputs[0].query.schema.names
-        targets = [unify([rel.query.schema.field(i).type for rel in inputs]) for i in range(len(names))]
+        targets = [unify([rel.query.schema.field(i).type for rel in inputs], self.dialect) for i in range(len(names))]
         aligned = []
         for rel in inputs:
             items = {}
             for name, source, target in zip(names, rel.query.schema.names, targets):
-                expr = col(source)
-                if rel.query.schema.field(source).type != target and not pa.types.is_null(target):
-                    expr = expr.cast(target)
+                expr, have = col(source), rel.query.schema.field(source).type
+                if have != target and not pa.types.is_null(target):
+                    expr = converted(expr, have, target)
                 items[name] = expr
             same = list(items) == rel.query.schema.names and all(e.column_name() == n for n, e in items.items())
             aligned.append(rel.query if same else rel.query.select(**items))

@@ -79,6 +79,8 @@ def window(tr: Relations, v: Any, plan: DFPlan) -> Rel:
         if decimal:
             query = query.with_columns(**{out: _spark_average(col(parts[0]), col(parts[1]), base.schema.field(argument).type)})
             hidden.update(dict.fromkeys(parts, col(parts[0])))
+        elif tr.dialect == "spark" and (spark_type := _spark_window_type(function, base.schema, argument)) is not None:
+            query = query.with_columns(**{out: col(out).cast(spark_type)})
         if hidden:
             query = query.select(*[n for n in query.schema.names if n not in hidden])
         outputs.append(out)
@@ -135,3 +137,12 @@ def _spark_average(total: Expr, count: Expr, d: pa.Decimal128Type) -> Expr:
     n = if_else(count == lit(0, pa.int64()), lit(None, pa.int64()), count)
     total_type = spark_types.sum_type(d)
     return quotient(total.cast(total_type), n, total_type, pa.decimal128(10, 0), spark_types.avg_type(d))
+
+
+def _spark_window_type(function: str, schema: pa.Schema, argument: str) -> pa.DataType | None:
+    """Spark's type of a window function's result where it is not the IR's: an INT rank, a DECIMAL(p + 10, s) sum."""
+    if function in ("row_number", "rank", "dense_rank"):
+        return pa.int32()
+    if function == "sum" and argument and pa.types.is_decimal(t := schema.field(argument).type):
+        return spark_types.sum_type(pa.decimal128(t.precision, t.scale))
+    return None

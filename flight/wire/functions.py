@@ -32,7 +32,8 @@ class FunctionSpec:
 
     ``options`` is the name of the ``FunctionOptions`` oneof field the function
     takes (``"cast"``, ``"set_lookup"``, ``"match_substring"``, ``"slice"``,
-    ``"round"``, ``"null"``) or ``None`` when it takes no options.
+    ``"round"``, ``"null"``, ``"pad"``, ``"replace_substring"``, ``"trim"``, ``"join"``,
+    ``"round_temporal"``, ``"strftime"``, ``"strptime"``) or ``None`` when it takes no options.
     ``max_args`` is ``None`` for variadic functions.
     """
 
@@ -97,7 +98,10 @@ _SPECS: list[FunctionSpec] = [
         "utf8_rtrim_whitespace", "utf8_reverse",
     ),
     *_binary("binary_repeat"),
-    FunctionSpec("binary_join_element_wise", None, 2, None),  # strings..., separator last
+    *_unary("utf8_lpad", "utf8_rpad", options="pad", required=True),
+    *_unary("replace_substring", "replace_substring_regex", options="replace_substring", required=True),
+    *_unary("utf8_trim", "utf8_ltrim", "utf8_rtrim", options="trim", required=True),
+    FunctionSpec("binary_join_element_wise", "join", 2, None),  # strings..., separator last
     # casts ("cast" is pyarrow's meta function; the engine builds it with Expression.cast)
     *_unary("cast", options="cast", required=True),
     # date and time parts
@@ -105,6 +109,9 @@ _SPECS: list[FunctionSpec] = [
         "year", "month", "day", "day_of_week", "day_of_year", "quarter",
         "hour", "minute", "second", "iso_year",
     ),
+    *_unary("floor_temporal", options="round_temporal", required=True),
+    *_unary("strftime", options="strftime", required=True),
+    *_unary("strptime", options="strptime", required=True),
     # conditionals
     FunctionSpec("if_else", None, 3, 3),
     FunctionSpec("coalesce", None, 1, None),

@@ -72,6 +72,10 @@ MAX_OUTPUT_READERS = 4_096
 """Readers of each output partition (plan.output.readers): a broadcast's consumers."""
 MAX_PRODUCERS = 4_096
 """Producer tasks one shuffle read names."""
+MAX_PAD_WIDTH = 1 << 16
+"""Widest a pad (lpad / rpad) may make a value, in characters: a peer's width times the rows is memory."""
+MAX_TEMPORAL_MULTIPLE = 1 << 30
+"""Most periods one date_trunc step may span (``RoundTemporalOptions.multiple``)."""
 MAX_PLAN_OPERATORS = 10_000
 """Operators in one stage's plan (``StagePlan.operators``, a flat list: docs/protocol.md, section 5). The coordinator
 refuses a larger plan (``PlanError``) before it sends it."""

@@ -134,9 +134,52 @@ def _text_call(call: plan_pb2.Call, a: list[str], ts: list[pa.DataType], out: pa
         return cast_to(f"length({a[0]})", out)
     if fn == "binary_length":
         return cast_to(f"octet_length(CAST({a[0]} AS BLOB))", out)
-    if fn == "binary_join_element_wise":  # null if any part is null, as || is
-        *parts, sep = a
-        return "(" + f" || {sep} || ".join(parts) + ")" if parts else "''"
+    if fn == "binary_join_element_wise":
+        return _join(call, a)
+    return _text_options_call(call, a, ts, out)
+
+
+def _join(call: plan_pb2.Call, a: list[str]) -> str:
+    """Parts joined by the separator (the last argument): null if any part is null (as ``||``), or
+    with null parts replaced."""
+    *parts, sep = a
+    nulls = call.options.join.null_handling if call.options.HasField("join") else ""
+    if nulls == "replace":
+        stand_in = string_literal(call.options.join.null_replacement)
+        parts = [f"coalesce({p}, {stand_in})" for p in parts]
+    return "(" + f" || {sep} || ".join(parts) + ")" if parts else "''"
+
+
+_TRUNCATED = frozenset({"year", "quarter", "month", "week", "day", "hour", "minute", "second"})
+
+
+def _text_options_call(call: plan_pb2.Call, a: list[str], ts: list[pa.DataType], out: pa.DataType) -> str | None:
+    """Padding, replacing, trimming and time formats, by their options; None for any other function."""
+    fn, opts = call.function, call.options
+    if fn in ("utf8_lpad", "utf8_rpad"):  # pyarrow keeps a longer value; DuckDB's lpad cuts it
+        pad, width = string_literal(opts.pad.padding or " "), int(opts.pad.width)
+        return f"(CASE WHEN length({a[0]}) >= {width} THEN {a[0]} ELSE {fn.removeprefix('utf8_')}({a[0]}, {width}, {pad}) END)"
+    if fn in ("replace_substring", "replace_substring_regex"):
+        r = opts.replace_substring
+        limit = r.max_replacements if r.HasField("max_replacements") and r.max_replacements >= 0 else None
+        pattern, replacement = string_literal(r.pattern), string_literal(r.replacement)
+        if fn == "replace_substring" and limit is None:
+            return f"replace({a[0]}, {pattern}, {replacement})"
+        if fn == "replace_substring_regex" and limit in (None, 1):
+            every = ", 'g'" if limit is None else ""
+            return f"regexp_replace({a[0]}, {pattern}, {replacement}{every})"
+        raise Untranslatable(f"{fn} of at most {limit} replacements")
+    if fn in ("utf8_trim", "utf8_ltrim", "utf8_rtrim"):
+        return f"{fn.removeprefix('utf8_')}({a[0]}, {string_literal(opts.trim.characters)})"
+    if fn == "floor_temporal" and opts.round_temporal.unit in _TRUNCATED and opts.round_temporal.multiple in (0, 1):
+        if opts.round_temporal.unit == "week" and not opts.round_temporal.week_starts_monday:
+            raise Untranslatable("a week that starts on Sunday")
+        return cast_to(f"date_trunc('{opts.round_temporal.unit}', {a[0]})", out)
+    if fn == "strftime" and _temporal(ts[0]):
+        return f"strftime({a[0]}, {string_literal(opts.strftime.format)})"
+    if fn == "strptime" and opts.strptime.unit == "us":
+        parse = "try_strptime" if opts.strptime.error_is_null else "strptime"
+        return cast_to(f"{parse}({a[0]}, {string_literal(opts.strptime.format)})", out)
     return None
 
 def _other_call(call: plan_pb2.Call, a: list[str], ts: list[pa.DataType], out: pa.DataType) -> str | None:

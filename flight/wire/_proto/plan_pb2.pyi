@@ -190,6 +190,13 @@ class FunctionOptions(_message.Message):
     SLICE_FIELD_NUMBER: _builtins.int
     ROUND_FIELD_NUMBER: _builtins.int
     NULL_FIELD_NUMBER: _builtins.int
+    PAD_FIELD_NUMBER: _builtins.int
+    REPLACE_SUBSTRING_FIELD_NUMBER: _builtins.int
+    TRIM_FIELD_NUMBER: _builtins.int
+    JOIN_FIELD_NUMBER: _builtins.int
+    ROUND_TEMPORAL_FIELD_NUMBER: _builtins.int
+    STRFTIME_FIELD_NUMBER: _builtins.int
+    STRPTIME_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def cast(self) -> Global___CastOptions: ...
     @_builtins.property
@@ -202,6 +209,20 @@ class FunctionOptions(_message.Message):
     def round(self) -> Global___RoundOptions: ...
     @_builtins.property
     def null(self) -> Global___NullOptions: ...
+    @_builtins.property
+    def pad(self) -> Global___PadOptions: ...
+    @_builtins.property
+    def replace_substring(self) -> Global___ReplaceSubstringOptions: ...
+    @_builtins.property
+    def trim(self) -> Global___TrimOptions: ...
+    @_builtins.property
+    def join(self) -> Global___JoinOptions: ...
+    @_builtins.property
+    def round_temporal(self) -> Global___RoundTemporalOptions: ...
+    @_builtins.property
+    def strftime(self) -> Global___StrftimeOptions: ...
+    @_builtins.property
+    def strptime(self) -> Global___StrptimeOptions: ...
     def __init__(
         self,
         *,
@@ -211,12 +232,19 @@ class FunctionOptions(_message.Message):
         slice: Global___SliceOptions | None = ...,
         round: Global___RoundOptions | None = ...,
         null: Global___NullOptions | None = ...,
+        pad: Global___PadOptions | None = ...,
+        replace_substring: Global___ReplaceSubstringOptions | None = ...,
+        trim: Global___TrimOptions | None = ...,
+        join: Global___JoinOptions | None = ...,
+        round_temporal: Global___RoundTemporalOptions | None = ...,
+        strftime: Global___StrftimeOptions | None = ...,
+        strptime: Global___StrptimeOptions | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cast", b"cast", "kind", b"kind", "match_substring", b"match_substring", "null", b"null", "round", b"round", "set_lookup", b"set_lookup", "slice", b"slice"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cast", b"cast", "join", b"join", "kind", b"kind", "match_substring", b"match_substring", "null", b"null", "pad", b"pad", "replace_substring", b"replace_substring", "round", b"round", "round_temporal", b"round_temporal", "set_lookup", b"set_lookup", "slice", b"slice", "strftime", b"strftime", "strptime", b"strptime", "trim", b"trim"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cast", b"cast", "kind", b"kind", "match_substring", b"match_substring", "null", b"null", "round", b"round", "set_lookup", b"set_lookup", "slice", b"slice"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cast", b"cast", "join", b"join", "kind", b"kind", "match_substring", b"match_substring", "null", b"null", "pad", b"pad", "replace_substring", b"replace_substring", "round", b"round", "round_temporal", b"round_temporal", "set_lookup", b"set_lookup", "slice", b"slice", "strftime", b"strftime", "strptime", b"strptime", "trim", b"trim"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["cast", "set_lookup", "match_substring", "slice", "round", "null"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["cast", "set_lookup", "match_substring", "slice", "round", "null", "pad", "replace_substring", "trim", "join", "round_temporal", "strftime", "strptime"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -359,6 +387,191 @@ class NullOptions(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___NullOptions: _TypeAlias = NullOptions  # noqa: Y015
+
+@_typing.final
+class PadOptions(_message.Message):
+    """utf8_lpad / utf8_rpad: pad to `width` characters with one `padding` character (longer text is kept).
+    The receiver clamps `width` (MAX_PAD_WIDTH).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WIDTH_FIELD_NUMBER: _builtins.int
+    PADDING_FIELD_NUMBER: _builtins.int
+    width: _builtins.int
+    padding: _builtins.str
+    """exactly one character; "" means a space"""
+    def __init__(
+        self,
+        *,
+        width: _builtins.int = ...,
+        padding: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["padding", b"padding", "width", b"width"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PadOptions: _TypeAlias = PadOptions  # noqa: Y015
+
+@_typing.final
+class ReplaceSubstringOptions(_message.Message):
+    """replace_substring (a literal `pattern`) and replace_substring_regex (an RE2 pattern; `replacement`
+    may name groups as \\1): at most `max_replacements` from the left, all when unset or negative.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATTERN_FIELD_NUMBER: _builtins.int
+    REPLACEMENT_FIELD_NUMBER: _builtins.int
+    MAX_REPLACEMENTS_FIELD_NUMBER: _builtins.int
+    pattern: _builtins.str
+    replacement: _builtins.str
+    max_replacements: _builtins.int
+    def __init__(
+        self,
+        *,
+        pattern: _builtins.str = ...,
+        replacement: _builtins.str = ...,
+        max_replacements: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_replacements", b"_max_replacements", "max_replacements", b"max_replacements"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_replacements", b"_max_replacements", "max_replacements", b"max_replacements", "pattern", b"pattern", "replacement", b"replacement"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_replacements: _TypeAlias = _typing.Literal["max_replacements"]  # noqa: Y015
+    _WhichOneofArgType__max_replacements: _TypeAlias = _typing.Literal["_max_replacements", b"_max_replacements"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_replacements) -> _WhichOneofReturnType__max_replacements | None: ...
+
+Global___ReplaceSubstringOptions: _TypeAlias = ReplaceSubstringOptions  # noqa: Y015
+
+@_typing.final
+class TrimOptions(_message.Message):
+    """utf8_trim / utf8_ltrim / utf8_rtrim: the characters to take off the ends."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHARACTERS_FIELD_NUMBER: _builtins.int
+    characters: _builtins.str
+    def __init__(
+        self,
+        *,
+        characters: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["characters", b"characters"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TrimOptions: _TypeAlias = TrimOptions  # noqa: Y015
+
+@_typing.final
+class JoinOptions(_message.Message):
+    """binary_join_element_wise: what a null part does. "emit_null" (also ""): the result is null;
+    "replace": `null_replacement` stands in. (Not pyarrow's "skip": 26.0.1 drops the rows whose parts are all null.)
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NULL_HANDLING_FIELD_NUMBER: _builtins.int
+    NULL_REPLACEMENT_FIELD_NUMBER: _builtins.int
+    null_handling: _builtins.str
+    null_replacement: _builtins.str
+    def __init__(
+        self,
+        *,
+        null_handling: _builtins.str = ...,
+        null_replacement: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["null_handling", b"null_handling", "null_replacement", b"null_replacement"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JoinOptions: _TypeAlias = JoinOptions  # noqa: Y015
+
+@_typing.final
+class RoundTemporalOptions(_message.Message):
+    """floor_temporal: the start of the `multiple` x `unit` period holding each value ("year", "quarter",
+    "month", "week", "day", "hour", "minute", "second", "millisecond", "microsecond", "nanosecond").
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MULTIPLE_FIELD_NUMBER: _builtins.int
+    UNIT_FIELD_NUMBER: _builtins.int
+    WEEK_STARTS_MONDAY_FIELD_NUMBER: _builtins.int
+    multiple: _builtins.int
+    """0 means 1"""
+    unit: _builtins.str
+    week_starts_monday: _builtins.bool
+    def __init__(
+        self,
+        *,
+        multiple: _builtins.int = ...,
+        unit: _builtins.str = ...,
+        week_starts_monday: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["multiple", b"multiple", "unit", b"unit", "week_starts_monday", b"week_starts_monday"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RoundTemporalOptions: _TypeAlias = RoundTemporalOptions  # noqa: Y015
+
+@_typing.final
+class StrftimeOptions(_message.Message):
+    """strftime: `format` with C's strftime directives (%Y, %m, ...), in the "C" locale."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FORMAT_FIELD_NUMBER: _builtins.int
+    format: _builtins.str
+    def __init__(
+        self,
+        *,
+        format: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["format", b"format"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StrftimeOptions: _TypeAlias = StrftimeOptions  # noqa: Y015
+
+@_typing.final
+class StrptimeOptions(_message.Message):
+    """strptime: text read with `format` (C's strptime directives) as a timestamp of `unit` ("s", "ms",
+    "us", "ns"); text that does not match is an error, or null with `error_is_null`.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FORMAT_FIELD_NUMBER: _builtins.int
+    UNIT_FIELD_NUMBER: _builtins.int
+    ERROR_IS_NULL_FIELD_NUMBER: _builtins.int
+    format: _builtins.str
+    unit: _builtins.str
+    error_is_null: _builtins.bool
+    def __init__(
+        self,
+        *,
+        format: _builtins.str = ...,
+        unit: _builtins.str = ...,
+        error_is_null: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_is_null", b"error_is_null", "format", b"format", "unit", b"unit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StrptimeOptions: _TypeAlias = StrptimeOptions  # noqa: Y015
 
 @_typing.final
 class NamedExpression(_message.Message):
