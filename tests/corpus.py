@@ -300,6 +300,11 @@ CORPUS: dict[str, list[str]] = {
         "select id, strftime(dt, '%Y/%m/%d') as f, strftime(cast(dt as timestamp), '%d %m %Y %H') as g2 from t",
         "select id, strptime('2021-03-04', '%Y-%m-%d') as parsed from t where id < 3",
         "select date_trunc('month', dt) as m, count(*) as n from t group by date_trunc('month', dt)",
+        "select id, dt + interval 1 month as m1, dt - interval 1 month as m2, dt + interval 14 month as m14 from t",
+        "select id, dt + interval 2 year as y2, dt - interval 3 year as y3, dt + interval 10 day as d10 from t",
+        "select id, dt + interval '1 month 3 days' as md, dt + interval 36 hour as h from t",
+        "select id from t where dt + interval 6 month > date '1996-06-30'",
+        "select id, cast(dt as timestamp) + interval 1 month as tm, cast(dt as timestamp) - interval 40 day as td from t",
     ],
     "strings": [
         "select id from t where s like 'app%'",

@@ -24,6 +24,7 @@ from flight.errors import PlanError
 from flight.plan.expr import Expr, call, coalesce, col, if_else, lit
 from flight.plan.typecheck import output_type
 from flight.sql.arithmetic import add, divide, fit, modulo, multiply
+from flight.sql.dates import DAY_NS, shifted
 from flight.sql.errors import unsupported
 from flight.sql.functions import FUNCTIONS, arrow_type, cast_target
 
@@ -118,24 +119,26 @@ class ExprTranslator:
         raise unsupported(f"the operator {op} ({_text(e)})")
 
     def _dates(self, v: Any, left: Expr, right: Expr, op: str) -> Expr | None:
-        """Date arithmetic: a date plus or minus days (a day interval, or an integer), a date minus a
-        date (days, as DuckDB's BIGINT); None when neither side is a date."""
+        """Date arithmetic: a date plus or minus days (an integer: a DATE), a date or a timestamp plus or
+        minus an interval (``flight.sql.dates``: a TIMESTAMP in DuckDB; a DATE in Spark when the interval
+        has no time), a date minus a date (days, as DuckDB's BIGINT); None when neither side is a date."""
         lt, rt = self.type_of(left), self.type_of(right)
         if pa.types.is_date32(lt) and pa.types.is_date32(rt) and op == "-":
             return left.cast(pa.int32()).cast(pa.int64()) - right.cast(pa.int32()).cast(pa.int64())
-        if not pa.types.is_date32(lt):
+        if pa.types.is_date32(lt) and pa.types.is_integer(rt):
+            shifted_days = call("add_checked" if op == "+" else "subtract_checked", left.cast(pa.int32()), right.cast(pa.int32()))
+            return shifted_days.cast(pa.date32())
+        if not (pa.types.is_date32(lt) or pa.types.is_timestamp(lt)) or rt != pa.month_day_nano_interval():
             return None
-        if pa.types.is_integer(rt):
-            days = right.cast(pa.int32())
-        elif rt == pa.month_day_nano_interval():
-            value = v.right().python_value().as_py() if v.right().variant_name() == "Literal" else None
-            if value is None or value.months or value.nanoseconds % _DAY_NS:
-                raise unsupported("adding months or a time to a date column (only whole days)")
-            days = lit(int(value.days) + value.nanoseconds // _DAY_NS, pa.int32())  # date + 5 arrives as 5 days of nanoseconds
-        else:
-            return None
-        shifted = call("add_checked" if op == "+" else "subtract_checked", left.cast(pa.int32()), days)
-        return shifted.cast(pa.date32())
+        value = v.right().python_value().as_py() if v.right().variant_name() == "Literal" else None
+        if value is None:
+            raise unsupported("an interval that is not a constant added to a date or a timestamp")
+        sign = 1 if op == "+" else -1
+        days, nanos = value.days + value.nanoseconds // DAY_NS, value.nanoseconds % DAY_NS
+        out = shifted(left, lt, sign * value.months, sign * days, sign * nanos)
+        if self.dialect == "spark" and pa.types.is_date32(lt) and not nanos:
+            return out.cast(pa.date32())
+        return out
 
     def as_double(self, e: Expr) -> Expr:
         t = self.type_of(e)
@@ -290,7 +293,6 @@ def literal(value: pa.Scalar) -> Expr:
 
 
 _INT_DIGITS = {8: 3, 16: 5, 32: 10, 64: 19}
-_DAY_NS = 86_400 * 10**9
 
 
 def converted(e: Expr, source: pa.DataType, target: pa.DataType) -> Expr:
