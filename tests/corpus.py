@@ -254,6 +254,10 @@ CORPUS: dict[str, list[str]] = {
         "select g, max(s) filter (where b) as m, min(dt) filter (where not b) as first from t group by g",
         "select g, count(*) filter (where false) as none from t group by g",
         "select g, sum(x) filter (where b is null) as s from t group by g",
+        "select corr(x, f) as c, covar_pop(x, f) as cp, covar_samp(x, f) as cs from t",
+        "select g, corr(x, id) as c, covar_pop(d, e) as cp, covar_samp(f, x) as cs from t group by g",
+        "select g, corr(x, f) filter (where b) as c from t group by g",
+        "select corr(x, f) as c, covar_samp(x, f) as cs from e",
     ],
     "exists and in under or": [
         "select id from t where x > 10 or exists (select * from u where u.id = t.id)",

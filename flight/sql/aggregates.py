@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 from flight.plan import agg
-from flight.plan.expr import Expr, col, if_else, lit
+from flight.plan.expr import Expr, call, col, if_else, lit
 from flight.sql import spark_types
 from flight.sql.arithmetic import quotient
 from flight.sql.errors import unsupported
@@ -94,6 +94,8 @@ def aggregate_call(e: DFExpr, t: Scalars) -> agg.Agg | Derived:
 
     if name == "count" and not v.is_distinct() and (not args or _non_null_literal(args[0])):
         return agg.count_all() if keep is None else agg.count(only(lit(1)))
+    if name in _PAIRED and len(args) == 2 and not v.is_distinct():
+        return _paired(name, only(t.as_double(t(args[0]))), only(t.as_double(t(args[1]))))
     if len(args) != 1:
         raise unsupported(f"the aggregate {name}() with {len(args)} arguments")
     arg = only(t(args[0]))
@@ -160,3 +162,33 @@ def aggregated(query: Any, keys: list[str], made: dict[str, agg.Agg | Derived], 
     for name, m in made.items():
         items[name] = col(name) if isinstance(m, agg.Agg) else m.finish({k: col(f"{name}__{k}") for k in m.parts})
     return out.select(**items)
+
+
+_PAIRED = frozenset({"corr", "covar_pop", "covar_samp"})
+
+
+def _paired(name: str, x: Expr, y: Expr) -> Derived:
+    """corr, covar_pop and covar_samp over the rows where both values are there, from their sums as DOUBLEs:
+    a sum of products less the product of sums, over n (or n - 1); corr over both deviations (NaN where one
+    is constant, as DuckDB's). Sums lose digits where the values' spread is tiny beside their size."""
+    both = x.is_not_null() & y.is_not_null()
+    x, y = if_else(both, x, lit(None, pa.float64())), if_else(both, y, lit(None, pa.float64()))
+    parts = {"n": agg.count(x), "x": agg.sum(x), "y": agg.sum(y), "xy": agg.sum(x * y)}
+    if name == "corr":
+        parts.update(xx=agg.sum(x * x), yy=agg.sum(y * y))
+
+    def finish(c: dict[str, Expr]) -> Expr:
+        n = c["n"].cast(pa.float64())
+        none = lit(None, pa.float64())
+        if name == "corr":
+            top = call("subtract", call("multiply", n, c["xy"]), call("multiply", c["x"], c["y"]))
+            vx = call("subtract", call("multiply", n, c["xx"]), call("multiply", c["x"], c["x"]))
+            vy = call("subtract", call("multiply", n, c["yy"]), call("multiply", c["y"], c["y"]))
+            value = call("divide", top, call("sqrt", call("multiply", vx, vy)))
+            return if_else(c["n"] == lit(0, pa.int64()), none, value)
+        co = call("subtract", c["xy"], call("divide", call("multiply", c["x"], c["y"]), n))
+        if name == "covar_pop":
+            return if_else(c["n"] == lit(0, pa.int64()), none, call("divide", co, n))
+        return if_else(c["n"] < lit(2, pa.int64()), none, call("divide", co, call("subtract", n, lit(1.0))))
+
+    return Derived(parts, finish)
