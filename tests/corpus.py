@@ -429,3 +429,47 @@ CORPUS: dict[str, list[str]] = {
         "select id, sum(x) over (partition by g order by id rows between 1 preceding and 1 following) as around from t",
     ],
 }
+
+
+def _matrix() -> dict[str, list[str]]:
+    """Statements made by crossing a construct's forms with the tables' column types: each aggregate with
+    each grouping, each window function with each window, each function with each column it takes. Every
+    one is plain SQL that both DuckDB and Spark SQL read."""
+    aggregates = ["count(x)", "sum(x)", "min(d)", "max(e)", "avg(x)", "sum(d)", "avg(d)", "min(s)", "max(dt)",
+                  "count(distinct g)", "stddev_samp(f)", "var_pop(x)", "sum(e * 2)", "avg(f)"]
+    groupings = {"": "", "g, ": " group by g", "b, ": " group by b", "g, b, ": " group by g, b"}  # selected keys: GROUP BY
+    windows = ["partition by g order by id", "order by x, id", "partition by b order by dt, id rows between 1 preceding and 1 following"]
+    over = ["row_number()", "rank()", "dense_rank()", "sum(x)", "avg(f)", "min(d)", "max(s)", "count(*)",
+            "lag(x)", "lead(d, 2)", "first_value(s)", "count(x)"]
+    text_functions = ["upper({c})", "lower({c})", "length({c})", "reverse({c})", "trim({c})", "lpad({c}, 6, '*')",
+                      "rpad({c}, 6, '-')", "replace({c}, 'a', 'o')", "left({c}, 2)", "right({c}, 2)",
+                      "substring({c}, 2, 3)", "concat({c}, '!')", "{c} || '?'", "coalesce({c}, 'none')", "nullif({c}, 'b')"]
+    number_functions = ["abs({c})", "ceil({c})", "floor({c})", "round({c}, 1)", "greatest({c}, 0)", "least({c}, 0)",
+                        "{c} * 2", "{c} - 1", "-{c}", "coalesce({c}, 0)", "nullif({c}, 0)", "cast({c} as double)"]
+    predicates = ["{c} = {v}", "{c} <> {v}", "{c} < {v}", "{c} >= {v}", "{c} is null", "{c} between {v} and {w}",
+                  "{c} in ({v}, {w})", "not ({c} > {v})"]
+    values = {"x": ("3", "10"), "d": ("100.50", "400"), "f": ("-2.25", "5"), "s": ("'apple'", "'cherry pie'"),
+              "dt": ("date '1995-06-01'", "date '1996-01-01'"), "g": ("'a'", "'c'")}
+    kinds = ["join", "left join", "right join", "full join"]
+    conditions = ["t.id = u.id", "t.g = u.g", "t.x = u.y", "t.id = u.id and u.y > t.x", "t.g = u.g and t.id < 20"]
+    subqueries = ["exists (select * from u where {k})", "not exists (select * from u where {k})"]
+    correlations = ["u.id = t.id", "u.g = t.g", "u.y = t.x", "u.id = t.id and u.y > 0"]
+    casts = ["bigint", "double", "decimal(12, 3)", "string"]
+    return {
+        "m.joins": [f"select t.id, u.y from t {k} u on {c}" for k in kinds for c in conditions],
+        "m.semi and anti joins": [f"select id from t where {q.format(k=k)}" for q in subqueries for k in correlations]
+        + [f"select id from t where {c} {op} (select {c} from u where u.y > 0)" for c in ("id", "g") for op in ("in", "not in")],
+        "m.casts": [f"select id, cast({c} as {to}) as v from t" for c in ("x", "d", "e", "id") for to in casts],
+        "m.aggregates by grouping": [
+            f"select {keys}{a} as v from t{grp}" for a in aggregates for keys, grp in groupings.items()
+        ],
+        "m.window functions": [f"select id, {f} over ({w}) as v from t" for f in over for w in windows],
+        "m.text functions": [f"select id, {f.format(c=c)} as v from t" for f in text_functions for c in ("s", "g")],
+        "m.number functions": [f"select id, {f.format(c=c)} as v from t" for f in number_functions for c in ("x", "d", "f", "e")],
+        "m.predicates": [
+            f"select id from t where {p.format(c=c, v=v, w=w)}" for p in predicates for c, (v, w) in values.items()
+        ],
+    }
+
+
+CORPUS.update(_matrix())

@@ -310,8 +310,10 @@ def _build_options(kind: str, opts: object, path: str) -> pc.FunctionOptions:
             raise ProtocolError(f"round to {opts.ndigits} digits: at most {MAX_ROUND_DIGITS} either way", field=f"{path}.ndigits")
         if opts.round_mode == "half_towards_infinity":  # SQL's ROUND: half away from zero
             return pc.RoundOptions(opts.ndigits, round_mode="half_towards_infinity")
+        if opts.round_mode == "towards_zero":  # truncation (Spark's cast to an integer)
+            return pc.RoundOptions(opts.ndigits, round_mode="towards_zero")
         if opts.round_mode not in ("", "half_to_even"):
-            raise ProtocolError(f"round_mode {opts.round_mode[:40]!r} is not half_to_even or half_towards_infinity", field=path)
+            raise ProtocolError(f"round_mode {opts.round_mode[:40]!r} is not half_to_even, half_towards_infinity or towards_zero", field=path)
         return pc.RoundOptions(opts.ndigits)
     if isinstance(opts, plan_pb2.NullOptions):
         return pc.NullOptions(nan_is_null=opts.nan_is_null)

@@ -116,7 +116,7 @@ def _fill_slice(out: plan_pb2.FunctionOptions, o: _Options) -> None:
     out.slice.step = step
 
 
-ROUND_MODES = ("", "half_to_even", "half_towards_infinity")
+ROUND_MODES = ("", "half_to_even", "half_towards_infinity", "towards_zero")
 
 
 def _fill_round(out: plan_pb2.FunctionOptions, o: _Options) -> None:

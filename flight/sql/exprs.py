@@ -248,6 +248,13 @@ class ExprTranslator:
             if pa.types.is_decimal(target) and value.is_valid and isinstance(value.as_py(), (int, decimal.Decimal)):
                 return lit(decimal.Decimal(value.as_py()), target)  # the CAST's type, not the digits' (literal())
         source = self(inner)
+        have = self.type_of(source)
+        if pa.types.is_integer(target) and (pa.types.is_floating(have) or pa.types.is_decimal(have)):
+            # pyarrow refuses to drop a fraction: Spark truncates it; DuckDB rounds (a DOUBLE's tie to even).
+            mode = "towards_zero" if self.dialect == "spark" else "half_to_even" if pa.types.is_floating(have) else "half_towards_infinity"
+            return source.round(0, mode).cast(target)
+        if pa.types.is_decimal(target) and pa.types.is_decimal(have) and target.scale < have.scale:
+            return converted(source, have, target)  # rounded half away from zero, as DuckDB and Spark cast
         if pa.types.is_decimal(target) and pa.types.is_floating(self.type_of(source)):
             # DuckDB rounds half away from zero (pyarrow's cast to even): rounded first, both engines agree.
             # Also where DataFusion's coercion casts an AVG, a DECIMAL there and a DOUBLE here (as in DuckDB).

@@ -236,6 +236,8 @@ LIBRARY: list[Case] = [  # what flight.sql's function library builds on (flight/
     ("strftime_date", call("strftime", col("d"), format="%d/%m/%Y"), lambda: pc.strftime(T["d"], format="%d/%m/%Y")),
     ("strptime", call("strptime", lit("2021-03-04 05:06"), format="%Y-%m-%d %H:%M", unit="us"),
      lambda: pc.strptime(pa.array(["2021-03-04 05:06"] * 5), format="%Y-%m-%d %H:%M", unit="us")),
+    ("truncate", col("f").round(0, "towards_zero"), lambda: pc.round(T["f"], 0, round_mode="towards_zero")),
+    ("truncate_decimal", col("dec").round(1, "towards_zero"), lambda: pc.round(T["dec"], 1, round_mode="towards_zero")),
     ("decimal_quotient", call("divide_checked", col("dec"), lit(Decimal("3.00"), pa.decimal128(5, 2))),
      lambda: pc.divide_checked(T["dec"], pa.scalar(Decimal("3.00"), pa.decimal128(5, 2)))),
     ("decimal_quotient_wide", call("divide_checked", col("dec").cast(pa.decimal128(20, 6)), col("dec")),

@@ -106,8 +106,10 @@ def _arithmetic_call(call: plan_pb2.Call, a: list[str], ts: list[pa.DataType], o
         return cast_to(f"{fn}({a[0]})", out)
     if fn == "round" and (pa.types.is_floating(out) or pa.types.is_decimal(out)):
         digits = call.options.round.ndigits if call.options.HasField("round") else 0
-        away = call.options.HasField("round") and call.options.round.round_mode == "half_towards_infinity"
-        return cast_to(f"{'round' if away else 'round_even'}({a[0]}, {int(digits)})", out)
+        mode = call.options.round.round_mode if call.options.HasField("round") else ""
+        if mode == "towards_zero":
+            return cast_to(f"trunc({a[0]}, {int(digits)})", out)
+        return cast_to(f"{'round' if mode == 'half_towards_infinity' else 'round_even'}({a[0]}, {int(digits)})", out)
     return None
 
 def _text_call(call: plan_pb2.Call, a: list[str], ts: list[pa.DataType], out: pa.DataType) -> str | None:

@@ -354,7 +354,9 @@ class RoundOptions(_message.Message):
     ROUND_MODE_FIELD_NUMBER: _builtins.int
     ndigits: _builtins.int
     round_mode: _builtins.str
-    """"" or "half_to_even" (Python's round, the default); "half_towards_infinity" (SQL's ROUND)."""
+    """"" or "half_to_even" (Python's round, the default); "half_towards_infinity" (SQL's ROUND);
+    "towards_zero" (truncation).
+    """
     def __init__(
         self,
         *,
