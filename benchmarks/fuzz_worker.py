@@ -752,6 +752,16 @@ def _project_exprs() -> list[tuple[str, Tree]]:
         ("big", call("greater", col("id"), lit(arrow=_arrow_literal()))),
         ("like", call("match_like", col("name"), options=_options(match_substring=L.MatchSubstringOptions(pattern="item-%")))),
         ("cond", call("if_else", call("is_null", col("name")), lit(string_value="none"), col("name"))),
+        ("padded", call("utf8_lpad", col("name"), options=_options(pad=L.PadOptions(width=12, padding="*")))),
+        ("swapped", call("replace_substring_regex", col("name"),
+                         options=_options(replace_substring=L.ReplaceSubstringOptions(pattern="([0-9]+)", replacement="<\\1>")))),
+        ("trimmed", call("utf8_trim", col("name"), options=_options(trim=L.TrimOptions(characters="i-")))),
+        ("joined_or", call("binary_join_element_wise", col("name"), lit(string_value="-"),
+                           options=_options(join=L.JoinOptions(null_handling="replace", null_replacement="?")))),
+        ("month", call("floor_temporal", col("day"), options=_options(round_temporal=L.RoundTemporalOptions(unit="month")))),
+        ("shown", call("strftime", col("day"), options=_options(strftime=L.StrftimeOptions(format="%Y/%m/%d")))),
+        ("parsed", call("strptime", lit(string_value="2024-01-02"), options=_options(strptime=L.StrptimeOptions(format="%Y-%m-%d", unit="us")))),
+        ("greater_of", call("max_element_wise", col("score"), lit(float_value=0.0))),
     ]
 
 
@@ -778,7 +788,8 @@ def data_root(template: str, src: Any) -> Any:
     if template == "limit":
         return L.Operator(limit=L.Limit(input=data_root("filter", src), count=5, offset=2))
     if template == "aggregate":
-        calls = [("count_all", "", "n"), ("sum", "score", "s"), ("count_distinct", "id", "d"), ("mean", "score", "m"), ("max", "name", "top")]
+        calls = [("count_all", "", "n"), ("sum", "score", "s"), ("count_distinct", "id", "d"), ("mean", "score", "m"), ("max", "name", "top"),
+                 ("stddev_samp", "score", "sd"), ("var_pop", "score", "vp")]
         aggs = [L.AggregateCall(function=f, column=c, name=n) for f, c, n in calls]
         return L.Operator(aggregate=L.Aggregate(input=src, keys=["name"], aggregates=aggs))
     if template == "sort":
