@@ -7,6 +7,9 @@ and peak memory recorded) and the Markdown table. The chart is drawn only when
 matplotlib (the ``bench`` extra) is installed. The peers (DataFusion, Polars, Sail
 local and local-cluster) answer two queries at SF 0.01 like DuckDB, each when its
 package is installed (the ``bench`` extra; CI's ``dev,spark`` has none of them).
+``--suite tpcds`` runs two TPC-DS queries the same way, one that Acero cannot run
+(marked, not failed), and its check (``tpcds_bench.TpcdsCheck``) is tried on small
+tables: order along the text's ORDER BY, ties at a LIMIT.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import sys
 from contextlib import closing
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from support import tpch_test_files
 
@@ -28,6 +32,7 @@ from benchmarks.engines import (
     SailEngine,
     SailError,
 )
+from benchmarks.tpcds_bench import TpcdsCheck, order_keys
 from benchmarks.tpch import tpchgen_cli
 from benchmarks.tpch_queries import ORDERED, compare, duckdb_answer
 from benchmarks.tpch_sql import ALL_QUERIES
@@ -242,3 +247,53 @@ def test_a_sail_that_cannot_start_fails_its_cells_only(tmp_path: Path, monkeypat
     for name in ("sail", "sail-cluster"):
         assert status[name]["status"] == "error" and "no network" in status[name]["problem"], status[name]
     assert "no network" in data["engines"]["sail"]["error"]
+
+
+# ------------------------------------------------------------- TPC-DS
+
+
+@pytest.mark.timeout(300)  # a first TPC-DS run makes the TPC-DS venv (pip install) and SF 0.01's data
+def test_tpcds_suite_runs_and_checks(tmp_path: Path) -> None:
+    """flight-bench --suite tpcds: q03 (joins, a group, a LIMIT) and q12 (a window function, which Acero cannot
+    run: its cell is marked unsupported, the run goes on and succeeds), each answer checked against DuckDB's."""
+    out = tmp_path / "results"
+    proc = bench("--suite", "tpcds", "--sf", "0.01", "--engines", "flight,acero,duckdb", "--workers", "2", "--runs", "1",
+                 "--queries", "3,12", "--out", str(out), "--plain", "--no-chart", timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((out / "tpcds-sf0.01.json").read_text())
+    assert data["settings"]["suite"] == "tpcds" and data["settings"]["queries"] == [3, 12]
+    assert "write='spark'" in data["settings"]["texts"]["spark"]
+    status = {(r["query"], r["engine"]): r["status"] for r in data["results"]}
+    assert status == {(3, "flight[2]"): "ok", (3, "acero"): "ok", (3, "duckdb"): "ok",
+                      (12, "flight[2]"): "ok", (12, "acero"): "unsupported", (12, "duckdb"): "ok"}
+    assert data["summary"]["ok"] is True and data["summary"]["geomean_common"]["queries"] == [3]
+    assert data["summary"]["answered"]["acero"] == {"ok": 1, "unsupported": 1}
+    table = (out / "tpcds-sf0.01.md").read_text()
+    assert table.startswith("TPC-DS SF 0.01") and "| Q12 |" in proc.stdout
+    assert "**geomean** (1 of 2 queries)" in table and "geomean, each engine's own" in table
+    assert "Not run (the engine refuses the query's text):" in table and "window functions" in table
+
+
+def test_tpcds_usage_errors(tmp_path: Path) -> None:
+    proc = bench("--suite", "tpcds", "--queries", "100", "--out", str(tmp_path), timeout=60)
+    assert proc.returncode == 2 and "queries [100] are not in the suite" in proc.stderr
+    proc = bench("--suite", "tpcds", "--flight-plans", "builder", "--out", str(tmp_path), timeout=60)
+    assert proc.returncode == 2 and "builder has TPC-H's queries only" in proc.stderr
+
+
+def test_tpcds_check_orders_along_the_texts_keys() -> None:
+    """Columns by position; rows in the order of the text's ORDER BY (ordinals and expressions of the output
+    included), rows tied on it as a multiset; at a LIMIT, the last tied rows may be any of the tied ones."""
+    check = TpcdsCheck({1: "select a, b from t order by a limit 3;", 2: "select a, b from t order by a;",
+                        3: "select a, b, c from t order by a - b, 1 limit 2;"})
+    want = pa.table({"a": [1, 2, 2], "b": ["x", "y", "z"]})
+    assert check(1, pa.table({"A": [1, 2, 2], "b": ["x", "z", "w"]}), want) is None  # 'w' tied with 'z' at the cut
+    assert "sort key" in (check(1, pa.table({"a": [2, 1, 2], "b": ["y", "x", "z"]}), want) or "")
+    assert "column b" in (check(1, pa.table({"a": [1, 2, 2], "b": ["q", "y", "z"]}), want) or "")
+    assert check(2, pa.table({"a": [1, 2, 2], "b": ["x", "z", "y"]}), want) is None  # ties in any order
+    assert "column b" in (check(2, pa.table({"a": [1, 2, 2], "b": ["x", "z", "w"]}), want) or "")  # no LIMIT: all rows
+    assert "columns" in (check(2, pa.table({"a": [1, 2, 2]}), want) or "")
+    assert order_keys("select a, b, c from t order by a - b, 1 limit 2", ["a", "b", "c"]) == (["c0 - c1", "c0"], 2)
+    wide = pa.table({"a": [5, 1], "b": [4, 1], "c": [1.0, 2.0]})
+    assert check(3, pa.table({"x": [5, 1], "y": [4, 1], "z": [1.0, 2.0]}), wide) is None
+    assert "sort key" in (check(3, pa.table({"x": [1, 5], "y": [1, 4], "z": [2.0, 1.0]}), wide) or "")

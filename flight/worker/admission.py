@@ -307,6 +307,24 @@ class Admission:
         self._clients[client].reserved -= need.memory
         return True
 
+    def computed(self, key: str, memory: int) -> None:
+        """``key`` has made all its output: its sources are done, so its source threads go back and its
+        memory shrinks to ``memory`` (what its output may hold), while readers may still read it (a kept
+        output waits for its re-reads until the query ends: holding threads, it starved the query's next
+        stages on one worker, TPC-DS q14)."""
+        with self._lock:
+            held = self._held.get(key)
+            if held is None:
+                return
+            need, client = held
+            kept = Need(threads=0, memory=min(need.memory, max(0, memory)))
+            self._held[key] = (kept, client)
+            self._threads -= need.threads
+            self._memory -= need.memory - kept.memory
+            self._clients[client].reserved -= need.memory - kept.memory
+            self._grant()
+            self._lock.notify_all()
+
     def release(self, key: str) -> None:
         """Give back ``key``'s reservation (idempotent: the watchdog and the handler may both call it)."""
         with self._lock:

@@ -205,6 +205,11 @@ class OutputBuffer:
             assert batch is not None
             yield batch
 
+    @property
+    def bound(self) -> int:
+        """The most bytes the buffer holds in memory (past it, a kept output spills)."""
+        return self._max_bytes
+
     def finish(self) -> None:
         with self._cond:
             self._finished = True

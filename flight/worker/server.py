@@ -284,6 +284,7 @@ class WorkerServer(fl.FlightServerBase):
                 task.inputs.discard()  # input may still come after the output is complete
             if task.output is not None:
                 task.output.finish()
+                self.admission.computed(task.key, task.output.bound)
             task.finished = True
             sender.frame(protocol_pb2.WorkerFrame(finished=task.metrics()))
             if task.output is not None:

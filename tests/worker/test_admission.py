@@ -316,3 +316,25 @@ def test_a_frozen_peer_does_not_stop_the_others_beats() -> None:
     finally:
         frozen.release.set()
         beats.close()
+
+
+def test_a_computed_task_gives_back_its_source_threads_and_keeps_its_outputs_memory() -> None:
+    """A task whose output is all made (kept for re-reads) holds its buffer's bytes, not its source threads:
+    a waiting task that needs the threads gets in (TPC-DS q14's stages on one worker waited for them)."""
+    adm = Admission(Capacity(tasks=8, threads=64, memory=1 << 30, queue=8, wait=30.0, per_client=0, client_queue=0, client_memory=0))
+    assert adm.admit("producer", Need(threads=61, memory=300 << 20)) is None
+    got: list[Refusal | None] = []
+    waiter = threading.Thread(target=lambda: got.append(adm.admit("consumer", Need(threads=8, memory=10 << 20))), daemon=True)
+    waiter.start()
+    wait_until(lambda: adm.waiting == 1, 5.0, "the consumer to wait for threads")
+    adm.computed("producer", 100 << 20)
+    waiter.join(5.0)
+    assert got == [None]
+    load = adm.load(2, 0)
+    assert load.source_threads == 8
+    assert load.reserved_bytes == (100 << 20) + (10 << 20)
+    adm.computed("producer", 1 << 40)  # never more than it reserved, and again changes nothing
+    assert adm.load(2, 0).reserved_bytes == (100 << 20) + (10 << 20)
+    adm.release("producer")
+    adm.release("consumer")
+    assert adm.load(0, 0).source_threads == 0 and adm.load(0, 0).reserved_bytes == 0
