@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -9,6 +10,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -220,3 +222,37 @@ def spark_session(tmp: Path, master: str = "local[2]") -> Iterator[SparkSession]
             yield spark
         finally:
             spark.stop()
+
+
+def difference(got: pa.Table, want: pa.Table, in_order: bool) -> str | None:
+    """Why ``got`` is not ``want`` (None: it is): rows as a multiset, or in order; decimals digit for digit
+    where DuckDB's answer is a DECIMAL, floats within 1e-9 relative."""
+    if got.num_columns != want.num_columns:
+        return f"{got.num_columns} columns {got.schema.names}, DuckDB has {want.num_columns} {want.schema.names}"
+    exact = [pa.types.is_decimal(f.type) and f.type.scale > 0 for f in want.schema]
+    rows_g = list(zip(*(c.to_pylist() for c in got.columns))) if got.num_columns else [()] * got.num_rows
+    rows_w = list(zip(*(c.to_pylist() for c in want.columns))) if want.num_columns else [()] * want.num_rows
+    if len(rows_g) != len(rows_w):
+        return f"{len(rows_g)} rows, DuckDB has {len(rows_w)}"
+    if not in_order:
+        rows_g, rows_w = sorted(rows_g, key=_key), sorted(rows_w, key=_key)
+    for r, (g, w) in enumerate(zip(rows_g, rows_w)):
+        for c, (a, b) in enumerate(zip(g, w)):
+            if not _equal(a, b, exact[c]):
+                return f"row {r}, column {want.schema.names[c]!r}: {a!r} where DuckDB has {b!r}"
+    return None
+
+
+def _key(row: tuple[object, ...]) -> tuple[str, ...]:
+    return tuple("" if v is None else f"{float(v):.9g}" if isinstance(v, (float, Decimal)) else repr(v) for v in row)
+
+
+def _equal(a: object, b: object, exact: bool) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    if exact:
+        return isinstance(a, Decimal) and a == b
+    if isinstance(a, (float, Decimal)) or isinstance(b, (float, Decimal)):
+        x, y = float(a), float(b)  # type: ignore[arg-type]
+        return math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12) or (math.isnan(x) and math.isnan(y))
+    return a == b
