@@ -1,27 +1,32 @@
-"""flight-bench: TPC-H on flight-exec vs PySpark, Sail, single-process Acero, DataFusion, Polars and DuckDB.
+"""flight-bench: TPC-H or TPC-DS on flight-exec vs PySpark, Sail, single-process Acero, DataFusion, Polars and DuckDB.
 
-    flight-bench [--sf 0.1] [--queries 1,6,...] [--engines flight,pyspark,sail,sail-cluster,acero,datafusion,polars,duckdb]
+    flight-bench [--suite tpch|tpcds] [--sf 0.1] [--queries 1,6,...]
+                 [--engines flight,pyspark,sail,sail-cluster,acero,datafusion,polars,duckdb]
                  [--workers 1,2 | --workers-file F | --urls U,...] [--runs 3] [--out bench-results] [--secure]
     flight-bench micro [NAME ...] [-- ARGS]      (also: python -m benchmarks ...)
 
-Generates TPC-H Parquet data with ``tpchgen-cli`` into a cache (once per scale
-factor), starts a ``LocalCluster`` (or uses running workers), and runs each
-query on each engine: one warm-up, then ``--runs`` timed runs; the median
-counts. Every result is checked against DuckDB's; a mismatch or a failure is
-reported in red and makes the exit code 1. Writes ``OUT/tpch-sf{SF}.json``
-(machine, versions, every run's time and peak RSS), ``.md`` (medians, ratios to
-flight-exec) and ``.png``; prints the Markdown table on stdout.
+Generates the suite's Parquet data into a cache (once per scale factor: TPC-H with
+``tpchgen-cli``, TPC-DS with DuckDB's ``tpcds`` extension, ``benchmarks/tpcds.py``),
+starts a ``LocalCluster`` (or uses running workers), and runs each query on each
+engine, in the dialect it needs (``workload.py``, ``tpcds_bench.py``): one warm-up,
+then ``--runs`` timed runs; the median counts. Every result is checked against
+DuckDB's; a mismatch or a failure is reported in red and makes the exit code 1
+(a text an engine refuses is marked ``unsupported`` and does not). Writes
+``OUT/{tpch,tpcds}-sf{SF}.json`` (machine, versions, every run's time and peak RSS),
+``.md`` (medians, ratios to flight-exec, geometric means) and ``.png``; prints the
+Markdown table on stdout.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack, closing
 from pathlib import Path
+
+import pyarrow as pa
 
 import flight
 from benchmarks import report
@@ -49,9 +54,12 @@ from benchmarks.engines import (
 from benchmarks.micro import runner as micro
 from benchmarks.progress import Progress
 from benchmarks.suite import run_suite
-from benchmarks.tpch import ROWS_PER_SF, ensure_tpch, sf_dir, table_ready
-from benchmarks.tpch_queries import QUERY_NUMBERS, SQL, TABLES, Files, duckdb_answer, duckdb_connection, tpch_files
+from benchmarks.tpcds import QUERY_COUNT, TPCDS_CACHE
+from benchmarks.tpcds_bench import tpcds_workload
+from benchmarks.tpch import sf_dir
+from benchmarks.tpch_queries import QUERY_NUMBERS, Files, decimals_as_numbers, duckdb_connection, duckdb_table
 from benchmarks.tpch_sql import ALL_QUERIES
+from benchmarks.workload import Workload, tpch_workload
 
 __all__ = ["main"]
 
@@ -65,6 +73,8 @@ NEEDS = {
 }
 """The optional engines' packages (all in the ``bench`` extra): a check and what to say when it fails."""
 OUT_DEFAULT = "bench-results"
+SUITES = {"tpch": ALL_QUERIES, "tpcds": tuple(range(1, QUERY_COUNT + 1))}
+"""Each suite's queries (``--flight-plans builder``: TPC-H's ``QUERY_NUMBERS`` only)."""
 
 
 def _ints(text: str) -> list[int]:
@@ -105,13 +115,16 @@ def parser() -> argparse.ArgumentParser:
                "from a venv of their own, .bench-cache/venvs/sail, made on first use). "
                "'flight-bench micro --help' lists the micro benchmarks.",
     )
-    p.add_argument("--sf", type=float, default=0.1, help="TPC-H scale factor (default: %(default)s)")
+    p.add_argument("--suite", choices=tuple(SUITES), default="tpch",
+                   help="tpch: the 22 TPC-H queries; tpcds: the 99 TPC-DS queries, DuckDB's texts, each engine "
+                        "given its dialect's copy (benchmarks/tpcds_bench.py) (default: %(default)s)")
+    p.add_argument("--sf", type=float, default=0.1, help="the suite's scale factor (default: %(default)s)")
     p.add_argument("--queries", type=_ints, default=None,
-                   help="comma-separated query numbers (default: all 22; with --flight-plans builder, the "
-                        f"builder's {','.join(map(str, QUERY_NUMBERS))})")
+                   help="comma-separated query numbers (default: all 22 of TPC-H, all 99 of TPC-DS; with "
+                        f"--flight-plans builder, the builder's {','.join(map(str, QUERY_NUMBERS))})")
     p.add_argument("--flight-plans", choices=("sql", "builder"), default="sql",
                    help="what flight-exec runs: flight.sql of each query's SQL text, the text every engine runs "
-                        "(default), or the hand-written builder plans (benchmarks/tpch_queries.py)")
+                        "(default), or the hand-written builder plans of TPC-H (benchmarks/tpch_queries.py)")
     p.add_argument("--engines", type=_names, default=None,
                    help=f"comma-separated subset of {','.join(ENGINES)} (default: all; pyspark only "
                         "when it is installed and java is found, the others when their packages are installed)")
@@ -125,7 +138,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=int, default=3, help="timed runs per query and engine, after one warm-up (default: 3)")
     p.add_argument("--out", type=Path, default=Path(OUT_DEFAULT), help="output directory (default: %(default)s)")
     p.add_argument("--cache-dir", type=Path, default=None,
-                   help=f"TPC-H data cache (default: {sf_dir(1).parent})")
+                   help=f"the suite's data cache (default: {sf_dir(1).parent} or {TPCDS_CACHE})")
     p.add_argument("--spark-cores", type=int, default=None,
                    help="N of PySpark's local[N] (default: the largest flight-exec worker count)")
     p.add_argument("--spark-memory", default="4g", help="spark.driver.memory (default: %(default)s)")
@@ -144,31 +157,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def needed_tables(numbers: Sequence[int]) -> list[str]:
-    """The tables the chosen queries read (from their SQL text), in TABLES order."""
-    words = set().union(*(re.findall(r"[a-z_]+", SQL[n].lower()) for n in numbers))
-    return [t for t in TABLES if t in words]
-
-
 STAGE_BARS_SF = 10
 """From this scale factor, ``--stage-bars auto`` shows a flight-exec query's stages on a terminal."""
-
-
-def generate(sf: float, tables: Sequence[str], cache_dir: Path | None, progress: Progress) -> Path:
-    """``ensure_tpch`` table by table, with a bar weighted by the tables' sizes."""
-    missing = [t for t in tables if not table_ready(sf, t, cache_dir)]
-    if not missing:
-        progress.log(f"TPC-H SF {sf:g}: {len(tables)} tables cached in {sf_dir(sf, cache_dir)}")
-        return sf_dir(sf, cache_dir)
-    bar = progress.add(f"generating TPC-H SF {sf:g} with tpchgen-cli ({', '.join(missing)})",
-                       total=sum(ROWS_PER_SF[t] for t in missing))
-    started = time.perf_counter()
-    for table in missing:
-        progress.advance(bar, 0, description=f"generating TPC-H SF {sf:g}: {table}")
-        ensure_tpch(sf, (table,), cache_dir)
-        progress.advance(bar, ROWS_PER_SF[table])
-    progress.finish(bar, description=f"TPC-H SF {sf:g} generated in {time.perf_counter() - started:.0f}s")
-    return ensure_tpch(sf, tables, cache_dir)
 
 
 def _external_urls(args: argparse.Namespace) -> list[str] | None:
@@ -186,7 +176,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return micro.main(argv[1:], OUT_DEFAULT)
     p = parser()
     args = p.parse_args(argv)
-    suite = ALL_QUERIES if args.flight_plans == "sql" else QUERY_NUMBERS
+    if args.suite != "tpch" and args.flight_plans == "builder":
+        p.error("--flight-plans builder has TPC-H's queries only")
+    suite = SUITES[args.suite] if args.flight_plans == "sql" else QUERY_NUMBERS
     if args.queries is None:
         args.queries = list(suite)
     unknown = [n for n in args.queries if n not in suite]
@@ -211,17 +203,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     started_at, started, load_start = report.now_iso(), time.perf_counter(), report.load_average()
     numbers = list(dict.fromkeys(args.queries))
-    tables = needed_tables(numbers)
     with Progress(live=False if args.plain else None) as progress, ExitStack() as stack:
         if not explicit and "pyspark" not in names:
             progress.warn("PySpark (or Java) not found: running without the pyspark engine")
-        data_dir = generate(args.sf, tables, args.cache_dir, progress)
-        files = tpch_files(data_dir, tables)
+        work: Workload = (tpch_workload(args.sf, numbers, args.cache_dir, progress) if args.suite == "tpch"
+                          else tpcds_workload(args.sf, args.cache_dir, progress))
+        data_dir, files, texts = work.data_dir, work.files, work.texts
 
         engines: list[Engine] = []
-        plans = Plans(files, args.flight_plans)
+        plans = Plans(files, args.flight_plans, texts["duckdb"])
         if "duckdb" in names:
-            engines.append(stack.enter_context(closing(DuckDBEngine(files))))
+            engines.append(stack.enter_context(closing(DuckDBEngine(files, texts["duckdb"]))))
         worker_counts = [len(urls)] if urls is not None else sorted(set(args.workers))
         if "flight" in names:
             if urls is not None:
@@ -245,7 +237,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             cores = args.spark_cores or max(worker_counts)
             bar = progress.add(f"starting Spark local[{cores}]", total=1)
             try:
-                spark = stack.enter_context(closing(SparkEngine(files, cores, memory=args.spark_memory)))
+                spark = stack.enter_context(closing(SparkEngine(files, cores, memory=args.spark_memory,
+                                                                sql=texts["spark"])))
             except Exception as exc:  # noqa: BLE001 - the other engines still run; every pyspark cell shows this
                 progress.error(f"Spark local[{cores}] did not start: {type(exc).__name__}: {exc}")
                 engines.append(FailedEngine("pyspark", f"PySpark local[{cores}]", "PySpark", exc))
@@ -253,46 +246,56 @@ def main(argv: Sequence[str] | None = None) -> int:
                 progress.finish(bar, description=f"Spark {spark.version} local[{cores}] ready in {spark.startup_seconds:.1f}s")
                 engines.append(spark)
         if "datafusion" in names:
-            engines.append(stack.enter_context(closing(DataFusionEngine(files))))
+            engines.append(stack.enter_context(closing(DataFusionEngine(files, texts["datafusion"]))))
         if "polars" in names:
-            engines.append(PolarsEngine(files))
+            engines.append(PolarsEngine(files, texts["polars"]))
         sails = [name for name in ("sail", "sail-cluster") if name in names]
         if sails:
-            engines += _start_sail(sails, files, max(worker_counts), stack, progress)
+            engines += _start_sail(sails, files, texts["spark"], max(worker_counts), stack, progress)
 
         reference_con = stack.enter_context(closing(duckdb_connection(files))) if "duckdb" not in names else None
-        cells = run_suite(engines, numbers, args.runs, lambda n: duckdb_answer(n, files, reference_con), progress)
+
+        def reference(n: int) -> pa.Table:
+            assert reference_con is not None
+            return decimals_as_numbers(duckdb_table(reference_con, texts["duckdb"][n]))
+
+        cells = run_suite(engines, numbers, args.runs, reference, progress, work.check)
 
         # Ratios are to flight-exec with the most workers (to the first column when flight-exec did not run).
         ordered = sorted(engines, key=_column_order)
         flights = [e for e in ordered if isinstance(e, FlightEngine)]
-        reference = flights[-1].key if flights else ordered[0].key
+        ref_key = flights[-1].key if flights else ordered[0].key
         labels = {e.key: e.label for e in ordered}
         shorts = {e.key: e.short for e in ordered}
         if len(flights) == 1:
-            shorts[reference] = "flight-exec"
+            shorts[ref_key] = "flight-exec"
         info = report.machine()
-        title = _title(args.sf, info, args.runs)
-        stem = f"tpch-sf{args.sf:g}"
-        markdown = report.markdown(cells, labels, shorts, numbers, reference, title)
+        title = _title(work.title, args.sf, info, args.runs)
+        stem = f"{work.name}-sf{args.sf:g}"
+        markdown = report.markdown(cells, labels, shorts, numbers, ref_key, title)
         (out / f"{stem}.md").write_text(markdown)
         if not args.no_chart:
-            report.chart(cells, labels, shorts, numbers, reference, title, out / f"{stem}.png")
-        rel = report.ratios(cells, reference)
+            report.chart(cells, labels, shorts, numbers, ref_key, title, out / f"{stem}.png")
+        rel = report.ratios(cells, ref_key)
+        common = report.common_queries(cells, list(labels), numbers)
         report.write_json(out / f"{stem}.json", {
             "started": started_at, "finished": report.now_iso(), "wall_seconds": round(time.perf_counter() - started, 1),
             "command": ["flight-bench", *argv],
             "machine": {**info, "load_average_1_5_15_min": {"start": load_start, "end": report.load_average()}},
             "versions": report.versions(with_java="pyspark" in names),
-            "settings": {"sf": args.sf, "queries": numbers, "runs": args.runs, "warmups": 1, "flight_plans": args.flight_plans,
+            "settings": {"suite": work.name, "sf": args.sf, "queries": numbers, "texts": dict(work.dialects),
+                         "runs": args.runs, "warmups": 1, "flight_plans": args.flight_plans,
                          "workers": worker_counts, "external_workers": urls is not None,
                          "engines": [e.key for e in engines], "reference_answer": "duckdb",
                          "peak_rss": "per run: the sum of the VmHWM of the engine's processes, each reset before "
                                      "the run (benchmarks/memory.py; a result's peak_rss_method says if sampled VmRSS was used instead)"},
             "engines": {e.key: e.describe() for e in engines},
-            "summary": {"ratios_to": reference,
+            "summary": {"ratios_to": ref_key,
                         "geomean_ratio": {e: report.geomean(list(r.values())) for e, r in rel.items()},
-                        "ok": all(c.status == "ok" for c in cells)},
+                        "geomean_common": {"queries": common, "ratio": {e: report.geomean([r[n] for n in common])
+                                                                        for e, r in rel.items()}},
+                        "answered": report.answered(cells),
+                        "ok": all(c.status in ("ok", "unsupported") for c in cells)},
             "results": [c.to_json() for c in cells],
         })
 
@@ -301,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if planning is not None:
         print(f"flight-exec planning ({args.flight_plans} plans, text to stages): median {planning} ms per query", flush=True)
     print(f"wrote {out / stem}.md, .json{'' if args.no_chart else ', .png'} in {time.perf_counter() - started:.0f}s", flush=True)
-    problems = [c for c in cells if c.status != "ok"]
+    problems = [c for c in cells if c.status not in ("ok", "unsupported")]
     ok = not problems
     if problems:
         print(f"FAILED: {len(problems)} of {len(cells)} query x engine results are wrong or failed (see above)",
@@ -312,7 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if ok else 1
 
 
-def _start_sail(names: Sequence[str], files: Files, workers: int, stack: ExitStack, progress: Progress) -> list[Engine]:
+def _start_sail(names: Sequence[str], files: Files, sql: Mapping[int, str], workers: int, stack: ExitStack,
+                progress: Progress) -> list[Engine]:
     """The Sail engines: the Sail venv made when missing, then a server and a client per engine; one
     that fails to start is a FailedEngine (every cell of its column shows why) and the others still run."""
     venv_error: Exception | None = None
@@ -335,7 +339,7 @@ def _start_sail(names: Sequence[str], files: Files, workers: int, stack: ExitSta
             continue
         bar = progress.add(f"starting {label}", total=1)
         try:
-            sail = stack.enter_context(closing(SailEngine(files, k)))
+            sail = stack.enter_context(closing(SailEngine(files, k, sql=sql)))
         except Exception as exc:  # noqa: BLE001 - the other engines still run; every cell of this one shows this
             progress.error(f"{label} did not start: {type(exc).__name__}: {exc}")
             engines.append(FailedEngine(key, label, short, exc))
@@ -351,10 +355,10 @@ def _column_order(e: Engine) -> tuple[int, int]:
     return (ENGINES.index(head) if head in ENGINES else len(ENGINES), len(getattr(e, "urls", [])))
 
 
-def _title(sf: float, info: dict[str, object], runs: int) -> str:
+def _title(suite: str, sf: float, info: dict[str, object], runs: int) -> str:
     memory = info.get("memory_bytes")
     gib = f", {int(memory) / (1 << 30):.0f} GiB" if isinstance(memory, int) else ""
-    return (f"TPC-H SF {sf:g} on {info.get('cores')} cores{gib} ({info.get('cpu', info.get('machine'))}): "
+    return (f"{suite} SF {sf:g} on {info.get('cores')} cores{gib} ({info.get('cpu', info.get('machine'))}): "
             f"median of {runs} run(s) after 1 warm-up")
 
 

@@ -1,12 +1,16 @@
-"""Run TPC-H queries on several engines: a warm-up, then timed runs, each result checked against DuckDB's.
+"""Run a suite's queries on several engines: a warm-up, then timed runs, each result checked against DuckDB's.
 
 For every query, engine by engine (DuckDB first: its answer is the reference):
 one warm-up run (its result is checked, its time kept apart), then ``runs``
 timed runs, each with the peak RSS of the engine's processes
-(:mod:`benchmarks.memory`) and each result checked again. A check compares with
-``tpch_queries.compare`` (floats within a tolerance, order along the ORDER BY key).
-A mismatch or an exception is recorded on the query's cell, reported at once,
-and the harness goes on with the other cells.
+(:mod:`benchmarks.memory`) and each result checked again. A check is the suite's
+(``workload.Workload.check``; TPC-H's by default: ``tpch_queries.compare``, floats
+within a tolerance, order along the ORDER BY key). A mismatch or an exception is
+recorded on the query's cell, reported at once, and the harness goes on with the
+other cells. An exception by which the engine says it cannot run the text at all
+(``Engine.cannot_run``: Polars's SQL front end lacks a construct, Acero has no
+window functions) marks the cell ``unsupported``: a limit of that engine, shown
+in the table, not a failure.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import pyarrow as pa
 from benchmarks.engines import Engine
 from benchmarks.memory import PeakRSS
 from benchmarks.progress import Progress
-from benchmarks.tpch_queries import ORDERED, compare
+from benchmarks.workload import Check, tpch_check
 
 __all__ = ["Cell", "Run", "run_suite"]
 
@@ -45,7 +49,8 @@ class Cell:
     runs: list[Run] = field(default_factory=list)
     rows: int | None = None
     status: str = "ok"
-    """``ok``, ``mismatch`` (a result differs from DuckDB's) or ``error`` (the engine raised)."""
+    """``ok``, ``mismatch`` (a result differs from DuckDB's), ``error`` (the engine raised) or ``unsupported``
+    (the engine refused the query's text: ``Engine.cannot_run``)."""
     problem: str | None = None
     peak_rss_method: str | None = None
     """How the runs' peak RSS was measured: ``VmHWM``, ``sampled VmRSS`` or ``none``."""
@@ -82,8 +87,11 @@ def run_suite(
     runs: int,
     reference: Callable[[int], pa.Table],
     progress: Progress,
+    check: Check | None = None,
 ) -> list[Cell]:
-    """Every query on every engine; ``reference(n)`` is DuckDB's answer when no engine is ``duckdb``."""
+    """Every query on every engine; ``reference(n)`` is DuckDB's answer when no engine is ``duckdb``;
+    ``check(n, got, want)`` says why an answer is not DuckDB's (default: TPC-H's, ``compare`` along ``ORDERED``)."""
+    check = check or tpch_check
     engines = sorted(engines, key=lambda e: e.key != "duckdb")  # DuckDB first: its result is the reference
     cells: list[Cell] = []
     bar = progress.add(f"{len(numbers)} queries x {len(engines)} engines", total=len(numbers) * len(engines) * (1 + runs))
@@ -105,7 +113,7 @@ def run_suite(
                 progress.advance(bar)
                 if want is None:
                     want = got if engine.key == "duckdb" else reference(n)
-                _check(cell, got, want, progress, "warm-up")
+                _check(cell, got, want, progress, "warm-up", check)
                 for i in range(runs):
                     progress.advance(bar, 0, description=f"Q{n} {engine.key}: run {i + 1}/{runs}")
                     _quiesce()
@@ -117,10 +125,15 @@ def run_suite(
                     cell.peak_rss_method = peak.method
                     done += 1
                     progress.advance(bar)
-                    _check(cell, got, want, progress, f"run {i + 1}")
+                    _check(cell, got, want, progress, f"run {i + 1}", check)
             except Exception as exc:  # noqa: BLE001 - one failing engine must not hide the others' figures
-                cell.status, cell.problem = "error", f"{type(exc).__name__}: {exc}"
-                progress.error(f"Q{n} on {engine.key} failed: {cell.problem}")
+                cell.problem = f"{type(exc).__name__}: {exc}"
+                if done == 0 and engine.cannot_run(exc):
+                    cell.status = "unsupported"
+                    progress.warn(f"Q{n}: {engine.key} cannot run the text: {_first_line(cell.problem)}")
+                else:
+                    cell.status = "error"
+                    progress.error(f"Q{n} on {engine.key} failed: {cell.problem}")
                 progress.advance(bar, 1 + runs - done)
             if not progress.live:
                 median = f"{cell.median:.3f}s" if cell.median is not None else "-"
@@ -129,10 +142,14 @@ def run_suite(
     return cells
 
 
-def _check(cell: Cell, got: pa.Table, want: pa.Table, progress: Progress, which: str) -> None:
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
+
+
+def _check(cell: Cell, got: pa.Table, want: pa.Table, progress: Progress, which: str, check: Check) -> None:
     if cell.status != "ok":
         return  # one report per cell is enough
-    problem = compare(got, want, ORDERED.get(cell.query))
+    problem = check(cell.query, got, want)
     if problem is not None:
         cell.status, cell.problem = "mismatch", f"{which}: {problem}"
         progress.error(f"Q{cell.query} on {cell.engine} does not match DuckDB's result ({which}):\n{problem}")
