@@ -224,7 +224,7 @@ def spark_session(tmp: Path, master: str = "local[2]") -> Iterator[SparkSession]
             spark.stop()
 
 
-def difference(got: pa.Table, want: pa.Table, in_order: bool) -> str | None:
+def difference(got: pa.Table, want: pa.Table, ordered: bool) -> str | None:
     """Why ``got`` is not ``want`` (None: it is): rows as a multiset, or in order; decimals digit for digit
     where DuckDB's answer is a DECIMAL, floats within 1e-9 relative."""
     if got.num_columns != want.num_columns:
@@ -234,7 +234,7 @@ def difference(got: pa.Table, want: pa.Table, in_order: bool) -> str | None:
     rows_w = list(zip(*(c.to_pylist() for c in want.columns))) if want.num_columns else [()] * want.num_rows
     if len(rows_g) != len(rows_w):
         return f"{len(rows_g)} rows, DuckDB has {len(rows_w)}"
-    if not in_order:
+    if not ordered:
         rows_g, rows_w = sorted(rows_g, key=_key), sorted(rows_w, key=_key)
     for r, (g, w) in enumerate(zip(rows_g, rows_w)):
         for c, (a, b) in enumerate(zip(g, w)):
