@@ -13,7 +13,7 @@ from decimal import Decimal
 
 import pyarrow as pa
 
-__all__ = ["CORPUS", "tables"]
+__all__ = ["CORPUS", "SPARK_CORPUS", "tables"]
 
 
 def tables() -> dict[str, pa.Table]:
@@ -310,6 +310,19 @@ CORPUS: dict[str, list[str]] = {
         "select id from t where dt + interval 6 month > date '1996-06-30'",
         "select id, cast(dt as timestamp) + interval 1 month as tm, cast(dt as timestamp) - interval 40 day as td from t",
     ],
+    "text and calendar functions": [
+        "select id, split_part(s, 'p', 1) as a, split_part(s, 'p', 2) as b, split_part(s, ' ', -1) as c from t",
+        "select id, split_part(s, 'an', 2) as m, split_part(g, 'x', 1) as one, split_part(s, 'p', 5) as past from t",
+        "select id, position('a' in s) as p, instr(s, 'é') as e, instr(s, 'pp') as pp from t",
+        "select id, regexp_extract(s, '([a-z])([a-z])', 2) as a, regexp_extract(s, 'p+', 0) as b, regexp_extract(s, '(x)?a', 1) as c from t",
+        "select id from t where regexp_extract(s, '^(.)', 1) = 'a'",
+        "select id, last_day(dt) as l, last_day(dt + 40) as l40 from t",
+        "select id, make_date(2000 + x, cast(1 + id % 12 as int), cast(1 + id % 28 as int)) as m from t",
+        "select id, mod(x, 3) as m, mod(id, -4) as n, mod(-id, 7) as k from t",
+        "select id, split_part(s, 'a', 0) as z from t",
+        "select id, regexp_matches(s, '^a') as a, regexp_full_match(s, 'app.*') as b, strpos(s, 'p') as c from t",
+        "select id from t where s ~ 'an' or s !~ '^[a-c]'",
+    ],
     "strings": [
         "select id from t where s like 'app%'",
         "select id from t where s like '%a%'",
@@ -473,3 +486,18 @@ def _matrix() -> dict[str, list[str]]:
 
 
 CORPUS.update(_matrix())
+
+
+SPARK_CORPUS: dict[str, list[str]] = {
+    "spark functions": [
+        "select id, add_months(dt, 1) as a, add_months(dt, -13) as b, add_months(dt, x) as c from t",
+        "select id, add_months(cast(dt as timestamp), 2) as a from t",
+        "select id, regexp_extract(s, '(p+)') as a, regexp_extract(s, 'a(.)') as b from t",
+        "select id, s rlike 'an' as r, regexp_like(s, '^[a-c]') as l, s regexp 'e$' as e from t",
+        "select id, decode(x, 1, 'one', 2, 'two', 'many') as d, decode(g, 'a', 1, 0) as ga from t",
+        "select id, instr(s, 'p') as i, locate('p', s) as l from t",
+        "select id, split_part(s, 'p', 2) as b, split_part(s, 'e', -1) as e from t",
+        "select id, last_day(dt) as l, make_date(1999, 2, 28) as m from t",
+    ],
+}
+"""Statements in Spark's own spellings (functions DuckDB lacks or spells otherwise), run against Spark SQL only."""

@@ -14,8 +14,10 @@ from typing import Any
 import pyarrow as pa
 
 from flight.plan.expr import Expr, call, coalesce, if_else, lit
+from flight.sql import dates, strings
+from flight.sql.arithmetic import modulo
 from flight.sql.errors import unsupported
-from flight.sql.rel import Scalars
+from flight.sql.rel import Scalars, constant
 
 __all__ = ["FUNCTIONS", "arrow_type", "cast_target"]
 
@@ -58,22 +60,16 @@ def cast_target(e: DFExpr) -> str:
     return match.group(1)
 
 
-def _arg_literal(args: list[DFExpr], i: int, what: str) -> Any:
-    if len(args) <= i or args[i].variant_name() != "Literal":
-        raise unsupported(f"{what} that is not a constant")
-    return args[i].python_value().as_py()
-
-
 def _substr(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
-    start = int(_arg_literal(args, 1, "a SUBSTRING start"))
-    length = int(_arg_literal(args, 2, "a SUBSTRING length")) if len(args) > 2 else None
+    start = int(constant(args, 1, "a SUBSTRING start"))
+    length = int(constant(args, 2, "a SUBSTRING length")) if len(args) > 2 else None
     begin = max(start, 1) - 1
     stop = None if length is None else max(start + length - 1, 0)
     return t(args[0]).substr(begin, stop if stop is None or stop > begin else begin)
 
 
 def _date_part(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
-    part = str(_arg_literal(args, 0, "a date part")).lower()
+    part = str(constant(args, 0, "a date part")).lower()
     functions = {
         "year": "year", "month": "month", "day": "day", "quarter": "quarter", "hour": "hour",
         "minute": "minute", "second": "second", "doy": "day_of_year", "isoyear": "iso_year",
@@ -97,7 +93,7 @@ def _concat(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
 
 
 def _round(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
-    digits = int(_arg_literal(args, 1, "ROUND's digits")) if len(args) > 1 else 0
+    digits = int(constant(args, 1, "ROUND's digits")) if len(args) > 1 else 0
     x = t(args[0])
     rounded = x.round(digits, "half_towards_infinity")  # SQL's (DuckDB's and Spark's) rounding
     d = t.type_of(x)
@@ -116,7 +112,7 @@ def _unary(function: str) -> Callable[[Scalars, list[DFExpr], DFExpr], Expr]:
 
 
 def _left(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
-    n = int(_arg_literal(args, 1, "LEFT's length"))
+    n = int(constant(args, 1, "LEFT's length"))
     return t(args[0]).substr(0, max(n, 0))
 
 
@@ -125,11 +121,11 @@ def _coalesce(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
 
 
 def _starts_with(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
-    return t(args[0]).startswith(str(_arg_literal(args, 1, "STARTS_WITH's prefix")))
+    return t(args[0]).startswith(str(constant(args, 1, "STARTS_WITH's prefix")))
 
 
 def _ends_with(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
-    return t(args[0]).endswith(str(_arg_literal(args, 1, "ENDS_WITH's suffix")))
+    return t(args[0]).endswith(str(constant(args, 1, "ENDS_WITH's suffix")))
 
 
 def _power(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
@@ -181,21 +177,21 @@ def _repeat(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
 
 def _right(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
     """The last n characters (DuckDB: all but the first -n when n is negative)."""
-    n = int(_arg_literal(args, 1, "RIGHT's length"))
+    n = int(constant(args, 1, "RIGHT's length"))
     if n == 0 or (n < 0 and t.dialect == "spark"):  # Spark: nothing for n <= 0
         return t(args[0]).substr(0, 0)
     return t(args[0]).substr(-n)
 
 
 def _contains(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
-    return call("match_substring", t(args[0]), pattern=str(_arg_literal(args, 1, "CONTAINS's text")))
+    return call("match_substring", t(args[0]), pattern=str(constant(args, 1, "CONTAINS's text")))
 
 
 def _pad(function: str) -> Callable[[Scalars, list[DFExpr], DFExpr], Expr]:
     """lpad / rpad: to exactly n characters, a longer text cut to its first n (SQL's, DuckDB's and Spark's)."""
     def make(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
-        n = int(_arg_literal(args, 1, f"{function.upper()}'s length"))
-        fill = str(_arg_literal(args, 2, f"{function.upper()}'s padding")) if len(args) > 2 else " "
+        n = int(constant(args, 1, f"{function.upper()}'s length"))
+        fill = str(constant(args, 2, f"{function.upper()}'s padding")) if len(args) > 2 else " "
         if len(fill) != 1:
             raise unsupported(f"{function}() with a padding of {len(fill)} characters (one is taken)")
         text = t.as_text(t(args[0]))
@@ -212,24 +208,24 @@ def _trim(side: str) -> Callable[[Scalars, list[DFExpr], DFExpr], Expr]:
         text = t.as_text(t(args[0]))
         if len(args) == 1:
             return call(f"utf8_{side}trim_whitespace", text)
-        return call(f"utf8_{side}trim", text, characters=str(_arg_literal(args, 1, "TRIM's characters")))
+        return call(f"utf8_{side}trim", text, characters=str(constant(args, 1, "TRIM's characters")))
 
     return make
 
 
 def _replace(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
-    return call("replace_substring", t.as_text(t(args[0])), pattern=str(_arg_literal(args, 1, "REPLACE's text")),
-                replacement=str(_arg_literal(args, 2, "REPLACE's replacement")))
+    return call("replace_substring", t.as_text(t(args[0])), pattern=str(constant(args, 1, "REPLACE's text")),
+                replacement=str(constant(args, 2, "REPLACE's replacement")))
 
 
 def _regexp_replace(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
     """The first match replaced, or every one with the flag 'g'; 'i' ignores case (RE2 in both engines)."""
-    flags = str(_arg_literal(args, 3, "REGEXP_REPLACE's flags")) if len(args) > 3 else ""
+    flags = str(constant(args, 3, "REGEXP_REPLACE's flags")) if len(args) > 3 else ""
     if set(flags) - {"g", "i"}:
         raise unsupported(f"regexp_replace() with the flags {flags!r} (g and i are taken)")
-    pattern = str(_arg_literal(args, 1, "REGEXP_REPLACE's pattern"))
+    pattern = str(constant(args, 1, "REGEXP_REPLACE's pattern"))
     options: dict[str, object] = {"pattern": f"(?i){pattern}" if "i" in flags else pattern,
-                                  "replacement": str(_arg_literal(args, 2, "REGEXP_REPLACE's replacement"))}
+                                  "replacement": str(constant(args, 2, "REGEXP_REPLACE's replacement"))}
     if "g" not in flags:
         options["max_replacements"] = 1
     return call("replace_substring_regex", t.as_text(t(args[0])), **options)
@@ -240,7 +236,7 @@ def _concat_ws(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
 
     Each part that is not null becomes the separator and the part; their join, less its first separator,
     is the answer. (pyarrow's own ``null_handling="skip"`` drops the rows whose parts are all null: 26.0.1.)"""
-    sep = _arg_literal(args, 0, "CONCAT_WS's separator")
+    sep = constant(args, 0, "CONCAT_WS's separator")
     if sep is None:
         return lit(None, pa.string())
     parts = [coalesce(call("binary_join_element_wise", lit(str(sep)), t.as_text(t(a)), lit("")), lit("")) for a in args[1:]]
@@ -252,7 +248,7 @@ _TRUNC_UNITS = ("year", "quarter", "month", "week", "day", "hour", "minute", "se
 
 def _date_trunc(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
     """The start of the period holding each value (a week starts on Monday, as in DuckDB and Spark)."""
-    unit = str(_arg_literal(args, 0, "DATE_TRUNC's unit")).lower()
+    unit = str(constant(args, 0, "DATE_TRUNC's unit")).lower()
     if unit not in _TRUNC_UNITS:
         raise unsupported(f"date_trunc('{unit}', ...) (the units taken: {', '.join(_TRUNC_UNITS)})")
     floor = call("floor_temporal", t(args[1]), unit=unit, week_starts_monday=True)
@@ -267,15 +263,31 @@ def _strftime(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
     value = args[0]
     while value.variant_name() == "Cast" and arrow_type(cast_target(value)) == pa.string():
         value = value.to_variant().expr()
-    return call("strftime", t(value), format=str(_arg_literal(args, 1, "the format")))
+    return call("strftime", t(value), format=str(constant(args, 1, "the format")))
 
 
 def _strptime(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
     """Text read as a timestamp by C's strptime directives; text that does not match is an error."""
-    return call("strptime", t.as_text(t(args[0])), format=str(_arg_literal(args, 1, "the format")), unit="us")
+    return call("strptime", t.as_text(t(args[0])), format=str(constant(args, 1, "the format")), unit="us")
+
+
+def _mod(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
+    """DuckDB's ``mod(a, b)``, as ``a % b``; declared to DataFusion over BIGINTs, so a coercion cast of
+    anything but an integer is refused here (``%`` takes integers)."""
+    parts = []
+    for a in args:
+        inner = a.to_variant().expr() if a.variant_name() == "Cast" else a
+        x = t(inner)
+        if not pa.types.is_integer(t.type_of(x)):
+            raise unsupported(f"mod() of {t.type_of(x)} (it takes integers)")
+        parts.append(x)
+    return modulo(t, parts[0], parts[1], "mod()")
 
 
 FUNCTIONS: dict[str, Callable[[Scalars, list[DFExpr], DFExpr], Expr]] = {
+    **strings.FUNCTIONS,
+    **dates.FUNCTIONS,
+    "mod": _mod,
     "substr": _substr,
     "substring": _substr,
     "date_part": _date_part,

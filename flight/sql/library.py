@@ -23,6 +23,12 @@ SCALAR_ALIASES: dict[str, tuple[list[pa.DataType], pa.DataType]] = {
     "sign": ([pa.float64()], pa.int8()),  # DuckDB's name for signum, a TINYINT
     "strftime": ([pa.string(), pa.string()], pa.string()),  # DuckDB's date formatting (DataFusion's to_char)
     "strptime": ([pa.string(), pa.string()], pa.timestamp("us")),  # DuckDB's parsing with a format
+    "mod": ([pa.int64(), pa.int64()], pa.int64()),  # DuckDB's a % b (of integers: flight.sql.functions)
+    "regexp_extract": ([pa.string(), pa.string(), pa.int64()], pa.string()),  # the group is given (one signature)
+    "regexp_matches": ([pa.string(), pa.string()], pa.bool_()),  # DuckDB's name for regexp_like
+    "regexp_full_match": ([pa.string(), pa.string()], pa.bool_()),
+    "add_months": ([pa.date32(), pa.int64()], pa.date32()),  # Spark's
+    "last_day": ([pa.date32()], pa.date32()),  # DuckDB's and Spark's
 }
 """Scalar functions by name, as ``AGGREGATE_ALIASES``."""
 

@@ -22,9 +22,11 @@ import pyarrow as pa
 
 from flight.plan.expr import Expr
 from flight.plan.query import Query
+from flight.sql.errors import unsupported
 
 __all__ = [
-    "HANDLERS", "DFPlan", "Handler", "Rel", "Relations", "Scalars", "fields_of", "handles", "output_names", "schema_of", "unique",
+    "HANDLERS", "DFPlan", "Handler", "Rel", "Relations", "Scalars", "constant", "fields_of", "handles", "output_names", "schema_of",
+    "unique",
 ]
 
 DFPlan = Any  # datafusion.LogicalPlan: the package is an optional dependency (the ``sql`` extra)
@@ -83,6 +85,13 @@ def handles(kind: str) -> Callable[[Handler], Handler]:
         return handler
 
     return register
+
+
+def constant(args: list[Any], i: int, what: str) -> Any:
+    """Argument ``i`` of a function call as a Python value; refused by name (``what``) unless it is a constant."""
+    if len(args) <= i or args[i].variant_name() != "Literal":
+        raise unsupported(f"{what} that is not a constant")
+    return args[i].python_value().as_py()
 
 
 def fields_of(plan: DFPlan) -> list[str]:

@@ -48,6 +48,12 @@ def to_postgres(text: str) -> str:
         if isinstance(node, exp.DateDiff) and node.args.get("unit") is None:  # days: end - start, as dates
             end, start = (exp.Cast(this=x, to=exp.DataType.build("date")) for x in (node.this, node.expression))
             return exp.Sub(this=end, expression=start)
+        if isinstance(node, exp.AddMonths):  # Spark's add_months takes a timestamp's date too
+            node.set("this", exp.Cast(this=node.this, to=exp.DataType.build("date")))
+            return node
+        if isinstance(node, exp.RegexpExtract) and node.args.get("group") is None:  # Spark's default group is 1
+            node.set("group", exp.Literal.number(1))
+            return node
         if isinstance(node, exp.Div):  # plain '/': its type (a DECIMAL of decimals) and its zero divisor are the translation's
             node.set("typed", True)  # set on the node itself: a new node's own divisions would not be visited
             node.set("safe", False)
