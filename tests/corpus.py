@@ -310,6 +310,19 @@ CORPUS: dict[str, list[str]] = {
         "select id from t where dt + interval 6 month > date '1996-06-30'",
         "select id, cast(dt as timestamp) + interval 1 month as tm, cast(dt as timestamp) - interval 40 day as td from t",
     ],
+    "medians and quantiles": [
+        "select median(x) as m, median(d) as md, median(f) as mf from t",
+        "select g, median(x) as m, quantile_cont(d, 0.25) as q, quantile_disc(x, 0.75) as qd from t group by g",
+        "select g, b, median(e) as m, quantile_cont(f, 0.9) as q9, count(*) as n from t group by g, b",
+        "select g, median(x) filter (where b) as m, sum(x) as s from t group by g",
+        "select percentile_cont(0.3) within group (order by f) as p, percentile_cont(0.5) within group (order by x) as px from t",
+        "select g, quantile_disc(x, 0.5) as qx, quantile_disc(f, 0.1) as qf, quantile_disc(e, 0.6) as qe from t group by g",
+        "select g, median(x) as m from e group by g",
+        "select median(x) as m, quantile_cont(d, 0) as lo, quantile_cont(d, 1) as hi from e",
+        "select t.g, median(u.y) as m from t join u on t.id = u.id group by t.g",
+        "select g, m from (select g, median(x) as m from t group by g) q where m > 0",
+        "select quantile(x, 0.5) as q, quantile_disc(d, 0.33) as qd from t",
+    ],
     "text and calendar functions": [
         "select id, split_part(s, 'p', 1) as a, split_part(s, 'p', 2) as b, split_part(s, ' ', -1) as c from t",
         "select id, split_part(s, 'an', 2) as m, split_part(g, 'x', 1) as one, split_part(s, 'p', 5) as past from t",
@@ -498,6 +511,8 @@ SPARK_CORPUS: dict[str, list[str]] = {
         "select id, instr(s, 'p') as i, locate('p', s) as l from t",
         "select id, split_part(s, 'p', 2) as b, split_part(s, 'e', -1) as e from t",
         "select id, last_day(dt) as l, make_date(1999, 2, 28) as m from t",
+        "select g, median(x) as m, percentile(d, 0.25) as p, percentile(x, 0.9) as p9 from t group by g",
+        "select percentile_cont(0.4) within group (order by f) as p, median(e) as m from t",
     ],
 }
 """Statements in Spark's own spellings (functions DuckDB lacks or spells otherwise), run against Spark SQL only."""

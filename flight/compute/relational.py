@@ -22,6 +22,7 @@ from flight.errors import TaskCancelledError, light_copy
 
 __all__ = [
     "AGGREGATES",
+    "DUCKDB_AGGREGATES",
     "JOIN_TYPES",
     "Handoffs",
     "aggregate_decl",
@@ -42,7 +43,14 @@ _ONLY_VALID = pc.CountOptions(mode="only_valid")
 _VARIANCES = {"var_samp": ("variance", 1), "var_pop": ("variance", 0), "stddev_samp": ("stddev", 1), "stddev_pop": ("stddev", 0)}
 """The IR's variances as Acero's kernels and their delta degrees of freedom (null below ddof + 1 values, as SQL)."""
 
-AGGREGATES = frozenset({"count", "count_all", "count_distinct", "sum", "min", "max", "mean", *_VARIANCES})
+_STAND_INS = {"median": "mean", "quantile_cont": "mean", "quantile_disc": "min"}
+"""The aggregates only DuckDB computes (``flight.plan.agg.DUCKDB_ONLY``), each with the Acero aggregate whose
+result type is DuckDB's for it (an interpolated quantile: a DOUBLE, or the DECIMAL's own type; a discrete one:
+the argument's type). Used for types only: ``aggregate_decl`` refuses them."""
+
+DUCKDB_AGGREGATES = frozenset(_STAND_INS)
+
+AGGREGATES = frozenset({"count", "count_all", "count_distinct", "sum", "min", "max", "mean", *_VARIANCES, *_STAND_INS})
 """Every aggregate function an ``Aggregate`` operator may name (``flight.plan.agg`` builds them)."""
 
 
@@ -51,6 +59,8 @@ def aggregate_decl(child: ac.Declaration, keys: Sequence[str], calls: Sequence[t
     prefix = "hash_" if keys else ""
     aggregates: list[tuple[Any, str, Any, str]] = []  # (columns, function, options, name): Acero's own shape
     for function, column, name in calls:
+        if function in _STAND_INS:
+            raise pa.ArrowNotImplementedError(f"the aggregate {function} runs on the DuckDB engine only")
         if function == "count_all":
             aggregates.append(([], prefix + "count_all", None, name))
         elif function in ("count", "count_distinct"):
@@ -213,7 +223,9 @@ def join_schema(
 
 
 def aggregate_schema(schema: pa.Schema, keys: Sequence[str], calls: Sequence[tuple[str, str, str]]) -> pa.Schema:
-    """What ``aggregate_decl`` over ``schema`` produces, remembered the same way."""
+    """What ``aggregate_decl`` over ``schema`` produces, remembered the same way (DuckDB's own aggregates
+    typed by their stand-ins)."""
+    calls = [(_STAND_INS.get(f, f), c, n) for f, c, n in calls]
     key = _key(schema)
     if len(key) > _MAX_KEY_BYTES:
         return output_schema(aggregate_decl(empty_source(schema), keys, calls))

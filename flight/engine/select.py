@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.acero as ac
 
-from flight.compute.relational import handing_off, native_reader
+from flight.compute.relational import DUCKDB_AGGREGATES, handing_off, native_reader
 from flight.engine.acero.pipeline import compile_plan
 from flight.engine.acero.tagged import tagged_task
 from flight.engine.confine import DataRoots, worker_roots
@@ -28,7 +28,7 @@ from flight.wire._proto import plan_pb2
 from flight.wire.limits import clip
 from flight.wire.operators import operators
 
-__all__ = ["SMALL_INPUT_ROWS", "compile_task"]
+__all__ = ["SMALL_INPUT_ROWS", "compile_task", "duckdb_only"]
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +90,22 @@ def _tell(inputs: TaskInputs, engine: str) -> None:
         inputs.engine = engine
 
 
+def duckdb_only(root: plan_pb2.Operator) -> str | None:
+    """What in the plan only DuckDB computes (window functions, a median or a quantile), or None."""
+    for op in operators(root):
+        kind = op.WhichOneof("kind")
+        if kind == "window":
+            return "window functions"
+        if kind == "aggregate":
+            for a in op.aggregate.aggregates:
+                if a.function in DUCKDB_AGGREGATES:
+                    return f"the aggregate {a.function}"
+    return None
+
+
 def _acero(plan: plan_pb2.StagePlan, env: Env, decl: ac.Declaration) -> pa.RecordBatchReader:
-    if any(op.WhichOneof("kind") == "window" for op in operators(plan.root)):
-        raise ProtocolError("window functions run on the DuckDB engine only (this task was to run on Acero)", field="plan.root")
+    if (what := duckdb_only(plan.root)) is not None:
+        raise ProtocolError(f"{what}: computed by the DuckDB engine only (this task was to run on Acero)", field="plan.root")
     if plan.root.WhichOneof("kind") == "feed_scan":
         # Nothing to compute: Acero would only copy batches between threads.
         return feed_scan_reader(plan.root.feed_scan, env, "plan.root.feed_scan")
@@ -103,8 +116,7 @@ def _duck_or_acero(plan: plan_pb2.StagePlan, env: Env, decl: ac.Declaration) -> 
     from flight.engine.duck import engine as duck
 
     # Started here, on the task's thread: the native readers made now are the task's too (no yield in these blocks).
-    windowed = any(op.WhichOneof("kind") == "window" for op in operators(plan.root))
-    if not windowed and env.prefetch(plan.root, SMALL_INPUT_ROWS):
+    if duckdb_only(plan.root) is None and env.prefetch(plan.root, SMALL_INPUT_ROWS):
         # Other stages' rows, and few: Acero's run costs less than DuckDB's start (Env.prefetch).
         _tell(env.inputs, "acero")
         with handing_off(env.handoffs):

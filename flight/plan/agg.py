@@ -11,13 +11,21 @@ from flight.errors import PlanError
 from flight.plan.expr import Expr, col
 
 __all__ = [
-    "FUNCTIONS", "MERGEABLE", "NUMERIC", "Agg", "count", "count_all", "count_distinct", "max", "mean", "min",
-    "stddev_pop", "stddev_samp", "sum", "var_pop", "var_samp",
+    "DUCKDB_ONLY", "FUNCTIONS", "MERGEABLE", "NUMERIC", "Agg", "count", "count_all", "count_distinct", "max", "mean",
+    "median", "min", "quantile_cont", "quantile_disc", "stddev_pop", "stddev_samp", "sum", "var_pop", "var_samp",
 ]
 
 FUNCTIONS = (
     "count", "count_all", "count_distinct", "sum", "min", "max", "mean", "var_samp", "var_pop", "stddev_samp", "stddev_pop",
+    "median", "quantile_cont", "quantile_disc",
 )
+
+DUCKDB_ONLY = frozenset({"median", "quantile_cont", "quantile_disc"})
+"""Aggregates only the DuckDB engine computes (Acero has no exact grouped quantile): a stage that has one
+runs on DuckDB, as a window does (``flight.engine.select``). Their rows move by the keys (not mergeable)."""
+
+QUANTILES = frozenset({"quantile_cont", "quantile_disc"})
+"""Aggregates that take a fraction (0 to 1) beside their argument."""
 
 MERGEABLE = frozenset({"count", "count_all", "sum", "min", "max", "mean"})
 """Aggregates with a partial form the planner merges across tasks (``mean`` as a sum and a count). The
@@ -26,6 +34,9 @@ others (``count_distinct``, the variances) move their rows by the keys and aggre
 NUMERIC = frozenset({"mean", "var_samp", "var_pop", "stddev_samp", "stddev_pop"})
 """Aggregates of a number computed as float64: the argument is cast to it (a DOUBLE, as in DuckDB)."""
 
+OF_NUMBERS = NUMERIC | {"median", "quantile_cont"}
+"""Aggregates that take a number (an integer, a float or a DECIMAL): the interpolating ones keep a DECIMAL's type."""
+
 
 @dataclass(frozen=True, eq=False)
 class Agg:
@@ -33,15 +44,22 @@ class Agg:
 
     function: str
     expr: Expr | None = None
+    fraction: float | None = None
+    """A quantile's fraction, 0 to 1 (``quantile_cont``, ``quantile_disc``); None for every other function."""
 
     def __post_init__(self) -> None:
         if self.function not in FUNCTIONS:
             raise PlanError(f"unknown aggregate {self.function!r}; known: {', '.join(FUNCTIONS)}")
         if (self.expr is None) != (self.function == "count_all"):
             raise PlanError(f"aggregate {self.function!r} {'takes no' if self.function == 'count_all' else 'needs an'} argument")
+        if (self.fraction is None) == (self.function in QUANTILES):
+            raise PlanError(f"aggregate {self.function!r} {'needs a' if self.function in QUANTILES else 'takes no'} fraction")
+        if self.fraction is not None and not 0.0 <= self.fraction <= 1.0:
+            raise PlanError(f"aggregate {self.function!r}: the fraction {self.fraction!r} is not between 0 and 1")
 
     def __repr__(self) -> str:
-        return f"{self.function}({'' if self.expr is None else repr(self.expr)})"
+        more = "" if self.fraction is None else f", {self.fraction!r}"
+        return f"{self.function}({'' if self.expr is None else repr(self.expr)}{more})"
 
 
 def _arg(value: Expr | str) -> Expr:
@@ -102,3 +120,22 @@ def stddev_samp(value: Expr | str) -> Agg:
 def stddev_pop(value: Expr | str) -> Agg:
     """The population standard deviation as float64."""
     return Agg("stddev_pop", _arg(value))
+
+
+def median(value: Expr | str) -> Agg:
+    """The middle value, or the mean of the two middle ones (a DOUBLE of integers, a DECIMAL's own type).
+
+    Computed by the DuckDB engine only (``DUCKDB_ONLY``)."""
+    return Agg("median", _arg(value))
+
+
+def quantile_cont(value: Expr | str, fraction: float) -> Agg:
+    """The value at ``fraction`` of the sorted values, interpolated between neighbours (DuckDB's
+    ``quantile_cont``, SQL's ``percentile_cont``). DuckDB engine only."""
+    return Agg("quantile_cont", _arg(value), float(fraction))
+
+
+def quantile_disc(value: Expr | str, fraction: float) -> Agg:
+    """The first sorted value at or past ``fraction`` of them: a value of the column (DuckDB's ``quantile_disc``).
+    DuckDB engine only."""
+    return Agg("quantile_disc", _arg(value), float(fraction))

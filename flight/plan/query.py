@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flight.errors import FlightExecError, PlanError
-from flight.plan.agg import NUMERIC, Agg
+from flight.plan.agg import NUMERIC, OF_NUMBERS, Agg
 from flight.plan.decimals import with_decimal_literals
 from flight.plan.expr import Expr, coalesce, col
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, LimitNode, Node, ProjectNode, ValuesNode
@@ -94,13 +94,14 @@ class Query:
             if not isinstance(a, Agg):
                 raise PlanError(f"aggregate {name!r}: {a!r} is not an aggregate; use flight.agg.sum(...) and friends")
             expr = None if a.expr is None else with_decimal_literals(a.expr, self.schema)
-            if a.function in NUMERIC and expr is not None:
+            if a.function in OF_NUMBERS and expr is not None:
                 t = output_type(expr, self.schema)
                 if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)):
                     used = ", ".join(sorted(expr.referenced_fields()))
                     raise PlanError(f"aggregate {name}: {a.function} needs a number, but {expr!r} ({used}) is {t}")
-                expr = expr if t == pa.float64() else expr.cast(pa.float64())
-            calls.append(AggCall(name, a.function, expr))
+                if a.function in NUMERIC:
+                    expr = expr if t == pa.float64() else expr.cast(pa.float64())
+            calls.append(AggCall(name, a.function, expr, a.fraction))
         return Query(AggregateNode(self.node, key_list, calls))
 
     def distinct(self) -> Query:

@@ -28,6 +28,7 @@ class AggCall:
     name: str
     function: str
     expr: Expr | None  # None for count_all
+    fraction: float | None = None  # a quantile's (flight.plan.agg.QUANTILES)
 
 
 def _require(names: Sequence[str], schema: pa.Schema, operator: str, what: str) -> None:
@@ -106,7 +107,10 @@ class AggregateNode(Node):
         op.aggregate.CopyFrom(
             plan_pb2.Aggregate(
                 keys=self.keys,
-                aggregates=[plan_pb2.AggregateCall(function=f, column=c, name=n) for f, c, n in self._calls()],
+                aggregates=[
+                    plan_pb2.AggregateCall(function=f, column=c, name=n, fraction=call.fraction or 0.0)
+                    for (f, c, n), call in zip(self._calls(), self.calls)
+                ],
                 partial=self.partial,
             )
         )
@@ -118,7 +122,10 @@ class AggregateNode(Node):
 
     def label(self) -> str:
         what = self.label_text or "Aggregate"
-        calls = ", ".join(f"{c.name}={c.function}({'' if c.expr is None else repr(c.expr)})" for c in self.calls)
+        calls = ", ".join(
+            f"{c.name}={c.function}({'' if c.expr is None else repr(c.expr)}{'' if c.fraction is None else f', {c.fraction!r}'})"
+            for c in self.calls
+        )
         return f"{what}[keys={self.keys}; {calls}]" if calls else f"{what}[keys={self.keys}]"
 
 

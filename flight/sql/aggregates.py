@@ -18,12 +18,14 @@ own plan produced.
 
 from __future__ import annotations
 
+import decimal
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
+from flight.errors import PlanError
 from flight.plan import agg
 from flight.plan.expr import Expr, call, col, if_else, lit
 from flight.sql import spark_types
@@ -84,7 +86,7 @@ def aggregate_call(e: DFExpr, t: Scalars) -> agg.Agg | Derived:
     name = str(v.aggregate_type()).lower()
     args = list(v.args())
     condition, ordered = _extras(e)
-    if ordered and name not in _ORDER_FREE:
+    if ordered and name not in _ORDER_FREE and name not in _QUANTILES:
         raise unsupported(f"{name}() with ORDER BY ({e.canonical_name()})")
     keep = None if condition is None else t(condition)
 
@@ -96,6 +98,10 @@ def aggregate_call(e: DFExpr, t: Scalars) -> agg.Agg | Derived:
         return agg.count_all() if keep is None else agg.count(only(lit(1)))
     if name in _PAIRED and len(args) == 2 and not v.is_distinct():
         return _paired(name, only(t.as_double(t(args[0]))), only(t.as_double(t(args[1]))))
+    if name in _QUANTILES and not v.is_distinct():
+        if ordered and " DESC" in e.canonical_name().rsplit(" ORDER BY ", 1)[-1]:
+            raise unsupported(f"{name}() WITHIN GROUP (ORDER BY ... DESC)")
+        return _quantile(t, name, args, only)
     if len(args) != 1:
         raise unsupported(f"the aggregate {name}() with {len(args)} arguments")
     arg = only(t(args[0]))
@@ -162,6 +168,42 @@ def aggregated(query: Any, keys: list[str], made: dict[str, agg.Agg | Derived], 
     for name, m in made.items():
         items[name] = col(name) if isinstance(m, agg.Agg) else m.finish({k: col(f"{name}__{k}") for k in m.parts})
     return out.select(**items)
+
+
+_QUANTILES = {"median": "median", "percentile_cont": "quantile_cont", "quantile_disc": "quantile_disc", "quantile": "quantile_disc"}
+"""DataFusion's names (and those ``flight.sql.library`` declares) of the IR's quantiles; ``quantile`` is DuckDB's
+``quantile_disc``, ``percentile_cont`` DataFusion's (and ``quantile_cont``'s, and ``median``'s in Spark's text)."""
+
+
+def _quantile(t: Scalars, name: str, args: list[DFExpr], only: Callable[[Expr], Expr]) -> agg.Agg:
+    """A median or a quantile: computed by the DuckDB engine (``agg.DUCKDB_ONLY``), its rows moved by the keys.
+
+    A declared function's argument arrives cast to its declared DOUBLE: the cast is left out, so a DECIMAL or
+    an integer keeps its type (DuckDB's answer has it). Spark's answer is a DOUBLE."""
+    x = only(t(args[0]))
+    arg = args[0]
+    while arg.variant_name() == "Cast":  # DataFusion's coercion to DOUBLE (a user's own CAST is taken for one too)
+        arg = arg.to_variant().expr()
+    if arg is not args[0] and (name in ("quantile_disc", "quantile") or pa.types.is_decimal(t.type_of(t(arg)))):
+        x = only(t(arg))
+    xt = t.type_of(x)
+    if _QUANTILES[name] != "quantile_disc" and not (pa.types.is_integer(xt) or pa.types.is_floating(xt) or pa.types.is_decimal(xt)):
+        raise unsupported(f"{name}() of a {xt}")
+    if t.dialect == "spark":
+        x = t.as_double(x)
+    if name == "median":
+        return agg.median(x)
+    if len(args) != 2:
+        raise unsupported(f"{name}() with {len(args)} arguments")
+    fraction = args[1]
+    while fraction.variant_name() == "Cast":
+        fraction = fraction.to_variant().expr()
+    if fraction.variant_name() != "Literal" or not isinstance(fraction.python_value().as_py(), (int, float, decimal.Decimal)):
+        raise unsupported(f"{name}() of a fraction that is not a constant number")
+    q = float(fraction.python_value().as_py())
+    if not 0.0 <= q <= 1.0:
+        raise PlanError(f"SQL: {name}()'s fraction {q} is not between 0 and 1")
+    return agg.quantile_cont(x, q) if _QUANTILES[name] == "quantile_cont" else agg.quantile_disc(x, q)
 
 
 _PAIRED = frozenset({"corr", "covar_pop", "covar_samp"})

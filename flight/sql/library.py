@@ -16,6 +16,8 @@ __all__ = ["AGGREGATE_ALIASES", "SCALAR_ALIASES", "declare"]
 
 AGGREGATE_ALIASES: dict[str, tuple[list[pa.DataType], pa.DataType]] = {
     "variance": ([pa.float64()], pa.float64()),  # DuckDB's (and Spark's) name for var_samp
+    "quantile_disc": ([pa.float64(), pa.float64()], pa.float64()),  # DuckDB's (the argument keeps its type: aggregates.py)
+    "quantile": ([pa.float64(), pa.float64()], pa.float64()),  # DuckDB's name for quantile_disc
 }
 """Aggregates by name: their argument types (DataFusion coerces to them) and result type."""
 

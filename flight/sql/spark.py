@@ -48,6 +48,8 @@ def to_postgres(text: str) -> str:
         if isinstance(node, exp.DateDiff) and node.args.get("unit") is None:  # days: end - start, as dates
             end, start = (exp.Cast(this=x, to=exp.DataType.build("date")) for x in (node.this, node.expression))
             return exp.Sub(this=end, expression=start)
+        if isinstance(node, exp.Quantile):  # Spark's percentile(x, q) interpolates (sqlglot writes QUANTILE, DuckDB's discrete one)
+            return exp.Anonymous(this="percentile_cont", expressions=[node.this, node.args["quantile"]])
         if isinstance(node, exp.AddMonths):  # Spark's add_months takes a timestamp's date too
             node.set("this", exp.Cast(this=node.this, to=exp.DataType.build("date")))
             return node

@@ -32,6 +32,11 @@ CASES = [(group, i, text) for group, texts in {**CORPUS, **SPARK_CORPUS}.items()
 NOT_SPARK: dict[str, str] = {
     "projection-10": 'a "double-quoted" identifier (Spark quotes with backticks)',
     "grouping-3": "GROUPING() of two columns (Spark's takes one; grouping_id takes several)",
+    "medians-1": "quantile_cont is DuckDB's name (Spark's: percentile, percentile_cont WITHIN GROUP)",
+    "medians-2": "quantile_cont is DuckDB's name (Spark's: percentile, percentile_cont WITHIN GROUP)",
+    "medians-7": "quantile_cont is DuckDB's name (Spark's: percentile, percentile_cont WITHIN GROUP)",
+    "medians-5": "quantile_disc is DuckDB's (Spark's percentile_disc is written WITHIN GROUP)",
+    "medians-10": "quantile and quantile_disc are DuckDB's names",
     "text-8": "split_part of field 0 (an error in Spark, '' in DuckDB)",
     "text-9": "regexp_matches, regexp_full_match and strpos are DuckDB's names (Spark: rlike, regexp_like, instr)",
     "text-10": "~ and !~ are DuckDB's regular-expression operators (Spark's ~ is a bitwise NOT)",

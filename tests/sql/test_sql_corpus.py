@@ -60,10 +60,13 @@ def con(paths: dict[str, Path]) -> Iterator[duckdb.DuckDBPyConnection]:
     c.close()
 
 
+DUCKDB_ONLY = re.compile(r" over \(|\b(median|quantile\w*|percentile_\w+)\(")
+"""Windows, medians and quantiles run on the DuckDB engine only (``flight.engine.select.duckdb_only``)."""
+
 ENGINES = [
     pytest.param(engine, group, i, text, id=f"{group.split()[0]}-{i}-{engine}")
     for group, i, text in CASES
-    for engine in (("duckdb",) if " over (" in text else ("duckdb", "acero"))  # windows run on DuckDB only
+    for engine in (("duckdb",) if DUCKDB_ONLY.search(text) else ("duckdb", "acero"))
 ]
 
 
@@ -79,7 +82,7 @@ def test_statement_matches_duckdb(
     assert difference is None, f"{text}\n{difference}"
 
 
-SPREAD = ("windows", "joins", "aggregates", "set operations", "exists and scalar subqueries", "ctes and views")
+SPREAD = ("windows", "joins", "aggregates", "set operations", "exists and scalar subqueries", "ctes and views", "medians and quantiles")
 DISTRIBUTED = [(g, i, text) for g, i, text in CASES if g in SPREAD]
 
 

@@ -11,6 +11,7 @@ task is ``flight.engine.select``'s decision.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ import pyarrow.compute as pc
 from flight.compute.expressions import bind, to_pyarrow
 from flight.compute.relational import (
     AGGREGATES,
+    DUCKDB_AGGREGATES,
     JOIN_TYPES,
     aggregate_decl,
     aggregate_schema,
@@ -292,12 +294,26 @@ def _aggregate(agg: plan_pb2.Aggregate, env: Env, here: str) -> tuple[ac.Declara
             raise ProtocolError(f"{where}: aggregate {a.function!r} is not one of {sorted(_AGG_FUNCTIONS)}", field=f"{where}.function")
         if a.function != "count_all":
             _check_columns([a.column], schema, f"{where}.column")
+        if a.function in DUCKDB_AGGREGATES:
+            _check_duckdb_call(a, agg.partial, where)
         calls.append((a.function, a.column, a.name))
     try:
         out = aggregate_schema(schema, agg.keys, calls)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
         raise ProtocolError(f"{here} does not fit its input: {exc}", field=here) from exc
+    if any(f in DUCKDB_AGGREGATES for f, _, _ in calls):
+        # Checked and typed here; computed only by DuckDB (``select`` never runs this declaration), as a window.
+        return child, out
     return aggregate_decl(child, agg.keys, calls), out
+
+
+def _check_duckdb_call(a: plan_pb2.AggregateCall, partial: bool, where: str) -> None:
+    """A quantile's fraction is a number from 0 to 1; an aggregate DuckDB alone computes is never a partial one
+    (nothing merges a median)."""
+    if partial:
+        raise ProtocolError(f"{where}: {a.function} cannot be a partial aggregate", field=f"{where}.function")
+    if a.function != "median" and not (math.isfinite(a.fraction) and 0.0 <= a.fraction <= 1.0):
+        raise ProtocolError(f"{where}.fraction {a.fraction!r} is not between 0 and 1", field=f"{where}.fraction")
 
 
 def _hash_join(join: plan_pb2.HashJoin, env: Env, here: str) -> tuple[ac.Declaration, pa.Schema]:

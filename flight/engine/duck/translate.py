@@ -258,6 +258,9 @@ class Translator(_Chains):
                 "var_pop": f"var_pop({arg})",
                 "stddev_samp": f"stddev_samp({arg})",
                 "stddev_pop": f"stddev_pop({arg})",
+                "median": f"median({arg})",
+                "quantile_cont": f"quantile_cont({arg}, {float(a.fraction)!r})",
+                "quantile_disc": f"quantile_disc({arg}, {float(a.fraction)!r})",
             }[a.function]
         items = []
         below = self.task.schemas[f"{here}.input"]

@@ -1084,19 +1084,23 @@ class AggregateCall(_message.Message):
     FUNCTION_FIELD_NUMBER: _builtins.int
     COLUMN_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
+    FRACTION_FIELD_NUMBER: _builtins.int
     function: _builtins.str
     column: _builtins.str
     name: _builtins.str
+    fraction: _builtins.float
+    """A quantile's fraction, 0 to 1 (quantile_cont, quantile_disc); 0 for every other function."""
     def __init__(
         self,
         *,
         function: _builtins.str = ...,
         column: _builtins.str = ...,
         name: _builtins.str = ...,
+        fraction: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["column", b"column", "function", b"function", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["column", b"column", "fraction", b"fraction", "function", b"function", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
