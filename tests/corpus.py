@@ -221,6 +221,7 @@ CORPUS: dict[str, list[str]] = {
         "select g, count(*) as n from t where false group by g",
         "select min(s) as lo, max(s) as hi from t",
         "select extract(year from dt) as yr, count(*) as n from t group by extract(year from dt)",
+        "select g, avg(cast(id as decimal(10, 2))) as a, avg(cast(x as decimal(6, 1))) as b from t group by g",
     ],
     "grouping sets": [
         "select g, b, count(*) as n, sum(d) as s from t group by rollup(g, b)",

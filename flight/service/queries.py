@@ -93,18 +93,19 @@ class Queries:
 
     def start(
         self, text: str, user: str, params: Mapping[str, object] | None = None, planned: PlannedQuery | None = None,
-        *, retain: float = 0.0,
+        *, retain: float = 0.0, dialect: str = "duckdb",
     ) -> Query:
         """Plan ``text`` (unless ``planned`` is its plan already) and start it on the workers, once admitted;
         raises ``PlanError`` (nothing started), ``AdmissionRefused`` (no slot within the queue wait) or the start's error.
 
         ``retain`` > 0 (``hints.py``): its head outputs may be read any number of times for that long, at
         most the result TTL; its slot is given back once they are all made (it computes nothing more).
+        ``dialect``: the text's (``hints.dialect_of``: DuckDB's unless the call's header says Spark's).
         """
         retain = min(max(0.0, retain), self.result_ttl)
         self.admission.acquire(user)
         try:
-            plan = planned if planned is not None else plan_sql(text, self.catalog, params=params)
+            plan = planned if planned is not None else plan_sql(text, self.catalog, params=params, dialect=dialect)
             ex = DistributedExec(plan, self.resolver, security=self.security, deadline=self.query_timeout)
             detached = ex.start_detached(retain)
         except BaseException:

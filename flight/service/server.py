@@ -35,7 +35,7 @@ from google.protobuf.message import DecodeError
 from flight.errors import FlightExecError, PlanError, ProtocolError, TaskCancelledError, WorkerBusyError
 from flight.plan.query import Query as PlannedQuery
 from flight.service.commands import catalogs, db_schemas, pack, sql_info, table_types, tables, tables_schema, unpack
-from flight.service.hints import HINTS_KEY, Hints, retain_of
+from flight.service.hints import HINTS_KEY, Hints, dialect_of, retain_of
 from flight.service.queries import Queries, Query
 from flight.service.users import caller_name
 from flight.sql import sql
@@ -86,6 +86,7 @@ def _boundary(handler: _H) -> _H:
 @dataclass
 class _Prepared:
     sql: str
+    dialect: str = "duckdb"  # the dialect header of the call that prepared it
     params: dict[str, object] | None = None
     planned: PlannedQuery | None = None  # the text's plan, made once, while it has no parameters to bind
 
@@ -116,11 +117,13 @@ class CoordinatorServer(fl.FlightServerBase):
             raise fl.FlightUnavailableError(f"{self.url} is shutting down and takes no new queries")
         retain = retain_of(context)
         if isinstance(command, sql_pb2.CommandStatementQuery):
-            return self._info(self.queries.start(_text(command.query), _user(context), retain=retain), descriptor)
+            query = self.queries.start(_text(command.query), _user(context), retain=retain, dialect=dialect_of(context))
+            return self._info(query, descriptor)
         if isinstance(command, sql_pb2.CommandPreparedStatementQuery):
             prepared = self._statement(command.prepared_statement_handle)
             planned = prepared.planned if prepared.params is None else None
-            return self._info(self.queries.start(prepared.sql, _user(context), prepared.params, planned, retain=retain), descriptor)
+            query = self.queries.start(prepared.sql, _user(context), prepared.params, planned, retain=retain, dialect=prepared.dialect)
+            return self._info(query, descriptor)
         table = self._metadata(command)
         return fl.FlightInfo(table.schema, descriptor, [fl.FlightEndpoint(pack(command), [])], table.num_rows, table.nbytes)
 
@@ -139,10 +142,10 @@ class CoordinatorServer(fl.FlightServerBase):
         """A statement's result schema, planned without running it (the Spark data source asks this first)."""
         command = unpack(descriptor.command or b"", "descriptor.cmd")
         if isinstance(command, sql_pb2.CommandStatementQuery):
-            schema = sql(command.query, self.queries.catalog).schema
+            schema = sql(command.query, self.queries.catalog, dialect=dialect_of(context)).schema
         elif isinstance(command, sql_pb2.CommandPreparedStatementQuery):
             prepared = self._statement(command.prepared_statement_handle)
-            schema = sql(prepared.sql, self.queries.catalog, params=prepared.params).schema
+            schema = sql(prepared.sql, self.queries.catalog, params=prepared.params, dialect=prepared.dialect).schema
         elif isinstance(command, sql_pb2.CommandGetTables):
             schema = tables_schema(command.include_schema)
         else:
@@ -183,13 +186,13 @@ class CoordinatorServer(fl.FlightServerBase):
             raise ProtocolError("no such prepared statement (closed, or made by another service)", field="prepared_statement_handle")
         return prepared
 
-    def _create(self, request: sql_pb2.ActionCreatePreparedStatementRequest) -> bytes:
+    def _create(self, request: sql_pb2.ActionCreatePreparedStatementRequest, dialect: str) -> bytes:
         if request.HasField("transaction_id"):
             raise ProtocolError("transactions are not supported (a read-only service)", field="transaction_id")
         _text(request.query)
         planned = None
         try:  # the plan (and the result's schema) when the text plans without its parameters' values
-            planned = sql(request.query, self.queries.catalog)
+            planned = sql(request.query, self.queries.catalog, dialect=dialect)
             schema = planned.schema.serialize().to_pybytes()
         except PlanError as exc:
             if "has no value" not in str(exc):
@@ -199,7 +202,7 @@ class CoordinatorServer(fl.FlightServerBase):
         with self._lock:
             if len(self._prepared) >= MAX_PREPARED:
                 raise fl.FlightUnavailableError(f"{MAX_PREPARED} prepared statements are open; close some first")
-            self._prepared[handle] = _Prepared(request.query, planned=planned)
+            self._prepared[handle] = _Prepared(request.query, dialect, planned=planned)
         return pack(sql_pb2.ActionCreatePreparedStatementResult(prepared_statement_handle=handle, dataset_schema=schema))
 
     @_boundary
@@ -244,7 +247,7 @@ class CoordinatorServer(fl.FlightServerBase):
             request = unpack(body, "action.body")
             if not isinstance(request, sql_pb2.ActionCreatePreparedStatementRequest):
                 raise ProtocolError("CreatePreparedStatement takes an ActionCreatePreparedStatementRequest", field="action.body")
-            return iter([self._create(request)])
+            return iter([self._create(request, dialect_of(context))])
         if action.type == "ClosePreparedStatement":
             request = unpack(body, "action.body")
             if isinstance(request, sql_pb2.ActionClosePreparedStatementRequest):

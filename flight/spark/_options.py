@@ -181,8 +181,11 @@ def _service(options: Mapping[str, str]) -> ServiceSource:
     pushdown = (options.get("pushdown") or ("true" if _pushdown_by_default() else "false")).strip().lower()
     if pushdown not in ("true", "false"):
         raise PlanError(f"flight data source: option 'pushdown' must be true or false, not {pushdown[:20]!r}")
+    dialect = (options.get("dialect") or "spark").strip().lower()
+    if dialect not in ("spark", "duckdb"):
+        raise PlanError(f"flight data source: option 'dialect' must be spark (the default) or duckdb, not {dialect[:20]!r}")
     return ServiceSource(coordinator, text, SecurityFiles.from_dict(files), _float(options, "timeout", 60.0), pushdown == "true",
-                         _float(options, "retain", 600.0))
+                         _float(options, "retain", 600.0), dialect)
 
 
 def decode_options(options: Mapping[str, str]) -> HeadOptions | PlanOptions | ServiceSource:

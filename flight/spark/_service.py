@@ -30,7 +30,7 @@ from flight.errors import PlanError
 from flight.security import SecurityFiles, connect
 from flight.wire._proto import FlightSql_pb2 as sql_pb2
 from flight.wire.clients import read_stream, translate_flight_error
-from flight.wire.protocol import RETAIN_HEADER
+from flight.wire.protocol import DIALECT_HEADER, RETAIN_HEADER
 
 __all__ = ["ServicePartition", "filter_sql", "pushed_text", "service_partitions", "service_schema"]
 
@@ -49,6 +49,15 @@ class ServiceSource:
     """Offer to take Spark's filters (option ``pushdown``; needs PySpark 4.1+; ``_options._pushdown_by_default``)."""
     retain: float = 600.0
     """Seconds the service keeps the results readable again (option ``retain``; at most its ``--result-ttl``)."""
+    dialect: str = "spark"
+    """The statement's SQL dialect (option ``dialect``): Spark's unless told, so a Spark user's text gives Spark's answers."""
+
+    def headers(self, retained: bool = False) -> list[tuple[bytes, bytes]]:
+        """The call headers the service reads beside the statement (``flight/service/hints.py``)."""
+        out = [(DIALECT_HEADER.encode(), self.dialect.encode())]
+        if retained and self.retain > 0:
+            out.append((RETAIN_HEADER.encode(), f"{self.retain:g}".encode()))
+        return out
 
 
 def _pack(message: object) -> bytes:
@@ -71,7 +80,8 @@ def service_schema(source: ServiceSource) -> pa.Schema:
     descriptor = fl.FlightDescriptor.for_command(_pack(sql_pb2.CommandStatementQuery(query=source.sql)))
     with _client(source.coordinator, source) as client:
         try:
-            result = client.get_schema(descriptor, options=fl.FlightCallOptions(timeout=source.timeout))
+            call = fl.FlightCallOptions(timeout=source.timeout, headers=source.headers())  # type: ignore[arg-type]  # bytes: its stubs say str
+            result = client.get_schema(descriptor, options=call)
             return getattr(result, "schema", result)  # a SchemaResult (its stubs say Schema)
         except (pa.ArrowException, OSError) as exc:
             raise _service_error(exc, source.coordinator, "plan the statement") from exc
@@ -96,10 +106,9 @@ def service_partitions(source: ServiceSource, text: str) -> list[ServicePartitio
     descriptor = fl.FlightDescriptor.for_command(_pack(sql_pb2.CommandStatementQuery(query=text)))
     # Kept readable again (the service's hints.py): Spark re-reads a partition for a retried or speculative
     # task, and for the sample a sort takes before it reads.
-    headers = [(RETAIN_HEADER.encode(), f"{source.retain:g}".encode())] if source.retain > 0 else []
     with _client(source.coordinator, source) as client:
         try:
-            call = fl.FlightCallOptions(timeout=source.timeout, headers=headers)  # type: ignore[arg-type]  # bytes: its stubs say str
+            call = fl.FlightCallOptions(timeout=source.timeout, headers=source.headers(retained=True))  # type: ignore[arg-type]  # bytes: its stubs say str
             info = client.get_flight_info(descriptor, options=call)
         except (pa.ArrowException, OSError) as exc:
             raise _service_error(exc, source.coordinator, "start the statement") from exc
@@ -131,14 +140,16 @@ def _service_error(exc: BaseException, url: str, what: str) -> Exception:
 # ------------------------------------------------------------------ filters
 
 
-def _column(path: Sequence[str]) -> str | None:
-    """A top-level column as a quoted identifier; a nested field is not pushed."""
+def _column(path: Sequence[str], dialect: str) -> str | None:
+    """A top-level column as a quoted identifier (Spark's with backticks); a nested field is not pushed."""
     if len(path) != 1:
         return None
+    if dialect == "spark":
+        return "`" + path[0].replace("`", "``") + "`"
     return '"' + path[0].replace('"', '""') + '"'
 
 
-def _literal(value: object) -> str | None:
+def _literal(value: object, dialect: str) -> str | None:
     """``value`` as a SQL literal of its own type, or None when it has none here."""
     if value is None:
         return None
@@ -157,7 +168,7 @@ def _literal(value: object) -> str | None:
         precision = max(digits, scale, 1) + max(0, exponent)
         return f"CAST('{value}' AS DECIMAL({min(precision, 38)}, {scale}))" if precision <= 38 else None
     if isinstance(value, str):
-        return _quoted(value)
+        return _quoted(value, dialect)
     if isinstance(value, datetime.datetime):
         return None  # Spark's timestamps carry a session time zone: compared by Spark
     if isinstance(value, datetime.date):
@@ -165,53 +176,57 @@ def _literal(value: object) -> str | None:
     return None
 
 
-def _quoted(text: str) -> str:
+def _quoted(text: str, dialect: str) -> str:
+    """A string literal: Spark's escapes with a backslash (where ``''`` would be two literals, joined)."""
+    if dialect == "spark":
+        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
     return "'" + text.replace("'", "''") + "'"
 
 
-def _contains(column: str, text: str) -> str:
+def _contains(column: str, text: str, dialect: str) -> str:
     escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"{column} LIKE {_quoted('%' + escaped + '%')} ESCAPE '\\'"
+    return f"{column} LIKE {_quoted('%' + escaped + '%', dialect)} ESCAPE {_quoted(chr(92), dialect)}"
 
 
 _COMPARE = {"EqualTo": "=", "GreaterThan": ">", "GreaterThanOrEqual": ">=", "LessThan": "<", "LessThanOrEqual": "<="}
 
 
-def filter_sql(f: object) -> str | None:
-    """A Spark data source ``Filter`` as a SQL condition, or None when it cannot be stated exactly."""
+def filter_sql(f: object, dialect: str = "spark") -> str | None:
+    """A Spark data source ``Filter`` as a SQL condition in ``dialect``, or None when it cannot be stated exactly."""
     kind = type(f).__name__
-    column = _column(getattr(f, "attribute", ()))
+    column = _column(getattr(f, "attribute", ()), dialect)
     if column is None:
         if kind == "Not":
-            inner = filter_sql(f.child)  # type: ignore[attr-defined]
+            inner = filter_sql(f.child, dialect)  # type: ignore[attr-defined]
             return None if inner is None else f"NOT ({inner})"
         return None
     if kind in _COMPARE:
-        value = _literal(f.value)  # type: ignore[attr-defined]
+        value = _literal(f.value, dialect)  # type: ignore[attr-defined]
         return None if value is None else f"{column} {_COMPARE[kind]} {value}"
     if kind == "EqualNullSafe":
         if f.value is None:  # type: ignore[attr-defined]
             return f"{column} IS NULL"
-        value = _literal(f.value)  # type: ignore[attr-defined]
+        value = _literal(f.value, dialect)  # type: ignore[attr-defined]
         return None if value is None else f"{column} IS NOT DISTINCT FROM {value}"
     if kind == "IsNull":
         return f"{column} IS NULL"
     if kind == "IsNotNull":
         return f"{column} IS NOT NULL"
     if kind == "In":
-        values = [_literal(v) for v in f.value]  # type: ignore[attr-defined]
+        values = [_literal(v, dialect) for v in f.value]  # type: ignore[attr-defined]
         if not values or any(v is None for v in values):
             return None  # a null in the list: exact under NOT only with three-valued care, so Spark keeps it
         return f"{column} IN ({', '.join(values)})"  # type: ignore[arg-type]
     text = getattr(f, "value", None)
     if not isinstance(text, str):
         return None
+    name = "{}with" if dialect == "spark" else "{}_with"  # Spark's startswith, DuckDB's starts_with
     if kind == "StringStartsWith":
-        return f"starts_with({column}, {_quoted(text)})"
+        return f"{name.format('starts')}({column}, {_quoted(text, dialect)})"
     if kind == "StringEndsWith":
-        return f"ends_with({column}, {_quoted(text)})"
+        return f"{name.format('ends')}({column}, {_quoted(text, dialect)})"
     if kind == "StringContains":
-        return _contains(column, text)
+        return _contains(column, text, dialect)
     return None
 
 

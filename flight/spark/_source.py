@@ -173,7 +173,7 @@ class PushingReader(FlightReader):
             return list(filters)
         kept = []
         for f in filters:
-            condition = filter_sql(f)
+            condition = filter_sql(f, self.spec.dialect)
             if condition is None:
                 kept.append(f)
             else:

@@ -37,7 +37,7 @@ def sql(
     """
     if not isinstance(text, str):
         raise PlanError(f"flight.sql takes SQL text, not {type(text).__name__}")
-    text = number_placeholders(text)
+    text = number_placeholders(text, backslash=dialect == "spark")
     values: dict[str, object] | None = None
     if params is not None:
         values = {str(k): v for k, v in params.items()} if isinstance(params, Mapping) else {str(i): v for i, v in enumerate(params, 1)}

@@ -128,7 +128,9 @@ def _spark_decimal(name: str, arg: Expr, d: pa.Decimal128Type) -> Derived:
 
     def average(c: dict[str, Expr]) -> Expr:
         n = if_else(c["n"] == lit(0, pa.int64()), lit(None, pa.int64()), c["n"])  # no zero divisor: both branches run
-        return quotient(c["s"].cast(total), n, total, count_type, spark_types.avg_type(d))
+        # A BIGINT becomes a DECIMAL(19, 0) first: Arrow refuses a cast of an int64 to fewer digits outright.
+        count = n.cast(pa.decimal128(19, 0)).cast(count_type)
+        return quotient(c["s"].cast(total), count, total, count_type, spark_types.avg_type(d))
 
     return Derived({"s": agg.sum(arg), "n": agg.count(arg)}, average)
 

@@ -58,16 +58,14 @@ class Statement:
         return re.findall(r"[a-z_]+", _strip_comments(self.text).lower())[:4]
 
 
-def _code(text: str) -> Iterator[int]:
-    """The offsets of ``text``'s characters outside quotes and comments."""
+def _code(text: str, backslash: bool = False) -> Iterator[int]:
+    """The offsets of ``text``'s characters outside quotes and comments (``backslash``: Spark's strings, where a
+    backslash escapes the next character)."""
     i, n = 0, len(text)
     while i < n:
         c = text[i]
         if c in "'\"`":
-            end = text.find(c, i + 1)
-            while end != -1 and end + 1 < n and text[end + 1] == c:  # a doubled quote inside
-                end = text.find(c, end + 2)
-            i = n if end == -1 else end + 1
+            i = _quote_end(text, i, backslash and c != "`")
         elif text.startswith("--", i):
             end = text.find("\n", i)
             i = n if end == -1 else end + 1
@@ -79,14 +77,31 @@ def _code(text: str) -> Iterator[int]:
             i += 1
 
 
-def split_statements(text: str) -> list[Statement]:
-    """The statements of ``text``, split at semicolons outside quotes and comments."""
+def _quote_end(text: str, i: int, backslash: bool) -> int:
+    """The offset just past the quoted text that starts at ``i`` (its end, if it is not closed)."""
+    c, n = text[i], len(text)
+    j = i + 1
+    while j < n:
+        if backslash and text[j] == "\\":
+            j += 2
+        elif text[j] == c:
+            if j + 1 < n and text[j + 1] == c:  # a doubled quote inside
+                j += 2
+            else:
+                return j + 1
+        else:
+            j += 1
+    return n
+
+
+def split_statements(text: str, backslash: bool = False) -> list[Statement]:
+    """The statements of ``text``, split at semicolons outside quotes and comments (``backslash``: as ``_code``)."""
     out: list[Statement] = []
     start = 0
     if ";" not in text:  # one statement: no need to walk the text character by character
         _add(out, text, 0, len(text))
         return out
-    for i in _code(text):
+    for i in _code(text, backslash):
         if text[i] == ";":
             _add(out, text, start, i)
             start = i + 1
@@ -94,9 +109,9 @@ def split_statements(text: str) -> list[Statement]:
     return out
 
 
-def number_placeholders(text: str) -> str:
+def number_placeholders(text: str, backslash: bool = False) -> str:
     """``text`` with each ``?`` parameter (JDBC's and ADBC's) numbered as DataFusion's ``$1``, ``$2``, …"""
-    marks = [i for i in _code(text) if text[i] == "?"] if "?" in text else []
+    marks = [i for i in _code(text, backslash) if text[i] == "?"] if "?" in text else []
     for n, i in reversed(list(enumerate(marks, 1))):
         text = f"{text[:i]}${n}{text[i + 1:]}"
     return text
@@ -198,7 +213,7 @@ def plan_text(
     ``schemas``: the tables the text may name; ``tables``: every table there is (for errors);
     ``params``: the values of the query's parameters (``$1`` or ``?`` by number, ``$name`` by name)."""
     known = tables if tables is not None else list(schemas)
-    statements = split_statements(text)
+    statements = split_statements(text, backslash=dialect == "spark")
     if not statements:
         raise PlanError("SQL: the text holds no statement")
     if dialect not in DIALECTS:

@@ -38,7 +38,7 @@ def to_postgres(text: str) -> str:
         raise PlanError("dialect='spark' needs sqlglot: pip install 'flight-exec[sql]'") from None
     try:
         tree = sqlglot.parse_one(text, read="spark")
-    except sqlglot.errors.ParseError as exc:
+    except sqlglot.errors.SqlglotError as exc:  # a ParseError, or a TokenError (an unclosed quote)
         raise PlanError(f"SQL syntax error (Spark dialect): {str(exc).splitlines()[0]}") from None
 
     def rewrite(node: Any) -> Any:

@@ -136,7 +136,8 @@ def _spark_average(total: Expr, count: Expr, d: pa.Decimal128Type) -> Expr:
     """Spark's AVG of DECIMAL(p, s): DECIMAL(p + 4, s + 4), the sum over the count rounded HALF_UP; null over no value."""
     n = if_else(count == lit(0, pa.int64()), lit(None, pa.int64()), count)
     total_type = spark_types.sum_type(d)
-    return quotient(total.cast(total_type), n, total_type, pa.decimal128(10, 0), spark_types.avg_type(d))
+    count_type = pa.decimal128(10, 0)  # reached through DECIMAL(19, 0): Arrow refuses an int64 cast to fewer digits
+    return quotient(total.cast(total_type), n.cast(pa.decimal128(19, 0)).cast(count_type), total_type, count_type, spark_types.avg_type(d))
 
 
 def _spark_window_type(function: str, schema: pa.Schema, argument: str) -> pa.DataType | None:

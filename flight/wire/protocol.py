@@ -43,6 +43,7 @@ from flight.wire.plan_codec import check_operators, unflatten
 
 __all__ = [
     "COMPRESSION",
+    "DIALECT_HEADER",
     "INPUT_CALL_PATH",
     "PROTOCOL_VERSION",
     "RETAIN_HEADER",
@@ -73,6 +74,9 @@ DoGet streams, whose absence a version-4 reader takes for a lost worker when a v
 ``StagePlan.operators``, where a version-5 worker finds no ``root``)."""
 
 RETAIN_HEADER = "x-flight-exec-retain"
+DIALECT_HEADER = "x-flight-exec-dialect"
+"""A call header of a Flight SQL statement to ``flight-coordinator``: the text's SQL dialect (``duckdb``, the
+default, or ``spark``; ``flight/service/hints.py``). The Spark data source sends ``spark`` unless told otherwise."""
 INPUT_CALL_PATH = "flight-exec.input"
 """The DoExchange descriptor path of an input call: batches for a task whose ExchangeInput has
 ``separate_input`` (docs/protocol.md, section 16), from another process than its coordinator."""

@@ -10,6 +10,7 @@ exits 0.
 
 from __future__ import annotations
 
+import decimal
 import subprocess
 import threading
 import sys
@@ -165,6 +166,29 @@ def test_get_schema_plans_a_statement_without_running_it(services: dict[str, str
         result = client.get_schema(fl.FlightDescriptor.for_command(pack(sql_pb2.CommandStatementQuery(query=text))))
     assert result.schema.names == ["n_name", "r"]
     assert running_tasks(cluster.urls) == 0  # nothing ran
+
+
+def test_the_dialect_header_plans_sparks_text_with_sparks_types(services: dict[str, str], con: duckdb.DuckDBPyConnection) -> None:
+    """``x-flight-exec-dialect: spark`` (here through the ADBC driver's call-header option): backticks and
+    Spark's functions plan, and an average of a DECIMAL is Spark's DECIMAL(p + 4, s + 4), where DuckDB's is a
+    DOUBLE; a dialect the service does not know fails the call naming the header."""
+    header = "adbc.flight.sql.rpc.call_header.x-flight-exec-dialect"
+    text = "select `n_name`, nvl(n_comment, 'x') as c, avg(cast(n_nationkey as decimal(10, 2))) as a from nation group by 1, 2"
+    with dbapi.connect(services["direct"], db_kwargs={header: "spark"}, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(text)
+        got = cur.fetch_arrow_table()
+    assert got.schema.field("a").type == pa.decimal128(14, 6)
+    want = duckdb_table(con, "select n_name, coalesce(n_comment, 'x') as c, avg(n_nationkey) as a from nation group by 1, 2")
+    assert sorted(zip(got["n_name"].to_pylist(), got["a"].to_pylist())) == sorted(
+        (n, decimal.Decimal(a).quantize(decimal.Decimal("0.000001"))) for n, a in zip(want["n_name"].to_pylist(), want["a"].to_pylist()))
+    with fl.connect(services["direct"]) as client:
+        call = fl.FlightCallOptions(headers=[(b"x-flight-exec-dialect", b"spark")])
+        descriptor = fl.FlightDescriptor.for_command(pack(sql_pb2.CommandStatementQuery(query=text)))
+        assert client.get_schema(descriptor, call).schema.field("a").type == pa.decimal128(14, 6)
+        bad = fl.FlightCallOptions(headers=[(b"x-flight-exec-dialect", b"sql2016")])
+        with pytest.raises(fl.FlightError, match="header x-flight-exec-dialect: 'sql2016' is not one of") as raised:
+            client.get_flight_info(descriptor, bad)
+        assert "Traceback" not in str(raised.value)
 
 
 def test_an_unknown_command_is_refused_by_name(services: dict[str, str]) -> None:

@@ -122,6 +122,29 @@ def test_a_temporary_view_using_flight_reads_the_coordinator(session: Any, servi
          ["l_returnflag", "l_linestatus"])
 
 
+def test_the_data_source_speaks_sparks_dialect_unless_told(session: Any, service: tuple[str, str]) -> None:
+    """Spark's text gives Spark's answer, types and all: TPC-H Q1's ``avg(l_discount)`` is Spark's DECIMAL, not
+    DuckDB's DOUBLE; a view ``USING flight`` takes backticks and Spark's functions. ``dialect duckdb`` asks for
+    DuckDB's (a DOUBLE average) and takes its double-quoted names."""
+    url, _ = service
+    text = ("select l_returnflag, avg(l_discount) as disc, nvl(sum(l_tax), 0) as tax from lineitem "
+            "where `l_shipdate` <= date_sub(date '1998-12-01', 90) group by l_returnflag")
+    got = session.read.format("flight").option("coordinator", url).option("sql", text).load().toArrow()
+    want = session.sql(text).toArrow()
+    assert got.schema.types == want.schema.types, (got.schema, want.schema)  # DECIMAL(16,6): Spark's avg of DECIMAL(12,2)
+    rows = want.sort_by("l_returnflag").to_pylist()  # values and types compared; Spark marks its sum NOT NULL here
+    assert got.sort_by("l_returnflag").to_pylist() == rows
+    quoted = text.replace("'", "\\'")  # Spark's string escape
+    session.sql(f"CREATE OR REPLACE TEMPORARY VIEW flight_spark USING flight OPTIONS (coordinator '{url}', sql '{quoted}')")
+    view = session.sql("select * from flight_spark").toArrow()
+    assert view.schema.types == want.schema.types and view.sort_by("l_returnflag").to_pylist() == rows
+    duck = "select avg(l_discount) as \"disc\" from lineitem"
+    read = session.read.format("flight").option("coordinator", url).option("sql", duck).option("dialect", "duckdb").load()
+    assert read.toArrow().schema.field("disc").type == pa.float64()
+    with pytest.raises(Exception, match="option 'dialect' must be spark"):
+        session.read.format("flight").option("coordinator", url).option("sql", duck).option("dialect", "sql2016").load()
+
+
 def test_the_services_errors_reach_spark_with_their_position(session: Any, service: tuple[str, str]) -> None:
     url, _ = service
     with pytest.raises(Exception, match=r"unknown column|No field named|nope") as raised:
@@ -144,7 +167,7 @@ def test_filters_spark_offers_run_on_the_workers(session: Any, service: tuple[st
     where = (F.col("l_orderkey") < 2000) & (F.col("l_shipdate") >= dt.date(1995, 1, 1)) & F.col("l_shipmode").startswith("RE")
     same(read.filter(where), session.sql(text).filter(where), ["l_orderkey", "l_linenumber"])
     pushed = next(q for q in statements(page) if "flight_pushed" in q["sql"])
-    assert '"l_orderkey" < 2000' in pushed["sql"] and "DATE '1995-01-01'" in pushed["sql"] and "starts_with(\"l_shipmode\", 'RE')" in pushed["sql"]
+    assert "`l_orderkey` < 2000" in pushed["sql"] and "DATE '1995-01-01'" in pushed["sql"] and "startswith(`l_shipmode`, 'RE')" in pushed["sql"]
     # The same statement without filters (a DataFrame of its own: docs/spark.md), for the bytes it moves.
     assert session.read.format("flight").option("coordinator", url).option("sql", text).load().count() == session.sql(text).count()
     whole = next(q for q in statements(page) if q["sql"] == text)
@@ -212,12 +235,13 @@ def test_pushed_conditions_mean_what_spark_meant() -> None:
         (GreaterThanOrEqual(("d",), decimal.Decimal("3.25")), lambda r: r["d"] >= decimal.Decimal("3.25")),
         (LessThan(("day",), dt.date(2020, 1, 4)), lambda r: r["day"] < dt.date(2020, 1, 4)),
     ]
-    for f, keep in cases:
-        condition = filter_sql(f)
-        assert condition is not None, f
-        got = flight.run_local(flight.sql(f"select n from t where {condition}", {"t": t})).read_all()
-        want = [r["n"] for r in t.to_pylist() if keep(r)]
-        assert sorted(got.column("n").to_pylist()) == want, (f, condition)
+    for dialect in ("spark", "duckdb"):  # Spark's quoting (backticks, backslash escapes) and DuckDB's
+        for f, keep in cases:
+            condition = filter_sql(f, dialect)
+            assert condition is not None, f
+            got = flight.run_local(flight.sql(f"select n from t where {condition}", {"t": t}, dialect=dialect)).read_all()
+            want = [r["n"] for r in t.to_pylist() if keep(r)]
+            assert sorted(got.column("n").to_pylist()) == want, (dialect, f, condition)
 
 
 def test_options_name_files_never_secrets(tmp_path: Path) -> None:

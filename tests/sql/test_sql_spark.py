@@ -10,12 +10,14 @@ import re
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from corpus import tables
 from test_sql_corpus import same
 
 import flight
+from flight.errors import PlanError
 from flight.sql.spark import FUNCTIONS
 
 CASES = [
@@ -81,3 +83,15 @@ def test_spark_spelling_matches_duckdb(spark: str, duck: str, setup: tuple[fligh
     got = flight.run_local(flight.sql(spark, catalog, dialect="spark")).read_all()
     difference = same(got, want, ordered=False)
     assert difference is None, f"{spark}\n{difference}"
+
+
+def test_spark_strings_escape_with_a_backslash_where_statements_are_split() -> None:
+    """In Spark's text a backslash escapes a quote, so ``;`` inside such a string splits nothing (DuckDB's
+    text doubles the quote instead); an unclosed string is a syntax error naming the dialect."""
+    t = pa.table({"s": ["it's; x", "a\\b"]})
+    got = flight.run_local(flight.sql("select s from t where s = 'it\\'s; x' or s = 'a\\\\b'", {"t": t}, dialect="spark")).read_all()
+    assert sorted(got.column("s").to_pylist()) == ["a\\b", "it's; x"]
+    got = flight.run_local(flight.sql("select s from t where s = 'it''s; x'", {"t": t})).read_all()
+    assert got.column("s").to_pylist() == ["it's; x"]
+    with pytest.raises(PlanError, match="Spark dialect"):
+        flight.sql("select 'open", {"t": t}, dialect="spark")
