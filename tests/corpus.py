@@ -324,6 +324,18 @@ CORPUS: dict[str, list[str]] = {
         "select g, m from (select g, median(x) as m from t group by g) q where m > 0",
         "select quantile(x, 0.5) as q, quantile_disc(d, 0.33) as qd from t",
     ],
+    "ordered aggregates": [
+        "select g, string_agg(s, ',' order by id) as a from t group by g",
+        "select g, string_agg(s, ' | ' order by x desc nulls first, id) as a, count(*) as n from t group by g",
+        "select string_agg(cast(id as varchar), '-' order by id) as a from t where id < 10",
+        "select g, array_agg(x order by id) as a from t group by g",
+        "select g, array_agg(s order by id desc) filter (where x > 0) as a from t group by g",
+        "select g, string_agg(s, ',' order by id) filter (where b) as a from t group by g",
+        "select g, array_agg(dt order by id) as a, array_agg(d order by id) as dd from t where id < 20 group by g",
+        "select string_agg(s, ',' order by id) as a, array_agg(x order by id) as xs from e",
+        "select b, string_agg(g, '' order by id desc) as a from t group by b",
+        "select t.g, string_agg(cast(u.y as varchar), '/' order by u.y, t.id) as ys from t join u on t.id = u.id group by t.g",
+    ],
     "text and calendar functions": [
         "select id, split_part(s, 'p', 1) as a, split_part(s, 'p', 2) as b, split_part(s, ' ', -1) as c from t",
         "select id, split_part(s, 'an', 2) as m, split_part(g, 'x', 1) as one, split_part(s, 'p', 5) as past from t",

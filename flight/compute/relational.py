@@ -43,10 +43,13 @@ _ONLY_VALID = pc.CountOptions(mode="only_valid")
 _VARIANCES = {"var_samp": ("variance", 1), "var_pop": ("variance", 0), "stddev_samp": ("stddev", 1), "stddev_pop": ("stddev", 0)}
 """The IR's variances as Acero's kernels and their delta degrees of freedom (null below ddof + 1 values, as SQL)."""
 
-_STAND_INS = {"median": "mean", "quantile_cont": "mean", "quantile_disc": "min"}
+_STAND_INS = {"median": "mean", "quantile_cont": "mean", "quantile_disc": "min", "string_agg": "min", "array_agg": "min"}
 """The aggregates only DuckDB computes (``flight.plan.agg.DUCKDB_ONLY``), each with the Acero aggregate whose
-result type is DuckDB's for it (an interpolated quantile: a DOUBLE, or the DECIMAL's own type; a discrete one:
-the argument's type). Used for types only: ``aggregate_decl`` refuses them."""
+result type is DuckDB's for it (an interpolated quantile: a DOUBLE, or the DECIMAL's own type; a discrete one,
+and string_agg's text: the argument's type; ``array_agg``: a list of it, ``_LISTS``). Used for types only:
+``aggregate_decl`` refuses them."""
+
+_LISTS = frozenset({"array_agg"})
 
 DUCKDB_AGGREGATES = frozenset(_STAND_INS)
 
@@ -225,11 +228,16 @@ def join_schema(
 def aggregate_schema(schema: pa.Schema, keys: Sequence[str], calls: Sequence[tuple[str, str, str]]) -> pa.Schema:
     """What ``aggregate_decl`` over ``schema`` produces, remembered the same way (DuckDB's own aggregates
     typed by their stand-ins)."""
+    lists = {n for f, _, n in calls if f in _LISTS}
     calls = [(_STAND_INS.get(f, f), c, n) for f, c, n in calls]
     key = _key(schema)
     if len(key) > _MAX_KEY_BYTES:
-        return output_schema(aggregate_decl(empty_source(schema), keys, calls))
-    return _aggregate_schema(key, tuple(keys), tuple((f, c, n) for f, c, n in calls))
+        out = output_schema(aggregate_decl(empty_source(schema), keys, calls))
+    else:
+        out = _aggregate_schema(key, tuple(keys), tuple((f, c, n) for f, c, n in calls))
+    if lists:
+        out = pa.schema([pa.field(f.name, pa.list_(f.type)) if f.name in lists else f for f in out])
+    return out
 
 
 # Why remembered: every task of a stage, and every query of the same shape, asks the same

@@ -11,18 +11,23 @@ from flight.errors import PlanError
 from flight.plan.expr import Expr, col
 
 __all__ = [
-    "DUCKDB_ONLY", "FUNCTIONS", "MERGEABLE", "NUMERIC", "Agg", "count", "count_all", "count_distinct", "max", "mean",
-    "median", "min", "quantile_cont", "quantile_disc", "stddev_pop", "stddev_samp", "sum", "var_pop", "var_samp",
+    "DUCKDB_ONLY", "FUNCTIONS", "MERGEABLE", "NUMERIC", "Agg", "OrderKey", "array_agg", "count", "count_all", "count_distinct",
+    "max", "mean", "median", "min", "quantile_cont", "quantile_disc", "stddev_pop", "stddev_samp", "string_agg", "sum", "var_pop",
+    "var_samp",
 ]
 
 FUNCTIONS = (
     "count", "count_all", "count_distinct", "sum", "min", "max", "mean", "var_samp", "var_pop", "stddev_samp", "stddev_pop",
-    "median", "quantile_cont", "quantile_disc",
+    "median", "quantile_cont", "quantile_disc", "string_agg", "array_agg",
 )
 
-DUCKDB_ONLY = frozenset({"median", "quantile_cont", "quantile_disc"})
-"""Aggregates only the DuckDB engine computes (Acero has no exact grouped quantile): a stage that has one
-runs on DuckDB, as a window does (``flight.engine.select``). Their rows move by the keys (not mergeable)."""
+DUCKDB_ONLY = frozenset({"median", "quantile_cont", "quantile_disc", "string_agg", "array_agg"})
+"""Aggregates only the DuckDB engine computes (Acero has no exact grouped quantile, and no ordered string or
+list aggregate): a stage that has one runs on DuckDB, as a window does (``flight.engine.select``). Their rows
+move by the keys (not mergeable)."""
+
+ORDERED = frozenset({"string_agg", "array_agg"})
+"""Aggregates whose answer depends on the order of their rows: they take an ``order`` (none: any order)."""
 
 QUANTILES = frozenset({"quantile_cont", "quantile_disc"})
 """Aggregates that take a fraction (0 to 1) beside their argument."""
@@ -38,6 +43,10 @@ OF_NUMBERS = NUMERIC | {"median", "quantile_cont"}
 """Aggregates that take a number (an integer, a float or a DECIMAL): the interpolating ones keep a DECIMAL's type."""
 
 
+OrderKey = tuple[Expr, bool, bool]
+"""An ordered aggregate's sort key: an expression, descending, nulls first."""
+
+
 @dataclass(frozen=True, eq=False)
 class Agg:
     """One aggregate: a function over an expression (none for ``count_all``)."""
@@ -46,6 +55,13 @@ class Agg:
     expr: Expr | None = None
     fraction: float | None = None
     """A quantile's fraction, 0 to 1 (``quantile_cont``, ``quantile_disc``); None for every other function."""
+    separator: str | None = None
+    """``string_agg``'s separator; None for every other function."""
+    order: tuple[OrderKey, ...] = ()
+    """The order ``string_agg`` and ``array_agg`` read their rows in."""
+    where: Expr | None = None
+    """``array_agg`` of only the rows where this is true (its FILTER: it keeps nulls, so it cannot skip rows by
+    nulling them out as the others do)."""
 
     def __post_init__(self) -> None:
         if self.function not in FUNCTIONS:
@@ -56,9 +72,17 @@ class Agg:
             raise PlanError(f"aggregate {self.function!r} {'needs a' if self.function in QUANTILES else 'takes no'} fraction")
         if self.fraction is not None and not 0.0 <= self.fraction <= 1.0:
             raise PlanError(f"aggregate {self.function!r}: the fraction {self.fraction!r} is not between 0 and 1")
+        if (self.separator is None) == (self.function == "string_agg"):
+            raise PlanError(f"aggregate {self.function!r} {'needs a' if self.function == 'string_agg' else 'takes no'} separator")
+        if (self.order or self.where is not None) and self.function not in ORDERED:
+            raise PlanError(f"aggregate {self.function!r} takes no order and no filter (string_agg and array_agg do)")
 
     def __repr__(self) -> str:
         more = "" if self.fraction is None else f", {self.fraction!r}"
+        more += "" if self.separator is None else f", {self.separator!r}"
+        if self.order:
+            more += " ORDER BY " + ", ".join(f"{e!r}{' DESC' if d else ''}{' NULLS FIRST' if n else ''}" for e, d, n in self.order)
+        more += "" if self.where is None else f" FILTER {self.where!r}"
         return f"{self.function}({'' if self.expr is None else repr(self.expr)}{more})"
 
 
@@ -139,3 +163,29 @@ def quantile_disc(value: Expr | str, fraction: float) -> Agg:
     """The first sorted value at or past ``fraction`` of them: a value of the column (DuckDB's ``quantile_disc``).
     DuckDB engine only."""
     return Agg("quantile_disc", _arg(value), float(fraction))
+
+
+def _order(order_by: object) -> tuple[OrderKey, ...]:
+    """Sort keys from names or expressions (ascending, nulls last) or (expression, descending, nulls first) triples."""
+    items = [order_by] if isinstance(order_by, (str, Expr)) else list(order_by)  # type: ignore[call-overload]
+    out: list[OrderKey] = []
+    for item in items:
+        if isinstance(item, tuple) and len(item) == 3:
+            out.append((_arg(item[0]), bool(item[1]), bool(item[2])))
+        else:
+            out.append((_arg(item), False, False))
+    return tuple(out)
+
+
+def string_agg(value: Expr | str, separator: str = ",", order_by: object = (), where: Expr | None = None) -> Agg:
+    """The values (text; nulls skipped) joined by ``separator``, in ``order_by``'s order (none: any order).
+
+    ``order_by``: names or expressions (ascending, nulls last), or (expression, descending, nulls first) triples.
+    DuckDB engine only."""
+    return Agg("string_agg", _arg(value), separator=str(separator), order=_order(order_by), where=where)
+
+
+def array_agg(value: Expr | str, order_by: object = (), where: Expr | None = None) -> Agg:
+    """The values as a list (nulls kept), in ``order_by``'s order; only the rows where ``where`` is true.
+    DuckDB engine only."""
+    return Agg("array_agg", _arg(value), order=_order(order_by), where=where)

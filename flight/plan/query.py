@@ -101,7 +101,11 @@ class Query:
                     raise PlanError(f"aggregate {name}: {a.function} needs a number, but {expr!r} ({used}) is {t}")
                 if a.function in NUMERIC:
                     expr = expr if t == pa.float64() else expr.cast(pa.float64())
-            calls.append(AggCall(name, a.function, expr, a.fraction))
+            if a.function == "string_agg" and expr is not None and output_type(expr, self.schema) not in (pa.string(), pa.large_string()):
+                raise PlanError(f"aggregate {name}: string_agg joins text, but {expr!r} is {output_type(expr, self.schema)}")
+            order = tuple((with_decimal_literals(e, self.schema), d, n) for e, d, n in a.order)
+            where = None if a.where is None else with_decimal_literals(a.where, self.schema)
+            calls.append(AggCall(name, a.function, expr, a.fraction, a.separator, order, where))
         return Query(AggregateNode(self.node, key_list, calls))
 
     def distinct(self) -> Query:

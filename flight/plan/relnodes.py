@@ -29,6 +29,21 @@ class AggCall:
     function: str
     expr: Expr | None  # None for count_all
     fraction: float | None = None  # a quantile's (flight.plan.agg.QUANTILES)
+    separator: str | None = None  # string_agg's
+    order: tuple[tuple[Expr, bool, bool], ...] = ()  # string_agg's and array_agg's (expression, descending, nulls first)
+    where: Expr | None = None  # array_agg's FILTER
+
+    def expressions(self) -> list[Expr]:
+        return [e for e in (self.expr, *(o[0] for o in self.order), self.where) if e is not None]
+
+
+def _call_text(c: AggCall) -> str:
+    more = "" if c.fraction is None else f", {c.fraction!r}"
+    more += "" if c.separator is None else f", {c.separator!r}"
+    if c.order:
+        more += " ORDER BY " + ", ".join(f"{e!r}{' DESC' if d else ''}{' NULLS FIRST' if n else ''}" for e, d, n in c.order)
+    more += "" if c.where is None else f" FILTER ({c.where!r})"
+    return f"{c.function}({'' if c.expr is None else repr(c.expr)}{more})"
 
 
 def _require(names: Sequence[str], schema: pa.Schema, operator: str, what: str) -> None:
@@ -55,11 +70,13 @@ class AggregateNode(Node):
         if dupes:
             raise PlanError(f"aggregate: output names {dupes} appear more than once")
         for c in self.calls:
-            if c.expr is not None:
+            for e in c.expressions():
                 try:
-                    output_type(c.expr, schema)
+                    t = output_type(e, schema)
                 except PlanError as exc:
                     raise PlanError(f"aggregate {c.name}: {exc}") from exc
+                if e is c.where and t != pa.bool_():
+                    raise PlanError(f"aggregate {c.name}: its filter {e!r} is of type {t}, not bool")
         exprs, names_in = self._arguments()
         # What Acero's project makes of the arguments (nullable fields, no metadata), each type
         # bound once per process (output_type), then the aggregate's own answer, remembered too.
@@ -69,27 +86,33 @@ class AggregateNode(Node):
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             raise PlanError(f"aggregate: {exc}") from exc
 
-    def _argument_columns(self) -> list[str]:
-        """Each call's argument column; equal expressions share one (Acero does not spot them)."""
+    def _columns(self) -> list[tuple[str, list[str], str]]:
+        """Each call's argument column, its order keys' columns and its filter's column ("" for none); equal
+        expressions share one (Acero does not spot them)."""
         seen: dict[bytes, str] = {}
-        columns = []
-        for i, c in enumerate(self.calls):
-            if c.expr is None:
-                columns.append("")
-                continue
-            key = c.expr.to_proto().SerializeToString(deterministic=True)
-            columns.append(seen.setdefault(key, f"__arg{i}"))
-        return columns
+
+        def column(e: Expr | None, stem: str) -> str:
+            return "" if e is None else seen.setdefault(e.to_proto().SerializeToString(deterministic=True), stem)
+
+        return [
+            (column(c.expr, f"__arg{i}"), [column(e, f"__ord{i}_{k}") for k, (e, _, _) in enumerate(c.order)], column(c.where, f"__where{i}"))
+            for i, c in enumerate(self.calls)
+        ]
+
+    def _argument_columns(self) -> list[str]:
+        return [arg for arg, _, _ in self._columns()]
 
     def _arguments(self) -> tuple[list[Expr], list[str]]:
         from flight.plan.expr import col
 
         exprs = [col(k) for k in self.keys]
         names = list(self.keys)
-        for c, column in zip(self.calls, self._argument_columns()):
-            if c.expr is not None and column not in names:
-                exprs.append(c.expr)
-                names.append(column)
+        for c, (arg, orders, where) in zip(self.calls, self._columns()):
+            pairs = [(c.expr, arg), *((o[0], n) for o, n in zip(c.order, orders)), (c.where, where)]
+            for e, name in pairs:
+                if e is not None and name not in names:
+                    exprs.append(e)
+                    names.append(name)
         return exprs, names
 
     def _calls(self) -> list[tuple[str, str, str]]:
@@ -108,8 +131,12 @@ class AggregateNode(Node):
             plan_pb2.Aggregate(
                 keys=self.keys,
                 aggregates=[
-                    plan_pb2.AggregateCall(function=f, column=c, name=n, fraction=call.fraction or 0.0)
-                    for (f, c, n), call in zip(self._calls(), self.calls)
+                    plan_pb2.AggregateCall(
+                        function=call.function, column=arg, name=call.name, fraction=call.fraction or 0.0, separator=call.separator or "",
+                        order=[plan_pb2.AggregateOrder(column=o, descending=d, nulls_first=nf) for o, (_, d, nf) in zip(orders, call.order)],
+                        filter=where,
+                    )
+                    for call, (arg, orders, where) in zip(self.calls, self._columns())
                 ],
                 partial=self.partial,
             )
@@ -122,10 +149,7 @@ class AggregateNode(Node):
 
     def label(self) -> str:
         what = self.label_text or "Aggregate"
-        calls = ", ".join(
-            f"{c.name}={c.function}({'' if c.expr is None else repr(c.expr)}{'' if c.fraction is None else f', {c.fraction!r}'})"
-            for c in self.calls
-        )
+        calls = ", ".join(f"{c.name}={_call_text(c)}" for c in self.calls)
         return f"{what}[keys={self.keys}; {calls}]" if calls else f"{what}[keys={self.keys}]"
 
 

@@ -279,7 +279,7 @@ def prune_columns(node: Node, needed: set[str] | None = None) -> Node:
         child = prune_columns(node.input, needed | {k for k, _ in node.keys})
         return SortNode(child, node.keys, node.nulls_first, node.fetch)
     if isinstance(node, AggregateNode):
-        used = set(node.keys).union(*(c.expr.referenced_fields() for c in node.calls if c.expr is not None))
+        used = set(node.keys).union(*(e.referenced_fields() for c in node.calls for e in c.expressions()))
         return AggregateNode(prune_columns(node.input, used), node.keys, node.calls, node.label_text, node.partial)
     if isinstance(node, JoinNode):
         return _prune_join(node, needed)

@@ -31,8 +31,8 @@ from flight.plan.expr import Expr, call, col, if_else, lit
 from flight.sql import spark_types
 from flight.sql.arithmetic import quotient
 from flight.sql.errors import unsupported
-from flight.sql.grouping import fields
-from flight.sql.rel import Scalars
+from flight.sql.grouping import fields, varints
+from flight.sql.rel import Scalars, constant
 
 __all__ = ["AGGREGATES", "Derived", "aggregate_call", "aggregated"]
 
@@ -86,8 +86,10 @@ def aggregate_call(e: DFExpr, t: Scalars) -> agg.Agg | Derived:
     name = str(v.aggregate_type()).lower()
     args = list(v.args())
     condition, ordered = _extras(e)
-    if ordered and name not in _ORDER_FREE and name not in _QUANTILES:
+    if ordered and name not in _ORDER_FREE and name not in _QUANTILES and name not in _LISTED:
         raise unsupported(f"{name}() with ORDER BY ({e.canonical_name()})")
+    if name in _LISTED and not v.is_distinct():
+        return _listed(t, name, args, e, condition)
     keep = None if condition is None else t(condition)
 
     def only(x: Expr) -> Expr:
@@ -133,6 +135,44 @@ def _spark_decimal(name: str, arg: Expr, d: pa.Decimal128Type) -> Derived:
         return quotient(c["s"].cast(total), count, total, count_type, spark_types.avg_type(d))
 
     return Derived({"s": agg.sum(arg), "n": agg.count(arg)}, average)
+
+
+_LISTED = frozenset({"string_agg", "array_agg"})
+
+
+def _listed(t: Scalars, name: str, args: list[DFExpr], e: DFExpr, condition: DFExpr | None) -> agg.Agg:
+    """string_agg (text joined by a separator, nulls skipped) or array_agg (a list, nulls kept), in the call's
+    ORDER BY (DuckDB's: none is any order). A FILTER skips rows; for string_agg as for every aggregate (the value
+    nulled out), for array_agg by name (``Agg.where``: a null is one of its values)."""
+    order = [(t(x), not asc, nulls_first) for x, asc, nulls_first in _order_keys(e)]
+    keep = None if condition is None else t(condition)
+    x = t(args[0])
+    if name == "array_agg":
+        return agg.array_agg(x, order_by=order, where=keep)
+    separator = constant(args, 1, "STRING_AGG's separator") if len(args) > 1 else ","
+    if separator is None:
+        raise unsupported("string_agg() with a NULL separator")
+    text = t.as_text(x)
+    if keep is not None:
+        text = if_else(keep, text, lit(None, pa.string()))
+    return agg.string_agg(text, str(separator), order_by=order)
+
+
+def _order_keys(e: DFExpr) -> list[tuple[DFExpr, bool, bool]]:
+    """The aggregate call's ORDER BY keys: (expression, ascending, nulls first), from DataFusion's protobuf of the
+    call (``SortExprNode``: the expression is field 1, ``asc`` field 2, ``nulls_first`` field 3)."""
+    from datafusion import Expr as DFExprType
+
+    keys = []
+    for number, body in fields(e.to_bytes()):
+        if number != _AGGREGATE_UDF:
+            continue
+        for inner, value in fields(body):
+            if inner == _ORDER_BY:
+                expr = next(b for n, b in fields(value) if n == 1)
+                flags = varints(value)
+                keys.append((DFExprType.from_bytes(expr), bool(flags.get(2, 0)), bool(flags.get(3, 0))))
+    return keys
 
 
 def _extras(e: DFExpr) -> tuple[DFExpr | None, bool]:

@@ -22,7 +22,7 @@ from typing import Any
 
 from flight.sql.errors import unsupported
 
-__all__ = ["MAX_SETS", "fields", "grouping_sets"]
+__all__ = ["MAX_SETS", "fields", "grouping_sets", "varints"]
 
 DFExpr = Any
 
@@ -83,6 +83,27 @@ def fields(data: bytes) -> Iterator[tuple[int, bytes]]:
             i += 4
         else:
             raise unsupported("a grouping expression DataFusion encodes in an unknown way")
+
+
+def varints(data: bytes) -> dict[int, int]:
+    """The varint fields of one protobuf message (bools, enums, integers) by field number; others skipped."""
+    out: dict[int, int] = {}
+    i, n = 0, len(data)
+    while i < n:
+        key, i = _varint(data, i)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            out[number], i = _varint(data, i)
+        elif wire == 2:
+            size, i = _varint(data, i)
+            i += size
+        elif wire == 1:
+            i += 8
+        elif wire == 5:
+            i += 4
+        else:
+            raise unsupported("an expression DataFusion encodes in an unknown way")
+    return out
 
 
 def _varint(data: bytes, i: int) -> tuple[int, int]:

@@ -76,6 +76,8 @@ MAX_PAD_WIDTH = 1 << 16
 """Widest a pad (lpad / rpad) may make a value, in characters: a peer's width times the rows is memory."""
 MAX_TEMPORAL_MULTIPLE = 1 << 30
 """Most periods one date_trunc step may span (``RoundTemporalOptions.multiple``)."""
+MAX_SEPARATOR_CHARS = 1_024
+"""Longest separator a string_agg may take: it is copied between every two values of a group."""
 MAX_PLAN_OPERATORS = 10_000
 """Operators in one stage's plan (``StagePlan.operators``, a flat list: docs/protocol.md, section 5). The coordinator
 refuses a larger plan (``PlanError``) before it sends it."""

@@ -32,6 +32,7 @@ CASES = [(group, i, text) for group, texts in {**CORPUS, **SPARK_CORPUS}.items()
 NOT_SPARK: dict[str, str] = {
     "projection-10": 'a "double-quoted" identifier (Spark quotes with backticks)',
     "grouping-3": "GROUPING() of two columns (Spark's takes one; grouping_id takes several)",
+    **{f"ordered-{i}": "an aggregate's ORDER BY inside its arguments is DuckDB's (Spark's collect_list has no order)" for i in range(10)},
     "medians-1": "quantile_cont is DuckDB's name (Spark's: percentile, percentile_cont WITHIN GROUP)",
     "medians-2": "quantile_cont is DuckDB's name (Spark's: percentile, percentile_cont WITHIN GROUP)",
     "medians-7": "quantile_cont is DuckDB's name (Spark's: percentile, percentile_cont WITHIN GROUP)",

@@ -41,7 +41,7 @@ from flight.errors import ProtocolError
 from flight.wire._proto import plan_pb2
 from flight.wire.arrow_types import normalize_schema
 from flight.wire.ipc import read_ipc_stream
-from flight.wire.limits import MAX_OUTPUT_PARTITIONS, MAX_PRODUCERS, check_count
+from flight.wire.limits import MAX_OUTPUT_PARTITIONS, MAX_PRODUCERS, MAX_PROJECTED, MAX_SEPARATOR_CHARS, check_count
 from flight.wire.operators import operators
 from flight.wire.protocol import decode_schema
 
@@ -295,7 +295,9 @@ def _aggregate(agg: plan_pb2.Aggregate, env: Env, here: str) -> tuple[ac.Declara
         if a.function != "count_all":
             _check_columns([a.column], schema, f"{where}.column")
         if a.function in DUCKDB_AGGREGATES:
-            _check_duckdb_call(a, agg.partial, where)
+            _check_duckdb_call(a, agg.partial, schema, where)
+        elif a.order or a.filter or a.separator:
+            raise ProtocolError(f"{where}: {a.function} takes no order, filter or separator", field=f"{where}.function")
         calls.append((a.function, a.column, a.name))
     try:
         out = aggregate_schema(schema, agg.keys, calls)
@@ -307,13 +309,21 @@ def _aggregate(agg: plan_pb2.Aggregate, env: Env, here: str) -> tuple[ac.Declara
     return aggregate_decl(child, agg.keys, calls), out
 
 
-def _check_duckdb_call(a: plan_pb2.AggregateCall, partial: bool, where: str) -> None:
-    """A quantile's fraction is a number from 0 to 1; an aggregate DuckDB alone computes is never a partial one
-    (nothing merges a median)."""
+def _check_duckdb_call(a: plan_pb2.AggregateCall, partial: bool, schema: pa.Schema, where: str) -> None:
+    """A quantile's fraction is a number from 0 to 1; a separator is short, order keys and a filter are columns of
+    the input (a bool, the filter); an aggregate DuckDB alone computes is never a partial one (nothing merges a median)."""
     if partial:
         raise ProtocolError(f"{where}: {a.function} cannot be a partial aggregate", field=f"{where}.function")
-    if a.function != "median" and not (math.isfinite(a.fraction) and 0.0 <= a.fraction <= 1.0):
+    if a.function in ("quantile_cont", "quantile_disc") and not (math.isfinite(a.fraction) and 0.0 <= a.fraction <= 1.0):
         raise ProtocolError(f"{where}.fraction {a.fraction!r} is not between 0 and 1", field=f"{where}.fraction")
+    if len(a.separator) > MAX_SEPARATOR_CHARS:
+        raise ProtocolError(f"{where}.separator has {len(a.separator)} characters, more than {MAX_SEPARATOR_CHARS}", field=f"{where}.separator")
+    check_count(len(a.order), MAX_PROJECTED, f"{where}.order", "order keys")
+    _check_columns([o.column for o in a.order], schema, f"{where}.order")
+    if a.filter:
+        _check_columns([a.filter], schema, f"{where}.filter")
+        if schema.field(a.filter).type != pa.bool_():
+            raise ProtocolError(f"{where}.filter {a.filter!r} is not a bool column", field=f"{where}.filter")
 
 
 def _hash_join(join: plan_pb2.HashJoin, env: Env, here: str) -> tuple[ac.Declaration, pa.Schema]:

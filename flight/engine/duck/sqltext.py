@@ -53,6 +53,8 @@ def sql_type(t: pa.DataType) -> str:
         return f"DECIMAL({t.precision},{t.scale})"
     if pa.types.is_timestamp(t) and t.tz is None:
         return _TIMESTAMPS[t.unit]
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return f"{sql_type(t.value_type)}[]"
     raise Untranslatable(f"type {t} has no DuckDB translation here")
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 from flight.engine.duck.sql import Untranslatable, column_list, expression_sql, ident, sql_type
+from flight.engine.duck.sqltext import string_literal
 from flight.engine.duck.task import UNITS, DuckTask
 from flight.engine.duck.units import WholeFeed, fragment_scan, unit_fragment
 from flight.engine.pruning import prune_of
@@ -261,6 +262,8 @@ class Translator(_Chains):
                 "median": f"median({arg})",
                 "quantile_cont": f"quantile_cont({arg}, {float(a.fraction)!r})",
                 "quantile_disc": f"quantile_disc({arg}, {float(a.fraction)!r})",
+                "string_agg": f"string_agg({arg}, {string_literal(a.separator)}{_order_by(a)}){_filter(a)}",
+                "array_agg": f"array_agg({arg}{_order_by(a)}){_filter(a)}",
             }[a.function]
         items = []
         below = self.task.schemas[f"{here}.input"]
@@ -360,3 +363,13 @@ def _plain_scan(op: plan_pb2.Operator) -> bool:
         if kind not in ("filter", "project"):
             return False
         op = getattr(op, kind).input
+
+
+def _order_by(a: plan_pb2.AggregateCall) -> str:
+    """An ordered aggregate's ORDER BY (empty: any order)."""
+    keys = [f"{ident(o.column)} {'DESC' if o.descending else 'ASC'} NULLS {'FIRST' if o.nulls_first else 'LAST'}" for o in a.order]
+    return f" ORDER BY {', '.join(keys)}" if keys else ""
+
+
+def _filter(a: plan_pb2.AggregateCall) -> str:
+    return f" FILTER (WHERE {ident(a.filter)})" if a.filter else ""

@@ -1085,11 +1085,24 @@ class AggregateCall(_message.Message):
     COLUMN_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
     FRACTION_FIELD_NUMBER: _builtins.int
+    SEPARATOR_FIELD_NUMBER: _builtins.int
+    ORDER_FIELD_NUMBER: _builtins.int
+    FILTER_FIELD_NUMBER: _builtins.int
     function: _builtins.str
     column: _builtins.str
     name: _builtins.str
     fraction: _builtins.float
     """A quantile's fraction, 0 to 1 (quantile_cont, quantile_disc); 0 for every other function."""
+    separator: _builtins.str
+    """string_agg's separator."""
+    filter: _builtins.str
+    """A boolean column of the input: only rows where it is true are aggregated (array_agg's FILTER, which
+    keeps nulls and so cannot null out the rows it skips as the other aggregates do). Empty: every row.
+    """
+    @_builtins.property
+    def order(self) -> _containers.RepeatedCompositeFieldContainer[Global___AggregateOrder]:
+        """The order string_agg and array_agg read their rows in (columns of the input)."""
+
     def __init__(
         self,
         *,
@@ -1097,14 +1110,42 @@ class AggregateCall(_message.Message):
         column: _builtins.str = ...,
         name: _builtins.str = ...,
         fraction: _builtins.float = ...,
+        separator: _builtins.str = ...,
+        order: _abc.Iterable[Global___AggregateOrder] | None = ...,
+        filter: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["column", b"column", "fraction", b"fraction", "function", b"function", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["column", b"column", "filter", b"filter", "fraction", b"fraction", "function", b"function", "name", b"name", "order", b"order", "separator", b"separator"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AggregateCall: _TypeAlias = AggregateCall  # noqa: Y015
+
+@_typing.final
+class AggregateOrder(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COLUMN_FIELD_NUMBER: _builtins.int
+    DESCENDING_FIELD_NUMBER: _builtins.int
+    NULLS_FIRST_FIELD_NUMBER: _builtins.int
+    column: _builtins.str
+    descending: _builtins.bool
+    nulls_first: _builtins.bool
+    def __init__(
+        self,
+        *,
+        column: _builtins.str = ...,
+        descending: _builtins.bool = ...,
+        nulls_first: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["column", b"column", "descending", b"descending", "nulls_first", b"nulls_first"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AggregateOrder: _TypeAlias = AggregateOrder  # noqa: Y015
 
 @_typing.final
 class Aggregate(_message.Message):

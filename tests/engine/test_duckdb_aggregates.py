@@ -1,7 +1,8 @@
-"""Medians and quantiles: aggregates only the DuckDB engine computes (``flight.plan.agg.DUCKDB_ONLY``).
+"""Medians, quantiles and ordered aggregates: those only the DuckDB engine computes (``flight.plan.agg.DUCKDB_ONLY``).
 
-Answers are compared with DuckDB's own ``median`` / ``quantile_cont`` / ``quantile_disc`` over the same
-rows; a worker refuses a quantile's hostile fraction, or a partial median, by field and lives.
+Answers are compared with DuckDB's own ``median`` / ``quantile_cont`` / ``quantile_disc`` / ``string_agg`` /
+``array_agg`` over the same rows; a worker refuses a hostile fraction, separator, order or filter, or a partial
+median, by field and lives.
 """
 
 from __future__ import annotations
@@ -82,6 +83,51 @@ def _median_plan(fraction: float, function: str = "quantile_cont", partial: bool
     return plan_pb2.StagePlan(root=plan_pb2.Operator(aggregate=plan_pb2.Aggregate(input=values, aggregates=[call], partial=partial)))
 
 
+def test_the_python_api_gives_duckdbs_ordered_aggregates_one_task_and_split(tmp_path: Path) -> None:
+    t = _table()
+    files = []
+    for i in range(4):
+        files.append(tmp_path / f"part{i}.parquet")
+        pq.write_table(t.slice(i * 125, 125), files[-1])
+    q = flight.read_parquet(files).aggregate(
+        ["k"],
+        s=agg.string_agg(col("x").cast(pa.string()), "+", order_by=[("f", True, False), "x"]),
+        a=agg.array_agg("d", order_by=[(col("x"), False, True), "f"], where=col("f") > 6.0),
+    )
+    want = _duckdb(t, "select k, string_agg(cast(x as varchar), '+' order by f desc, x) as s, "
+                      "array_agg(d order by x asc nulls first, f) filter (where f > 6.0) as a from t group by k")
+    assert difference(flight.run_local(q).read_all(), want, False) is None
+    with flight.LocalCluster(2, data_roots=[tmp_path]) as cluster:
+        got = flight.DistributedExec(q, cluster.urls, one_host_query_bytes=0, small_query_bytes=0).execute().read_all()
+    assert difference(got, want, False) is None
+    with pytest.raises(PlanError, match="string_agg joins text"):
+        flight.from_arrow(t).aggregate(s=agg.string_agg("x"))
+
+
+def _agg_plan(call: plan_pb2.AggregateCall, partial: bool = False) -> plan_pb2.StagePlan:
+    sink = pa.BufferOutputStream()
+    table = pa.table({"x": pa.array([1.0, 2.0, 4.0]), "s": ["a", "b", "c"]})
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    values = plan_pb2.Operator(values=plan_pb2.Values(ipc_stream=sink.getvalue().to_pybytes()))
+    return plan_pb2.StagePlan(root=plan_pb2.Operator(aggregate=plan_pb2.Aggregate(input=values, aggregates=[call], partial=partial)))
+
+
+@pytest.mark.parametrize(("call", "field"), [
+    (plan_pb2.AggregateCall(function="string_agg", column="s", name="a", separator="," * 5000), "separator"),
+    (plan_pb2.AggregateCall(function="string_agg", column="s", name="a", order=[plan_pb2.AggregateOrder(column="nope")]), "order"),
+    (plan_pb2.AggregateCall(function="array_agg", column="s", name="a", filter="x"), "filter"),
+    (plan_pb2.AggregateCall(function="sum", column="x", name="a", order=[plan_pb2.AggregateOrder(column="x")]), "function"),
+])
+def test_a_worker_refuses_a_hostile_ordered_aggregate_by_field_and_lives(call: plan_pb2.AggregateCall, field: str) -> None:
+    with flight.LocalCluster(1) as cluster:
+        frames, _ = raw_exchange(cluster.urls[0], header(_agg_plan(call)).SerializeToString())
+        info = error_of(frames)
+        assert info.code == protocol_pb2.ERROR_CODE_INVALID_ARGUMENT, info
+        assert info.field.endswith(f"aggregates[0].{field}"), info
+        assert healthy(cluster.urls[0])
+
+
 @pytest.mark.parametrize(("fraction", "function", "partial", "field"), [
     (math.nan, "quantile_cont", False, "fraction"),
     (2.0, "quantile_disc", False, "fraction"),
@@ -90,7 +136,7 @@ def _median_plan(fraction: float, function: str = "quantile_cont", partial: bool
 ])
 def test_a_worker_refuses_a_hostile_quantile_by_field_and_lives(fraction: float, function: str, partial: bool, field: str) -> None:
     with flight.LocalCluster(1) as cluster:
-        frames, exc = raw_exchange(cluster.urls[0], header(_median_plan(fraction, function, partial)).SerializeToString())
+        frames, _ = raw_exchange(cluster.urls[0], header(_median_plan(fraction, function, partial)).SerializeToString())
         info = error_of(frames)
         assert info.code == protocol_pb2.ERROR_CODE_INVALID_ARGUMENT, info
         assert info.field.endswith(f"aggregates[0].{field}"), info
