@@ -38,7 +38,16 @@ def tables() -> dict[str, pa.Table]:
         "g": pa.array([groups[(i + 1) % len(groups)] for i in range(m)], pa.string()),
         "d2": pa.array([Decimal(f"{i * 3 - 20}.{i:03d}") for i in range(m)], pa.decimal128(10, 3)),
     })
-    return {"t": t, "u": u, "e": t.slice(0, 0)}
+    k = 12
+    nested = pa.table({
+        "id": pa.array(range(1, k + 1), pa.int64()),
+        "st": pa.array([None if i % 5 == 2 else {"a": None if i % 4 == 3 else i * 7 % 11, "b": texts[i % len(texts)],
+                                                  "c": None if i % 3 == 1 else {"d": (i - 4) / 2}} for i in range(k)]),
+        "l": pa.array([None if i % 6 == 5 else [None if (i + j) % 5 == 4 else (i * j) % 9 - 3 for j in range(i % 4)] for i in range(k)],
+                      pa.list_(pa.int64())),
+        "ls": pa.array([[texts[(i + j) % len(texts)] for j in range(i % 3)] for i in range(k)], pa.list_(pa.string())),
+    })
+    return {"t": t, "u": u, "e": t.slice(0, 0), "n": nested}
 
 
 CORPUS: dict[str, list[str]] = {
@@ -336,6 +345,17 @@ CORPUS: dict[str, list[str]] = {
         "select b, string_agg(g, '' order by id desc) as a from t group by b",
         "select t.g, string_agg(cast(u.y as varchar), '/' order by u.y, t.id) as ys from t join u on t.id = u.id group by t.g",
     ],
+    "nested data": [
+        "select id, st.a as a, st.b as b, st.c.d as d from n",
+        "select id, st, l, ls from n",
+        "select id, st.c as c from n where st.c.d is not null",
+        "select st.b as b, count(*) as c, max(st.a) as m from n group by st.b",
+        "select id, l[1] as first, l[2] as second, ls[2] as s2 from n",
+        "select id, array_length(l) as k, array_length(ls) as m from n",
+        "select id from n where st.a > 1 or l[1] = 4",
+        "select array_length(l) as k, count(*) as c, sum(l[1]) as s from n group by array_length(l)",
+        "select n.id, t.s from n join t on n.st.a = t.id",
+    ],
     "text and calendar functions": [
         "select id, split_part(s, 'p', 1) as a, split_part(s, 'p', 2) as b, split_part(s, ' ', -1) as c from t",
         "select id, split_part(s, 'an', 2) as m, split_part(g, 'x', 1) as one, split_part(s, 'p', 5) as past from t",
@@ -526,6 +546,8 @@ SPARK_CORPUS: dict[str, list[str]] = {
         "select id, last_day(dt) as l, make_date(1999, 2, 28) as m from t",
         "select g, median(x) as m, percentile(d, 0.25) as p, percentile(x, 0.9) as p9 from t group by g",
         "select percentile_cont(0.4) within group (order by f) as p, median(e) as m from t",
+        "select id, l[0] as first, element_at(ls, 1) as s1, size(l) as k, cardinality(ls) as m from n where size(l) > 0 and size(ls) > 0",
+        "select id from n where size(l) > 1 and l[1] = -3 or size(ls) = 2",
     ],
 }
 """Statements in Spark's own spellings (functions DuckDB lacks or spells otherwise), run against Spark SQL only."""

@@ -250,6 +250,10 @@ def _key(row: tuple[object, ...]) -> tuple[str, ...]:
 def _equal(a: object, b: object, exact: bool) -> bool:
     if a is None or b is None:
         return a is None and b is None
+    if isinstance(a, list) or isinstance(b, list):  # a list's elements, a struct's fields: each compared as a value
+        return isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and all(_equal(x, y, exact) for x, y in zip(a, b))
+    if isinstance(a, dict) or isinstance(b, dict):
+        return isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k], exact) for k in a)
     if exact:
         return isinstance(a, Decimal) and a == b
     if isinstance(a, (float, Decimal)) or isinstance(b, (float, Decimal)):

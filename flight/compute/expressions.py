@@ -41,11 +41,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyarrow import acero
 
+from flight.compute.options import text_options
 from flight.errors import ProtocolError
 from flight.wire._proto import plan_pb2
 from flight.wire.functions import NARY_FUNCTIONS, FunctionSpec, lookup
 from flight.wire.ipc import read_ipc_stream
-from flight.wire.limits import MAX_PAD_WIDTH, MAX_TEMPORAL_MULTIPLE, clip
+from flight.wire.limits import clip
 from flight.wire.memo import Memo
 
 __all__ = ["MAX_DEPTH", "MAX_NODES", "bind", "bound_types", "ipc_column", "literal_value", "referenced_fields", "to_pyarrow", "to_pyarrow_nodes"]
@@ -317,43 +318,9 @@ def _build_options(kind: str, opts: object, path: str) -> pc.FunctionOptions:
         return pc.RoundOptions(opts.ndigits)
     if isinstance(opts, plan_pb2.NullOptions):
         return pc.NullOptions(nan_is_null=opts.nan_is_null)
-    return _text_options(kind, opts, path)
+    return text_options(kind, opts, path)
 
 
-_JOIN_NULLS = frozenset({"", "emit_null", "replace"})  # not "skip": pyarrow 26.0.1 drops all-null rows (flight.plan.expr_options)
-_TEMPORAL_UNITS = frozenset({"year", "quarter", "month", "week", "day", "hour", "minute", "second", "millisecond", "microsecond", "nanosecond"})
-
-
-def _text_options(kind: str, opts: object, path: str) -> pc.FunctionOptions:
-    """The string and time functions' options, each field a peer chose checked or clamped first."""
-    if isinstance(opts, plan_pb2.PadOptions):
-        if not 0 <= opts.width <= MAX_PAD_WIDTH:
-            raise ProtocolError(f"a pad's width is {opts.width}; at most {MAX_PAD_WIDTH} characters", field=f"{path}.width")
-        return pc.PadOptions(opts.width, opts.padding or " ")
-    if isinstance(opts, plan_pb2.ReplaceSubstringOptions):
-        limit = opts.max_replacements if opts.HasField("max_replacements") and opts.max_replacements >= 0 else None
-        return pc.ReplaceSubstringOptions(opts.pattern, opts.replacement, max_replacements=limit)
-    if isinstance(opts, plan_pb2.TrimOptions):
-        return pc.TrimOptions(opts.characters)
-    if isinstance(opts, plan_pb2.JoinOptions):
-        if opts.null_handling not in _JOIN_NULLS:
-            raise ProtocolError(f"null_handling {opts.null_handling[:40]!r} is not one of emit_null, replace", field=f"{path}.null_handling")
-        if opts.null_handling == "replace":
-            return pc.JoinOptions("replace", opts.null_replacement)
-        return pc.JoinOptions("emit_null")
-    if isinstance(opts, plan_pb2.RoundTemporalOptions):
-        if opts.unit not in _TEMPORAL_UNITS:
-            raise ProtocolError(f"unit {opts.unit[:40]!r} is not a calendar unit", field=f"{path}.unit")
-        if not 0 <= opts.multiple <= MAX_TEMPORAL_MULTIPLE:
-            raise ProtocolError(f"multiple {opts.multiple} is not within 0 to {MAX_TEMPORAL_MULTIPLE}", field=f"{path}.multiple")
-        return pc.RoundTemporalOptions(opts.multiple or 1, opts.unit, week_starts_monday=opts.week_starts_monday)  # type: ignore[arg-type]
-    if isinstance(opts, plan_pb2.StrftimeOptions):
-        return pc.StrftimeOptions(opts.format, locale="C")
-    if isinstance(opts, plan_pb2.StrptimeOptions):
-        if opts.unit not in ("s", "ms", "us", "ns"):
-            raise ProtocolError(f"unit {opts.unit[:40]!r} is not s, ms, us or ns", field=f"{path}.unit")
-        return pc.StrptimeOptions(opts.format, opts.unit, error_is_null=opts.error_is_null)  # type: ignore[arg-type]
-    raise ProtocolError(f"Options of kind {kind!r} are not supported.", field=path)
 
 
 def _ipc_type(data: bytes, path: str) -> pa.DataType:

@@ -183,6 +183,18 @@ def _fill_strptime(out: plan_pb2.FunctionOptions, o: _Options) -> None:
     out.strptime.error_is_null = o.get("error_is_null", bool, False)
 
 
+def _fill_struct_field(out: plan_pb2.FunctionOptions, o: _Options) -> None:
+    indices = o.require("indices", list)
+    if not indices or not all(isinstance(i, int) and i >= 0 for i in indices):
+        raise PlanError(f"Option indices of {o.function!r} must be a list of field numbers, not {indices!r}.")
+    out.struct_field.indices.extend(indices)
+
+
+def _fill_list_slice(out: plan_pb2.FunctionOptions, o: _Options) -> None:
+    out.list_slice.start = o.require("start", int)
+    out.list_slice.stop = o.require("stop", int)
+
+
 _FILLERS: dict[str, tuple[tuple[str, ...], Callable[[plan_pb2.FunctionOptions, _Options], None]]] = {
     "cast": (("target_type", "safe"), _fill_cast),
     "set_lookup": (("value_set", "skip_nulls"), _fill_set_lookup),
@@ -197,6 +209,8 @@ _FILLERS: dict[str, tuple[tuple[str, ...], Callable[[plan_pb2.FunctionOptions, _
     "round_temporal": (("unit", "multiple", "week_starts_monday"), _fill_round_temporal),
     "strftime": (("format",), _fill_strftime),
     "strptime": (("format", "unit", "error_is_null"), _fill_strptime),
+    "struct_field": (("indices",), _fill_struct_field),
+    "list_slice": (("start", "stop"), _fill_list_slice),
 }
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from flight.plan.expr import Expr, call, coalesce, if_else, lit
-from flight.sql import dates, strings
+from flight.sql import dates, nested, strings
 from flight.sql.arithmetic import modulo
 from flight.sql.errors import unsupported
 from flight.sql.rel import Scalars, constant
@@ -287,6 +287,7 @@ def _mod(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
 FUNCTIONS: dict[str, Callable[[Scalars, list[DFExpr], DFExpr], Expr]] = {
     **strings.FUNCTIONS,
     **dates.FUNCTIONS,
+    **nested.FUNCTIONS,
     "mod": _mod,
     "substr": _substr,
     "substring": _substr,

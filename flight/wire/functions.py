@@ -33,7 +33,7 @@ class FunctionSpec:
     ``options`` is the name of the ``FunctionOptions`` oneof field the function
     takes (``"cast"``, ``"set_lookup"``, ``"match_substring"``, ``"slice"``,
     ``"round"``, ``"null"``, ``"pad"``, ``"replace_substring"``, ``"trim"``, ``"join"``,
-    ``"round_temporal"``, ``"strftime"``, ``"strptime"``) or ``None`` when it takes no options.
+    ``"round_temporal"``, ``"strftime"``, ``"strptime"``, ``"struct_field"``, ``"list_slice"``) or ``None`` when it takes no options.
     ``max_args`` is ``None`` for variadic functions.
     """
 
@@ -112,6 +112,11 @@ _SPECS: list[FunctionSpec] = [
     *_unary("floor_temporal", options="round_temporal", required=True),
     *_unary("strftime", options="strftime", required=True),
     *_unary("strptime", options="strptime", required=True),
+    # nested data
+    *_unary("struct_field", options="struct_field", required=True),
+    *_unary("list_slice", options="list_slice", required=True),
+    *_binary("list_element"),  # a list and an index (0-based); past the end an error: index a list_slice
+    *_unary("list_value_length"),
     # conditionals
     FunctionSpec("if_else", None, 3, 3),
     FunctionSpec("coalesce", None, 1, None),

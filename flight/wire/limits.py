@@ -76,6 +76,10 @@ MAX_PAD_WIDTH = 1 << 16
 """Widest a pad (lpad / rpad) may make a value, in characters: a peer's width times the rows is memory."""
 MAX_TEMPORAL_MULTIPLE = 1 << 30
 """Most periods one date_trunc step may span (``RoundTemporalOptions.multiple``)."""
+MAX_FIELD_DEPTH = 64
+"""Indices in one struct field's path (``StructFieldOptions.indices``)."""
+MAX_FIXED_SLICE = 1_024
+"""Elements a list slice keeps per row: its fixed-size result allocates them all, for every row."""
 MAX_SEPARATOR_CHARS = 1_024
 """Longest separator a string_agg may take: it is copied between every two values of a group."""
 MAX_PLAN_OPERATORS = 10_000

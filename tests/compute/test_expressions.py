@@ -45,6 +45,8 @@ TABLE = pa.table(
         "dec": pa.array(
             [Decimal("1.25"), Decimal("-3.50"), None, Decimal("100.00"), Decimal("0.01")], pa.decimal128(10, 2)
         ),
+        "st": pa.array([{"a": 1, "b": "x"}, None, {"a": None, "b": "y"}, {"a": 4, "b": None}, {"a": 5, "b": "z"}]),
+        "l": pa.array([[1, 2], [], None, [None, 7, 8], [9]], pa.list_(pa.int64())),
     }
 )
 
@@ -236,6 +238,10 @@ LIBRARY: list[Case] = [  # what flight.sql's function library builds on (flight/
     ("strftime_date", call("strftime", col("d"), format="%d/%m/%Y"), lambda: pc.strftime(T["d"], format="%d/%m/%Y")),
     ("strptime", call("strptime", lit("2021-03-04 05:06"), format="%Y-%m-%d %H:%M", unit="us"),
      lambda: pc.strptime(pa.array(["2021-03-04 05:06"] * 5), format="%Y-%m-%d %H:%M", unit="us")),
+    ("struct_field", call("struct_field", col("st"), indices=[1]), lambda: pc.struct_field(T["st"], [1])),
+    ("list_element", call("list_element", call("list_slice", col("l"), start=1, stop=2), lit(0)),
+     lambda: pc.list_element(pc.list_slice(T["l"], 1, 2, return_fixed_size_list=True), 0)),
+    ("list_length", call("list_value_length", col("l")), lambda: pc.list_value_length(T["l"])),
     ("truncate", col("f").round(0, "towards_zero"), lambda: pc.round(T["f"], 0, round_mode="towards_zero")),
     ("truncate_decimal", col("dec").round(1, "towards_zero"), lambda: pc.round(T["dec"], 1, round_mode="towards_zero")),
     ("decimal_quotient", call("divide_checked", col("dec"), lit(Decimal("3.00"), pa.decimal128(5, 2))),
@@ -911,3 +917,19 @@ def test_referenced_fields_are_walked_once_and_handed_out_as_a_fresh_set() -> No
     first = e.referenced_fields()
     first.add("zzz")
     assert e.referenced_fields() == {"a", "b"} == referenced_fields(e.to_proto())
+
+
+def test_a_peers_list_slice_and_struct_path_are_clamped() -> None:
+    """A fixed-size slice allocates its width for every row, and a struct path is walked step by step: a peer's
+    wide slice, empty or long path is refused by field before pyarrow sees it."""
+    wide = call("list_slice", col("l"), start=0, stop=1).to_proto()
+    wide.nodes[-1].call.options.list_slice.stop = 1 << 40
+    assert _protocol_error(wide).field == "plan.root.filter.predicate.nodes[1].call.options.list_slice.stop"
+    backwards = call("list_slice", col("l"), start=0, stop=1).to_proto()
+    backwards.nodes[-1].call.options.list_slice.start = 5
+    assert _protocol_error(backwards).field == "plan.root.filter.predicate.nodes[1].call.options.list_slice.stop"
+    for indices in ([], [0] * 65):
+        path = call("struct_field", col("st"), indices=[0]).to_proto()
+        del path.nodes[-1].call.options.struct_field.indices[:]
+        path.nodes[-1].call.options.struct_field.indices.extend(indices)
+        assert _protocol_error(path).field == "plan.root.filter.predicate.nodes[1].call.options.struct_field.indices"

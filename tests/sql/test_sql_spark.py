@@ -95,3 +95,14 @@ def test_spark_strings_escape_with_a_backslash_where_statements_are_split() -> N
     assert got.column("s").to_pylist() == ["it's; x"]
     with pytest.raises(PlanError, match="Spark dialect"):
         flight.sql("select 'open", {"t": t}, dialect="spark")
+
+
+def test_a_list_index_past_the_end_is_null_in_duckdb_and_an_error_in_spark() -> None:
+    """DuckDB's ``l[i]`` past the end is NULL; Spark's (ANSI) fails naming the index, as Spark SQL does."""
+    t = pa.table({"l": pa.array([[1, 2], [], None], pa.list_(pa.int64()))})
+    got = flight.run_local(flight.sql("select l[2] as x from t", {"t": t})).read_all()
+    assert got.column("x").to_pylist() == [2, None, None]
+    got = flight.run_local(flight.sql("select l[1] as x from t where size(l) = 2", {"t": t}, dialect="spark")).read_all()
+    assert got.column("x").to_pylist() == [2]
+    with pytest.raises(Exception, match="INVALID_ARRAY_INDEX"):
+        flight.run_local(flight.sql("select l[1] as x from t", {"t": t}, dialect="spark")).read_all()

@@ -208,6 +208,27 @@ def _other_call(call: plan_pb2.Call, a: list[str], ts: list[pa.DataType], out: p
         return f"isnan({a[0]})"
     if fn == "true_unless_null":
         return f"(CASE WHEN {a[0]} IS NULL THEN NULL ELSE TRUE END)"
+    return _nested_call(call, a, ts, out)
+
+
+def _nested_call(call: plan_pb2.Call, a: list[str], ts: list[pa.DataType], out: pa.DataType) -> str | None:
+    """Struct fields by name, list slices and elements (DuckDB's lists count from 1; an element past the end is
+    null, as in a fixed-size slice), list lengths; None for any other function."""
+    fn = call.function
+    if fn == "struct_field":
+        value, t = a[0], ts[0]
+        for i in call.options.struct_field.indices:
+            if not pa.types.is_struct(t) or i >= t.num_fields:
+                raise Untranslatable(f"field {i} of {t}")
+            value, t = f"struct_extract({value}, {string_literal(t.field(i).name)})", t.field(i).type
+        return value
+    if fn == "list_slice" and (pa.types.is_list(ts[0]) or pa.types.is_large_list(ts[0])):
+        s = call.options.list_slice
+        return f"list_slice({a[0]}, {int(s.start) + 1}, {int(s.stop)})"  # a LIST here: only list_element reads it
+    if fn == "list_element" and pa.types.is_integer(ts[1]):
+        return cast_to(f"({a[0]})[({a[1]}) + 1]", out)
+    if fn == "list_value_length":
+        return cast_to(f"len({a[0]})", out)
     return None
 
 def _temporal(t: pa.DataType) -> bool:

@@ -197,6 +197,8 @@ class FunctionOptions(_message.Message):
     ROUND_TEMPORAL_FIELD_NUMBER: _builtins.int
     STRFTIME_FIELD_NUMBER: _builtins.int
     STRPTIME_FIELD_NUMBER: _builtins.int
+    STRUCT_FIELD_FIELD_NUMBER: _builtins.int
+    LIST_SLICE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def cast(self) -> Global___CastOptions: ...
     @_builtins.property
@@ -223,6 +225,10 @@ class FunctionOptions(_message.Message):
     def strftime(self) -> Global___StrftimeOptions: ...
     @_builtins.property
     def strptime(self) -> Global___StrptimeOptions: ...
+    @_builtins.property
+    def struct_field(self) -> Global___StructFieldOptions: ...
+    @_builtins.property
+    def list_slice(self) -> Global___ListSliceOptions: ...
     def __init__(
         self,
         *,
@@ -239,12 +245,14 @@ class FunctionOptions(_message.Message):
         round_temporal: Global___RoundTemporalOptions | None = ...,
         strftime: Global___StrftimeOptions | None = ...,
         strptime: Global___StrptimeOptions | None = ...,
+        struct_field: Global___StructFieldOptions | None = ...,
+        list_slice: Global___ListSliceOptions | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cast", b"cast", "join", b"join", "kind", b"kind", "match_substring", b"match_substring", "null", b"null", "pad", b"pad", "replace_substring", b"replace_substring", "round", b"round", "round_temporal", b"round_temporal", "set_lookup", b"set_lookup", "slice", b"slice", "strftime", b"strftime", "strptime", b"strptime", "trim", b"trim"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cast", b"cast", "join", b"join", "kind", b"kind", "list_slice", b"list_slice", "match_substring", b"match_substring", "null", b"null", "pad", b"pad", "replace_substring", b"replace_substring", "round", b"round", "round_temporal", b"round_temporal", "set_lookup", b"set_lookup", "slice", b"slice", "strftime", b"strftime", "strptime", b"strptime", "struct_field", b"struct_field", "trim", b"trim"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cast", b"cast", "join", b"join", "kind", b"kind", "match_substring", b"match_substring", "null", b"null", "pad", b"pad", "replace_substring", b"replace_substring", "round", b"round", "round_temporal", b"round_temporal", "set_lookup", b"set_lookup", "slice", b"slice", "strftime", b"strftime", "strptime", b"strptime", "trim", b"trim"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cast", b"cast", "join", b"join", "kind", b"kind", "list_slice", b"list_slice", "match_substring", b"match_substring", "null", b"null", "pad", b"pad", "replace_substring", b"replace_substring", "round", b"round", "round_temporal", b"round_temporal", "set_lookup", b"set_lookup", "slice", b"slice", "strftime", b"strftime", "strptime", b"strptime", "struct_field", b"struct_field", "trim", b"trim"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["cast", "set_lookup", "match_substring", "slice", "round", "null", "pad", "replace_substring", "trim", "join", "round_temporal", "strftime", "strptime"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["cast", "set_lookup", "match_substring", "slice", "round", "null", "pad", "replace_substring", "trim", "join", "round_temporal", "strftime", "strptime", "struct_field", "list_slice"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -574,6 +582,52 @@ class StrptimeOptions(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StrptimeOptions: _TypeAlias = StrptimeOptions  # noqa: Y015
+
+@_typing.final
+class StructFieldOptions(_message.Message):
+    """struct_field: the path of child indices into nested structs."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDICES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        indices: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["indices", b"indices"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StructFieldOptions: _TypeAlias = StructFieldOptions  # noqa: Y015
+
+@_typing.final
+class ListSliceOptions(_message.Message):
+    """list_slice, always returning a fixed-size list (elements past a row's list are null)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_FIELD_NUMBER: _builtins.int
+    STOP_FIELD_NUMBER: _builtins.int
+    start: _builtins.int
+    stop: _builtins.int
+    def __init__(
+        self,
+        *,
+        start: _builtins.int = ...,
+        stop: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["start", b"start", "stop", b"stop"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSliceOptions: _TypeAlias = ListSliceOptions  # noqa: Y015
 
 @_typing.final
 class NamedExpression(_message.Message):
