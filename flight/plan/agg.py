@@ -172,8 +172,10 @@ def _order(order_by: object) -> tuple[OrderKey, ...]:
     for item in items:
         if isinstance(item, tuple) and len(item) == 3:
             out.append((_arg(item[0]), bool(item[1]), bool(item[2])))
-        else:
+        elif isinstance(item, (str, Expr)):
             out.append((_arg(item), False, False))
+        else:
+            raise PlanError(f"an order key is a column name, an expression or (expression, descending, nulls first), not {item!r}")
     return tuple(out)
 
 
