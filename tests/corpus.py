@@ -355,6 +355,10 @@ CORPUS: dict[str, list[str]] = {
         "select id from n where st.a > 1 or l[1] = 4",
         "select array_length(l) as k, count(*) as c, sum(l[1]) as s from n group by array_length(l)",
         "select n.id, t.s from n join t on n.st.a = t.id",
+        "select id, unnest(l) as v from n",
+        "select id, st.b as b, unnest(ls) as s from n where id > 3",
+        "select v, count(*) as c from (select unnest(l) as v from n) q group by v",
+        "select q.id, u.y, q.v from (select id, unnest(l) as v from n) q join u on q.id = u.id",
     ],
     "text and calendar functions": [
         "select id, split_part(s, 'p', 1) as a, split_part(s, 'p', 2) as b, split_part(s, ' ', -1) as c from t",
@@ -548,6 +552,8 @@ SPARK_CORPUS: dict[str, list[str]] = {
         "select percentile_cont(0.4) within group (order by f) as p, median(e) as m from t",
         "select id, l[0] as first, element_at(ls, 1) as s1, size(l) as k, cardinality(ls) as m from n where size(l) > 0 and size(ls) > 0",
         "select id from n where size(l) > 1 and l[1] = -3 or size(ls) = 2",
+        "select id, explode(l) as v from n",
+        "select v, count(*) as c from (select explode(ls) as v from n where id > 2) q group by v",
     ],
 }
 """Statements in Spark's own spellings (functions DuckDB lacks or spells otherwise), run against Spark SQL only."""

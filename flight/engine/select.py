@@ -91,11 +91,14 @@ def _tell(inputs: TaskInputs, engine: str) -> None:
 
 
 def duckdb_only(root: plan_pb2.Operator) -> str | None:
-    """What in the plan only DuckDB computes (window functions, a median or a quantile), or None."""
+    """What in the plan only DuckDB computes (window functions, UNNEST, a median, a quantile or an ordered
+    aggregate), or None."""
     for op in operators(root):
         kind = op.WhichOneof("kind")
         if kind == "window":
             return "window functions"
+        if kind == "unnest":
+            return "UNNEST"
         if kind == "aggregate":
             for a in op.aggregate.aggregates:
                 if a.function in DUCKDB_AGGREGATES:
@@ -133,6 +136,9 @@ def _duck_or_acero(plan: plan_pb2.StagePlan, env: Env, decl: ac.Declaration) -> 
             )
         _tell(env.inputs, "duckdb")
     except Untranslatable as exc:
+        if (what := duckdb_only(plan.root)) is not None:  # Acero cannot run it either: say why DuckDB did not
+            raise ProtocolError(f"{what}: computed by the DuckDB engine only, whose translation declined the plan: {clip(exc, 300)}",
+                                field="plan.root") from None
         log.debug("stage plan runs on Acero: %s", clip(exc, 300))
         with handing_off(env.handoffs):
             reader = _acero(plan, env, decl)

@@ -29,6 +29,7 @@ __all__ = [
     "LimitNode",
     "Node",
     "ProjectNode",
+    "UnnestNode",
     "ValuesNode",
 ]
 
@@ -299,3 +300,40 @@ def _typed(expr: Expr, schema: pa.Schema, operator: str) -> pa.DataType:
 
 def _is_col(expr: Expr, name: str) -> bool:
     return expr.column_name() == name
+
+
+@dataclass(eq=False)
+class UnnestNode(Node):
+    """One row per element of a list column (SQL's ``UNNEST``, Spark's ``explode``): the input's columns, then the
+    element as ``name``; a row whose list is empty or null gives none. Row by row, so the planner keeps it in its
+    input's stage; the engine is DuckDB (Acero has no such node: ``flight.engine.select.duckdb_only``)."""
+
+    input: Node
+    column: str
+    name: str
+    _schema: pa.Schema = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        schema = self.input.schema
+        if self.column not in schema.names:
+            raise PlanError(f"unnest: {self.column!r} is not a column of its input; available: {', '.join(schema.names)}")
+        t = schema.field(self.column).type
+        if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
+            raise PlanError(f"unnest: {self.column!r} is a {t}, not a list")
+        if not self.name or self.name in schema.names:
+            raise PlanError(f"unnest: the element's name {self.name!r} is empty or already a column")
+        self._schema = schema.append(pa.field(self.name, t.value_type))
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._schema
+
+    def children(self) -> Sequence[Node]:
+        return (self.input,)
+
+    def fill_proto(self, op: plan_pb2.Operator) -> Sequence[plan_pb2.Operator]:
+        op.unnest.CopyFrom(plan_pb2.Unnest(column=self.column, name=self.name))
+        return (op.unnest.input,)
+
+    def label(self) -> str:
+        return f"Unnest[{self.column} as {self.name}]"

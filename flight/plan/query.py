@@ -24,7 +24,7 @@ from flight.errors import FlightExecError, PlanError
 from flight.plan.agg import NUMERIC, OF_NUMBERS, Agg
 from flight.plan.decimals import with_decimal_literals
 from flight.plan.expr import Expr, coalesce, col
-from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, LimitNode, Node, ProjectNode, ValuesNode
+from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, LimitNode, Node, ProjectNode, UnnestNode, ValuesNode
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, SortNode, UnionNode
 from flight.plan.typecheck import output_type
 from flight.sources.feed import WorkUnitFeed, WorkUnitFeedProvider
@@ -78,6 +78,11 @@ class Query:
         exprs = {name: col(name) for name in self.schema.names}
         exprs.update({name: with_decimal_literals(_expr(e, f"with_columns {name}"), self.schema) for name, e in named.items()})
         return Query(ProjectNode(self.node, list(exprs.items())))
+
+    def unnest(self, column: str, name: str | None = None) -> Query:
+        """One row per element of list column ``column`` (the element in ``name``, by default ``column``'s name
+        with ``_element``), the other columns repeated; a row whose list is empty or null gives none. DuckDB engine."""
+        return Query(UnnestNode(self.node, column, name or f"{column}_element"))
 
     def limit(self, n: int, offset: int = 0) -> Query:
         return Query(LimitNode(self.node, n, offset))

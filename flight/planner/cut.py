@@ -38,7 +38,7 @@ import pyarrow as pa
 from flight.errors import PlanError
 from flight.plan.agg import MERGEABLE
 from flight.plan.expr import Expr, col, if_else, lit
-from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, InputCallNode, LimitNode, Node, ProjectNode, ValuesNode
+from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, InputCallNode, LimitNode, Node, ProjectNode, UnnestNode, ValuesNode
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, ShuffleReadNode, SortNode, UnionNode
 from flight.plan.window import WindowNode
 from flight.planner.colocate import distinct_bound, in_range, spread_keys
@@ -125,9 +125,9 @@ class _Planner:
             f = self.build(node.input)
             rows = None if f.rows is None else f.rows * filter_selectivity(node)
             return self.wrap(f, FilterNode(f.node, node.predicate, node.origins), rows)
-        if isinstance(node, ProjectNode):
+        if isinstance(node, (ProjectNode, UnnestNode)):  # row by row: in its input's tasks
             f = self.build(node.input)
-            return self.wrap(f, ProjectNode(f.node, node.exprs), f.rows)
+            return self.wrap(f, replace(node, input=f.node), f.rows)
         if isinstance(node, LimitNode):
             return self.limit(node)
         if isinstance(node, SortNode):

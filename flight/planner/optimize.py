@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 
 from flight.plan.expr import Expr, call
 from flight.plan.expr_nodes import CallNode
-from flight.plan.nodes import FeedScanNode, FilterNode, InputCallNode, LimitNode, Node, ProjectNode
+from flight.plan.nodes import FeedScanNode, FilterNode, InputCallNode, LimitNode, Node, ProjectNode, UnnestNode
 from flight.plan.relnodes import AggregateNode, JoinNode, SortNode, UnionNode
 from flight.plan.window import WindowNode
 
@@ -185,7 +185,7 @@ def _push(node: Node, preds: list[_Pred]) -> Node:
 
 def _children_pushed(node: Node) -> Node:
     """``node`` with the filters inside each of its inputs pushed down (none from above)."""
-    if isinstance(node, (AggregateNode, LimitNode, SortNode, WindowNode)):
+    if isinstance(node, (AggregateNode, LimitNode, SortNode, WindowNode, UnnestNode)):
         return replace(node, input=_push(node.input, []))
     if isinstance(node, (FilterNode, ProjectNode, UnionNode, JoinNode)):
         return _push(node, [])
@@ -285,6 +285,8 @@ def prune_columns(node: Node, needed: set[str] | None = None) -> Node:
         return _prune_join(node, needed)
     if isinstance(node, UnionNode):
         return UnionNode([prune_columns(n, None) for n in node.inputs])
+    if isinstance(node, UnnestNode):
+        return replace(node, input=prune_columns(node.input, (needed & set(node.input.schema.names)) | {node.column}))
     if isinstance(node, WindowNode):
         used = (needed & set(node.input.schema.names)) | set(node.partition_by) | {k for k, _ in node.order_by}
         return replace(node, input=prune_columns(node.input, used | {c.column for c in node.calls if c.column}))

@@ -88,7 +88,9 @@ def aggregate_call(e: DFExpr, t: Scalars) -> agg.Agg | Derived:
     condition, ordered = _extras(e)
     if ordered and name not in _ORDER_FREE and name not in _QUANTILES and name not in _LISTED:
         raise unsupported(f"{name}() with ORDER BY ({e.canonical_name()})")
-    if name in _LISTED and not v.is_distinct():
+    if name in _LISTED:
+        if v.is_distinct():
+            raise unsupported(f"{name.upper()}(DISTINCT ...)")
         return _listed(t, name, args, e, condition)
     keep = None if condition is None else t(condition)
 

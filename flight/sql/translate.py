@@ -28,7 +28,7 @@ import pyarrow as pa
 from flight.plan import agg
 from flight.plan.expr import Expr, col, lit
 from flight.plan.query import Query, from_arrow
-from flight.sql import joins, windows  # noqa: F401 - each registers its node handler (rel.HANDLERS)
+from flight.sql import joins, unnest, windows  # noqa: F401 - each registers its node handler (rel.HANDLERS)
 from flight.sql.aggregates import Derived, aggregate_call, aggregated
 from flight.sql.errors import unsupported
 from flight.sql.exprs import DFExpr, ExprTranslator, converted, unify

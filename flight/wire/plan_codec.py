@@ -35,6 +35,7 @@ CHILDREN: dict[str, tuple[str, ...]] = {
     "aggregate": ("input",),
     "sort": ("input",),
     "window": ("input",),
+    "unnest": ("input",),
     "hash_join": ("left", "right"),
     "union": ("inputs",),
 }

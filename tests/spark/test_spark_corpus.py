@@ -37,6 +37,7 @@ NOT_SPARK: dict[str, str] = {
     "nested-5": "array_length is DuckDB's (Spark's: size, cardinality)",
     "nested-6": "a list's [i] counts from 0 in Spark, from 1 in DuckDB",
     "nested-7": "array_length and [i] are DuckDB's",
+    **{f"nested-{i}": "unnest is DuckDB's (Spark's: explode, in 'spark functions')" for i in range(9, 13)},
     "medians-1": "quantile_cont is DuckDB's name (Spark's: percentile, percentile_cont WITHIN GROUP)",
     "medians-2": "quantile_cont is DuckDB's name (Spark's: percentile, percentile_cont WITHIN GROUP)",
     "medians-7": "quantile_cont is DuckDB's name (Spark's: percentile, percentile_cont WITHIN GROUP)",

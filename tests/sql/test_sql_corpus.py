@@ -60,7 +60,7 @@ def con(paths: dict[str, Path]) -> Iterator[duckdb.DuckDBPyConnection]:
     c.close()
 
 
-DUCKDB_ONLY = re.compile(r" over \(|\b(median|quantile\w*|percentile_\w+|string_agg|array_agg)\(")
+DUCKDB_ONLY = re.compile(r" over \(|\b(median|quantile\w*|percentile_\w+|string_agg|array_agg|unnest)\(")
 """Windows, medians, quantiles and ordered aggregates run on the DuckDB engine only (``flight.engine.select.duckdb_only``)."""
 
 ENGINES = [
@@ -82,7 +82,7 @@ def test_statement_matches_duckdb(
     assert difference is None, f"{text}\n{difference}"
 
 
-SPREAD = ("windows", "joins", "aggregates", "set operations", "exists and scalar subqueries", "ctes and views", "medians and quantiles", "ordered aggregates")
+SPREAD = ("windows", "joins", "aggregates", "set operations", "exists and scalar subqueries", "ctes and views", "medians and quantiles", "ordered aggregates", "nested data")
 DISTRIBUTED = [(g, i, text) for g, i, text in CASES if g in SPREAD]
 
 

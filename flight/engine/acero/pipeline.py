@@ -194,6 +194,18 @@ def _window(win: plan_pb2.Window, env: Env, here: str) -> tuple[ac.Declaration, 
     return child, window_schema(win, schema, here)
 
 
+def _unnest(un: plan_pb2.Unnest, env: Env, here: str) -> tuple[ac.Declaration, pa.Schema]:
+    """Checked and typed here (a list column; a new name); computed only by DuckDB, as a window."""
+    child, schema = compile_plan(un.input, env, f"{here}.input")
+    _check_columns([un.column], schema, f"{here}.column")
+    t = schema.field(un.column).type
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
+        raise ProtocolError(f"{here}.column {un.column!r} is a {t}, not a list", field=f"{here}.column")
+    if not un.name or un.name in schema.names:
+        raise ProtocolError(f"{here}.name {un.name[:40]!r} is empty or already a column", field=f"{here}.name")
+    return child, schema.append(pa.field(un.name, t.value_type))
+
+
 def window_schema(win: plan_pb2.Window, schema: pa.Schema, here: str) -> pa.Schema:
     """The window's output schema (its input's columns, then one per call), every name and count checked."""
     check_count(len(win.calls), MAX_WINDOW_CALLS, f"{here}.calls", "window calls")
@@ -369,5 +381,6 @@ _COMPILERS: dict[str, Callable[[Any, Env, str], tuple[ac.Declaration, pa.Schema]
     "union": _union,
     "shuffle_read": _shuffle_read,
     "window": _window,
+    "unnest": lambda un, env, here: _unnest(un, env, here),
 }
 """How each operator kind becomes a declaration (with the schema it produces), checked as it is built."""

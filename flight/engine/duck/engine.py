@@ -257,7 +257,7 @@ def worth_it(root: plan_pb2.Operator) -> bool:
     Filters and projects over streamed input (map stages, custom readers, shuffle reads) stay
     on Acero, which passes each batch on as it comes (DuckDB gathers ``batch_rows`` rows first).
     """
-    heavy = ("aggregate", "hash_join", "sort", "window")
+    heavy = ("aggregate", "hash_join", "sort", "window", "unnest")
     return any(
         op.WhichOneof("kind") in heavy or (op.WhichOneof("kind") == "feed_scan" and op.feed_scan.reader == "parquet")
         for op in operators(root)

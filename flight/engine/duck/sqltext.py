@@ -55,6 +55,9 @@ def sql_type(t: pa.DataType) -> str:
         return _TIMESTAMPS[t.unit]
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         return f"{sql_type(t.value_type)}[]"
+    if pa.types.is_struct(t) and t.num_fields:
+        fields = ", ".join(f"{ident(t.field(i).name)} {sql_type(t.field(i).type)}" for i in range(t.num_fields))
+        return f"STRUCT({fields})"
     raise Untranslatable(f"type {t} has no DuckDB translation here")
 
 

@@ -175,6 +175,10 @@ class Translator(_Chains):
             return self.joins(op, path, schema) if self.query and self._chain(op, path) else self.join(op.hash_join, here, schema)
         if kind == "window":
             return self.window(op.window, here, schema)
+        if kind == "unnest":  # DuckDB's unnest: a row per element; an empty or null list gives none
+            un = op.unnest
+            element = sql_type(schema.field(un.name).type)
+            return f"SELECT *, CAST(unnest({ident(un.column)}) AS {element}) AS {ident(un.name)} FROM {self.sub(un.input, f'{here}.input')}"
         raise Untranslatable(f"operator {kind}")
 
     def window(self, win: plan_pb2.Window, here: str, schema: pa.Schema) -> str:

@@ -675,6 +675,7 @@ class Operator(_message.Message):
     UNION_FIELD_NUMBER: _builtins.int
     SHUFFLE_READ_FIELD_NUMBER: _builtins.int
     WINDOW_FIELD_NUMBER: _builtins.int
+    UNNEST_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def feed_scan(self) -> Global___FeedScan: ...
     @_builtins.property
@@ -699,6 +700,8 @@ class Operator(_message.Message):
     def shuffle_read(self) -> Global___ShuffleRead: ...
     @_builtins.property
     def window(self) -> Global___Window: ...
+    @_builtins.property
+    def unnest(self) -> Global___Unnest: ...
     def __init__(
         self,
         *,
@@ -714,12 +717,13 @@ class Operator(_message.Message):
         union: Global___Union | None = ...,
         shuffle_read: Global___ShuffleRead | None = ...,
         window: Global___Window | None = ...,
+        unnest: Global___Unnest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["aggregate", b"aggregate", "exchange_input", b"exchange_input", "feed_scan", b"feed_scan", "filter", b"filter", "hash_join", b"hash_join", "kind", b"kind", "limit", b"limit", "project", b"project", "shuffle_read", b"shuffle_read", "sort", b"sort", "union", b"union", "values", b"values", "window", b"window"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["aggregate", b"aggregate", "exchange_input", b"exchange_input", "feed_scan", b"feed_scan", "filter", b"filter", "hash_join", b"hash_join", "kind", b"kind", "limit", b"limit", "project", b"project", "shuffle_read", b"shuffle_read", "sort", b"sort", "union", b"union", "unnest", b"unnest", "values", b"values", "window", b"window"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aggregate", b"aggregate", "exchange_input", b"exchange_input", "feed_scan", b"feed_scan", "filter", b"filter", "hash_join", b"hash_join", "kind", b"kind", "limit", b"limit", "project", b"project", "shuffle_read", b"shuffle_read", "sort", b"sort", "union", b"union", "values", b"values", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aggregate", b"aggregate", "exchange_input", b"exchange_input", "feed_scan", b"feed_scan", "filter", b"filter", "hash_join", b"hash_join", "kind", b"kind", "limit", b"limit", "project", b"project", "shuffle_read", b"shuffle_read", "sort", b"sort", "union", b"union", "unnest", b"unnest", "values", b"values", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["feed_scan", "exchange_input", "values", "filter", "project", "limit", "aggregate", "hash_join", "sort", "union", "shuffle_read", "window"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["feed_scan", "exchange_input", "values", "filter", "project", "limit", "aggregate", "hash_join", "sort", "union", "shuffle_read", "window", "unnest"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -731,7 +735,7 @@ class OperatorNode(_message.Message):
     with its own fields but none of its child operators (`input`, `left`, `right` and `inputs`
     of its body stay unset). `inputs` names them instead, as indexes of earlier nodes of the
     same list, in the order the kind reads them: filter, project, limit, aggregate, sort and
-    window one (their input); hash_join two (left, then right); union one or more; feed_scan,
+    window and unnest one (their input); hash_join two (left, then right); union one or more; feed_scan,
     exchange_input, values and shuffle_read none. The kinds are numbered as Operator's.
     """
 
@@ -749,6 +753,7 @@ class OperatorNode(_message.Message):
     UNION_FIELD_NUMBER: _builtins.int
     SHUFFLE_READ_FIELD_NUMBER: _builtins.int
     WINDOW_FIELD_NUMBER: _builtins.int
+    UNNEST_FIELD_NUMBER: _builtins.int
     INPUTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def feed_scan(self) -> Global___FeedScan: ...
@@ -775,6 +780,8 @@ class OperatorNode(_message.Message):
     @_builtins.property
     def window(self) -> Global___Window: ...
     @_builtins.property
+    def unnest(self) -> Global___Unnest: ...
+    @_builtins.property
     def inputs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
@@ -791,17 +798,48 @@ class OperatorNode(_message.Message):
         union: Global___Union | None = ...,
         shuffle_read: Global___ShuffleRead | None = ...,
         window: Global___Window | None = ...,
+        unnest: Global___Unnest | None = ...,
         inputs: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["aggregate", b"aggregate", "exchange_input", b"exchange_input", "feed_scan", b"feed_scan", "filter", b"filter", "hash_join", b"hash_join", "kind", b"kind", "limit", b"limit", "project", b"project", "shuffle_read", b"shuffle_read", "sort", b"sort", "union", b"union", "values", b"values", "window", b"window"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["aggregate", b"aggregate", "exchange_input", b"exchange_input", "feed_scan", b"feed_scan", "filter", b"filter", "hash_join", b"hash_join", "kind", b"kind", "limit", b"limit", "project", b"project", "shuffle_read", b"shuffle_read", "sort", b"sort", "union", b"union", "unnest", b"unnest", "values", b"values", "window", b"window"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aggregate", b"aggregate", "exchange_input", b"exchange_input", "feed_scan", b"feed_scan", "filter", b"filter", "hash_join", b"hash_join", "inputs", b"inputs", "kind", b"kind", "limit", b"limit", "project", b"project", "shuffle_read", b"shuffle_read", "sort", b"sort", "union", b"union", "values", b"values", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aggregate", b"aggregate", "exchange_input", b"exchange_input", "feed_scan", b"feed_scan", "filter", b"filter", "hash_join", b"hash_join", "inputs", b"inputs", "kind", b"kind", "limit", b"limit", "project", b"project", "shuffle_read", b"shuffle_read", "sort", b"sort", "union", b"union", "unnest", b"unnest", "values", b"values", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["feed_scan", "exchange_input", "values", "filter", "project", "limit", "aggregate", "hash_join", "sort", "union", "shuffle_read", "window"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["feed_scan", "exchange_input", "values", "filter", "project", "limit", "aggregate", "hash_join", "sort", "union", "shuffle_read", "window", "unnest"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___OperatorNode: _TypeAlias = OperatorNode  # noqa: Y015
+
+@_typing.final
+class Unnest(_message.Message):
+    """One row per element of a list column (SQL's UNNEST, Spark's explode): the input's columns,
+    then `name`, the element. A row whose list is empty or null gives no row. DuckDB engine only.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INPUT_FIELD_NUMBER: _builtins.int
+    COLUMN_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    column: _builtins.str
+    name: _builtins.str
+    @_builtins.property
+    def input(self) -> Global___Operator: ...
+    def __init__(
+        self,
+        *,
+        input: Global___Operator | None = ...,
+        column: _builtins.str = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["column", b"column", "input", b"input", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Unnest: _TypeAlias = Unnest  # noqa: Y015
 
 @_typing.final
 class Window(_message.Message):
