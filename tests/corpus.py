@@ -490,6 +490,10 @@ CORPUS: dict[str, list[str]] = {
         "select id, rank() over (order by x desc nulls first) as r from t",
         "select id, avg(d) over (partition by g) as mean from t",
         "select id, sum(x) over (partition by g order by id rows between 1 preceding and 1 following) as around from t",
+        "select id, sum(x) over (order by id range between 2 preceding and 1 following) as s from t",
+        "select id, g, count(*) over (partition by g order by x range between 5 preceding and current row) as c from t",
+        "select id, avg(f) over (order by d range between 100 preceding and 50 following) as a from t",
+        "select id, max(id) over (order by x desc range between 3 preceding and 3 following) as m from t",
     ],
 }
 

@@ -20,6 +20,10 @@ from flight.wire._proto import plan_pb2
 
 __all__ = ["WindowCall", "WindowNode"]
 
+def _numeric(t: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t))
+
+
 @dataclass(frozen=True)
 class WindowCall:
     function: str
@@ -28,6 +32,8 @@ class WindowCall:
     offset: int = 0  # lag / lead
     frame: tuple[int | None, int | None] | None = None
     """ROWS BETWEEN start AND end as offsets from the current row (None: unbounded); None: SQL's default frame."""
+    range_frame: bool = False
+    """The frame is RANGE BETWEEN: its offsets are distances in the one order key's values (a number), not rows."""
 
 
 @dataclass(eq=False)
@@ -49,6 +55,8 @@ class WindowNode(Node):
                 raise PlanError(f"window: unknown function {c.function!r}; known: {', '.join(FUNCTIONS)}")
             if c.name in schema.names or c.name in [f.name for f in fields[len(schema):]]:
                 raise PlanError(f"window: output {c.name!r} is already a column")
+            if c.range_frame and (len(self.order_by) != 1 or not _numeric(schema.field(self.order_by[0][0]).type)):
+                raise PlanError(f"window {c.name}: a RANGE frame with offsets needs one order key, a number")
             arg = schema.field(c.column).type if c.column else None
             try:
                 fields.append(pa.field(c.name, window_type(c.function, arg)))
@@ -70,7 +78,7 @@ class WindowNode(Node):
             if c.frame is not None:
                 start, end = c.frame
                 call.frame.CopyFrom(plan_pb2.WindowFrame(
-                    start_unbounded=start is None, start=start or 0, end_unbounded=end is None, end=end or 0
+                    start_unbounded=start is None, start=start or 0, end_unbounded=end is None, end=end or 0, range=c.range_frame
                 ))
             calls.append(call)
         op.window.CopyFrom(plan_pb2.Window(

@@ -7,6 +7,7 @@ A frame is SQL's default, or ROWS between offsets; a RANGE frame with offsets is
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pyarrow as pa
@@ -67,14 +68,16 @@ def window(tr: Relations, v: Any, plan: DFPlan) -> Rel:
                 order.append((column(key.is_null()), True))
             order.append((column(key), not s.ascending()))
         out = tr.fresh("win")
-        frame = _frame(v.get_frame(e), bool(order))
+        frame, ranged = _frame(v.get_frame(e), bool(order), e.canonical_name())
+        if ranged and len(order) != 1:
+            raise unsupported("a RANGE frame with offsets over an order of NULLS FIRST or of several keys")
         base = query.with_columns(**hidden) if hidden else query
         decimal = function == "mean" and tr.dialect == "spark" and pa.types.is_decimal(base.schema.field(argument).type)
         if decimal:  # Spark's average of a DECIMAL is one: the window's sum and count, divided as Spark divides
             parts = (tr.fresh("wsum"), tr.fresh("wcount"))
-            calls = [WindowCall("sum", argument, parts[0], 0, frame), WindowCall("count", argument, parts[1], 0, frame)]
+            calls = [WindowCall("sum", argument, parts[0], 0, frame, ranged), WindowCall("count", argument, parts[1], 0, frame, ranged)]
         else:
-            calls = [WindowCall(function, argument, out, offset, frame)]
+            calls = [WindowCall(function, argument, out, offset, frame, ranged)]
         query = Query(WindowNode(base.node, partition, order, calls))
         if decimal:
             query = query.with_columns(**{out: _spark_average(col(parts[0]), col(parts[1]), base.schema.field(argument).type)})
@@ -103,33 +106,42 @@ def _count(e: DFExpr, what: str) -> int:
     return value
 
 
-def _frame(frame: Any, ordered: bool) -> tuple[int | None, int | None] | None:
-    """The frame as ROWS offsets; None for SQL's default (what DataFusion writes out for it)."""
+def _frame(frame: Any, ordered: bool, text: str) -> tuple[tuple[int | None, int | None] | None, bool]:
+    """The frame as offsets (ROWS, or RANGE: distances in the order key's values) and whether it is RANGE; None
+    for SQL's default (what DataFusion writes out for it). ``text``: the call as DataFusion prints it, whose
+    bounds are read where its Python API cannot give a typed offset (``get_offset`` fails for an INT key's)."""
     if frame is None:
-        return None
-    lower, upper = frame.get_lower_bound(), frame.get_upper_bound()
+        return None, False
     units = str(frame.get_frame_units()).upper()
+    found = re.findall(r"(?:ROWS|RANGE|GROUPS) BETWEEN (CURRENT ROW|\S+ \S+) AND (CURRENT ROW|\S+ \S+)", text)
+    printed = found[-1] if found else None
 
-    def offset(bound: Any) -> int | None:
+    def offset(bound: Any, which: int) -> int | None:
         if bound.is_unbounded():
             return None
         if bound.is_current_row():
             return 0
-        n = int(bound.get_offset())
+        try:
+            n = int(bound.get_offset())
+        except Exception:  # noqa: BLE001 - DataFusion's "Unexpected window frame bound": read the printed bound
+            value = printed[which - 1].rsplit(" ", 1)[0] if printed else ""
+            if not re.fullmatch(r"\d+(\.0*)?", value):
+                raise unsupported(f"a {units} frame bound of {value or 'this kind'} (a whole number is taken)") from None
+            n = int(value.split(".")[0])
         return -n if bound.is_preceding() else n
 
-    start, end = offset(lower), offset(upper)
+    start, end = offset(frame.get_lower_bound(), 1), offset(frame.get_upper_bound(), 2)
     if units == "RANGE":
         if start is None and end == 0:
-            return None  # the default with an order: up to the current row's last peer
+            return None, False  # the default with an order: up to the current row's last peer
         if start is None and end is None:
-            return (None, None)
-        raise unsupported("a RANGE frame with offsets (write ROWS)")
+            return (None, None), False
+        return (start, end), True
     if units != "ROWS":
         raise unsupported(f"a {units} frame")
     if not ordered and start is None and end is None:
-        return None
-    return (start, end)
+        return None, False
+    return (start, end), False
 
 
 def _spark_average(total: Expr, count: Expr, d: pa.Decimal128Type) -> Expr:

@@ -66,12 +66,13 @@ __all__ = [
     "status_message",
 ]
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 """Bumped on any change a peer of the previous version would misread (2: heartbeats, InputEnd, flat expressions;
 3: the Release frame, which a version-2 worker would refuse as a frame without a member; 4: heartbeats on
 DoGet streams, whose absence a version-4 reader takes for a lost worker when a version-3 producer is slow;
 5: input calls, which a version-4 worker would run as a map stage; 6: a plan's operators as a flat list,
-``StagePlan.operators``, where a version-5 worker finds no ``root``)."""
+``StagePlan.operators``, where a version-5 worker finds no ``root``; 7: RANGE window frames, ``WindowFrame.range``,
+which a version-6 worker would compute as ROWS, beside the ``Unnest`` operator and the aggregates DuckDB computes)."""
 
 RETAIN_HEADER = "x-flight-exec-retain"
 DIALECT_HEADER = "x-flight-exec-dialect"

@@ -1,4 +1,4 @@
-"""``Query.unnest`` (SQL's UNNEST, Spark's explode): a row per element, computed by DuckDB.
+"""``Query.unnest`` (SQL's UNNEST, Spark's explode), a row per element, and RANGE window frames: both computed by DuckDB.
 
 DuckDB's own ``unnest`` over the same rows is the oracle; a worker refuses a hostile ``Unnest`` by field.
 """
@@ -71,4 +71,30 @@ def test_a_worker_refuses_a_hostile_unnest_by_field_and_lives(column: str, name:
         info = error_of(frames)
         assert info.code == protocol_pb2.ERROR_CODE_INVALID_ARGUMENT, info
         assert info.field.endswith(f"unnest.{field}"), info
+        assert healthy(cluster.urls[0])
+
+
+def _window_plan(order: list[str], start: int) -> plan_pb2.StagePlan:
+    sink = pa.BufferOutputStream()
+    table = pa.table({"x": [1, 2, 5], "s": ["a", "b", "c"]})
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    values = plan_pb2.Operator(values=plan_pb2.Values(ipc_stream=sink.getvalue().to_pybytes()))
+    call = plan_pb2.WindowCall(function="count_all", name="n", frame=plan_pb2.WindowFrame(start=start, end=0, range=True))
+    window = plan_pb2.Window(input=values, order_by=[plan_pb2.SortKey(column=c) for c in order], calls=[call])
+    return plan_pb2.StagePlan(root=plan_pb2.Operator(window=window))
+
+
+def test_a_range_frame_counts_values_not_rows_and_a_bad_one_is_refused_by_field() -> None:
+    """RANGE BETWEEN 2 PRECEDING over x = 1, 2, 5 counts 1, 2, 1 rows (ROWS would count 1, 2, 3); over a text key or
+    two keys a worker refuses it by field."""
+    t = pa.table({"x": [1, 2, 5]})
+    got = flight.run_local(flight.sql("select x, count(*) over (order by x range between 2 preceding and current row) as n from t",
+                                      {"t": t})).read_all()
+    assert sorted(zip(got["x"].to_pylist(), got["n"].to_pylist())) == [(1, 1), (2, 2), (5, 1)]
+    with flight.LocalCluster(1) as cluster:
+        for order in (["s"], ["x", "s"]):
+            frames, _ = raw_exchange(cluster.urls[0], header(_window_plan(order, -2)).SerializeToString())
+            info = error_of(frames)
+            assert info.code == protocol_pb2.ERROR_CODE_INVALID_ARGUMENT and info.field.endswith("calls[0].frame"), info
         assert healthy(cluster.urls[0])

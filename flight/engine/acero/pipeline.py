@@ -224,11 +224,17 @@ def window_schema(win: plan_pb2.Window, schema: pa.Schema, here: str) -> pa.Sche
             abs(x) <= MAX_WINDOW_OFFSET for x in (c.frame.start, c.frame.end)
         ):
             raise ProtocolError(f"{where}: an offset beyond {MAX_WINDOW_OFFSET}", field=where)
+        if c.frame.range and (len(win.order_by) != 1 or not _number(schema.field(win.order_by[0].column).type)):
+            raise ProtocolError(f"{where}.frame: a RANGE frame needs one order key, a number", field=f"{where}.frame")
         try:
             fields.append(pa.field(c.name, window_type(c.function, schema.field(c.column).type if c.column else None)))
         except ValueError as exc:
             raise ProtocolError(f"{where}: {exc}", field=where) from None
     return pa.schema(fields)
+
+
+def _number(t: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t))
 
 
 MAX_WINDOW_CALLS = 1024

@@ -352,7 +352,7 @@ def _frame(frame: plan_pb2.WindowFrame) -> str:
         return f"{abs(int(offset))} {'PRECEDING' if offset < 0 else 'FOLLOWING'}"
 
     start = bound(frame.start_unbounded, frame.start, "PRECEDING")
-    return f" ROWS BETWEEN {start} AND {bound(frame.end_unbounded, frame.end, 'FOLLOWING')}"
+    return f" {'RANGE' if frame.range else 'ROWS'} BETWEEN {start} AND {bound(frame.end_unbounded, frame.end, 'FOLLOWING')}"
 
 
 def _plain_scan(op: plan_pb2.Operator) -> bool:

@@ -930,10 +930,13 @@ class WindowFrame(_message.Message):
     START_FIELD_NUMBER: _builtins.int
     END_UNBOUNDED_FIELD_NUMBER: _builtins.int
     END_FIELD_NUMBER: _builtins.int
+    RANGE_FIELD_NUMBER: _builtins.int
     start_unbounded: _builtins.bool
     start: _builtins.int
     end_unbounded: _builtins.bool
     end: _builtins.int
+    range: _builtins.bool
+    """RANGE: the offsets are distances in the one order key's values (a number), not rows."""
     def __init__(
         self,
         *,
@@ -941,10 +944,11 @@ class WindowFrame(_message.Message):
         start: _builtins.int = ...,
         end_unbounded: _builtins.bool = ...,
         end: _builtins.int = ...,
+        range: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "end_unbounded", b"end_unbounded", "start", b"start", "start_unbounded", b"start_unbounded"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "end_unbounded", b"end_unbounded", "range", b"range", "start", b"start", "start_unbounded", b"start_unbounded"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
