@@ -55,6 +55,7 @@ class TaskChannel:
         on_credit: CreditHandler | None = None,
         on_error: ErrorHandler | None = None,
         on_finished: FinishedHandler | None = None,
+        on_ready: FinishedHandler | None = None,
         heartbeat: float = 2.0,
         peer_timeout: float | None = 10.0,
         name: str | None = None,
@@ -73,6 +74,7 @@ class TaskChannel:
         self.finished = threading.Event()  # the final metrics arrived, or the exchange ended
         self.drained = threading.Event()  # every output partition was read (by whoever reads it)
         self.queued = threading.Event()  # the worker said the task waits for capacity
+        self.load: protocol_pb2.LoadInfo | None = None  # what it said of its load then (its source threads, among others)
         self._news = threading.Event()  # settled or queued: what ready_or_queued waits for
         self.output_schema: pa.Schema | None = None
         self.metrics: protocol_pb2.TaskMetrics | None = None
@@ -84,6 +86,7 @@ class TaskChannel:
         self._on_credit = on_credit
         self._on_error = on_error
         self._on_finished = on_finished
+        self._on_ready = on_ready
         self._lock = threading.Lock()
         self._writer: fl.FlightStreamWriter | None = None
         self._reader: fl.FlightStreamReader | None = None
@@ -260,6 +263,7 @@ class TaskChannel:
         self._on_error = None
         self._on_credit = None
         self._on_finished = None
+        self._on_ready = None
 
     def cancel_call(self) -> None:
         """Cut the call (thread-safe in gRPC): the reader raises, and a write blocked on flow control returns."""
@@ -370,6 +374,8 @@ class TaskChannel:
             self.ready.set()
             self._settled.set()
             self._news.set()
+            if self._on_ready is not None:
+                self._on_ready(self)
         elif kind == "credit":
             if self._on_credit is not None:
                 self._on_credit(self, frame.credit.feed_id, frame.credit.partition, frame.credit.credits)
@@ -384,5 +390,6 @@ class TaskChannel:
         elif kind == "drained":
             self.drained.set()
         elif kind == "load":
+            self.load = frame.load
             self.queued.set()
             self._news.set()

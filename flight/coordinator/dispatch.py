@@ -133,15 +133,19 @@ class FeedDispatcher:
         self.sources.append(source)
         return source
 
-    def add_task(self, channel: TaskChannel, *, recoverable: bool = False, exclusive: bool = False) -> None:
+    def add_task(self, channel: TaskChannel, *, recoverable: bool = False, exclusive: bool = False, late: bool = False) -> None:
         """A task of the execution (with feeds or without): its channel carries the instructions.
 
         ``recoverable``: its lost units are replayed (``task_lost``); ``exclusive``: all it was
-        sent, by its replacement alone (``FeedState.add_task``).
+        sent, by its replacement alone (``FeedState.add_task``); ``late``: opened once units may
+        flow already (tasks opened in turns), so nothing goes to it before ``task_ready``.
         """
+        self._add_box(channel, lambda: self.state.add_task(channel.key, channel.url, recoverable=recoverable, exclusive=exclusive, ready=not late))
+
+    def reopen(self, channel: TaskChannel) -> None:
+        """``channel`` carries its key's instructions from now on (a task opened again after a busy refusal)."""
         with self._cond:
-            self.state.add_task(channel.key, channel.url, recoverable=recoverable, exclusive=exclusive)
-            self._boxes[channel.key] = _Outbox(channel, threading.Condition(self._lock))
+            self._boxes[channel.key].channel = channel
 
     def replace(self, lost: str, channel: TaskChannel) -> None:
         """``channel`` (not yet open) takes over the feed partitions of the lost task ``lost``.
@@ -149,16 +153,20 @@ class FeedDispatcher:
         Its slots exist before it opens (its credits may come at once); nothing is sent to it
         before ``task_ready``.
         """
+        self._add_box(channel, lambda: self._apply_locked(TaskReplaced(lost, channel.key, channel.url, time.monotonic())))
+
+    def _add_box(self, channel: TaskChannel, make: Callable[[], object]) -> None:
+        """``channel``'s outbox, once ``make`` (under the lock) made its task; its sender starts now if units flow already."""
         box = _Outbox(channel, threading.Condition(self._lock))
         with self._lock:
             self._boxes[channel.key] = box
-            self._apply_locked(TaskReplaced(lost, channel.key, channel.url, time.monotonic()))
+            make()
             sending = self._sending and not self.cancelled.is_set()
         if sending:
             spawn(self._send, box, name=f"send-{channel.key}")
 
     def task_ready(self, channel: TaskChannel) -> None:
-        """A replacement task accepted its header: its units may go out."""
+        """A replacement (or a task opened late) accepted its header: its units may go out."""
         self._apply(TaskReady(channel.key, time.monotonic()))
 
     def units_done(self, channel: TaskChannel, ids: list[int]) -> None:
@@ -220,8 +228,7 @@ class FeedDispatcher:
 
         def start_all() -> None:
             for source in todo:
-                name = f"discover-{source.feed.feed_id}-{source.partition}"
-                spawn(self._discover, source, name=name)
+                spawn(self._discover, source, name=f"discover-{source.feed.feed_id}-{source.partition}")
 
         if len(todo) == 1:
             start_all()

@@ -213,7 +213,7 @@ class _Attempts:
     def launch(self) -> Run:
         """A launched attempt whose head outputs nobody reads here (``start_detached``)."""
         while True:
-            run = self.run = Run(self.context, self.excluded, retain=self.retain)
+            run = self.run = Run(self.context, self.excluded, retain=self.retain, detached=True)
             try:
                 run.launch()
                 return run

@@ -3,9 +3,10 @@
 Size every stage (a shared-queue leaf from its first discovered units), bind task
 slots to the attempt's workers, give every consumer task the URLs and keys of the
 producer tasks it reads (in its own copy of the plan), open one DoExchange per
-task of every stage (all stages run at once, rows stream between them), start
-the feed dispatcher, and read the head stage's output with DoGet into one bounded
-queue behind the caller's reader. Any failure (a task error, a provider
+task of every stage (all stages run at once, rows stream between them; in turns
+when together they need more source threads than their workers have:
+``opening.py``), start the feed dispatcher, and read the head stage's output
+with DoGet into one bounded queue behind the caller's reader. Any failure (a task error, a provider
 exception, a dead worker) aborts every task and surfaces as one exception;
 closing the channels is what frees the tasks on the workers. Whether a failed
 attempt runs again is ``exec._Attempts``'s decision (``recovery.py``).
@@ -23,7 +24,6 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
-import random
 import threading
 import time
 import uuid
@@ -36,6 +36,7 @@ from flight.coordinator.channel import TaskChannel
 from flight.coordinator.context import RunContext
 from flight.coordinator.dispatch import FeedDispatcher, Source
 from flight.coordinator.metrics import QueryMetrics, TaskStats
+from flight.coordinator.opening import Opening
 from flight.coordinator.replay import Replay, replay_mode
 from flight.coordinator.resolver import normalize_url
 from flight.coordinator.results import DONE as _DONE
@@ -63,21 +64,17 @@ __all__ = ["Run"]
 
 log = logging.getLogger("flight.coordinator.exec")
 
-_BACKOFF_S = 0.05
-_MAX_BACKOFF_S = 1.0
-"""Retrying a query that busy workers refused: jittered exponential backoff between these."""
-
-
 _ROTATION = itertools.count()  # attempts launched by this process: each starts its stages one worker further on
 
 
 class Run:
     """One execution (attempt) of a DistributedExec: its channels, feeds and result queue."""
 
-    def __init__(self, context: RunContext, excluded: set[str] | None = None, *, retain: bool = False) -> None:
+    def __init__(self, context: RunContext, excluded: set[str] | None = None, *, retain: bool = False, detached: bool = False) -> None:
         self.context = context
         self.excluded = excluded or set()
         self.retain = retain  # head outputs kept for any number of reads (a detached query's, for Spark)
+        self.detached = detached  # its head outputs are read by others (``start_detached``)
         self.urls: list[str] = []  # the workers this attempt bound tasks to
         self.options = context.options
         self.plan = context.plan
@@ -101,6 +98,10 @@ class Run:
         # then spill), so a sender never waits for a reader that waits for the sender's cores.
         self.fed = any(isinstance(n, InputCallNode) for st in self.plan.stages for n in st.root.walk())
         self.replay = StageReplay(self) if self.staged else Replay(self, mode) if mode is not None else None
+        # Outputs kept (memory, then spill) for re-reads: below the head (a lost task's readers run again), the head's for others.
+        self.keep_outputs = self.staged or self.fed
+        self.keep_head = retain
+        self.opening = Opening(self)  # all at once, in the global order, or in turns (opening.py)
         self.tagged = mode == "units"
         self.counts: dict[int, int] = {}
         self.heads: list[TaskChannel] = []  # the head tasks as launched (replacements take their places)
@@ -189,7 +190,7 @@ class Run:
             self.counts = counts
             if isinstance(self.replay, StageReplay):
                 self.replay.bind()
-            self._admit(counts)
+            self.opening.admit(counts)
             for channel in self.by_stage[self.plan.head.stage_id]:
                 self.check_schema(channel)
         except BaseException as exc:
@@ -201,104 +202,23 @@ class Run:
             raise
         self.heads = list(self.by_stage[self.plan.head.stage_id])  # one result end (``_DONE``) each, whoever reads it
         self.admitted = True
-        self.dispatcher.start_sending()
+        if self.opening.turns is None:  # opened in turns, units flow already
+            self.dispatcher.start_sending()
 
-    def _admit(self, counts: dict[int, int]) -> None:
-        """Open every task: first all at once (``_admit_at_once``), then, if a worker had no room,
-        worker by worker in one global order (sorted URLs).
-
-        A worker at capacity queues a task (first come, first served) and says so. Because
-        every coordinator takes workers in the same order, a query holding tasks on some
-        workers only ever waits for later ones, so no two queries wait for each other in a
-        cycle (docs/architecture.md, "Capacity"). When a worker refuses (its queue is full,
-        or the task waited too long), every task of the attempt is let go and the query is
-        retried after a backoff: nothing was sent to any task yet, so a retry starts from
-        scratch, under a fresh query id (task keys are never reused on a worker).
-        """
-        started = time.monotonic()
-        backoff = _BACKOFF_S
-        attempt = 0
-        if self._admit_at_once(counts):
-            return
-        attempt = 1  # a worker queued a task: let everything go, then take the workers in order
-        self.retries = attempt
-        self._rename(attempt)
-        while True:
-            for stage in self.plan.stages:
-                self._stage_channels(stage, counts)
-            queued_until = started + self.options.admission_wait
-            try:
-                for url in sorted({c.url for c in self.channels}):
-                    here = [c for c in self.channels if c.url == url]
-                    for channel in here:
-                        channel.open(self.clients.get(url))
-                    deadline = time.monotonic() + self.options.connect_timeout
-                    for channel in here:
-                        channel.wait_ready(max(0.0, deadline - time.monotonic()), queued_until)
-                return
-            except WorkerBusyError as exc:
-                busy = exc
-            self._let_go()
-            waited = time.monotonic() - started
-            if waited + backoff > self.options.admission_wait or self.failed.is_set():
-                raise WorkerBusyError(
-                    f"the workers stayed at capacity for {waited:.1f}s ({attempt + 1} attempts); last refusal: {busy.cause}",
-                    worker_url=busy.worker_url,
-                )
-            attempt += 1
-            self.retries = attempt
-            log.debug("query %s: %s; retrying in %.2fs", self.query_id, busy, backoff)
-            if self.failed.wait(backoff * random.uniform(0.5, 1.0)):
-                raise self.error or busy
-            backoff = min(backoff * 2, _MAX_BACKOFF_S)
-            self._rename(attempt)
-
-    def _rename(self, attempt: int) -> None:
-        """A fresh query id for an admission retry: task keys are never reused on a worker."""
-        self.query_id = f"{self.base_id}.{attempt}"
-        self.context.sink.named(self.query_id, self.secret, self.bound)
-
-    def _admit_at_once(self, counts: dict[int, int]) -> bool:
-        """The first try: open every task on every worker at once, as fast as the workers accept.
-
-        Only when a worker has no room does the order matter (a query holding one worker must not
-        wait for another that another query holds): then this lets every task go and says False,
-        and ``_admit`` takes the workers one by one in the global order.
-        """
-        for stage in self.plan.stages:
-            self._stage_channels(stage, counts)
-        try:
-            for channel in self.channels:
-                channel.open(self.clients.get(channel.url))
-            deadline = time.monotonic() + self.options.connect_timeout
-            if all(c.ready_or_queued(max(0.0, deadline - time.monotonic())) for c in self.channels):
-                return True
-        except WorkerBusyError:
-            pass
-        self._let_go()
-        return False
-
-    def _let_go(self) -> None:
-        """Release every task of a refused attempt and forget its channels."""
-        for channel in self.channels:  # all first: aborting a producer fails its consumers at once
-            channel.detach()
-        for channel in self.channels:
-            channel.abort("the query waits for capacity and will retry")
-        for channel in self.channels:
-            channel.finish()
-        self.channels = []
-        self.by_stage = {}
+    def reset_replay(self) -> None:
+        """The attempt's tasks were let go before anything was sent: the replay starts again from the binding."""
         if self.replay is not None:
             self.replay.reset()
             if isinstance(self.replay, StageReplay):
                 self.replay.bind()
-        self.dispatcher.clear_slots()
 
     def channel_error(self, channel: TaskChannel, error: BaseException) -> None:
         """A task's error fails the query, except a busy refusal while tasks are still being admitted
         and a lost worker under a head task that can be replayed (``replay.py``)."""
+        if self.opening.turns is not None:
+            self.opening.turns.wake()
         if isinstance(error, WorkerBusyError) and not self.admitted:
-            return  # wait_ready raises it, and _admit retries
+            return  # wait_ready raises it (or the turns see it), and the opening retries
         if self.replay is not None and self.admitted and self.replay.watches(channel):
             if isinstance(error, WorkerUnavailableError):
                 self.clients.forget(channel.url)
@@ -306,24 +226,32 @@ class Run:
             return
         self.fail(error)
 
-    def _stage_channels(self, stage: StageSpec, counts: dict[int, int]) -> None:
-        count = counts[stage.stage_id]
-        channels = self.by_stage[stage.stage_id] = []
-        for task, assigned in enumerate(stage.assignments(count)):
-            header = bound_header(
-                stage, task, counts, assigned, query_id=self.query_id, secret=self.secret, bound=self.bound,
-                options=self.options, retain=self.retain, tagged=self.tagged, recoverable=self.staged or self.fed,
-            )
-            channel = self.make_channel(header)
-            channels.append(channel)
-            self.channels.append(channel)
-            self.dispatcher.add_task(channel, recoverable=self.tagged, exclusive=(self.retain or self.staged) and self.replay is not None)
-            # Slots exist before any channel opens: credits may arrive at once.
-            for feed_id, partitions in assigned.items():
-                feed_sources = self.sources[feed_id]
-                for p in partitions:
-                    source = feed_sources[0] if feed_sources[0].shared else feed_sources[p]
-                    self.dispatcher.add_slot(source, p, channel)
+    def stage_channels(self, stage: StageSpec, counts: dict[int, int]) -> None:
+        """Every task of ``stage``: its channel (not open), its feed slots."""
+        self.by_stage[stage.stage_id] = []
+        for task in range(counts[stage.stage_id]):
+            self.add_task(stage, task, counts)
+
+    def add_task(self, stage: StageSpec, task: int, counts: dict[int, int], *, late: bool = False) -> TaskChannel:
+        """Task ``task`` of ``stage``: its channel (not open) and its feed slots; ``late``: units flow already,
+        and none goes to it before it is admitted (``FeedDispatcher.task_ready``)."""
+        assigned = stage.assignments(counts[stage.stage_id])[task]
+        header = bound_header(
+            stage, task, counts, assigned, query_id=self.query_id, secret=self.secret, bound=self.bound,
+            options=self.options, retain=self.keep_head, tagged=self.tagged, recoverable=self.keep_outputs,
+        )
+        channel = self.make_channel(header)
+        self.by_stage.setdefault(stage.stage_id, []).append(channel)
+        self.channels.append(channel)
+        exclusive = (self.retain or self.staged) and self.replay is not None
+        self.dispatcher.add_task(channel, recoverable=self.tagged, exclusive=exclusive, late=late)
+        # Slots exist before the channel opens: credits may arrive at once.
+        for feed_id, partitions in assigned.items():
+            feed_sources = self.sources[feed_id]
+            for p in partitions:
+                source = feed_sources[0] if feed_sources[0].shared else feed_sources[p]
+                self.dispatcher.add_slot(source, p, channel)
+        return channel
 
     def make_channel(self, header: protocol_pb2.TaskHeader, name: str | None = None) -> TaskChannel:
         """A task's channel (not open); a head task of a replayable execution is watched for loss."""
@@ -332,7 +260,8 @@ class Run:
             header,
             on_credit=self.dispatcher.on_credit,
             on_error=self.channel_error,
-            on_finished=self._task_finished if self.staged else self.dispatcher.on_finished,
+            on_finished=self._task_finished,
+            on_ready=self._task_ready,
             heartbeat=self.options.heartbeat,
             peer_timeout=self.options.peer_timeout,
             name=name,
@@ -344,7 +273,13 @@ class Run:
     def _task_finished(self, channel: TaskChannel) -> None:
         if isinstance(self.replay, StageReplay):
             self.replay.finished(channel)
+        if self.opening.turns is not None:
+            self.opening.turns.finished(channel)
         self.dispatcher.on_finished(channel)
+
+    def _task_ready(self, channel: TaskChannel) -> None:
+        if self.opening.turns is not None:
+            self.opening.turns.wake()
 
     def check_schema(self, channel: TaskChannel) -> None:
         planned = self.plan.head.output_schema

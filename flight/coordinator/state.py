@@ -115,14 +115,15 @@ class FeedState:
         self.sources.append(SourceState(feed_id, shared))
         return len(self.sources) - 1
 
-    def add_task(self, key: str, url: str, *, recoverable: bool = False, exclusive: bool = False) -> None:
+    def add_task(self, key: str, url: str, *, recoverable: bool = False, exclusive: bool = False, ready: bool = True) -> None:
         """``recoverable``: a lost task's undelivered units are replayed (``UnitsDone``, ``TaskLost``).
 
         ``exclusive``: they are replayed by its replacement alone, every unit it was sent (no
         ``UnitsDone`` comes): its output is retained and read as one partition, which the
-        replacement must make again whole.
+        replacement must make again whole. ``ready`` False: nothing goes to it, not even a feed
+        end, before ``TaskReady`` (a task opened after the units began to flow: ``opening.py``).
         """
-        self.tasks[key] = TaskState(key, url, recoverable=recoverable or exclusive, exclusive=exclusive)
+        self.tasks[key] = TaskState(key, url, ready=ready, recoverable=recoverable or exclusive, exclusive=exclusive)
 
     def add_slot(self, key: str, source_id: int, partition: int) -> None:
         """Task ``key`` reads ``source_id`` as its feed partition ``partition`` (its number on the wire)."""

@@ -740,6 +740,33 @@ def test_feed_progress_counts_units_found_sent_and_taken_and_the_lag_of_the_olde
     assert (f.discovered, f.sent, f.taken) == (5, 3, 3)
 
 
+
+def test_a_task_opened_after_units_began_to_flow_gets_nothing_before_it_is_ready() -> None:
+    # Tasks opened in turns (coordinator/opening.py): the first ones are fed while a later one is not admitted yet.
+    state = FeedState(max_frame=4, buffer=100, affinity_wait=WAIT)
+    shared = state.add_source("s", shared=True)
+    parted = state.add_source("p", shared=False)
+    state.add_task("t0", A)
+    state.add_slot("t0", shared, 0)
+    state.handle(StartSending(0.0))
+    state.handle(CreditGranted("t0", "s", 0, 10, 0.0))
+    assert sent(state.handle(UnitsFound(shared, units(2), 1.0))) == [b"u0", b"u1"]
+    state.handle(SenderIdle("t0", 1.0))
+    assert state.handle(DiscoveryEnded(shared, 2.0)) == [SendFeedEnd("t0", "s", 0)]
+    state.add_task("t1", B, ready=False)  # opened late, waiting for its worker's admission
+    state.add_slot("t1", shared, 1)
+    state.add_slot("t1", parted, 0)
+    # Its credit may come first (its worker's frames race the coordinator's bookkeeping): no unit, no feed end yet.
+    assert state.handle(CreditGranted("t1", "s", 1, 10, 3.0)) == []
+    assert state.handle(CreditGranted("t1", "p", 0, 10, 3.0)) == []
+    assert state.handle(UnitsFound(parted, units(3, start=5), 3.0)) == []
+    assert state.handle(DiscoveryEnded(parted, 3.0)) == []
+    out = state.handle(TaskReady("t1", 4.0))
+    assert sent(out, "t1") == [b"u5", b"u6", b"u7"]
+    # The shared feed ended while it waited (nothing left for it); the partitioned feed's end follows its units.
+    assert [type(ins) for ins in out] == [SendFeedEnd, SendUnits, SendFeedEnd]
+    assert out[0] == SendFeedEnd("t1", "s", 1) and out[2] == SendFeedEnd("t1", "p", 0)
+
 # ------------------------------------------ any interleaving, with tasks lost and replaced
 
 

@@ -1,0 +1,354 @@
+"""Opening one attempt's tasks: all at once, worker by worker in one global order, or in turns.
+
+The first try opens every task on every worker at once; the workers almost always have room, and
+then that is all. When a worker says it queued a task (a ``LoadInfo`` frame), every task of the
+try is let go (nothing was sent to any of them yet), and the attempt learns how many source
+threads each of its workers has (a queued task's ``LoadInfo`` says it; the others are asked with
+the ``info`` action), then:
+
+* **the plan fits its workers** (the tasks bound to each need at most its threads together): the
+  workers are busy with other queries. Tasks are opened again worker by worker in sorted URL
+  order, the next worker's only once every task on this one was admitted, retried after a backoff
+  when a worker refuses (docs/architecture.md, "Capacity");
+* **it does not** (TPC-DS q14 on one worker: 69 source threads of 64): however long it waited, it
+  would never be admitted whole. The tasks are opened in turns (``waves.Waves`` decides, ``_Turns``
+  carries it out): a stage once the stages it reads were admitted, while the query's open tasks
+  on a worker hold at most its threads; each task is sent its units as soon as it is admitted,
+  and gives its threads back on the worker when it made all its output. Every stage keeps its
+  output (memory, then spill) so that a producer finishes before its readers start. A worker that
+  refuses one of them as busy gets it again after a backoff, alone: the tasks admitted meanwhile
+  need nothing more to finish. ``Run.launch`` returns once every task was admitted (the head's
+  last, which may wait for stages below it to give their threads back), so ``execute()`` returns
+  later than it would. Losing a worker before then fails the attempt, which runs again on the
+  workers that remain (``exec._Attempts``); from then on a lost worker is recovered as always.
+
+A task that could never fit its worker is refused before anything runs, naming it.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from flight.coordinator.channel import TaskChannel
+from flight.coordinator.waves import TaskId, TaskNeed, Waves
+from flight.engine.acero.pipeline import source_threads
+from flight.errors import FlightExecError, InvalidTaskError, PlanError, TaskFailedError, WorkerBusyError, WorkerUnavailableError
+from flight.wire._proto import plan_pb2, protocol_pb2
+from flight.wire.clients import ClientPool
+from flight.wire.protocol import format_stage_key, make_stage_key
+
+if TYPE_CHECKING:
+    from flight.coordinator.run import Run
+
+__all__ = ["Opening", "worker_threads"]
+
+log = logging.getLogger("flight.coordinator.exec")
+
+_BACKOFF_S = 0.05
+_MAX_BACKOFF_S = 1.0
+"""Retrying tasks that busy workers refused: jittered exponential backoff between these."""
+_INFO_TIMEOUT_S = 2.0
+"""How long the ``info`` action of one worker is waited for (at most ``connect_timeout``)."""
+_POLL_S = 0.25
+"""The longest the turns' driver sleeps without news: how soon it sees the query fail or a backoff end."""
+
+
+def worker_threads(clients: ClientPool, urls: list[str], timeout: float) -> dict[str, int]:
+    """Each worker's source threads (``--source-threads``, from its ``info``); a worker that did not answer is left out."""
+    out: dict[str, int] = {}
+    for url in urls:
+        try:
+            results = list(clients.get(url).do_action(fl.Action("info", b""), fl.FlightCallOptions(timeout=timeout)))
+            info = protocol_pb2.WorkerInfo.FromString(results[0].body.to_pybytes())
+        except (pa.ArrowException, OSError, IndexError, FlightExecError) as exc:
+            log.debug("worker %s: no info (%s)", url, exc)
+            continue
+        if info.load.source_threads_max:
+            out[url] = info.load.source_threads_max
+    return out
+
+
+class Opening:
+    """How one attempt (``run.Run``) opens its tasks; ``turns`` is set while they are opened in turns."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.turns: _Turns | None = None
+        self._threads: dict[str, int] = {}  # source threads of the workers that said they queued a task (``LoadInfo``)
+
+    def admit(self, counts: dict[int, int]) -> None:
+        """Open every task of the attempt (the module's docstring says how); raises if they cannot all be."""
+        run = self.run
+        started = time.monotonic()
+        if self._at_once(counts):
+            return
+        run.retries = 1  # a worker queued a task, and every task was let go: how to open them again?
+        self._rename(1)
+        waves = self._waves(counts)
+        if waves is not None:
+            self.turns = _Turns(run, waves, counts)
+            self.turns.open_all()
+            return
+        self._in_order(counts, started)
+
+    def _at_once(self, counts: dict[int, int]) -> bool:
+        """The first try: open every task on every worker at once, as fast as the workers accept.
+
+        Only when a worker has no room does the order matter (a query holding one worker must not
+        wait for another that another query holds): then this lets every task go and says False.
+        """
+        run = self.run
+        for stage in run.plan.stages:
+            run.stage_channels(stage, counts)
+        try:
+            for channel in run.channels:
+                channel.open(run.clients.get(channel.url))
+            deadline = time.monotonic() + run.options.connect_timeout
+            if all(c.ready_or_queued(max(0.0, deadline - time.monotonic())) for c in run.channels):
+                return True
+        except WorkerBusyError:
+            pass
+        self._threads = {c.url: c.load.source_threads_max for c in run.channels if c.load is not None and c.load.source_threads_max}
+        self._let_go()
+        return False
+
+    def _in_order(self, counts: dict[int, int], started: float) -> None:
+        """Open the tasks worker by worker in the global order (sorted URLs), retrying busy refusals.
+
+        A worker at capacity queues a task (first come, first served) and says so. Because every
+        coordinator takes workers in the same order, a query holding tasks on some workers only ever
+        waits for later ones, so no two queries wait for each other in a cycle. When a worker refuses
+        (its queue is full, or the task waited too long), every task of the attempt is let go and the
+        query is retried after a backoff: nothing was sent to any task yet, so a retry starts from
+        scratch, under a fresh query id (task keys are never reused on a worker).
+        """
+        run = self.run
+        backoff = _BACKOFF_S
+        attempt = 1
+        while True:
+            for stage in run.plan.stages:
+                run.stage_channels(stage, counts)
+            queued_until = started + run.options.admission_wait
+            try:
+                for url in sorted({c.url for c in run.channels}):
+                    here = [c for c in run.channels if c.url == url]
+                    for channel in here:
+                        channel.open(run.clients.get(url))
+                    deadline = time.monotonic() + run.options.connect_timeout
+                    for channel in here:
+                        channel.wait_ready(max(0.0, deadline - time.monotonic()), queued_until)
+                return
+            except WorkerBusyError as exc:
+                busy = exc
+            self._let_go()
+            waited = time.monotonic() - started
+            if waited + backoff > run.options.admission_wait or run.failed.is_set():
+                raise WorkerBusyError(
+                    f"the workers stayed at capacity for {waited:.1f}s ({attempt + 1} attempts); last refusal: {busy.cause}",
+                    worker_url=busy.worker_url,
+                )
+            attempt += 1
+            run.retries = attempt
+            log.debug("query %s: %s; retrying in %.2fs", run.query_id, busy, backoff)
+            if run.failed.wait(backoff * random.uniform(0.5, 1.0)):
+                raise run.error or busy
+            backoff = min(backoff * 2, _MAX_BACKOFF_S)
+            self._rename(attempt)
+
+    def _rename(self, attempt: int) -> None:
+        """A fresh query id for an admission retry: task keys are never reused on a worker."""
+        run = self.run
+        run.query_id = f"{run.base_id}.{attempt}"
+        run.context.sink.named(run.query_id, run.secret, run.bound)
+
+    def _let_go(self) -> None:
+        """Release every task of a refused attempt and forget its channels."""
+        run = self.run
+        for channel in run.channels:  # all first: aborting a producer fails its consumers at once
+            channel.detach()
+        for channel in run.channels:
+            channel.abort("the query waits for capacity and will retry")
+        for channel in run.channels:
+            channel.finish()
+        run.channels = []
+        run.by_stage = {}
+        run.reset_replay()
+        run.dispatcher.clear_slots()
+
+    def _waves(self, counts: dict[int, int]) -> Waves | None:
+        """The turns to open the tasks in, when together they need more source threads than their workers
+        have (None: they fit, and the workers are only busy). Refuses a task that can never fit."""
+        run = self.run
+        plan = run.plan
+        needs = [
+            TaskNeed(s.stage_id, t, run.bound[s.stage_id][t], source_threads(plan_pb2.StagePlan(root=s.root_proto(t))))
+            for s in plan.stages
+            for t in range(counts[s.stage_id])
+        ]
+        capacity = dict(self._threads)  # the rest asked for: one ``info`` each
+        unknown = sorted({n.url for n in needs} - set(capacity))
+        capacity.update(worker_threads(run.clients, unknown, min(_INFO_TIMEOUT_S, run.options.connect_timeout)))
+        waves = Waves({s.stage_id: s.children for s in plan.stages}, needs, capacity)
+        for n in waves.too_large():
+            key = format_stage_key(make_stage_key(run.query_id, n.stage, n.task))
+            raise InvalidTaskError(
+                f"task {key} (stage {n.stage}, task {n.task}) needs {n.threads} source threads, and worker {n.url} has "
+                f"{waves.capacity[n.url]} in all (--source-threads): it can never run there",
+                worker_url=n.url,
+                stage_key=key,
+            )
+        if waves.fits():
+            return None
+        over = ", ".join(f"{u}: {t} of {waves.capacity[u]}" for u, t in sorted(waves.totals().items()) if t > waves.capacity.get(u, t))
+        if run.fed:
+            raise PlanError(f"the query's stages together need more source threads than their workers have ({over}), and a "
+                            "query whose rows another process sends must run all its stages at once; give it more workers")
+        run.keep_outputs = True  # a producer finishes, whether or not its readers were admitted yet
+        if not waves.fits(plan.head.stage_id):  # head tasks wait for each other's threads: their outputs are kept too
+            if run.detached and not run.retain:
+                raise PlanError(f"the head stage's tasks together need more source threads than their workers have "
+                                f"({waves.totals(plan.head.stage_id)}); a detached query's head tasks must run at once: "
+                                "start it with retain, or give it more workers")
+            run.keep_head = True
+        log.info("query %s: its tasks need more source threads than their workers have (%s): opened in turns", run.query_id, over)
+        return waves
+
+
+class _Turns:
+    """The I/O around ``waves.Waves`` for one attempt: opens the tasks it names, tells it what the workers said.
+
+    One driver thread (the launching one) makes every decision; the channels' reader threads only
+    record that a task finished and wake it.
+    """
+
+    def __init__(self, run: Run, waves: Waves, counts: dict[int, int]) -> None:
+        self.run = run
+        self.waves = waves
+        self.counts = counts
+        self._cond = threading.Condition()
+        self._news = 0  # wake-ups so far (ready, finished, an error): none is lost between two looks
+        self._seen = 0
+        self._computed: list[TaskId] = []
+        self._pending: dict[TaskId, TaskChannel] = {}  # opened, not admitted yet
+        self._since: dict[TaskId, float] = {}  # when each task was first opened: the admission wait counts from it
+        self._backoff: dict[TaskId, float] = {}
+        self._again: dict[TaskId, float] = {}  # refused as busy: when to open it again
+
+    def wake(self) -> None:
+        with self._cond:
+            self._news += 1
+            self._cond.notify_all()
+
+    def finished(self, channel: TaskChannel) -> None:
+        """A task made all its output: its worker gave its source threads back."""
+        key = channel.header.stage_key
+        with self._cond:
+            self._computed.append((key.stage_id, key.task_number))
+            self._news += 1
+            self._cond.notify_all()
+
+    def open_all(self) -> None:
+        """Open every task in turns; returns once each was admitted (raises if one cannot be)."""
+        run = self.run
+        run.dispatcher.start_sending()  # each task is sent its units once admitted (``TaskReady``)
+        todo = self.waves.next()
+        while True:
+            for need in todo:
+                self._open(need)
+            if self.waves.done:
+                break
+            with self._cond:
+                if self._news == self._seen:
+                    self._cond.wait(self._sleep())
+                self._seen = self._news
+                computed, self._computed = self._computed, []
+            if run.failed.is_set():
+                raise run.error or TaskFailedError("the query failed while its tasks were opened in turns")
+            todo = self._admitted()  # before the finishes: a task's ready frame comes before its finished frame
+            for task in computed:
+                todo += self.waves.compute(task)
+            self._open_again()
+        for channels in run.by_stage.values():
+            channels.sort(key=lambda c: c.header.stage_key.task_number)
+
+    def _sleep(self) -> float:
+        now = time.monotonic()
+        return max(0.0, min([_POLL_S, *(at - now for at in self._again.values())]))
+
+    def _open(self, need: TaskNeed) -> None:
+        run = self.run
+        channel = run.add_task(run.plan.stage(need.stage), need.task, self.counts, late=True)
+        self._since[need.id] = time.monotonic()
+        self._backoff[need.id] = _BACKOFF_S
+        self._pending[need.id] = channel
+        channel.open(run.clients.get(channel.url))
+
+    def _admitted(self) -> list[TaskNeed]:
+        """The pending tasks admitted since the last look, told to the feeds and the turns; the tasks that may open now.
+        A busy refusal is opened again after a backoff; a worker that does not answer fails the attempt."""
+        run, now, out = self.run, time.monotonic(), []
+        for task, channel in list(self._pending.items()):
+            if channel.ready.is_set():
+                del self._pending[task]
+                run.dispatcher.task_ready(channel)
+                out += self.waves.admit(task)
+            elif task in self._again:
+                continue
+            elif isinstance(channel.error, WorkerBusyError):
+                self._refused(task, channel, now)
+            elif channel.error is not None or channel.done.is_set():
+                raise channel.error or TaskFailedError(
+                    "the worker closed the exchange without accepting the task", worker_url=channel.url, stage_key=channel.key
+                )
+            elif not channel.queued.is_set() and now - (channel.opened_at or now) > run.options.connect_timeout:
+                raise WorkerUnavailableError(
+                    f"worker {channel.url} did not accept task {channel.key} within {run.options.connect_timeout:g}s",
+                    worker_url=channel.url,
+                    stage_key=channel.key,
+                )
+            elif now - self._since[task] > run.options.admission_wait:
+                raise WorkerBusyError(
+                    f"worker {channel.url} kept task {channel.key} waiting for capacity for {now - self._since[task]:.1f}s "
+                    f"(ExecOptions.admission_wait)",
+                    worker_url=channel.url,
+                    stage_key=channel.key,
+                )
+        return out
+
+    def _refused(self, task: TaskId, channel: TaskChannel, now: float) -> None:
+        waited, backoff = now - self._since[task], self._backoff[task]
+        if waited + backoff > self.run.options.admission_wait:
+            raise WorkerBusyError(
+                f"worker {channel.url} kept task {channel.key} waiting for capacity for {waited:.1f}s: {channel.error}",
+                worker_url=channel.url,
+                stage_key=channel.key,
+            )
+        log.debug("query %s: task %s refused as busy; opened again in %.2fs", self.run.query_id, channel.key, backoff)
+        self._again[task] = now + backoff * random.uniform(0.5, 1.0)
+        self._backoff[task] = min(backoff * 2, _MAX_BACKOFF_S)
+
+    def _open_again(self) -> None:
+        """Tasks refused as busy whose backoff ended: a new call with the same header (a refused key never ran)."""
+        run, now = self.run, time.monotonic()
+        for task, at in list(self._again.items()):
+            if at > now:
+                continue
+            del self._again[task]
+            old = self._pending[task]
+            old.detach()
+            old.finish()
+            channel = run.make_channel(old.header)
+            with run.lock:
+                run.channels[run.channels.index(old)] = channel
+                stage = run.by_stage[task[0]]
+                stage[stage.index(old)] = channel
+            run.dispatcher.reopen(channel)
+            self._pending[task] = channel
+            channel.open(run.clients.get(channel.url))

@@ -1,0 +1,128 @@
+"""Opening a query's tasks in turns when together they need more source threads than their workers have.
+
+Why: a worker admits a task only when it can give the task a thread for each of its blocking sources
+(``worker/admission.py``), and a query's stages normally all start at once, their rows streaming
+between them. When the tasks bound to one worker need more source threads together than that worker
+has (TPC-DS q14 on one worker: a producer of 61 and the head of 8, of 64), they can never all be
+admitted: whichever comes first holds its threads while it waits for the other, and nothing moves
+until the worker's queue wait runs out.
+
+The rule here, a decision apart from I/O (``opening.py`` carries it out):
+
+* a task is opened only once every task of the stages it reads was admitted, so an admitted task
+  never waits for one that is not (each stage below the head keeps its output, memory then spill,
+  so a producer finishes whether or not its readers run yet);
+* and only while the threads of the query's open tasks on its worker, its own included, stay within
+  what the worker has; a task gives its threads back once it made all its output (``Admission.computed``
+  on the worker, its ``finished`` frame here).
+
+So every admitted task can finish, and when none of the query's tasks holds threads on a worker,
+the first task not yet opened (its producers all admitted and finished) fits there whatever it
+needs, as long as it fits the worker at all (``too_large``, refused before anything runs).
+When the whole plan fits (``fits``), it is opened at once, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["TaskId", "TaskNeed", "Waves"]
+
+TaskId = tuple[int, int]
+"""(stage id, task number)."""
+
+
+@dataclass(frozen=True)
+class TaskNeed:
+    """One task: where it is bound, and the source threads its worker reserves for it."""
+
+    stage: int
+    task: int
+    url: str
+    threads: int
+
+    @property
+    def id(self) -> TaskId:
+        return (self.stage, self.task)
+
+
+class Waves:
+    """Which tasks of one attempt open when, from their needs and their workers' source threads.
+
+    ``reads``: each stage's id -> the stages it reads, children before their consumers (the plan's
+    order, which is the order tasks are opened in); ``tasks``: every task's need; ``capacity``: each
+    worker's source threads (a worker missing from it is taken to have room for anything).
+    """
+
+    def __init__(self, reads: Mapping[int, Sequence[int]], tasks: Sequence[TaskNeed], capacity: Mapping[str, int]) -> None:
+        self.reads = {stage: tuple(children) for stage, children in reads.items()}
+        rank = {stage: i for i, stage in enumerate(self.reads)}
+        self.tasks = sorted(tasks, key=lambda n: (rank[n.stage], n.task))
+        self.by_id = {n.id: n for n in self.tasks}
+        self.capacity = dict(capacity)
+        self._left: dict[int, int] = {}  # stage -> its tasks not yet admitted
+        for n in self.tasks:
+            self._left[n.stage] = self._left.get(n.stage, 0) + 1
+        self.held: dict[str, int] = {}  # url -> threads of the open tasks there that have not made their output
+        self.opened: set[TaskId] = set()
+        self.admitted: set[TaskId] = set()
+        self.computed: set[TaskId] = set()
+
+    # ------------------------------------------------------------ before anything runs
+
+    def too_large(self) -> list[TaskNeed]:
+        """The tasks that need more source threads than their worker has at all: they can never run."""
+        return [n for n in self.tasks if n.url in self.capacity and n.threads > self.capacity[n.url]]
+
+    def totals(self, stage: int | None = None) -> dict[str, int]:
+        """The source threads the plan's tasks (or ``stage``'s) need together, per worker."""
+        out: dict[str, int] = {}
+        for n in self.tasks:
+            if stage is None or n.stage == stage:
+                out[n.url] = out.get(n.url, 0) + n.threads
+        return out
+
+    def fits(self, stage: int | None = None) -> bool:
+        """Whether every task (of ``stage``) may hold its threads at once: then nothing needs turns (among them)."""
+        return all(total <= self.capacity.get(url, total) for url, total in self.totals(stage).items())
+
+    # ------------------------------------------------------------ events
+
+    def next(self) -> list[TaskNeed]:
+        """The tasks to open now (marked opened, their threads held), in the plan's order."""
+        out = []
+        for n in self.tasks:
+            if n.id in self.opened or any(self._left[child] for child in self.reads[n.stage]):
+                continue
+            held = self.held.get(n.url, 0)
+            if n.url in self.capacity and held + n.threads > self.capacity[n.url]:
+                continue
+            self.held[n.url] = held + n.threads
+            self.opened.add(n.id)
+            out.append(n)
+        return out
+
+    def admit(self, task: TaskId) -> list[TaskNeed]:
+        """``task``'s worker admitted it; the tasks that may open now."""
+        if task in self.opened and task not in self.admitted:
+            self.admitted.add(task)
+            self._left[task[0]] -= 1
+        return self.next()
+
+    def compute(self, task: TaskId) -> list[TaskNeed]:
+        """``task`` made all its output: its worker gave its threads back; the tasks that may open now."""
+        if task in self.admitted and task not in self.computed:
+            self.computed.add(task)
+            n = self.by_id[task]
+            self.held[n.url] -= n.threads
+        return self.next()
+
+    @property
+    def done(self) -> bool:
+        """Every task was admitted: nothing is left to open."""
+        return len(self.admitted) == len(self.tasks)
+
+    def waiting(self) -> list[TaskNeed]:
+        """The tasks not opened yet."""
+        return [n for n in self.tasks if n.id not in self.opened]

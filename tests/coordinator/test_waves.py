@@ -1,0 +1,135 @@
+"""Opening a query's tasks in turns (``coordinator/waves.py``), the decision alone: no workers, no sockets.
+
+When the tasks bound to one worker need more source threads together than it has, ``Waves`` says which
+to open when. Hand-written cases (TPC-DS q14 on one worker, tasks that can never fit) and hypothesis's
+random stage graphs, workers, needs and event orders check the rules: a worker's open tasks never hold
+more threads than it has, a task opens only once every task of the stages it reads was admitted, and
+whatever the order of the workers' answers, every task is opened and admitted in the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flight.coordinator.waves import TaskId, TaskNeed, Waves
+
+W1, W2, W3 = "grpc://a:1", "grpc://b:1", "grpc://c:1"
+
+
+def ids(needs: list[TaskNeed]) -> list[TaskId]:
+    return [n.id for n in needs]
+
+
+def test_q14_on_one_worker_opens_the_head_once_its_producer_gave_its_threads_back() -> None:
+    # TPC-DS q14 on one worker of 64 source threads: a producer of 61 read five times by a head of 8.
+    waves = Waves({0: [], 1: [0, 0, 0, 0, 0]}, [TaskNeed(0, 0, W1, 61), TaskNeed(1, 0, W1, 8)], {W1: 64})
+    assert not waves.fits() and waves.totals() == {W1: 69} and waves.too_large() == []
+    assert ids(waves.next()) == [(0, 0)]
+    assert waves.next() == []  # opened already; the head waits for it
+    assert waves.admit((0, 0)) == []  # admitted, but 61 + 8 > 64
+    assert not waves.done
+    assert ids(waves.compute((0, 0))) == [(1, 0)]
+    assert waves.admit((1, 0)) == [] and waves.done
+
+
+def test_a_plan_that_fits_needs_no_turns_and_opens_its_stages_in_order() -> None:
+    waves = Waves({0: [], 1: [], 2: [0, 1]}, [TaskNeed(0, 0, W1, 2), TaskNeed(1, 0, W1, 2), TaskNeed(2, 0, W1, 2)], {W1: 64})
+    assert waves.fits()
+    assert ids(waves.next()) == [(0, 0), (1, 0)]  # the reader waits for both producers to be admitted
+    assert waves.admit((0, 0)) == []
+    assert ids(waves.admit((1, 0))) == [(2, 0)]
+
+
+def test_a_task_that_can_never_fit_is_named_and_unknown_workers_are_taken_to_have_room() -> None:
+    waves = Waves({0: [], 1: [0]}, [TaskNeed(0, 0, W1, 3), TaskNeed(0, 1, W2, 70), TaskNeed(1, 0, W3, 900)], {W1: 64, W2: 64})
+    assert waves.too_large() == [TaskNeed(0, 1, W2, 70)]  # W3 did not say what it has: not judged
+    assert not waves.fits()
+    assert waves.fits(1)  # the head stage alone: W3's room is unknown
+
+
+def test_each_worker_is_counted_on_its_own() -> None:
+    # Two producers on two workers, each full; the reader on W2 waits for W2's producer only to give its threads back.
+    needs = [TaskNeed(0, 0, W1, 4), TaskNeed(0, 1, W2, 4), TaskNeed(1, 0, W2, 1)]
+    waves = Waves({0: [], 1: [0]}, needs, {W1: 4, W2: 4})
+    assert ids(waves.next()) == [(0, 0), (0, 1)]
+    waves.admit((0, 0))
+    assert waves.admit((0, 1)) == []
+    assert waves.compute((0, 0)) == []  # W1's threads are back, but the reader is bound to W2
+    assert ids(waves.compute((0, 1))) == [(1, 0)]
+
+
+def test_events_of_tasks_not_opened_or_said_twice_change_nothing() -> None:
+    waves = Waves({0: [], 1: [0]}, [TaskNeed(0, 0, W1, 3), TaskNeed(1, 0, W1, 3)], {W1: 4})
+    assert ids(waves.next()) == [(0, 0)]
+    assert waves.admit((1, 0)) == [] and waves.compute((1, 0)) == []  # never opened
+    assert waves.held == {W1: 3}
+    waves.admit((0, 0))
+    waves.admit((0, 0))
+    assert waves.held == {W1: 3}
+    assert ids(waves.compute((0, 0))) == [(1, 0)]
+    assert waves.compute((0, 0)) == [] and waves.held == {W1: 3}
+
+
+# ------------------------------------------------------------------ any plan, any order
+
+
+@dataclass
+class Plan:
+    reads: dict[int, list[int]]
+    needs: list[TaskNeed]
+    capacity: dict[str, int]
+
+
+@st.composite
+def plans(draw: st.DrawFn) -> Plan:
+    """A random stage graph (a stage reads some earlier ones), its tasks on random workers, each needing at most what
+    its worker has (a task that could never fit is refused before anything opens)."""
+    workers = [W1, W2, W3][: draw(st.integers(1, 3))]
+    capacity = {w: draw(st.integers(1, 12)) for w in workers}
+    stages = draw(st.integers(1, 6))
+    reads = {s: sorted(set(draw(st.lists(st.integers(0, s - 1), max_size=3)))) if s else [] for s in range(stages)}
+    needs = [
+        TaskNeed(s, t, url := draw(st.sampled_from(workers)), draw(st.integers(0, capacity[url])))
+        for s in range(stages)
+        for t in range(draw(st.integers(1, 3)))
+    ]
+    return Plan(reads, needs, capacity)
+
+
+@settings(max_examples=300, deadline=None)
+@given(plan=plans(), data=st.data())
+def test_any_order_of_answers_opens_every_task_within_each_workers_threads(plan: Plan, data: st.DataObject) -> None:
+    waves = Waves(plan.reads, plan.needs, plan.capacity)
+    by_id = {n.id: n for n in plan.needs}
+    opened: list[TaskId] = []
+    admitted: set[TaskId] = set()
+    computed: set[TaskId] = set()
+
+    def opens(news: list[TaskNeed]) -> None:
+        for n in news:
+            assert n.id not in opened, f"{n.id} opened twice"
+            for child in plan.reads[n.stage]:  # every task of the stages it reads was admitted
+                assert all(m.id in admitted for m in plan.needs if m.stage == child), f"{n.id} opened before stage {child}"
+            opened.append(n.id)
+        for url, cap in plan.capacity.items():  # a worker's open tasks hold at most its threads
+            held = sum(by_id[t].threads for t in opened if t not in computed and by_id[t].url == url)
+            assert held <= cap, f"{url}: {held} of {cap}"
+
+    opens(waves.next())
+    while True:
+        can_admit = [t for t in opened if t not in admitted]
+        can_compute = [t for t in admitted if t not in computed]  # an admitted task finishes: its producers were all admitted
+        if not can_admit and not can_compute:
+            break
+        event, task = data.draw(st.sampled_from([("admit", t) for t in can_admit] + [("compute", t) for t in can_compute]))
+        if event == "admit":
+            admitted.add(task)
+            opens(waves.admit(task))
+        else:
+            computed.add(task)
+            opens(waves.compute(task))
+    assert sorted(opened) == sorted(by_id), f"never opened: {sorted(set(by_id) - set(opened))}"
+    assert waves.done and waves.waiting() == []
