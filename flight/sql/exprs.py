@@ -249,6 +249,8 @@ class ExprTranslator:
                 return lit(decimal.Decimal(value.as_py()), target)  # the CAST's type, not the digits' (literal())
         source = self(inner)
         have = self.type_of(source)
+        if self.dialect == "spark" and target == pa.int32() and "__grouping_id" in str(inner):
+            target = pa.int8()  # GROUPING(x): DataFusion's INT, Spark's TINYINT
         if pa.types.is_integer(target) and (pa.types.is_floating(have) or pa.types.is_decimal(have)):
             # pyarrow refuses to drop a fraction: Spark truncates it; DuckDB rounds (a DOUBLE's tie to even).
             mode = "towards_zero" if self.dialect == "spark" else "half_to_even" if pa.types.is_floating(have) else "half_towards_infinity"

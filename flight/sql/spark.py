@@ -29,6 +29,28 @@ FUNCTIONS = (
 _PARTS: dict[str, str] = {"DayOfMonth": "DAY", "Quarter": "QUARTER", "Hour": "HOUR", "Minute": "MINUTE", "Second": "SECOND"}
 
 
+_TYPED_BY_OPERANDS = ("Add", "Sub", "Mul", "Div", "Mod", "If", "Case", "Coalesce", "Nvl2", "Greatest", "Least")
+
+
+def _int_operand(node: Any) -> bool:
+    """Whether ``node`` is an integer literal within an INT whose type sets its expression's (an operand of
+    arithmetic, a result of a CASE or IF, an argument of COALESCE): Spark types it INT, so ``INT * 50`` is an INT
+    and ``DECIMAL(7, 2) + 0`` a DECIMAL(11, 2) (TPC-DS q40, q54, q77, q78, q80)."""
+    if node.is_string or not node.is_int or not -(2**31) <= int(node.this) < 2**31:
+        return False
+    parent = node.parent
+    if type(parent).__name__ in ("If", "Case") and node.arg_key == "this":  # a condition or a CASE's operand
+        return False
+    if type(parent).__name__ not in _TYPED_BY_OPERANDS:
+        return False
+    up = parent
+    while up is not None:  # a count of days or months: DataFusion multiplies an INTERVAL by a BIGINT only
+        if type(up).__name__ in ("TsOrDsAdd", "DateAdd", "DateSub", "AddMonths", "Interval"):
+            return False
+        up = up.parent
+    return True
+
+
 def to_postgres(text: str) -> str:
     """``text`` (one Spark SQL statement) as PostgreSQL text for DataFusion's parser."""
     try:
@@ -56,6 +78,8 @@ def to_postgres(text: str) -> str:
         if isinstance(node, exp.RegexpExtract) and node.args.get("group") is None:  # Spark's default group is 1
             node.set("group", exp.Literal.number(1))
             return node
+        if isinstance(node, exp.Literal) and _int_operand(node):  # Spark's INT, where DataFusion would type a BIGINT
+            return exp.Cast(this=node.copy(), to=exp.DataType.build("int"))
         if isinstance(node, exp.Div):  # plain '/': its type (a DECIMAL of decimals) and its zero divisor are the translation's
             node.set("typed", True)  # set on the node itself: a new node's own divisions would not be visited
             node.set("safe", False)

@@ -26,15 +26,7 @@ pytest.importorskip("pyspark", reason="the Spark tests need the spark extra: pip
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-_LITERAL = "an integer literal beside a DECIMAL is an INT in Spark (DECIMAL(10, 0)), a BIGINT after DataFusion's coercion"
-_SPLIT_SUM = "SUM beside a count(DISTINCT): DataFusion splits it into two sums, each typed DECIMAL(p + 10, s)"
-TYPES_NOT_YET: dict[int, str] = {
-    16: _SPLIT_SUM, 94: _SPLIT_SUM, 95: _SPLIT_SUM,
-    40: _LITERAL, 77: _LITERAL, 78: _LITERAL, 80: _LITERAL,
-    54: "INT * INT is an INT in Spark; DataFusion's coercion makes it a BIGINT",
-    70: "GROUPING() is a TINYINT in Spark; DataFusion casts it to INT",
-    86: "GROUPING() is a TINYINT in Spark; DataFusion casts it to INT",
-}
+TYPES_NOT_YET: dict[int, str] = {}
 """Queries whose values are Spark's but some result type is not yet, and why (strict: a fix shows)."""
 
 VALUES_NOT_YET: dict[int, str] = {
