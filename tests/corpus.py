@@ -278,6 +278,8 @@ CORPUS: dict[str, list[str]] = {
         "select id from t where b or exists (select * from e where e.id = t.id)",
         "select id from t where id < 5 or x in (select y from u where u.g = t.g)",
         "select id from t where exists (select * from u where u.id = t.id) or exists (select * from u where u.id = t.id * 2)",
+        "select id from t where x > 10 or not exists (select * from u where u.id = t.id)",
+        "select id from t where b or not exists (select * from u where u.g = t.g and u.y > 0)",
     ],
     "scalar subqueries of several rows": [
         "select id from t where x = (select y from u where id = 3)",

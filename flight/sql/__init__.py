@@ -16,6 +16,7 @@ from flight.errors import PlanError
 from flight.plan.query import Query
 from flight.sql.catalog import Catalog, Source
 from flight.sql.frontend import number_placeholders, plan_text, position
+from flight.sql.rel import NEGATABLE_MARKS
 from flight.sql.translate import Translator
 
 __all__ = ["Catalog", "sql"]
@@ -45,6 +46,7 @@ def sql(
     words = {w.lower() for w in re.findall(r"\w+", text)}
     schemas = {name: catalog[name].schema for name in catalog if name.lower() in words}
     plan, statement = plan_text(text, schemas, dialect, list(catalog), values)
+    marks = NEGATABLE_MARKS.set(not statement.in_subquery)
     try:
         query = Translator(catalog.__getitem__, "spark" if dialect == "spark" else "duckdb").query(plan)
     except PlanError as exc:
@@ -53,5 +55,7 @@ def sql(
             if word in message.lower() and (where := position(statement, word)):
                 raise PlanError(f"{message} (at {where})") from None
         raise
+    finally:
+        NEGATABLE_MARKS.reset(marks)
     query.logical_plan = plan.display_indent()
     return query

@@ -27,6 +27,7 @@ from flight.sql.arithmetic import add, divide, fit, modulo, multiply
 from flight.sql.dates import DAY_NS, shifted
 from flight.sql.errors import unsupported
 from flight.sql.functions import FUNCTIONS, arrow_type, cast_target
+from flight.sql.rel import NEGATABLE_MARKS
 
 __all__ = ["ExprTranslator", "converted", "unify"]
 
@@ -150,8 +151,8 @@ class ExprTranslator:
 
     def _Not(self, e: DFExpr) -> Expr:
         inner = self(e.to_variant().expr())
-        if any(name.startswith("__mark") for name in inner.referenced_fields()):  # flight.sql.joins: a mark is never null
-            raise unsupported(f"NOT EXISTS or NOT IN under OR ({_text(e)})")
+        if any(name.startswith("__mark") for name in inner.referenced_fields()) and not NEGATABLE_MARKS.get():
+            raise unsupported(f"NOT IN under OR ({_text(e)})")  # flight.sql.joins: an IN's mark is never null
         return ~inner
 
     def _Negative(self, e: DFExpr) -> Expr:

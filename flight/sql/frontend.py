@@ -53,6 +53,9 @@ class Statement:
 
     def __init__(self, text: str, line: int, column: int) -> None:
         self.text, self.line, self.column = text, line, column
+        self.in_subquery = True
+        """Whether the query holds an ``IN (subquery)`` (its plan as written shows one): a mark join may then be
+        an IN's, whose mark is never null where SQL's is (``flight.sql.joins._mark``). Set when it is planned."""
 
     def keywords(self) -> list[str]:
         return re.findall(r"[a-z_]+", _strip_comments(self.text).lower())[:4]
@@ -259,6 +262,7 @@ def _plan_statements(
         raise PlanError("SQL: the text holds no query (only views)")
     frame, st = result
     try:
+        st.in_subquery = "IN (<subquery>)" in frame.logical_plan().display_indent()
         return frame.optimized_logical_plan(), st
     except Exception as exc:  # noqa: BLE001 - DataFusion's optimizer raises plain Exceptions, worded its way
         raise PlanError(explain_error(str(exc), st, schemas, known)) from None

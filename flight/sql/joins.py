@@ -220,7 +220,8 @@ def _mark(left: Query, right: Query, lkeys: list[str], rkeys: list[str], tr: Rel
 
     The mark is never null: ``x IN (subquery)`` under OR is false where SQL says unknown (x null, or no
     match and a null in the list). Both filter a row alike, so the translation refuses a mark under NOT
-    (``flight.sql.exprs``), the one place where they differ in a predicate."""
+    (``flight.sql.exprs``), the one place where they differ in a predicate, unless the statement holds no
+    IN subquery (``rel.NEGATABLE_MARKS``): an EXISTS's mark is exactly SQL's, so NOT EXISTS under OR is taken."""
     name, found = tr.fresh(MARK.strip("_")), tr.fresh("found")
     keys = right.select(*rkeys).distinct().with_columns(**{found: lit(True)})
     joined = left.join(keys, left_on=lkeys, right_on=rkeys, how="left")

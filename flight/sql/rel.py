@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -25,7 +26,7 @@ from flight.plan.query import Query
 from flight.sql.errors import unsupported
 
 __all__ = [
-    "HANDLERS", "DFPlan", "Handler", "Rel", "Relations", "Scalars", "constant", "fields_of", "handles", "output_names", "schema_of",
+    "HANDLERS", "NEGATABLE_MARKS", "DFPlan", "Handler", "Rel", "Relations", "Scalars", "constant", "fields_of", "handles", "output_names", "schema_of",
     "unique",
 ]
 
@@ -71,6 +72,10 @@ class Scalars(Protocol):
 
     def common(self, exprs: list[Expr]) -> list[Expr]: ...
 
+
+NEGATABLE_MARKS: ContextVar[bool] = ContextVar("negatable_marks", default=False)
+"""Whether the statement being translated may negate a mark join's mark (``NOT EXISTS`` under ``OR``): true when it
+holds no ``IN (subquery)``, so every mark is an EXISTS's, exactly SQL's value (``flight.sql.frontend.Statement``)."""
 
 Handler = Callable[[Relations, Any, DFPlan], "Rel"]
 HANDLERS: dict[str, Handler] = {}
