@@ -26,8 +26,8 @@ from flight.plan.query import Query
 from flight.sql.errors import unsupported
 
 __all__ = [
-    "HANDLERS", "NEGATABLE_MARKS", "DFPlan", "Handler", "Rel", "Relations", "Scalars", "constant", "fields_of", "handles", "output_names", "schema_of",
-    "unique",
+    "HANDLERS", "NEGATABLE_MARKS", "DFPlan", "Handler", "Rel", "Relations", "Scalars", "constant", "fields_of", "handles",
+    "output_names", "schema_of", "unique",
 ]
 
 DFPlan = Any  # datafusion.LogicalPlan: the package is an optional dependency (the ``sql`` extra)
