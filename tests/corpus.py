@@ -558,6 +558,7 @@ SPARK_CORPUS: dict[str, list[str]] = {
         "select percentile_cont(0.4) within group (order by f) as p, median(e) as m from t",
         "select id, l[0] as first, element_at(ls, 1) as s1, size(l) as k, cardinality(ls) as m from n where size(l) > 0 and size(ls) > 0",
         "select id from n where size(l) > 1 and l[1] = -3 or size(ls) = 2",
+        "select id, regexp_count(s, '[aeiou]') as vowels, regexp_count(s, 'p+') as ps from t",
         "select id, explode(l) as v from n",
         "select v, count(*) as c from (select explode(ls) as v from n where id > 2) q group by v",
     ],

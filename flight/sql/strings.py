@@ -139,6 +139,14 @@ def _regexp_extract(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
     return _group(t.as_text(t(args[0])), f"(?s)^.*?((?:{pattern})).*$", group + 1)
 
 
+def _regexp_count(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
+    """How many times the pattern matches, not overlapping (Spark's INT, DataFusion's BIGINT)."""
+    if len(args) > 2:
+        raise unsupported("regexp_count() with a start or flags")
+    found = call("count_substring_regex", t.as_text(t(args[0])), pattern=_pattern(args, "regexp_count"))
+    return found.cast(pa.int32() if t.dialect == "spark" else pa.int64())
+
+
 FUNCTIONS: dict[str, Callable[[Scalars, list[DFExpr], DFExpr], Expr]] = {
     "split_part": _split_part,
     "strpos": _strpos,
@@ -148,5 +156,6 @@ FUNCTIONS: dict[str, Callable[[Scalars, list[DFExpr], DFExpr], Expr]] = {
     "regexp_matches": _regexp_like("regexp_matches"),
     "regexp_full_match": _regexp_like("regexp_full_match", whole=True),
     "regexp_extract": _regexp_extract,
+    "regexp_count": _regexp_count,
 }
 """Text functions by DataFusion's name (and by DuckDB's, for those declared in ``flight.sql.library``)."""

@@ -91,6 +91,7 @@ _SPECS: list[FunctionSpec] = [
         "match_like", "match_substring", "starts_with", "ends_with", "match_substring_regex",
         options="match_substring", required=True,
     ),
+    *_unary("count_substring_regex", options="match_substring", required=True),  # SQL's regexp_count
     # strings
     *_unary("utf8_slice_codeunits", options="slice", required=True),
     *_unary(

@@ -238,6 +238,7 @@ LIBRARY: list[Case] = [  # what flight.sql's function library builds on (flight/
     ("strftime_date", call("strftime", col("d"), format="%d/%m/%Y"), lambda: pc.strftime(T["d"], format="%d/%m/%Y")),
     ("strptime", call("strptime", lit("2021-03-04 05:06"), format="%Y-%m-%d %H:%M", unit="us"),
      lambda: pc.strptime(pa.array(["2021-03-04 05:06"] * 5), format="%Y-%m-%d %H:%M", unit="us")),
+    ("regexp_count", call("count_substring_regex", col("s"), pattern="[aeiou]"), lambda: pc.count_substring_regex(T["s"], "[aeiou]")),
     ("struct_field", call("struct_field", col("st"), indices=[1]), lambda: pc.struct_field(T["st"], [1])),
     ("list_element", call("list_element", call("list_slice", col("l"), start=1, stop=2), lit(0)),
      lambda: pc.list_element(pc.list_slice(T["l"], 1, 2, return_fixed_size_list=True), 0)),

@@ -9,6 +9,7 @@ cast to the type Acero binds it to. A call this module cannot express with that 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from decimal import Decimal
 
@@ -119,6 +120,8 @@ def _text_call(call: plan_pb2.Call, a: list[str], ts: list[pa.DataType], out: pa
         return is_in_sql(call, a[0], ts[0])
     if fn in ("match_like", "match_substring", "starts_with", "ends_with", "match_substring_regex"):
         return _match(fn, call.options.match_substring, a[0])
+    if fn == "count_substring_regex":
+        return _regex_count(call.options.match_substring, a[0], out)
     if fn == "utf8_slice_codeunits":
         opts = call.options.slice
         if opts.step in (0, 1) and opts.start < 0 and not opts.HasField("stop"):  # the last -start characters
@@ -304,6 +307,18 @@ def _match(fn: str, opts: plan_pb2.MatchSubstringOptions, arg: str) -> str:
         raise Untranslatable(f"{fn} ignoring case")
     name = {"match_substring": "contains", "starts_with": "starts_with", "ends_with": "ends_with"}[fn]
     return f"{name}({arg}, {pattern})"
+
+
+def _regex_count(opts: plan_pb2.MatchSubstringOptions, arg: str, out: pa.DataType) -> str:
+    """Non-overlapping matches, as pyarrow counts them: DuckDB's list of every match, its length. A pattern that
+    matches the empty text is counted differently by the two (pyarrow counts empty matches): it stays on Acero."""
+    try:
+        empty = re.compile(opts.pattern).fullmatch("") is not None
+    except re.error:
+        empty = True  # RE2's syntax, not Python's: not known, so not translated
+    if empty or opts.ignore_case:
+        raise Untranslatable("a regexp_count whose pattern may match the empty text, or ignoring case")
+    return cast_to(f"len(regexp_extract_all({arg}, {string_literal(opts.pattern)}))", out)
 
 
 def _cast_call(call: plan_pb2.Call, arg: str, source: pa.DataType, target: pa.DataType) -> str:
