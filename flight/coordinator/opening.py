@@ -19,8 +19,10 @@ the ``info`` action), then:
   refuses one of them as busy gets it again after a backoff, alone: the tasks admitted meanwhile
   need nothing more to finish. ``Run.launch`` returns once every task was admitted (the head's
   last, which may wait for stages below it to give their threads back), so ``execute()`` returns
-  later than it would. Losing a worker before then fails the attempt, which runs again on the
-  workers that remain (``exec._Attempts``); from then on a lost worker is recovered as always.
+  later than it would. Losing a worker, then or later, fails the attempt as a lost worker's, and
+  ``exec._Attempts`` runs the query again from the start on the workers that remain, in turns
+  again: running the lost tasks again in place (``stagereplay.py``) would open them all at once
+  on the survivors, beside the attempt's own tasks there, which is what the turns avoid.
 
 A task that could never fit its worker is refused before anything runs, naming it.
 """
@@ -40,6 +42,7 @@ from flight.coordinator.channel import TaskChannel
 from flight.coordinator.waves import TaskId, TaskNeed, Waves
 from flight.engine.acero.pipeline import source_threads
 from flight.errors import FlightExecError, InvalidTaskError, PlanError, TaskFailedError, WorkerBusyError, WorkerUnavailableError
+from flight.threads import spawn
 from flight.wire._proto import plan_pb2, protocol_pb2
 from flight.wire.clients import ClientPool
 from flight.wire.protocol import format_stage_key, make_stage_key
@@ -61,26 +64,41 @@ _POLL_S = 0.25
 
 
 def worker_threads(clients: ClientPool, urls: list[str], timeout: float) -> dict[str, int]:
-    """Each worker's source threads (``--source-threads``, from its ``info``); a worker that did not answer is left out."""
+    """Each worker's source threads (``--source-threads``, from its ``info``); a worker that did not answer is left out.
+
+    Asked in parallel (as ``recovery.probe_lost`` does), one call and one thread per worker, within one
+    bound for all: a silent worker costs ``timeout`` once, not once for each worker asked after it.
+    """
     out: dict[str, int] = {}
-    for url in urls:
+    lock = threading.Lock()
+
+    def ask(url: str) -> None:
         try:
             results = list(clients.get(url).do_action(fl.Action("info", b""), fl.FlightCallOptions(timeout=timeout)))
             info = protocol_pb2.WorkerInfo.FromString(results[0].body.to_pybytes())
         except (pa.ArrowException, OSError, IndexError, FlightExecError) as exc:
             log.debug("worker %s: no info (%s)", url, exc)
-            continue
+            return
         if info.load.source_threads_max:
-            out[url] = info.load.source_threads_max
-    return out
+            with lock:
+                out[url] = info.load.source_threads_max
+
+    jobs = [spawn(ask, url, name=f"info-{url}") for url in urls]
+    end = time.monotonic() + timeout + 1.0  # the calls' own deadline, and a margin for their threads to start
+    for job in jobs:
+        job.join(max(0.0, end - time.monotonic()))
+    with lock:  # an answer past the bound is left out, as a silent worker's
+        return dict(out)
 
 
 class Opening:
-    """How one attempt (``run.Run``) opens its tasks; ``turns`` is set while they are opened in turns."""
+    """How one attempt (``run.Run``) opens its tasks; ``turns`` is set while they are opened in turns,
+    ``turned`` from then on (the attempt's tasks were opened in turns: ``stagereplay.py`` and ``Run.launch`` ask)."""
 
     def __init__(self, run: Run) -> None:
         self.run = run
         self.turns: _Turns | None = None
+        self.turned = False
         self._threads: dict[str, int] = {}  # source threads of the workers that said they queued a task (``LoadInfo``)
 
     def admit(self, counts: dict[int, int]) -> None:
@@ -93,10 +111,28 @@ class Opening:
         self._rename(1)
         waves = self._waves(counts)
         if waves is not None:
+            self.turned = True
             self.turns = _Turns(run, waves, counts)
-            self.turns.open_all()
+            try:
+                self.turns.open_all()
+            finally:
+                # Nothing is left to open: later finished frames and errors need no counting (and no
+                # list of them growing until the query ends).
+                self.turns = None
             return
         self._in_order(counts, started)
+
+    def refused_while_opening(self, channel: TaskChannel) -> bool:
+        """Whether a busy refusal of ``channel`` is the opening's to retry rather than the query's failure.
+
+        At once or in order, nothing is sent to any task before all were admitted: every refusal is
+        retried. In turns only a task not admitted yet (no ready frame) is: one already admitted was
+        sent its units, and the turns' driver looks only at the tasks it still waits for, so its
+        error must fail the query (else nothing would, and the driver would wait for its finished frame).
+        """
+        if not self.turned:
+            return True
+        return self.turns is not None and not channel.ready.is_set()
 
     def _at_once(self, counts: dict[int, int]) -> bool:
         """The first try: open every task on every worker at once, as fast as the workers accept.
@@ -192,7 +228,7 @@ class Opening:
             for s in plan.stages
             for t in range(counts[s.stage_id])
         ]
-        capacity = dict(self._threads)  # the rest asked for: one ``info`` each
+        capacity = dict(self._threads)  # the rest asked for: one ``info`` each, all at once
         unknown = sorted({n.url for n in needs} - set(capacity))
         capacity.update(worker_threads(run.clients, unknown, min(_INFO_TIMEOUT_S, run.options.connect_timeout)))
         waves = Waves({s.stage_id: s.children for s in plan.stages}, needs, capacity)
@@ -211,12 +247,21 @@ class Opening:
             raise PlanError(f"the query's stages together need more source threads than their workers have ({over}), and a "
                             "query whose rows another process sends must run all its stages at once; give it more workers")
         run.keep_outputs = True  # a producer finishes, whether or not its readers were admitted yet
-        if not waves.fits(plan.head.stage_id):  # head tasks wait for each other's threads: their outputs are kept too
-            if run.detached and not run.retain:
-                raise PlanError(f"the head stage's tasks together need more source threads than their workers have "
-                                f"({waves.totals(plan.head.stage_id)}); a detached query's head tasks must run at once: "
-                                "start it with retain, or give it more workers")
+        # The head's outputs are kept too, whether or not the head stage alone fits, so that every admitted
+        # task finishes with nobody reading it: the head is read only once every task was admitted, and a
+        # head task admitted early would hold its threads until then, blocked on its full output buffer.
+        # Its own query's other head tasks fit beside it; another query's, opened in turns on the same
+        # workers, may not, and each query would wait for the other's threads.
+        # Not a detached query's head read once by others: that query ends when its outputs were read,
+        # which a worker never says of a kept output (``drained``). Its head tasks must fit together
+        # (else it needs ``retain``); one admitted early may hold its threads until read, which another
+        # query in turns waits out as busy after ``admission_wait`` at worst.
+        if run.retain or not run.detached:
             run.keep_head = True
+        elif not waves.fits(plan.head.stage_id):
+            raise PlanError(f"the head stage's tasks together need more source threads than their workers have "
+                            f"({waves.totals(plan.head.stage_id)}); a detached query's head tasks must run at once: "
+                            "start it with retain, or give it more workers")
         log.info("query %s: its tasks need more source threads than their workers have (%s): opened in turns", run.query_id, over)
         return waves
 
@@ -237,6 +282,7 @@ class _Turns:
         self._seen = 0
         self._computed: list[TaskId] = []
         self._pending: dict[TaskId, TaskChannel] = {}  # opened, not admitted yet
+        self._running: dict[TaskId, TaskChannel] = {}  # admitted, no finished frame yet
         self._since: dict[TaskId, float] = {}  # when each task was first opened: the admission wait counts from it
         self._backoff: dict[TaskId, float] = {}
         self._again: dict[TaskId, float] = {}  # refused as busy: when to open it again
@@ -273,7 +319,9 @@ class _Turns:
                 raise run.error or TaskFailedError("the query failed while its tasks were opened in turns")
             todo = self._admitted()  # before the finishes: a task's ready frame comes before its finished frame
             for task in computed:
+                self._running.pop(task, None)
                 todo += self.waves.compute(task)
+            self._ended()
             self._open_again()
         for channels in run.by_stage.values():
             channels.sort(key=lambda c: c.header.stage_key.task_number)
@@ -297,6 +345,7 @@ class _Turns:
         for task, channel in list(self._pending.items()):
             if channel.ready.is_set():
                 del self._pending[task]
+                self._running[task] = channel
                 run.dispatcher.task_ready(channel)
                 out += self.waves.admit(task)
             elif task in self._again:
@@ -321,6 +370,19 @@ class _Turns:
                     stage_key=channel.key,
                 )
         return out
+
+    def _ended(self) -> None:
+        """An admitted task whose exchange ended or failed before its finished frame fails the attempt: its
+        threads would never be given back here, and the tasks waiting for them would wait for nothing.
+        (Its error fails the query on its own, ``Run.channel_error``; this does not rely on it.)"""
+        for channel in self._running.values():
+            if channel.metrics is None and (channel.error is not None or channel.done.is_set()):
+                raise TaskFailedError(
+                    "the task was admitted, then ended before it made all its output (no finished frame) while the "
+                    f"query's tasks were opened in turns: {channel.error or 'its exchange ended'}",
+                    worker_url=channel.url,
+                    stage_key=channel.key,
+                )
 
     def _refused(self, task: TaskId, channel: TaskChannel, now: float) -> None:
         waited, backoff = now - self._since[task], self._backoff[task]

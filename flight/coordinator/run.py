@@ -48,6 +48,7 @@ from flight.errors import (
     QueryTimeoutError,
     ResolverError,
     TaskCancelledError,
+    TaskFailedError,
     WorkerBusyError,
     WorkerError,
     WorkerUnavailableError,
@@ -104,6 +105,7 @@ class Run:
         self.opening = Opening(self)  # all at once, in the global order, or in turns (opening.py)
         self.tagged = mode == "units"
         self.counts: dict[int, int] = {}
+        self._assigned: dict[tuple[int, int], list[dict[str, list[int]]]] = {}  # (stage id, tasks) -> each task's feed partitions
         self.heads: list[TaskChannel] = []  # the head tasks as launched (replacements take their places)
         self.dispatcher = FeedDispatcher(
             self.query_id,
@@ -202,7 +204,7 @@ class Run:
             raise
         self.heads = list(self.by_stage[self.plan.head.stage_id])  # one result end (``_DONE``) each, whoever reads it
         self.admitted = True
-        if self.opening.turns is None:  # opened in turns, units flow already
+        if not self.opening.turned:  # opened in turns, units flow already (``opening.turns`` is cleared by now)
             self.dispatcher.start_sending()
 
     def reset_replay(self) -> None:
@@ -213,12 +215,20 @@ class Run:
                 self.replay.bind()
 
     def channel_error(self, channel: TaskChannel, error: BaseException) -> None:
-        """A task's error fails the query, except a busy refusal while tasks are still being admitted
-        and a lost worker under a head task that can be replayed (``replay.py``)."""
-        if self.opening.turns is not None:
-            self.opening.turns.wake()
+        """A task's error fails the query, except a busy refusal of a task the opening still waits for
+        (``Opening.refused_while_opening``: not one admitted in turns) and a lost worker under a task
+        that can be run again (``replay.py``, ``stagereplay.py``)."""
+        turns = self.opening.turns
+        if turns is not None:
+            turns.wake()
         if isinstance(error, WorkerBusyError) and not self.admitted:
-            return  # wait_ready raises it (or the turns see it), and the opening retries
+            if self.opening.refused_while_opening(channel):
+                return  # wait_ready raises it (or the turns see it), and the opening retries
+            error = TaskFailedError(
+                f"the worker refused the task as busy after it admitted it, while the query's tasks were opened in turns: {error.cause}",
+                worker_url=channel.url,
+                stage_key=channel.key,
+            )
         if self.replay is not None and self.admitted and self.replay.watches(channel):
             if isinstance(error, WorkerUnavailableError):
                 self.clients.forget(channel.url)
@@ -235,7 +245,7 @@ class Run:
     def add_task(self, stage: StageSpec, task: int, counts: dict[int, int], *, late: bool = False) -> TaskChannel:
         """Task ``task`` of ``stage``: its channel (not open) and its feed slots; ``late``: units flow already,
         and none goes to it before it is admitted (``FeedDispatcher.task_ready``)."""
-        assigned = stage.assignments(counts[stage.stage_id])[task]
+        assigned = self._assignments(stage, counts[stage.stage_id])[task]
         header = bound_header(
             stage, task, counts, assigned, query_id=self.query_id, secret=self.secret, bound=self.bound,
             options=self.options, retain=self.keep_head, tagged=self.tagged, recoverable=self.keep_outputs,
@@ -252,6 +262,14 @@ class Run:
                 source = feed_sources[0] if feed_sources[0].shared else feed_sources[p]
                 self.dispatcher.add_slot(source, p, channel)
         return channel
+
+    def _assignments(self, stage: StageSpec, count: int) -> list[dict[str, list[int]]]:
+        """``stage.assignments(count)``, made once per stage and count, each task taking its own entry: made
+        for every task, a stage of n tasks over p feed partitions cost n × (n + p)."""
+        key = (stage.stage_id, count)
+        if key not in self._assigned:
+            self._assigned[key] = stage.assignments(count)
+        return self._assigned[key]
 
     def make_channel(self, header: protocol_pb2.TaskHeader, name: str | None = None) -> TaskChannel:
         """A task's channel (not open); a head task of a replayable execution is watched for loss."""
@@ -273,13 +291,15 @@ class Run:
     def _task_finished(self, channel: TaskChannel) -> None:
         if isinstance(self.replay, StageReplay):
             self.replay.finished(channel)
-        if self.opening.turns is not None:
-            self.opening.turns.finished(channel)
+        turns = self.opening.turns  # read once: cleared once every task was opened
+        if turns is not None:
+            turns.finished(channel)
         self.dispatcher.on_finished(channel)
 
     def _task_ready(self, channel: TaskChannel) -> None:
-        if self.opening.turns is not None:
-            self.opening.turns.wake()
+        turns = self.opening.turns
+        if turns is not None:
+            turns.wake()
 
     def check_schema(self, channel: TaskChannel) -> None:
         planned = self.plan.head.output_schema

@@ -7,6 +7,8 @@ it out for one ``Run`` (docs/architecture.md, "Losing a worker"):
    (``health``, in parallel); those that are dead or silent are lost. None lost: the error fails
    the query, as before. More lost than ``ExecOptions.retries`` allows, or none left: it fails
    naming them.
+   An attempt whose tasks were opened in turns (``opening.py``) fails instead, as a lost worker's:
+   the query runs again from the start (``_in_turns`` says why).
 2. The decision's tasks get their new epoch and worker in the attempt's binding first, all of
    them, so that each re-run consumer is bound to its producers' new runs; then each old task is
    let go (``FeedDispatcher.task_lost``: a leaf's units, every one it was sent, go to its
@@ -129,6 +131,9 @@ class StageReplay(Replay):
             if not lost:
                 run.fail(error)  # every worker answers: the task's own error
                 return
+            if run.opening.turned:
+                run.fail(self._in_turns(lost, error))
+                return
             failure, actions = self._decide(lost, error)
         if failure is not None:
             run.fail(failure)
@@ -136,6 +141,23 @@ class StageReplay(Replay):
         self._carry_out(actions, f"lost {', '.join(lost)}: {clip(error, 200)}", lost[0])
         if channel.key not in self.gone:  # its worker is fine, and it reads nothing lost: its own error
             run.fail(error)
+
+    def _in_turns(self, lost: list[str], error: BaseException) -> WorkerUnavailableError:
+        """The attempt's failure when it lost ``lost`` after its tasks were opened in turns (``opening.py``).
+
+        They are not run again in place: their replacements and re-run readers would all be opened at
+        once on the survivors, beside the attempt's own tasks there, whatever their source threads, and
+        that is the deadlock the turns avoid (two workers each running TPC-DS q14's shape, one lost: its
+        producer and head and the survivor's own need more threads than the survivor has). The attempt
+        fails as a lost worker's instead (retryable, naming it), and ``exec._Attempts`` runs the query
+        again from the start on the workers that remain, where it is opened in turns again.
+        """
+        run = self.run
+        return WorkerUnavailableError(
+            f"query {run.query_id} lost {', '.join(lost)}; its tasks were opened in turns, so they are not run again in "
+            f"place: the attempt fails, to run again from the start on the workers that remain ({clip(error, 300)})",
+            worker_url=lost[0],
+        )
 
     def _unreachable_peer(self, channel: TaskChannel, error: BaseException) -> list[str]:
         """A worker the probe finds answering that the task's UNAVAILABLE error names (a partition, healed

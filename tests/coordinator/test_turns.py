@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import gc
 import logging
+import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -23,9 +26,12 @@ from support import running_tasks, tpch_test_files, wait_until
 
 import flight
 from benchmarks.tpch_queries import ORDERED, compare, duckdb_answer, duckdb_connection, query
-from flight.dev.testing import waiting_query
-from flight.errors import InvalidTaskError
-from flight.wire.clients import read_stream
+from flight import col, lit
+from flight.coordinator.opening import Opening, _Turns, worker_threads
+from flight.dev.testing import SLEEP_SCHEMA, sleep_unit, waiting_query
+from flight.errors import InvalidTaskError, TaskFailedError
+from flight.wire._proto import protocol_pb2
+from flight.wire.clients import ClientPool, read_stream
 
 STAGED = {"broadcast_bytes": 0, "rows_per_task": 1, "one_host_query_bytes": 0, "small_query_bytes": 0}
 """Every plan in stages: scans split by file, joins shuffled, aggregates merged across tasks."""
@@ -148,3 +154,121 @@ def test_a_task_that_can_never_fit_its_worker_is_named_before_anything_runs(file
         assert "5 source threads" in message and one.urls[0] in message and f"{ex.query_id}/0/0" in message, message
         assert ex.metrics is not None and all(f.units == 0 for f in ex.metrics.feeds), "units were sent"
         wait_until(lambda: running_tasks(one.urls) == 0, 15.0, "the refused query's tasks to be freed")
+
+
+class Units(flight.WorkUnitFeedProvider):
+    def __init__(self, count: int, ms: float) -> None:
+        self.count, self.ms = count, ms
+
+    def feed(self, partition: int, ctx: flight.FeedContext) -> Iterator[bytes]:
+        for i in range(self.count):
+            yield sleep_unit(partition * 1000 + i, ms=self.ms)
+
+
+@pytest.mark.slow
+def test_a_worker_lost_after_its_tasks_were_opened_in_turns_runs_the_query_again_from_the_start(
+    data_roots: list[Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Stage 0 counts a quick feed (3 tasks); the head (stage 1, 3 tasks) scans a slow feed joined with
+    # the total of the counts broadcast to it. Two source threads per worker: a worker's stage-0 task
+    # and head task (1 + 2) never fit together, so the head tasks open once stage 0 made its output.
+    # Once execute() returned (every task admitted), a worker running a head task is killed. Run
+    # again in place (stage recovery), its tasks would be opened at once beside the survivors' own
+    # (here they fit in the end; q14's shape on two workers would not); instead the attempt fails as
+    # a lost worker's and the query runs again from the start on the two survivors, in turns again,
+    # and its answer is exact. (Before, ``attempts`` said the lost tasks were replayed in place.)
+    args = ["--source-threads", "2"]
+    with flight.LocalCluster(3, data_roots=data_roots, extensions=["flight.dev.testing"], worker_args=args) as cluster:
+        small = flight.from_feed(Units(20, 1), "testing.sleep", SLEEP_SCHEMA).aggregate([], n=flight.agg.count_all())
+        big = flight.from_feed(Units(100, 30), "testing.sleep", SLEEP_SCHEMA).select("id", k=col("row"))
+        ex = flight.DistributedExec(big.join(small.select(k=lit(0), n=col("n")), on="k"), cluster.urls)
+        with caplog.at_level(logging.INFO, logger="flight.coordinator.exec"):
+            reader = ex.execute()
+            assert _turns_opened(caplog) == 1, "the plan fit: nothing opened in turns"
+            victim = ex.bound[ex.plan.head.stage_id][0]
+            cluster.processes[cluster.urls.index(victim)].send_signal(signal.SIGKILL)
+            out: dict[str, object] = {}
+
+            def read() -> None:
+                try:
+                    out["table"] = reader.read_all()
+                except BaseException as exc:  # noqa: BLE001 - handed to the test
+                    out["error"] = exc
+
+            thread = threading.Thread(target=read, daemon=True)
+            thread.start()
+            thread.join(120)
+            assert not thread.is_alive(), "the query hangs"
+            turned = _turns_opened(caplog)
+    assert "error" not in out, out.get("error")
+    table = out["table"]
+    assert isinstance(table, pa.Table)
+    assert table.num_rows == 3 * 100 and set(table["n"].to_pylist()) == {3 * 20}
+    assert [(a.lost, a.replayed) for a in ex.attempts] == [((victim,), None)], "not run again from the start: " + "; ".join(
+        a.describe() for a in ex.attempts
+    )
+    assert turned == 2, "the second attempt was not opened in turns"
+
+
+def test_a_busy_refusal_is_retried_by_the_opening_only_for_a_task_not_admitted_yet() -> None:
+    # At once or in order, nothing was sent before every task was admitted: any refusal is retried.
+    # In turns an admitted task was sent its units: its refusal must fail the query (Run.channel_error).
+    opening = Opening(SimpleNamespace())  # type: ignore[arg-type]
+    waiting, admitted = SimpleNamespace(ready=threading.Event()), SimpleNamespace(ready=threading.Event())
+    admitted.ready.set()
+    assert opening.refused_while_opening(admitted)  # type: ignore[arg-type]
+    opening.turned, opening.turns = True, object()  # type: ignore[assignment]
+    assert opening.refused_while_opening(waiting)  # type: ignore[arg-type]
+    assert not opening.refused_while_opening(admitted)  # type: ignore[arg-type]
+    opening.turns = None  # every task opened: none is the opening's any more
+    assert not opening.refused_while_opening(waiting)  # type: ignore[arg-type]
+
+
+def test_an_admitted_task_that_ends_without_its_finished_frame_fails_the_turns_naming_it() -> None:
+    # Its threads would never be given back: the tasks waiting for them must not wait for nothing.
+    turns = _Turns.__new__(_Turns)
+    done = threading.Event()
+    running = SimpleNamespace(metrics=None, error=None, done=done, url="grpc://w1:1", key="q.1/0/1")
+    turns._running = {(0, 1): running}  # type: ignore[dict-item]
+    turns._ended()  # still running: nothing to say
+    done.set()
+    with pytest.raises(TaskFailedError) as raised:
+        turns._ended()
+    assert "q.1/0/1" in str(raised.value) and "grpc://w1:1" in str(raised.value), raised.value
+    running.metrics = protocol_pb2.TaskMetrics()  # its finished frame came: it gave its threads back
+    turns._ended()
+
+
+class _Info(fl.FlightServerBase):
+    """A worker's ``info`` action only: after ``delay`` seconds (or once let go), ``threads`` source threads."""
+
+    def __init__(self, threads: int, delay: float, gone: threading.Event) -> None:
+        super().__init__("grpc://127.0.0.1:0")
+        self.threads, self.delay, self.gone = threads, delay, gone
+
+    def do_action(self, context: fl.ServerCallContext, action: fl.Action) -> Iterator[fl.Result]:
+        self.gone.wait(self.delay)
+        info = protocol_pb2.WorkerInfo(load=protocol_pb2.LoadInfo(source_threads_max=self.threads))
+        yield fl.Result(info.SerializeToString())
+
+
+def test_worker_threads_asks_every_worker_at_once_within_one_bound() -> None:
+    # Three silent workers and one that answers: one after another they would cost three timeouts.
+    gone = threading.Event()
+    servers = [_Info(5, 60.0, gone) for _ in range(3)] + [_Info(7, 0.0, gone)]
+    try:
+        urls = [f"grpc://127.0.0.1:{s.port}" for s in servers]
+        started = time.monotonic()
+        got = worker_threads(ClientPool(), urls, 1.0)
+        elapsed = time.monotonic() - started
+        assert got == {urls[-1]: 7}
+        assert elapsed < 2.9, f"asked one after another: {elapsed:.1f}s"
+    finally:
+        gone.set()
+        for s in servers:
+            s.shutdown()
+
+
+def _turns_opened(caplog: pytest.LogCaptureFixture) -> int:
+    """How many attempts were opened in turns (the opening's one line each)."""
+    return sum("need more source threads" in r.getMessage() and TURNS in r.getMessage() for r in caplog.records)
