@@ -169,7 +169,9 @@ class AceroEngine(Engine):
 
     def cannot_run(self, error: Exception) -> bool:
         """Operators the Acero engine does not have (window functions: TPC-DS's ranks and moving averages)."""
-        return "run on the DuckDB engine only" in str(error)
+        from flight.engine.select import DUCKDB_ONLY_WORDS
+
+        return DUCKDB_ONLY_WORDS in str(error)
 
     def describe(self) -> dict[str, object]:
         how = "flight.run_local(query, engine='acero'): the same plan, one in-process Acero pipeline"

@@ -28,7 +28,11 @@ from flight.wire._proto import plan_pb2
 from flight.wire.limits import clip
 from flight.wire.operators import operators
 
-__all__ = ["SMALL_INPUT_ROWS", "compile_task", "duckdb_only"]
+__all__ = ["DUCKDB_ONLY_WORDS", "SMALL_INPUT_ROWS", "compile_task", "duckdb_only"]
+
+DUCKDB_ONLY_WORDS = "computed by the DuckDB engine only"
+"""The words of the error an Acero task gives for what only DuckDB computes (``duckdb_only``); the benchmark's
+Acero engine reads them to mark such a query as one it cannot run, not as a failure."""
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +112,7 @@ def duckdb_only(root: plan_pb2.Operator) -> str | None:
 
 def _acero(plan: plan_pb2.StagePlan, env: Env, decl: ac.Declaration) -> pa.RecordBatchReader:
     if (what := duckdb_only(plan.root)) is not None:
-        raise ProtocolError(f"{what}: computed by the DuckDB engine only (this task was to run on Acero)", field="plan.root")
+        raise ProtocolError(f"{what}: {DUCKDB_ONLY_WORDS} (this task was to run on Acero)", field="plan.root")
     if plan.root.WhichOneof("kind") == "feed_scan":
         # Nothing to compute: Acero would only copy batches between threads.
         return feed_scan_reader(plan.root.feed_scan, env, "plan.root.feed_scan")
@@ -137,7 +141,7 @@ def _duck_or_acero(plan: plan_pb2.StagePlan, env: Env, decl: ac.Declaration) -> 
         _tell(env.inputs, "duckdb")
     except Untranslatable as exc:
         if (what := duckdb_only(plan.root)) is not None:  # Acero cannot run it either: say why DuckDB did not
-            raise ProtocolError(f"{what}: computed by the DuckDB engine only, whose translation declined the plan: {clip(exc, 300)}",
+            raise ProtocolError(f"{what}: {DUCKDB_ONLY_WORDS}, whose translation declined the plan: {clip(exc, 300)}",
                                 field="plan.root") from None
         log.debug("stage plan runs on Acero: %s", clip(exc, 300))
         with handing_off(env.handoffs):
