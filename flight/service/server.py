@@ -118,14 +118,23 @@ class CoordinatorServer(fl.FlightServerBase):
         retain = retain_of(context)
         if isinstance(command, sql_pb2.CommandStatementQuery):
             query = self.queries.start(_text(command.query), _user(context), retain=retain, dialect=dialect_of(context))
-            return self._info(query, descriptor)
+            return self._info(self._unless_gone(context, query), descriptor)
         if isinstance(command, sql_pb2.CommandPreparedStatementQuery):
             prepared = self._statement(command.prepared_statement_handle)
             planned = prepared.planned if prepared.params is None else None
             query = self.queries.start(prepared.sql, _user(context), prepared.params, planned, retain=retain, dialect=prepared.dialect)
-            return self._info(query, descriptor)
+            return self._info(self._unless_gone(context, query), descriptor)
         table = self._metadata(command)
         return fl.FlightInfo(table.schema, descriptor, [fl.FlightEndpoint(pack(command), [])], table.num_rows, table.nbytes)
+
+    def _unless_gone(self, context: fl.ServerCallContext, query: Query) -> Query:
+        """``query``, or, when its client cancelled the call (or its deadline passed) while it waited for a slot and
+        was planned, the query cancelled at once: no one will read its results (it would hold its tasks until the
+        result TTL), and ADBC's ``adbc_cancel`` sends the service nothing else (issue 41)."""
+        if context.is_cancelled():
+            self.queries.cancel(query.query_id, "the client cancelled its call before the statement's results were sent")
+            raise fl.FlightCancelledError(f"query {query.query_id} cancelled: the client cancelled its call")
+        return query
 
     def _info(self, query: Query, descriptor: fl.FlightDescriptor) -> fl.FlightInfo:
         endpoints = []

@@ -191,6 +191,32 @@ def test_the_dialect_header_plans_sparks_text_with_sparks_types(services: dict[s
         assert "Traceback" not in str(raised.value)
 
 
+def test_a_statement_whose_client_gave_up_while_it_waited_is_cancelled_when_it_starts(
+    cluster: flight.LocalCluster, table_args: list[str]
+) -> None:
+    """A client whose GetFlightInfo is cancelled (here: its deadline) while the statement waits for a slot never
+    reads its results: once the slot frees, the statement is planned and started, then cancelled at once, so its
+    tasks do not hold the workers until the result TTL."""
+    proc, url = start_service("--workers", ",".join(cluster.urls), "--max-queries", "1", "--queue-wait", "30", *table_args)
+    try:
+        with fl.connect(url) as client:
+            def info(text: str, timeout: float | None = None) -> fl.FlightInfo:
+                descriptor = fl.FlightDescriptor.for_command(pack(sql_pb2.CommandStatementQuery(query=text)))
+                return client.get_flight_info(descriptor, fl.FlightCallOptions(timeout=timeout))
+
+            holder = info("select count(*) as n from lineitem")  # holds the one slot until it is read
+            with pytest.raises(fl.FlightError):
+                info("select l_orderkey, l_quantity from lineitem", timeout=1.0)  # waits for the slot; its deadline passes
+            rows = 0
+            for e in holder.endpoints:  # direct endpoints: read at the workers; the slot frees once all are read
+                with fl.connect(e.locations[0].uri.decode()) as worker:
+                    rows += worker.do_get(e.ticket).read_all().num_rows
+            assert rows == 1
+        wait_until(lambda: running_tasks(cluster.urls) == 0, 20.0, "the abandoned statement's tasks to be freed")
+    finally:
+        stop_service(proc)
+
+
 def test_an_unknown_command_is_refused_by_name(services: dict[str, str]) -> None:
     client = fl.connect(services["direct"])
     update = fl.FlightDescriptor.for_command(pack(sql_pb2.CommandStatementUpdate(query="delete from nation")))
