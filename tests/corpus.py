@@ -374,6 +374,8 @@ CORPUS: dict[str, list[str]] = {
         "select id, split_part(s, 'a', 0) as z from t",
         "select id, regexp_matches(s, '^a') as a, regexp_full_match(s, 'app.*') as b, strpos(s, 'p') as c from t",
         "select id from t where s ~ 'an' or s !~ '^[a-c]'",
+        "select id, regexp_extract(s || chr(10) || g, '.+', 0) as first_line, regexp_extract(s || chr(10) || g, '(?s).+', 0) as all_lines from t",
+        "select id, split_part(s || 'xaax' || g, 'aa', 2) as a, split_part(s || '..' || g, '.', -1) as b from t",
     ],
     "strings": [
         "select id from t where s like 'app%'",

@@ -72,6 +72,10 @@ def _split_part(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
     if abs(n) > MAX_PART:
         raise unsupported(f"split_part() of field {n} (at most {MAX_PART} from either end)")
     if n < 0:  # the same, counted on the reversed text
+        if any(delimiter[:k] == delimiter[-k:] for k in range(1, len(delimiter))):
+            # 'aa' in 'aaa': DuckDB splits left to right, then counts from the end; the reversed text would split
+            # from the right. Only a delimiter that can overlap itself tells the two apart.
+            raise unsupported(f"split_part() from the end at a delimiter that can overlap itself ({delimiter!r})")
         text, delimiter = call("utf8_reverse", text), delimiter[::-1]
     d = escaped(delimiter)
     part = _group(text, f"(?s)^(?:.*?{d}){{{abs(n) - 1}}}(.*?)(?:{d}.*)?$")
@@ -136,7 +140,8 @@ def _regexp_extract(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
         groups = None  # RE2's syntax, not Python's: the engine checks it
     if group < 0 or (groups is not None and group > groups):
         raise unsupported(f"regexp_extract() of group {group}: the pattern has {groups} groups")
-    return _group(t.as_text(t(args[0])), f"(?s)^.*?((?:{pattern})).*$", group + 1)
+    # (?s) lets the prefix and the rest span lines; the user's pattern keeps RE2's default, where '.' stops at one.
+    return _group(t.as_text(t(args[0])), f"(?s)^.*?((?-s:{pattern})).*$", group + 1)
 
 
 def _regexp_count(t: Scalars, args: list[DFExpr], e: DFExpr) -> Expr:
