@@ -610,7 +610,7 @@ def over_root(plan: Any, kind: str, body: bytes) -> bytes:
 
 SOURCES = ("values", "parquet", "csv", "ipc", "units", "exchange", "shuffle")
 TEMPLATES = ("identity", "filter", "filter_str", "project", "limit", "aggregate", "sort", "union", "join", "join_filter", "window",
-             "partitioned")
+             "window_range", "aggregate_duckdb", "partitioned")
 MAP_TEMPLATES = ("identity", "filter", "filter_str", "project", "limit", "aggregate", "sort")
 UNIT_TEMPLATES = ("identity", "limit", "filter_len", "count", "project_len")
 NAME_TEMPLATES = ("identity", "filter_str", "project", "aggregate", "sort", "join", "partitioned")
@@ -762,6 +762,7 @@ def _project_exprs() -> list[tuple[str, Tree]]:
         ("shown", call("strftime", col("day"), options=_options(strftime=L.StrftimeOptions(format="%Y/%m/%d")))),
         ("parsed", call("strptime", lit(string_value="2024-01-02"), options=_options(strptime=L.StrptimeOptions(format="%Y-%m-%d", unit="us")))),
         ("greater_of", call("max_element_wise", col("score"), lit(float_value=0.0))),
+        ("digits", call("count_substring_regex", col("name"), options=_options(match_substring=L.MatchSubstringOptions(pattern="[0-9]")))),
     ]
 
 
@@ -792,6 +793,12 @@ def data_root(template: str, src: Any) -> Any:
                  ("stddev_samp", "score", "sd"), ("var_pop", "score", "vp")]
         aggs = [L.AggregateCall(function=f, column=c, name=n) for f, c, n in calls]
         return L.Operator(aggregate=L.Aggregate(input=src, keys=["name"], aggregates=aggs))
+    if template == "aggregate_duckdb":  # only DuckDB computes these; a peer chooses a fraction, a separator, an order
+        aggs = [L.AggregateCall(function="median", column="score", name="med"),
+                L.AggregateCall(function="quantile_cont", column="score", name="q9", fraction=0.9),
+                L.AggregateCall(function="string_agg", column="name", name="names", separator=",",
+                                order=[L.AggregateOrder(column="id", descending=True)])]
+        return L.Operator(aggregate=L.Aggregate(input=src, keys=["day"], aggregates=aggs))
     if template == "sort":
         keys = [L.SortKey(column="score", descending=True), L.SortKey(column="name")]
         return L.Operator(sort=L.Sort(input=src, keys=keys, nulls_first=True, fetch=7))
@@ -810,6 +817,9 @@ def data_root(template: str, src: Any) -> Any:
                  L.WindowCall(function="sum", column="score", name="run", frame=L.WindowFrame(start=-2, end=0))]
         order = [L.SortKey(column="id"), L.SortKey(column="score", descending=True)]
         return L.Operator(window=L.Window(input=src, partition_by=["name"], order_by=order, calls=calls))
+    if template == "window_range":  # a RANGE frame: its offsets are distances in the one order key's values
+        call_ = L.WindowCall(function="count_all", name="near", frame=L.WindowFrame(start=-3, end=2, range=True))
+        return L.Operator(window=L.Window(input=src, partition_by=["name"], order_by=[L.SortKey(column="score")], calls=[call_]))
     raise ValueError(f"unknown template {template!r}")
 
 
