@@ -260,3 +260,19 @@ def _equal(a: object, b: object, exact: bool) -> bool:
         x, y = float(a), float(b)  # type: ignore[arg-type]
         return math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12) or (math.isnan(x) and math.isnan(y))
     return a == b
+
+
+def read_in_thread(reader: pa.RecordBatchReader) -> tuple[threading.Thread, dict[str, object]]:
+    """``reader`` read to its end on a thread of its own: ``out["table"]`` or ``out["error"]``, so a test can wait
+    for it with a deadline (a read that hangs is then seen, not waited for)."""
+    out: dict[str, object] = {}
+
+    def read() -> None:
+        try:
+            out["table"] = reader.read_all()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            out["error"] = exc
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread, out

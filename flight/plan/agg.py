@@ -6,13 +6,34 @@ Kept in their own namespace so ``sum``, ``min`` and ``max`` do not shadow Python
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from flight.errors import PlanError
 from flight.plan.expr import Expr, col
 
 __all__ = [
-    "DUCKDB_ONLY", "FUNCTIONS", "MERGEABLE", "NUMERIC", "Agg", "OrderKey", "array_agg", "count", "count_all", "count_distinct",
-    "max", "mean", "median", "min", "quantile_cont", "quantile_disc", "stddev_pop", "stddev_samp", "string_agg", "sum", "var_pop",
+    "DUCKDB_ONLY",
+    "FUNCTIONS",
+    "MERGEABLE",
+    "NUMERIC",
+    "Agg",
+    "OrderKey",
+    "array_agg",
+    "call_text",
+    "count",
+    "count_all",
+    "count_distinct",
+    "max",
+    "mean",
+    "median",
+    "min",
+    "quantile_cont",
+    "quantile_disc",
+    "stddev_pop",
+    "stddev_samp",
+    "string_agg",
+    "sum",
+    "var_pop",
     "var_samp",
 ]
 
@@ -78,12 +99,17 @@ class Agg:
             raise PlanError(f"aggregate {self.function!r} takes no order and no filter (string_agg and array_agg do)")
 
     def __repr__(self) -> str:
-        more = "" if self.fraction is None else f", {self.fraction!r}"
-        more += "" if self.separator is None else f", {self.separator!r}"
-        if self.order:
-            more += " ORDER BY " + ", ".join(f"{e!r}{' DESC' if d else ''}{' NULLS FIRST' if n else ''}" for e, d, n in self.order)
-        more += "" if self.where is None else f" FILTER {self.where!r}"
-        return f"{self.function}({'' if self.expr is None else repr(self.expr)}{more})"
+        return call_text(self)
+
+
+def call_text(c: Agg | Any) -> str:
+    """An aggregate call as text (an ``Agg``, or a plan's ``AggCall``, which has the same fields)."""
+    more = "" if c.fraction is None else f", {c.fraction!r}"
+    more += "" if c.separator is None else f", {c.separator!r}"
+    if c.order:
+        more += " ORDER BY " + ", ".join(f"{e!r}{' DESC' if d else ''}{' NULLS FIRST' if n else ''}" for e, d, n in c.order)
+    more += "" if c.where is None else f" FILTER ({c.where!r})"
+    return f"{c.function}({'' if c.expr is None else repr(c.expr)}{more})"
 
 
 def _arg(value: Expr | str) -> Expr:

@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from flight.compute.relational import aggregate_schema, join_schema
 from flight.errors import PlanError
+from flight.plan.agg import call_text
 from flight.plan.expr import Expr
 from flight.plan.nodes import Node
 from flight.plan.typecheck import output_type
@@ -35,15 +36,6 @@ class AggCall:
 
     def expressions(self) -> list[Expr]:
         return [e for e in (self.expr, *(o[0] for o in self.order), self.where) if e is not None]
-
-
-def _call_text(c: AggCall) -> str:
-    more = "" if c.fraction is None else f", {c.fraction!r}"
-    more += "" if c.separator is None else f", {c.separator!r}"
-    if c.order:
-        more += " ORDER BY " + ", ".join(f"{e!r}{' DESC' if d else ''}{' NULLS FIRST' if n else ''}" for e, d, n in c.order)
-    more += "" if c.where is None else f" FILTER ({c.where!r})"
-    return f"{c.function}({'' if c.expr is None else repr(c.expr)}{more})"
 
 
 def _require(names: Sequence[str], schema: pa.Schema, operator: str, what: str) -> None:
@@ -149,7 +141,7 @@ class AggregateNode(Node):
 
     def label(self) -> str:
         what = self.label_text or "Aggregate"
-        calls = ", ".join(f"{c.name}={_call_text(c)}" for c in self.calls)
+        calls = ", ".join(f"{c.name}={call_text(c)}" for c in self.calls)
         return f"{what}[keys={self.keys}; {calls}]" if calls else f"{what}[keys={self.keys}]"
 
 

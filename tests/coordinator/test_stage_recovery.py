@@ -12,15 +12,13 @@ hanging it.
 from __future__ import annotations
 
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
 
-import pyarrow as pa
 import pytest
-from support import wait_until
+from support import read_in_thread, wait_until
 
 import flight
 from flight import col, lit
@@ -35,20 +33,6 @@ class Units(flight.WorkUnitFeedProvider):
     def feed(self, partition: int, ctx: flight.FeedContext) -> Iterator[bytes]:
         for i in range(self.count):
             yield sleep_unit(partition * 1000 + i, ms=self.ms)
-
-
-def read_in_thread(reader: pa.RecordBatchReader) -> tuple[threading.Thread, dict[str, object]]:
-    out: dict[str, object] = {}
-
-    def read() -> None:
-        try:
-            out["table"] = reader.read_all()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            out["error"] = exc
-
-    thread = threading.Thread(target=read, daemon=True)
-    thread.start()
-    return thread, out
 
 
 @pytest.mark.slow

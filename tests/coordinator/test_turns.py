@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
-from support import running_tasks, tpch_test_files, wait_until
+from support import read_in_thread, running_tasks, tpch_test_files, wait_until
 
 import flight
 from benchmarks.tpch_queries import ORDERED, compare, duckdb_answer, duckdb_connection, query
@@ -187,16 +187,7 @@ def test_a_worker_lost_after_its_tasks_were_opened_in_turns_runs_the_query_again
             assert _turns_opened(caplog) == 1, "the plan fit: nothing opened in turns"
             victim = ex.bound[ex.plan.head.stage_id][0]
             cluster.processes[cluster.urls.index(victim)].send_signal(signal.SIGKILL)
-            out: dict[str, object] = {}
-
-            def read() -> None:
-                try:
-                    out["table"] = reader.read_all()
-                except BaseException as exc:  # noqa: BLE001 - handed to the test
-                    out["error"] = exc
-
-            thread = threading.Thread(target=read, daemon=True)
-            thread.start()
+            thread, out = read_in_thread(reader)
             thread.join(120)
             assert not thread.is_alive(), "the query hangs"
             turned = _turns_opened(caplog)

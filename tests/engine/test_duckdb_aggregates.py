@@ -40,12 +40,17 @@ def _duckdb(table: pa.Table, text: str) -> pa.Table:
     return out.read_all() if hasattr(out, "read_all") else out
 
 
+def _parts(t: pa.Table, where: Path) -> list[Path]:
+    """``t`` as four Parquet files (four units: a plan forced into stages splits them between tasks)."""
+    files = [where / f"part{i}.parquet" for i in range(4)]
+    for i, path in enumerate(files):
+        pq.write_table(t.slice(i * 125, 125), path)
+    return files
+
+
 def test_the_python_api_gives_duckdbs_medians_and_quantiles_one_task_and_split(tmp_path: Path) -> None:
     t = _table()
-    files = []
-    for i in range(4):
-        files.append(tmp_path / f"part{i}.parquet")
-        pq.write_table(t.slice(i * 125, 125), files[-1])
+    files = _parts(t, tmp_path)
     q = flight.read_parquet(files).aggregate(
         ["k"], m=agg.median("x"), md=agg.median(col("d")), q=agg.quantile_cont("f", 0.9), qd=agg.quantile_disc("x", 0.25)
     )
@@ -85,10 +90,7 @@ def _median_plan(fraction: float, function: str = "quantile_cont", partial: bool
 
 def test_the_python_api_gives_duckdbs_ordered_aggregates_one_task_and_split(tmp_path: Path) -> None:
     t = _table()
-    files = []
-    for i in range(4):
-        files.append(tmp_path / f"part{i}.parquet")
-        pq.write_table(t.slice(i * 125, 125), files[-1])
+    files = _parts(t, tmp_path)
     q = flight.read_parquet(files).aggregate(
         ["k"],
         s=agg.string_agg(col("x").cast(pa.string()), "+", order_by=[("f", True, False), "x"]),
