@@ -1,4 +1,4 @@
-"""The wire fuzzer (``benchmarks/fuzz_worker.py``) against a real worker: no input may crash or wedge it.
+"""The wire fuzzer (``benchmarks/fuzz/``, ``python -m benchmarks.fuzz_worker``) against a real worker: no input may crash or wedge it.
 
 Unit tests send the malformed inputs someone thought of; the fuzzer sends a
 couple of thousand mutated headers, frames, tickets, actions and Arrow payloads
@@ -16,11 +16,12 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
-from benchmarks import fuzz_worker as fz
+from benchmarks import fuzz as fz
 
 ROOT = Path(__file__).resolve().parents[2]
 SUMMARY = re.compile(r"^fuzz_cases: (\d+), crashes: (\d+), hangs: (\d+), unclear: (\d+), max_rss_growth_mb: (-?\d+|n/a)$")
@@ -145,3 +146,29 @@ def _failures_seen(corpus: Path) -> str:
             outcome = json.dumps(record["outcome"])[:2000]
             parts.append(f"\n--- {path.name}: outcome {outcome}\nworker log (end):\n{record['worker_log'][-8000:]}")
     return "".join(parts)
+
+
+MAX_MODULE_LINES = 450
+
+
+def test_the_fuzz_package_is_small_modules_each_on_the_map() -> None:
+    # The house rules of flight/ (tests/test_house.py) for the fuzzer's package too: it was one file of 3,850 lines.
+    package = ROOT / "benchmarks" / "fuzz"
+    modules = sorted(package.rglob("*.py"))
+    long = [f"{p.relative_to(ROOT)}: {len(p.read_text().splitlines())}" for p in modules if len(p.read_text().splitlines()) > MAX_MODULE_LINES]
+    assert not long, long
+    mapped = set(re.findall(r"^\|\s*`(benchmarks/fuzz/[\w/]+\.py)`\s*\|", (ROOT / "docs" / "architecture.md").read_text(), flags=re.MULTILINE))
+    actual = {str(p.relative_to(ROOT)) for p in modules}
+    assert actual == mapped, f"missing from docs/architecture.md: {sorted(actual - mapped)}; gone: {sorted(mapped - actual)}"
+
+
+def test_the_fuzzer_talks_to_the_wire_without_importing_the_flight_package() -> None:
+    # It loads flight/wire/_proto's generated modules by path: a bug in the client library must not hide one in the worker.
+    probe = textwrap.dedent("""
+        import sys
+        import benchmarks.fuzz
+        print([m for m in sys.modules if m.split(".")[0] == "flight" and not m.startswith("flight.wire._proto.")])
+    """)
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
