@@ -50,6 +50,7 @@ class Client:
 
     def run(self, request: dict[str, Any]) -> None:
         started = time.monotonic()
+        reply: dict[str, Any]
         try:
             table, attempts = self._sql(request) if request["via"] == "sql" else self._api(request)
             with pa.ipc.new_file(request["out"], table.schema) as writer:

@@ -16,6 +16,7 @@ import json
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
@@ -67,7 +68,7 @@ def _first_line(proc: subprocess.Popen[str], what: str, timeout: float) -> tuple
     return line, lines
 
 
-def start_service(fleet: Fleet, files: dict[str, list[Path]], log: IO[str], *, query_timeout: float,
+def start_service(fleet: Fleet, files: Mapping[str, Sequence[Path]], log: IO[str], *, query_timeout: float,
                   timeout: float = 60.0) -> tuple[subprocess.Popen[str], str]:
     """A ``flight-coordinator`` in the coordinator's namespace serving ``files`` on the fleet's workers; and its URL."""
     tables = [a for name, paths in files.items() for a in ("--table", f"{name}={','.join(str(p) for p in paths)}")]
