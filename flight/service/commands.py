@@ -10,7 +10,6 @@ commands (catalogs, schemas, tables, table types, SQL info) are answered here fr
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 import pyarrow as pa
@@ -104,11 +103,35 @@ TABLE_TYPES = ("TABLE",)
 
 
 def _like(pattern: str | None, value: str) -> bool:
-    """SQL LIKE as Flight SQL's filter patterns use it (``%``, ``_``; case-sensitive); no pattern: all."""
+    """SQL LIKE as Flight SQL's filter patterns use it (``%``, ``_``; case-sensitive); no pattern: all.
+
+    Matched without a regular expression: a pattern is the client's, and ``%%%…%x`` (a ``.*`` each)
+    made ``re`` backtrack for ever over a name, holding the GIL, so the whole service stopped answering
+    (the service fuzzer's ``command`` family). Here the last ``%`` is the only point to go back to,
+    so a match costs at most len(pattern) × len(value) steps, and a pattern with more characters to
+    match than the value has is refused before any.
+    """
     if pattern is None:
         return True
-    regex = "".join(".*" if c == "%" else "." if c == "_" else re.escape(c) for c in pattern)
-    return re.fullmatch(regex, value, flags=re.S) is not None
+    while "%%" in pattern:  # a run of % matches what one does
+        pattern = pattern.replace("%%", "%")
+    if len(pattern) - pattern.count("%") > len(value):
+        return False
+    p = v = 0
+    star, resume = -1, 0  # the last % seen, and where in ``value`` its match ends for now
+    while v < len(value):
+        if p < len(pattern) and pattern[p] == "%":
+            star, resume = p, v
+            p += 1
+        elif p < len(pattern) and pattern[p] in ("_", value[v]):
+            p += 1
+            v += 1
+        elif star >= 0:  # the last % takes one more character, and the rest is matched again from there
+            resume += 1
+            p, v = star + 1, resume
+        else:
+            return False
+    return pattern[p:].count("%") == len(pattern) - p
 
 
 def _catalog_matches(catalog: str | None) -> bool:

@@ -73,3 +73,24 @@ def test_sql_info_has_the_specifications_schema() -> None:
 )
 def test_question_marks_outside_quotes_and_comments_are_numbered(text: str, numbered: str) -> None:
     assert number_placeholders(text) == numbered
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("pattern", ["%" * 2_000 + "x", "%_" * 40 + "z", "%a" * 25 + "%b", "%" * 100_000, "%p%u%b%l%i%c%" * 20])
+def test_a_filter_pattern_cannot_make_matching_backtrack_for_ever(pattern: str) -> None:
+    # The service fuzzer's command family: translated to a regular expression, "%%%...%x" against "public" ran for
+    # ever in re (holding the GIL: the whole service stopped answering). Now linear in the name, and still LIKE.
+    assert db_schemas(sql_pb2.CommandGetDbSchemas(db_schema_filter_pattern=pattern))["db_schema_name"].to_pylist() == (
+        [SCHEMA] if pattern.strip("%") == "" else [])
+    tables(sql_pb2.CommandGetTables(db_schema_filter_pattern=pattern, table_name_filter_pattern=pattern), SCHEMAS)
+
+
+@pytest.mark.parametrize(("pattern", "value", "matches"), [
+    ("%", "", True), ("", "", True), ("_", "", False), ("a%b", "ab", True), ("a%b", "axxb", True), ("a%b", "axxbx", False),
+    ("%b%", "abc", True), ("a_c", "abc", True), ("a_c", "ac", False), ("%%a%%", "bab", True), ("a\\%", "a\\x", True),
+    (".*", "abc", False), ("a%", "a\nb", True), ("%_%_%", "a", False), ("%_%_%", "ab", True),
+])
+def test_like_keeps_its_meaning(pattern: str, value: str, matches: bool) -> None:
+    got = tables(sql_pb2.CommandGetTables(table_name_filter_pattern=pattern), {value: SCHEMAS[next(iter(SCHEMAS))]})
+    assert (got.num_rows == 1) is matches
+
