@@ -81,17 +81,18 @@ class Registry:
             raise ValueError(f"a registration is at most {MAX_BODY} bytes")
         try:
             msg = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: arrays nested past the parser's depth, within MAX_BODY
             raise ValueError("a registration is a JSON object") from None
         if not isinstance(msg, dict):
             raise ValueError("a registration is a JSON object")
         secret = msg.get("secret")
-        if not isinstance(secret, str) or not hmac.compare_digest(secret.encode(), self._secret):
+        # surrogatepass: JSON may spell a lone surrogate ("\\ud800"), which plain encode() refuses with a message quoting it
+        if not isinstance(secret, str) or not hmac.compare_digest(secret.encode("utf-8", "surrogatepass"), self._secret):
             raise PermissionError("the registration does not carry this fleet's secret")
         index, attempt, url = msg.get("index"), msg.get("attempt"), msg.get("url")
-        if not isinstance(index, int) or not 0 <= index < self.workers:
+        if not _whole(index) or not 0 <= index < self.workers:
             raise ValueError(f"field 'index' must be a task index below {self.workers}")
-        if not isinstance(attempt, int) or attempt < 0:
+        if not _whole(attempt) or attempt < 0:
             raise ValueError("field 'attempt' must be a task attempt number")
         if not isinstance(url, str):
             raise ValueError("field 'url' must be a grpc:// URL")
@@ -134,6 +135,11 @@ class Registry:
                         "slots on the executors? each worker holds one for its whole life)"
                     )
                 self.changed.wait(min(0.5, deadline - now))
+
+
+def _whole(value: object) -> bool:
+    """A JSON integer: not a bool (``true`` is an int to Python, and would have registered as task 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class RegistryServer(fl.FlightServerBase):
