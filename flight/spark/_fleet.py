@@ -35,7 +35,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeGuard
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -137,7 +137,7 @@ class Registry:
                 self.changed.wait(min(0.5, deadline - now))
 
 
-def _whole(value: object) -> bool:
+def _whole(value: object) -> TypeGuard[int]:
     """A JSON integer: not a bool (``true`` is an int to Python, and would have registered as task 1)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
