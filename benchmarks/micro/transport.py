@@ -21,7 +21,11 @@ token (``LocalCluster(secure=True)``), in the same alternation; it adds the line
 ``transport_ratio_secure: X`` (secured flight-exec / the same plaintext raw
 server): the cost of TLS + auth on transport.
 
-    python benchmarks/micro/transport.py [--sf 0.5] [--runs 5] [--compression none|lz4|zstd] [--secure]
+With ``--no-checksum-too`` a third side runs the same cluster with the stream trailers' CRC-32
+off (``ExecOptions.stream_checksums=False``, docs/protocol.md section 17), interleaved with the
+others: ``transport_ratio_no_checksum: X`` beside ``transport_ratio`` is the checksum's cost.
+
+    python benchmarks/micro/transport.py [--sf 0.5] [--runs 5] [--compression none|lz4|zstd] [--secure] [--no-checksum-too]
 """
 
 from __future__ import annotations
@@ -115,9 +119,11 @@ def raw_server(files: list[Path], timeout: float = 30.0) -> Iterator[str]:
             proc.wait()
 
 
-def run_flight_exec(urls: list[str], files: list[Path], compression: str, security: flight.Security | None = None) -> tuple[int, int]:
+def run_flight_exec(
+    urls: list[str], files: list[Path], compression: str, security: flight.Security | None = None, checksums: bool = True
+) -> tuple[int, int]:
     """(rows, Arrow bytes) of one full scan through DistributedExec."""
-    ex = flight.DistributedExec(flight.read_ipc(files), urls, compression=compression, security=security)
+    ex = flight.DistributedExec(flight.read_ipc(files), urls, compression=compression, security=security, stream_checksums=checksums)
     rows = nbytes = 0
     for batch in ex.execute():
         rows += batch.num_rows
@@ -169,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2, help="flight-exec workers = raw concurrent streams")
     p.add_argument("--compression", choices=["none", "lz4", "zstd"], default="none")
     p.add_argument("--secure", action="store_true", help="also measure a cluster with TLS and a bearer token")
+    p.add_argument("--no-checksum-too", action="store_true", help="also measure with the trailers' CRC-32 off (stream_checksums=False)")
     args = p.parse_args(argv)
 
     files = ipc_files(args.sf)
@@ -180,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
 
     fe_times: list[float] = []
     sec_times: list[float] = []
+    off_times: list[float] = []
     raw_times: list[float] = []
     log(f"starting LocalCluster({args.workers}){' twice (plain and secure)' if args.secure else ''} and the raw server")
     data_roots = sorted({str(f.parent) for f in files})
@@ -190,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         fe = lambda: run_flight_exec(cluster.urls, files, args.compression)  # noqa: E731
         raw = lambda: run_raw(raw_url, args.workers, args.compression)  # noqa: E731
         sec = (lambda: run_flight_exec(secure.urls, files, args.compression, secure.security)) if secure else None
+        off = (lambda: run_flight_exec(cluster.urls, files, args.compression, checksums=False)) if args.no_checksum_too else None
         timed(fe, rows, "flight-exec")  # warm-up: page cache, connections, imports
         timed(raw, rows, "raw")
         if sec is not None:
@@ -204,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
                 t_sec, _ = timed(sec, rows, "flight-exec secure")
                 sec_times.append(t_sec)
                 extra = f", secure {t_sec:.3f}s"
+            if off is not None:
+                t_off, _ = timed(off, rows, "flight-exec without CRC")
+                off_times.append(t_off)
+                extra += f", without CRC {t_off:.3f}s"
             log(f"run {i + 1}/{args.runs}: flight-exec {t_fe:.3f}s, raw {t_raw:.3f}s{extra}")
 
     fe_mbs = size / 1e6 / statistics.median(fe_times)
@@ -216,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"transport_ratio: {fe_mbs / raw_mbs:.2f}")
     if sec_times:
         print(f"transport_ratio_secure: {sec_mbs / raw_mbs:.2f}")
+    if off_times:
+        off_mbs = size / 1e6 / statistics.median(off_times)
+        print(f"transport_ratio_no_checksum: {off_mbs / raw_mbs:.2f}")
     return 0
 
 

@@ -100,6 +100,7 @@ def bound_header(
             retain_output=(retain and stage.consumer is None) or stage.shared or (recoverable and stage.consumer is not None),
             tag_units=tagged,
             whole_query=len(counts) == 1 and counts[stage.stage_id] == 1,
+            no_checksum=not options.stream_checksums,
         ),
     )
     header.stage_key.epoch = epoch

@@ -26,6 +26,7 @@ from flight.errors import FlightExecError, ProtocolError, TaskFailedError, Worke
 from flight.threads import every, spawn
 from flight.wire._proto import protocol_pb2
 from flight.wire.clients import error_from_info, translate_flight_error
+from flight.wire.integrity import StreamCheck, StreamIntegrityError, Tally
 from flight.wire.protocol import decode_schema, decode_worker_frame, format_stage_key, status_message
 
 __all__ = ["TaskChannel"]
@@ -320,16 +321,34 @@ class TaskChannel:
         frame at once: the worker keeps the call open until it is let go, ``finish()``).
         """
         chunks = self._chunks()
+        arrived, checked = Tally(), False
         try:
             for data in chunks:
                 if self.error is not None:
                     break
                 if data is not None and data.num_rows:
+                    arrived.add(data)
                     yield data
+                if not checked and self.metrics is not None:  # the worker's batches all come before its `finished`
+                    checked = True
+                    self._check_sent(arrived)
         finally:
             chunks.close()
         if self.error is not None:
             raise self.error
+
+    def _check_sent(self, arrived: Tally) -> None:
+        """A map stage's output as it arrived against what the worker says it sent (protocol §17)."""
+        assert self.metrics is not None
+        if not self.metrics.HasField("sent"):
+            self._fail(StreamIntegrityError("the worker's `finished` does not say what the map stage sent", worker_url=self.url, stage_key=self.key))
+            return
+        check = StreamCheck(0, 1, self.key, self.url)
+        check.tally = arrived
+        try:
+            check.close(self.metrics.sent)
+        except StreamIntegrityError as exc:
+            self._fail(exc)
 
     def _chunks(self) -> Generator[pa.RecordBatch | None, None, None]:
         """Every message of the call, its frame handled, its record batch (if any) yielded, until the call ends.

@@ -48,6 +48,18 @@ def explain_plan(ex: Explained, analyze: bool) -> str:
     return "\n".join(lines)
 
 
+def _accounting(ex: Explained, stage: StageSpec, metrics: dict) -> list[str]:
+    """The rows a stage's tasks sent beside the rows its readers received (their streams checked by trailers)."""
+    prefix = f"{ex.query_id}/{stage.stage_id}/"
+    mine = [m for k, m in metrics.items() if k.startswith(prefix)]
+    if not mine or stage.consumer is None:
+        return []
+    received = sum(rows for m in metrics.values() for sid, rows in m.inputs if sid == stage.stage_id)
+    sent = sum(m.rows_out for m in mine)
+    return [f"  rows: sent {sent:,}, received {received:,} by {'stages' if stage.shared else 'stage'} "
+            f"{', '.join(map(str, stage.consumers)) if stage.shared else stage.consumer} ({stage.output_mode})"]
+
+
 def _stage(ex: Explained, stage: StageSpec, urls: list[str], metrics: dict) -> list[str]:
     bound = ex.bound.get(stage.stage_id)
     pending = stage.sized_at_execution and stage.estimate is None
@@ -77,5 +89,6 @@ def _stage(ex: Explained, stage: StageSpec, urls: list[str], metrics: dict) -> l
                 + (f"; {scan}" if (scan := m.describe_scan()) else "")
             )
         lines.append(line)
+    lines += _accounting(ex, stage, metrics)
     lines += ["  " + line for line in stage.root.explain_lines()]
     return lines

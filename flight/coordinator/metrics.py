@@ -63,6 +63,8 @@ class TaskStats:
     """Parquet row groups its readers read, and skipped by a filter's statistics (pyarrow's readers)."""
     scan_bytes_read: int = 0
     scan_bytes_skipped: int = 0
+    inputs: tuple[tuple[int, int], ...] = ()
+    """(stage id, rows) read from each stage below, every stream checked by its trailers (protocol §17)."""
 
     def describe_scan(self) -> str:
         """``row groups 2/100 read (1.2 of 80.0 MB)``, or "" when its readers read no row group."""
@@ -90,6 +92,7 @@ class TaskStats:
             m.scan.row_groups_skipped,
             m.scan.bytes_read,
             m.scan.bytes_skipped,
+            tuple((i.stage_id, i.rows) for i in m.inputs[:64]),  # a peer's list: a plan reads few stages
         )
 
 

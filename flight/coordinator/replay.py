@@ -207,7 +207,8 @@ class Replay:
         run = self.run
         gate = self.gates[channel.key]
         try:
-            for batch in read_stream(run.clients.get(channel.url), run.head_ticket(channel), stall=run.options.peer_timeout, url=channel.url):
+            for batch in read_stream(run.clients.get(channel.url), run.head_ticket(channel), stall=run.options.peer_timeout, url=channel.url,
+                                     checksums=run.options.stream_checksums):
                 with gate.lock:
                     if gate.lost or run.failed.is_set() or not self._hand_over(channel, *gate.feed(batch)):
                         return

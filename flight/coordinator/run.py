@@ -326,7 +326,8 @@ class Run:
             return
         ticket = self.head_ticket(channel)
         try:
-            for batch in read_stream(self.clients.get(channel.url), ticket, stall=self.options.peer_timeout, url=channel.url):
+            for batch in read_stream(self.clients.get(channel.url), ticket, stall=self.options.peer_timeout, url=channel.url,
+                                     checksums=self.options.stream_checksums):
                 if not _offer(self.results, batch, self.failed):
                     return
             if not self.failed.is_set():

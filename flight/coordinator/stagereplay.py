@@ -279,7 +279,8 @@ class StageReplay(Replay):
         held = HeldOutput(run.options.held_output_bytes)
         try:
             try:
-                for batch in read_stream(run.clients.get(channel.url), run.head_ticket(channel), stall=run.options.peer_timeout, url=channel.url):
+                for batch in read_stream(run.clients.get(channel.url), run.head_ticket(channel), stall=run.options.peer_timeout, url=channel.url,
+                                     checksums=run.options.stream_checksums):
                     if run.failed.is_set() or channel.key in self.gone:
                         return
                     try:

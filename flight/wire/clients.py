@@ -30,6 +30,7 @@ from flight.errors import (
 )
 from flight.security import Security, connect
 from flight.wire._proto import protocol_pb2
+from flight.wire.integrity import StreamCheck
 from flight.wire.protocol import error_info_of, format_stage_key, status_message
 from flight.wire.stall import unwatch, watch
 
@@ -128,8 +129,10 @@ class ClientPool:
                 log.debug("closing a Flight client failed: %s", exc)
 
 
-def read_stream(client: fl.FlightClient, ticket: bytes, *, stall: float | None = None, url: str = "") -> Iterator[pa.RecordBatch]:
-    """The non-empty batches of a DoGet stream, read chunk by chunk: never a heartbeat (0 rows).
+def read_stream(
+    client: fl.FlightClient, ticket: bytes, *, stall: float | None = None, url: str = "", check: bool = True, checksums: bool = True
+) -> Iterator[pa.RecordBatch]:
+    """The non-empty batches of a DoGet stream, read chunk by chunk: never a heartbeat (0 rows) nor a trailer.
 
     ``stall``: seconds a read may wait with nothing at all arriving (the worker sends
     heartbeats while the stream has nothing to send: docs/protocol.md §11) before the worker
@@ -138,9 +141,14 @@ def read_stream(client: fl.FlightClient, ticket: bytes, *, stall: float | None =
     The wait for the stream's first message (its schema) is not watched: the worker can
     send nothing before the task exists, and it may wait for capacity (§14).
 
+    ``check``: ``ticket`` is a worker's ``Ticket`` and every partition it asks for must end
+    with its trailer, whose rows, batches and (``checksums``) CRC match what arrived (§17);
+    if not, ``StreamIntegrityError`` naming the producer, the task and the partition.
+
     ``read_chunk`` rather than ``read_all``: pyarrow turns a CANCELLED status read
     by ``read_all`` on the main thread into a KeyboardInterrupt.
     """
+    checker = _checker(ticket, url, checksums) if check else None
     reader = client.do_get(fl.Ticket(ticket))
     watched = None if stall is None else watch(reader, stall)
     try:
@@ -150,6 +158,8 @@ def read_stream(client: fl.FlightClient, ticket: bytes, *, stall: float | None =
             try:
                 chunk = reader.read_chunk()
             except StopIteration:
+                if checker is not None:
+                    checker.finish()
                 return
             except (pa.ArrowException, OSError) as exc:
                 if watched is not None and watched.silent:
@@ -161,11 +171,20 @@ def read_stream(client: fl.FlightClient, ticket: bytes, *, stall: float | None =
             finally:
                 if watched is not None:
                     watched.heard()
-            if chunk.data is not None and chunk.data.num_rows:
+            if checker is not None:
+                meta = chunk.app_metadata
+                if checker.message(chunk.data, None if meta is None else meta.to_pybytes()) and chunk.data is not None:
+                    yield chunk.data
+            elif chunk.data is not None and chunk.data.num_rows:
                 yield chunk.data
     finally:
         if watched is not None:
             unwatch(watched)
+
+
+def _checker(ticket: bytes, url: str, checksums: bool) -> StreamCheck:
+    t = protocol_pb2.Ticket.FromString(ticket)  # our own ticket: a caller's bug if it does not parse
+    return StreamCheck(t.partition_start, t.partition_end, format_stage_key(t.stage_key), url or "(unnamed)", checksums)
 
 
 def health_check(url: str, timeout: float, security: Security | None = None) -> BaseException | None:

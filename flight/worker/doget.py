@@ -9,6 +9,10 @@ to send, it sends a 0-row batch of its schema every heartbeat interval of the ta
 nothing for its own bound knows the worker is gone (``flight.wire.stall``), and a reader
 that does not know the flag sees an empty batch of the partition being read, which adds
 no rows. docs/protocol.md, section 11.
+
+Each partition ends with a trailer, a 0-row batch whose ``BatchMetadata.trailer`` says the
+rows, batches and CRC-32 the partition carried (``flight.wire.integrity``, section 17): the
+reader checks them, so a stream that lost a batch on the way is an error, not a short result.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import pyarrow as pa
 
 from flight.errors import FlightExecError, TaskCancelledError, WorkerError
 from flight.wire._proto import protocol_pb2
+from flight.wire.integrity import Tally
 from flight.wire.limits import heartbeat_seconds
 from flight.wire.protocol import status_error
 from flight.worker.tasks import Task
@@ -48,15 +53,20 @@ def output_stream(task: Task, start: int, end: int) -> Iterator[tuple[pa.RecordB
     assert task.output is not None
     idle = heartbeat_seconds(task.header.options.heartbeat_ms)
     empty = heartbeat_batch(task.output_schema)
+    if empty is None:  # pragma: no cover - pa.nulls makes every type; without it no trailer could be sent
+        empty = pa.RecordBatch.from_pylist([], schema=task.output_schema)
+    checksums = not task.header.options.no_checksum
     try:
         for partition in range(start, end):
             meta = protocol_pb2.BatchMetadata(partition=partition).SerializeToString()
-            if empty is None:
-                yield from ((batch, meta) for batch in task.output.read(partition))
-                continue
             beat = empty, protocol_pb2.BatchMetadata(partition=partition, heartbeat=True).SerializeToString()
+            tally = Tally(checksums)
             for batch in task.output.read(partition, idle):
-                yield beat if batch is None else (batch, meta)
+                if batch is None:
+                    yield beat
+                elif batch.num_rows:  # an empty batch carries nothing: not sent, not counted
+                    yield tally.add(batch), meta
+            yield empty, protocol_pb2.BatchMetadata(partition=partition, trailer=tally.trailer()).SerializeToString()
     except TaskCancelledError as exc:
         code, message = protocol_pb2.ERROR_CODE_CANCELLED, f"task {task.key} on {task.worker_url}: {exc.cause}"
     except FlightExecError as exc:

@@ -275,7 +275,7 @@ class WorkerServer(fl.FlightServerBase):
                     break
                 task.record_output(batch)
                 if task.output is None:
-                    sender.batch(batch)
+                    sender.batch(task.sent.add(batch) if batch.num_rows else batch)
                 else:
                     task.emit(batch)
             if task.error is not None or task.cancelled.is_set():

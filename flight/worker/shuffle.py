@@ -72,7 +72,8 @@ def read_partitions(
                 ticket = protocol_pb2.Ticket(
                     stage_key=key, partition_start=start, partition_end=end, query_secret=task.header.query_secret
                 )
-                for batch in read_stream(peers.get(url), ticket.SerializeToString(), stall=stall, url=url):
+                checksums = not task.header.options.no_checksum
+                for batch in read_stream(peers.get(url), ticket.SerializeToString(), stall=stall, url=url, checksums=checksums):
                     if not offer((batch, False)):
                         return
             offer(_END)

@@ -22,6 +22,7 @@ from flight.engine.partition import split_by_hash
 from flight.engine.pruning import ScanStats
 from flight.errors import ProtocolError, TaskCancelledError, TaskFailedError, light_copy
 from flight.wire._proto import plan_pb2, protocol_pb2
+from flight.wire.integrity import Tally
 from flight.wire.ipc import check_batch
 from flight.wire.operators import operators
 from flight.wire.protocol import decode_schema, format_stage_key
@@ -96,12 +97,10 @@ class Task:
             for p in assignment.partitions:
                 fid = assignment.feed_id
                 self.inboxes[(fid, p)] = FeedInbox(fid, p, window, functools.partial(send_credit, fid, p), self.unit_bytes)
-        self.rows_out = 0
-        self.batches_out = 0
-        self.bytes_out = 0
-        self.rows_in = 0
-        self.bytes_in = 0
-        self.bytes_in_local = 0
+        self.rows_out = self.batches_out = self.bytes_out = 0
+        self.rows_in = self.bytes_in = self.bytes_in_local = 0
+        self.sent = Tally(not header.options.no_checksum)  # a map stage's output on its exchange (protocol §17)
+        self.read_from: dict[int, list[int]] = {}  # stage id -> [rows, batches] read from it (TaskMetrics.inputs)
 
     # -- what the engine sees
     def feed_partitions(self, feed_id: str) -> list[int]:
@@ -124,13 +123,24 @@ class Task:
     def read_partitions(self, producers: list[tuple[str, bytes]], start: int, end: int) -> Iterator[pa.RecordBatch]:
         if self._read_partitions is None:
             raise ProtocolError(f"task {self.key} cannot read other stages here", field="plan")
+        counted = self._counter(producers)
         for batch, local in self._read_partitions(self, producers, start, end):
             if not local:  # another worker's bytes: checked before any kernel sees them
                 check_batch(batch, f"a batch of partitions [{start}, {end}) read from another worker")
+            counted[0] += batch.num_rows
+            counted[1] += 1
             self.rows_in += batch.num_rows
             self.bytes_in += batch.nbytes
             self.bytes_in_local += batch.nbytes if local else 0
             yield batch
+
+    def _counter(self, producers: list[tuple[str, bytes]]) -> list[int]:
+        """[rows, batches] read from the stage of ``producers`` (all of one stage), for ``TaskMetrics.inputs``."""
+        try:
+            stage = protocol_pb2.StageKey.FromString(producers[0][1]).stage_id if producers else 0
+        except Exception:  # noqa: BLE001 - a malformed key fails the read itself, with its field named
+            stage = 0
+        return self.read_from.setdefault(stage, [0, 0])
 
     def emit(self, batch: pa.RecordBatch) -> None:
         """Put an output batch in its partition(s): by key hash, or round-robin without keys."""
@@ -230,6 +240,8 @@ class Task:
             engine=self.engine,
             scan=self.scan_stats.to_proto(),
             bytes_spilled=self.output.spilled_bytes if self.output is not None else 0,
+            inputs=[protocol_pb2.StageRows(stage_id=s, rows=r, batches=b) for s, (r, b) in sorted(self.read_from.items())],
+            sent=self.sent.trailer() if self.is_map else None,
         )
 
     @property

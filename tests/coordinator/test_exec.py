@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -218,6 +219,23 @@ def test_shuffle_across_workers_reads_remote_partitions(cluster: flight.LocalClu
     total = sum(t.bytes_in for t in ex.metrics.tasks)
     local = sum(t.bytes_in_local for t in ex.metrics.tasks)
     assert 0 < local < total  # half the partitions are on the reader's own worker
+
+
+def test_explain_shows_the_rows_each_stage_sent_beside_what_its_readers_received(
+    cluster: flight.LocalCluster, parquet_files: list[Path]
+) -> None:
+    q = flight.read_parquet(parquet_files).aggregate(["name"], n=flight.agg.count_all())
+    ex = flight.DistributedExec(q, cluster.urls, rows_per_task=1, small_query_bytes=0)
+    result = ex.to_table()
+    shown = ex.explain(analyze=True)
+    lines = [line for line in shown.splitlines() if line.strip().startswith("rows: sent")]
+    assert lines, shown
+    for line in lines:
+        sent, received = re.match(r"\s*rows: sent ([\d,]+), received ([\d,]+) by", line).groups()  # type: ignore[union-attr]
+        assert sent == received and int(sent.replace(",", "")) > 0, line
+    # the stage below the head sent its partial groups; the oracle counts the source's distinct names
+    names = duckdb.sql(f"select count(*) from (select distinct name from read_parquet({[str(p) for p in parquet_files]}))").fetchall()[0][0]
+    assert result.num_rows == names
 
 
 def test_inner_join_broadcasts_a_small_left_side(cluster: flight.LocalCluster, parquet_files: list[Path]) -> None:

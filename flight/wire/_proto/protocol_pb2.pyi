@@ -141,6 +141,7 @@ class TaskOptions(_message.Message):
     RETAIN_OUTPUT_FIELD_NUMBER: _builtins.int
     TAG_UNITS_FIELD_NUMBER: _builtins.int
     WHOLE_QUERY_FIELD_NUMBER: _builtins.int
+    NO_CHECKSUM_FIELD_NUMBER: _builtins.int
     ipc_compression: Global___Compression.ValueType
     """for the task's output streams"""
     feed_window: _builtins.int
@@ -169,6 +170,11 @@ class TaskOptions(_message.Message):
     worker may run it on all its cores rather than on one task's share of them (docs/engine.md,
     "Small queries"). Advisory: a worker without cores to spare runs it as any task.
     """
+    no_checksum: _builtins.bool
+    """Leave the CRC-32 out of the task's stream trailers (rows and batches are still counted):
+    ExecOptions.stream_checksums=False, for a fleet whose links are trusted and where the cost
+    shows (docs/protocol.md, section 17).
+    """
     def __init__(
         self,
         *,
@@ -179,10 +185,11 @@ class TaskOptions(_message.Message):
         retain_output: _builtins.bool = ...,
         tag_units: _builtins.bool = ...,
         whole_query: _builtins.bool = ...,
+        no_checksum: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["feed_window", b"feed_window", "heartbeat_ms", b"heartbeat_ms", "ipc_compression", b"ipc_compression", "output_buffer_bytes", b"output_buffer_bytes", "retain_output", b"retain_output", "tag_units", b"tag_units", "whole_query", b"whole_query"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["feed_window", b"feed_window", "heartbeat_ms", b"heartbeat_ms", "ipc_compression", b"ipc_compression", "no_checksum", b"no_checksum", "output_buffer_bytes", b"output_buffer_bytes", "retain_output", b"retain_output", "tag_units", b"tag_units", "whole_query", b"whole_query"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -772,6 +779,8 @@ class TaskMetrics(_message.Message):
     ENGINE_FIELD_NUMBER: _builtins.int
     SCAN_FIELD_NUMBER: _builtins.int
     BYTES_SPILLED_FIELD_NUMBER: _builtins.int
+    INPUTS_FIELD_NUMBER: _builtins.int
+    SENT_FIELD_NUMBER: _builtins.int
     worker_url: _builtins.str
     rows_out: _builtins.int
     batches_out: _builtins.int
@@ -794,6 +803,16 @@ class TaskMetrics(_message.Message):
     def scan(self) -> Global___ScanMetrics:
         """what its Parquet readers read and skipped (pyarrow's readers; DuckDB's own reads are not counted)"""
 
+    @_builtins.property
+    def inputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___StageRows]:
+        """Rows received from each stage it read (shuffle reads, checked by their trailers): the
+        coordinator adds them up per stage beside what the producers sent (explain()).
+        """
+
+    @_builtins.property
+    def sent(self) -> Global___StreamTrailer:
+        """A map stage's output on its exchange: what the worker sent, for the reader to check (section 17)."""
+
     def __init__(
         self,
         *,
@@ -810,14 +829,41 @@ class TaskMetrics(_message.Message):
         engine: _builtins.str = ...,
         scan: Global___ScanMetrics | None = ...,
         bytes_spilled: _builtins.int = ...,
+        inputs: _abc.Iterable[Global___StageRows] | None = ...,
+        sent: Global___StreamTrailer | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["scan", b"scan", "stage_key", b"stage_key"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["scan", b"scan", "sent", b"sent", "stage_key", b"stage_key"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches_out", b"batches_out", "bytes_in", b"bytes_in", "bytes_in_local", b"bytes_in_local", "bytes_out", b"bytes_out", "bytes_spilled", b"bytes_spilled", "elapsed_nanos", b"elapsed_nanos", "engine", b"engine", "feeds", b"feeds", "rows_in", b"rows_in", "rows_out", b"rows_out", "scan", b"scan", "stage_key", b"stage_key", "worker_url", b"worker_url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches_out", b"batches_out", "bytes_in", b"bytes_in", "bytes_in_local", b"bytes_in_local", "bytes_out", b"bytes_out", "bytes_spilled", b"bytes_spilled", "elapsed_nanos", b"elapsed_nanos", "engine", b"engine", "feeds", b"feeds", "inputs", b"inputs", "rows_in", b"rows_in", "rows_out", b"rows_out", "scan", b"scan", "sent", b"sent", "stage_key", b"stage_key", "worker_url", b"worker_url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TaskMetrics: _TypeAlias = TaskMetrics  # noqa: Y015
+
+@_typing.final
+class StageRows(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STAGE_ID_FIELD_NUMBER: _builtins.int
+    ROWS_FIELD_NUMBER: _builtins.int
+    BATCHES_FIELD_NUMBER: _builtins.int
+    stage_id: _builtins.int
+    rows: _builtins.int
+    batches: _builtins.int
+    def __init__(
+        self,
+        *,
+        stage_id: _builtins.int = ...,
+        rows: _builtins.int = ...,
+        batches: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches", b"batches", "rows", b"rows", "stage_id", b"stage_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StageRows: _TypeAlias = StageRows  # noqa: Y015
 
 @_typing.final
 class WorkerFrame(_message.Message):
@@ -929,6 +975,7 @@ class BatchMetadata(_message.Message):
 
     PARTITION_FIELD_NUMBER: _builtins.int
     HEARTBEAT_FIELD_NUMBER: _builtins.int
+    TRAILER_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     """optional: present (and so non-empty) even for partition 0"""
     heartbeat: _builtins.bool
@@ -937,21 +984,61 @@ class BatchMetadata(_message.Message):
     worker. It carries no rows: skip it (a reader that does not know this field sees an empty
     batch of the partition being read, which adds nothing).
     """
+    @_builtins.property
+    def trailer(self) -> Global___StreamTrailer:
+        """The end of the partition (docs/protocol.md, section 17): a batch of 0 rows after the
+        partition's last batch, carrying what the producer sent of it. Every partition a ticket
+        asks for ends with one, empty partitions too; a stream that ends without all of them
+        ended short.
+        """
+
     def __init__(
         self,
         *,
         partition: _builtins.int | None = ...,
         heartbeat: _builtins.bool = ...,
+        trailer: Global___StreamTrailer | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_partition", b"_partition", "partition", b"partition"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_partition", b"_partition", "partition", b"partition", "trailer", b"trailer"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_partition", b"_partition", "heartbeat", b"heartbeat", "partition", b"partition"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_partition", b"_partition", "heartbeat", b"heartbeat", "partition", b"partition", "trailer", b"trailer"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__partition: _TypeAlias = _typing.Literal["partition"]  # noqa: Y015
     _WhichOneofArgType__partition: _TypeAlias = _typing.Literal["_partition", b"_partition"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__partition) -> _WhichOneofReturnType__partition | None: ...
 
 Global___BatchMetadata: _TypeAlias = BatchMetadata  # noqa: Y015
+
+@_typing.final
+class StreamTrailer(_message.Message):
+    """What one partition of a stream carried: its rows, its non-empty batches and, unless the
+    task's options turned it off, a CRC-32 of the batches' canonical Arrow buffers (section 17).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROWS_FIELD_NUMBER: _builtins.int
+    BATCHES_FIELD_NUMBER: _builtins.int
+    CHECKSUM_FIELD_NUMBER: _builtins.int
+    rows: _builtins.int
+    batches: _builtins.int
+    checksum: _builtins.int
+    def __init__(
+        self,
+        *,
+        rows: _builtins.int = ...,
+        batches: _builtins.int = ...,
+        checksum: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_checksum", b"_checksum", "checksum", b"checksum"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_checksum", b"_checksum", "batches", b"batches", "checksum", b"checksum", "rows", b"rows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__checksum: _TypeAlias = _typing.Literal["checksum"]  # noqa: Y015
+    _WhichOneofArgType__checksum: _TypeAlias = _typing.Literal["_checksum", b"_checksum"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__checksum) -> _WhichOneofReturnType__checksum | None: ...
+
+Global___StreamTrailer: _TypeAlias = StreamTrailer  # noqa: Y015
 
 @_typing.final
 class CancelRequest(_message.Message):
