@@ -93,6 +93,14 @@ class Run:
     next_id: int = 0
     problems: int = 0
     broken: str | None = None
+    interrupted: bool = False
+
+    def interrupt(self, signum: int, _frame: object) -> None:
+        """SIGINT or SIGTERM: the load ends now, the final checks and the summary still run; a second one stops at once."""
+        if self.interrupted:
+            raise KeyboardInterrupt
+        self.interrupted = True
+        self.say(f"{signal.Signals(signum).name}: ending the load early (again to stop at once)")
 
     def say(self, line: str) -> None:
         print(f"[chaos {time.monotonic() - self.t0:6.1f}s] {line}", flush=True)
@@ -166,7 +174,7 @@ def _load(run: Run) -> None:
     stopped = False
     while True:
         now = time.monotonic()
-        if not stopped and (now >= end or run.faults.failure is not None):
+        if not stopped and (now >= end or run.interrupted or run.faults.failure is not None):
             run.say("load over: undoing the faults, waiting for the queries in flight")
             run.faults.stop()
             run.faults.undo_all()
@@ -257,6 +265,8 @@ def run_chaos(args: argparse.Namespace) -> int:
         kinds = tuple(k.strip() for k in args.faults.split(",") if k.strip())
         faults = Faults(fleet, kinds, seed=seed, spill_dirs=spill.dirs if spill.mounted else None)
         run = Run(args, mix, fleet, client, faults, out, random.Random(seed))
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, run.interrupt)  # also where a background job was started with SIGINT ignored
         faults.start()
         try:
             _load(run)

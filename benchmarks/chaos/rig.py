@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import tempfile
 import time
@@ -28,6 +29,8 @@ from flight.dev.netns import LineReader
 __all__ = ["ClientProcess", "SpillDirs", "leftover_tasks", "start_client", "start_service", "stop", "stray_processes"]
 
 _SERVICE = "flight-coordinator listening on "
+_LIFELINE = os.pipe()
+"""The services' ``--parent-fd``: this process holds the only write end, so they go when it goes, even by SIGKILL."""
 
 
 class SpillDirs:
@@ -74,7 +77,8 @@ def start_service(fleet: Fleet, files: Mapping[str, Sequence[Path]], log: IO[str
     tables = [a for name, paths in files.items() for a in ("--table", f"{name}={','.join(str(p) for p in paths)}")]
     proc = fleet.python(["-m", "flight.service", "--host", fleet.address(COORDINATOR), "--port", "0",
                          "--workers", ",".join(fleet.worker_urls), "--log-level", "WARNING", "--grace", "5",
-                         "--query-timeout", str(query_timeout), *tables], stdout=subprocess.PIPE, stderr=log, text=True)
+                         "--query-timeout", str(query_timeout), "--parent-fd", str(_LIFELINE[0]), *tables],
+                        stdout=subprocess.PIPE, stderr=log, text=True, pass_fds=(_LIFELINE[0],))
     line, _ = _first_line(proc, "flight-coordinator", timeout)
     if not line.startswith(_SERVICE):
         proc.kill()

@@ -36,9 +36,12 @@ OPTIONS: Mapping[str, Mapping[str, Any]] = {
     "default": {},
     "staged": {"one_host_query_bytes": 0, "small_query_bytes": 0},
     "shuffled": {"one_host_query_bytes": 0, "small_query_bytes": 0, "broadcast_bytes": 0, "rows_per_task": 1},
+    "spilling": {"one_host_query_bytes": 0, "small_query_bytes": 0, "output_buffer_bytes": 64 << 10},
 }
 """The ``ExecOptions`` of the ``api`` way: the default plan (small queries as one task), every plan forced into
-stages (scans split by file, joins shuffled or broadcast), every join shuffled (the most traffic between workers).
+stages (scans split by file, joins shuffled or broadcast), every join shuffled (the most traffic between workers),
+and stages whose outputs spill: a stage below the head keeps its output until the query ends (stage recovery), and
+past a 64 KiB buffer a worker writes it to its ``--spill-dir`` (where the ``spill-full`` fault bites).
 Losses are found within seconds in all (``heartbeat`` 0.5 s, ``peer_timeout`` 5 s: ``LOSS``)."""
 LOSS = {"heartbeat": 0.5, "peer_timeout": 5.0}
 
