@@ -16,15 +16,30 @@ from typing import Any
 from google.protobuf.message import DecodeError, Message
 
 __all__ = [
-    "FLAT_EXPRESSIONS", "FLAT_OPERATORS", "FRAME_MEMBERS", "INPUT_CALL_PATH", "REPO_ROOT", "L", "P", "Wrap", "field_number", "nest",
-    "nest_wrapper", "parse", "pb_field", "pb_int_field", "ser", "varint",
+    "FLAT_EXPRESSIONS",
+    "FLAT_OPERATORS",
+    "FRAME_MEMBERS",
+    "INPUT_CALL_PATH",
+    "REPO_ROOT",
+    "L",
+    "P",
+    "Wrap",
+    "field_number",
+    "load_proto",
+    "nest",
+    "nest_wrapper",
+    "parse",
+    "pb_field",
+    "pb_int_field",
+    "ser",
+    "varint",
 ]
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load_proto(name: str) -> ModuleType:
+def load_proto(name: str) -> ModuleType:
     """``flight/wire/_proto/NAME.py`` without importing the ``flight`` package: the wire, not the library."""
     full = f"flight.wire._proto.{name}"
     if full in sys.modules:
@@ -39,8 +54,8 @@ def _load_proto(name: str) -> ModuleType:
     return module
 
 
-P = _load_proto("protocol_pb2")
-L = _load_proto("plan_pb2")
+P = load_proto("protocol_pb2")
+L = load_proto("plan_pb2")
 INPUT_CALL_PATH = "flight-exec.input"  # the descriptor path of an input call (docs/protocol.md, section 16)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from benchmarks.fuzz.proto import REPO_ROOT
 from benchmarks.fuzz.settings import LISTENING, START_TIMEOUT
 
-__all__ = ["OwnedWorker", "WorkerPool", "crash_site", "describe_exit", "worker_accepts"]
+__all__ = ["OwnedWorker", "WorkerPool", "crash_site", "describe_exit", "process_env", "worker_accepts"]
 
 
 # ------------------------------------------------------------------ the worker
@@ -27,7 +27,7 @@ __all__ = ["OwnedWorker", "WorkerPool", "crash_site", "describe_exit", "worker_a
 @functools.lru_cache(maxsize=1)
 def _worker_help() -> str:
     done = subprocess.run([sys.executable, "-m", "flight.worker", "--help"], capture_output=True, text=True,
-                          timeout=START_TIMEOUT, env=_worker_env(), check=False)
+                          timeout=START_TIMEOUT, env=process_env(), check=False)
     return done.stdout
 
 
@@ -36,7 +36,7 @@ def worker_accepts(flag: str) -> bool:
     return re.search(rf"{re.escape(flag)}\b", _worker_help()) is not None
 
 
-def _worker_env() -> dict[str, str]:
+def process_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}  # loopback only, never via a proxy
     env["PYTHONFAULTHANDLER"] = "1"  # a fatal signal prints every thread's Python stack into the log
     env["PYTHONUNBUFFERED"] = "1"
@@ -76,15 +76,20 @@ def describe_exit(code: int) -> str:
 class OwnedWorker:
     """A ``flight-worker`` process the fuzzer started in its scratch directory, logging to a file there."""
 
-    def __init__(self, workdir: Path, number: int, extra_args: Sequence[str] = ()) -> None:
+    def __init__(self, workdir: Path, number: int, extra_args: Sequence[str] = (), *, command: Sequence[str] | None = None,
+                 listening: re.Pattern[str] = LISTENING, name: str = "worker") -> None:
+        """``command`` (else ``flight-worker`` on port 0) started in ``workdir``; its first stdout line must match
+        ``listening``, whose group 1 is its URL (the service fuzzer owns a service and a registry this way)."""
         self.workdir = workdir
-        self.log = workdir / f"worker-{number}.log"
+        self.log = workdir / f"{name}-{number}.log"
         self.url = ""
+        self.listening = listening
+        self.name = name
         cmd = [sys.executable, "-m", "flight.worker", "--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING", "--grace", "1",
-               *(a.replace("{workdir}", str(workdir)) for a in extra_args)]
+               *(a.replace("{workdir}", str(workdir)) for a in extra_args)] if command is None else list(command)
         with open(self.log, "wb") as log:
             self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-                cmd, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, env=_worker_env()
+                cmd, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, env=process_env()
             )
 
     def wait_listening(self) -> str:
@@ -102,16 +107,16 @@ class OwnedWorker:
             sel.register(self.proc.stdout, selectors.EVENT_READ)
             while b"\n" not in buf:
                 if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(f"the worker did not start (its log, {self.log}):\n{self.log_since(0)[-3000:]}")
+                    raise RuntimeError(f"the {self.name} did not start (its log, {self.log}):\n{self.log_since(0)[-3000:]}")
                 if sel.select(0.1):
                     chunk = os.read(self.proc.stdout.fileno(), 4096)
                     buf += chunk
                     if not chunk:
                         self.proc.wait(5)
         line = buf.split(b"\n", 1)[0].decode(errors="replace").strip()
-        match = LISTENING.match(line)
+        match = self.listening.match(line)
         if not match:
-            raise RuntimeError(f"unexpected first line from the worker: {line!r}")
+            raise RuntimeError(f"unexpected first line from the {self.name}: {line!r}")
         return match.group(1)
 
     def died(self, wait: float = 0.0) -> str | None:
@@ -121,7 +126,7 @@ class OwnedWorker:
             code = self.proc.wait(wait) if wait else self.proc.poll()
         except subprocess.TimeoutExpired:
             code = None
-        return None if code is None else f"the worker process ended ({describe_exit(code)})"
+        return None if code is None else f"the {self.name} process ended ({describe_exit(code)})"
 
     def threads(self) -> int:
         """The process's thread count (0 if unknown): cases that leave hundreds behind slow every later one."""
