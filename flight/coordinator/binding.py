@@ -101,6 +101,7 @@ def bound_header(
             tag_units=tagged,
             whole_query=len(counts) == 1 and counts[stage.stage_id] == 1,
             no_checksum=not options.stream_checksums,
+            head=stage.consumer is None and not stage.shared,
         ),
     )
     header.stage_key.epoch = epoch

@@ -37,6 +37,7 @@ from flight.plan.query import Query as PlannedQuery
 from flight.service.commands import catalogs, db_schemas, pack, sql_info, table_types, tables, tables_schema, unpack
 from flight.service.hints import HINTS_KEY, Hints, dialect_of, retain_of
 from flight.service.queries import Queries, Query
+from flight.service.relay import watched
 from flight.service.users import caller_name
 from flight.sql import sql
 from flight.wire._proto import Flight_pb2
@@ -169,7 +170,11 @@ class CoordinatorServer(fl.FlightServerBase):
             if found is None:
                 raise fl.FlightServerError("ticket: no such result (the query ended, was cancelled, or its results were read)")
             query, partition = found
-            return fl.GeneratorStream(query.schema, self.queries.relay(query, partition))
+            rows = self.queries.relay(query, partition)
+            if not query.retained:  # read once: a client that leaves takes its query with it (issue 41)
+                why = "its client cancelled the DoGet of its results, or went away"
+                rows = watched(rows, context.is_cancelled, lambda: self.queries.cancel(query.query_id, why))
+            return fl.GeneratorStream(query.schema, rows)
         return fl.RecordBatchStream(self._metadata(command))
 
     def _metadata(self, command: Any) -> pa.Table:

@@ -18,7 +18,7 @@ reader checks them, so a stream that lost a batch on the way is an error, not a 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
@@ -29,9 +29,18 @@ from flight.wire.limits import heartbeat_seconds
 from flight.wire.protocol import status_error
 from flight.worker.tasks import Task
 
-__all__ = ["heartbeat_batch", "output_stream"]
+__all__ = ["GONE_POLL_S", "heartbeat_batch", "output_stream"]
 
 log = logging.getLogger("flight.worker.server")
+
+
+def _left(task: Task) -> None:
+    """The stream ended before its end (its reader cancelled, left, or the task failed): a head task
+    that keeps no output for re-reads is cancelled, since no one else will read it (protocol §11)."""
+    options = task.header.options
+    if options.head and not options.retain_output and not task.cancelled.is_set() and task.error is None:
+        log.info("task %s: its reader left before the end of its output; cancelling it", task.key)
+        task.cancel("its reader left before the end of its output (the query's client cancelled or went away)")
 
 
 def heartbeat_batch(schema: pa.Schema) -> pa.RecordBatch | None:
@@ -45,13 +54,23 @@ def heartbeat_batch(schema: pa.Schema) -> pa.RecordBatch | None:
         return None
 
 
-def output_stream(task: Task, start: int, end: int) -> Iterator[tuple[pa.RecordBatch, bytes]]:
+GONE_POLL_S = 0.25
+"""How often a DoGet stream with nothing to send looks whether its reader is still there."""
+
+
+def output_stream(
+    task: Task, start: int, end: int, gone: Callable[[], bool] = lambda: False
+) -> Iterator[tuple[pa.RecordBatch, bytes]]:
     """Partitions [start, end) of ``task``'s output as (batch, app_metadata) pairs, for pyarrow's GeneratorStream.
 
     A failure of the task ends the stream with the Flight status that says what happened
-    (docs/protocol.md, section 11), never with a Python traceback."""
+    (docs/protocol.md, section 11), never with a Python traceback. ``gone``: the call's
+    ``is_cancelled``, asked on the call's own thread every ``GONE_POLL_S`` while the stream
+    waits: a head task whose reader left is cancelled within that (``_left``), rather than
+    compute for no one until its heartbeat's write fails."""
     assert task.output is not None
     idle = heartbeat_seconds(task.header.options.heartbeat_ms)
+    poll = min(idle, GONE_POLL_S)
     empty = heartbeat_batch(task.output_schema)
     if empty is None:  # pragma: no cover - pa.nulls makes every type; without it no trailer could be sent
         empty = pa.RecordBatch.from_pylist([], schema=task.output_schema)
@@ -60,13 +79,23 @@ def output_stream(task: Task, start: int, end: int) -> Iterator[tuple[pa.RecordB
         for partition in range(start, end):
             meta = protocol_pb2.BatchMetadata(partition=partition).SerializeToString()
             beat = empty, protocol_pb2.BatchMetadata(partition=partition, heartbeat=True).SerializeToString()
-            tally = Tally(checksums)
-            for batch in task.output.read(partition, idle):
+            tally, quiet = Tally(checksums), 0.0
+            for batch in task.output.read(partition, poll):
                 if batch is None:
-                    yield beat
+                    if gone():
+                        _left(task)
+                        return
+                    quiet += poll
+                    if quiet >= idle:
+                        quiet = 0.0
+                        yield beat
                 elif batch.num_rows:  # an empty batch carries nothing: not sent, not counted
+                    quiet = 0.0
                     yield tally.add(batch), meta
             yield empty, protocol_pb2.BatchMetadata(partition=partition, trailer=tally.trailer()).SerializeToString()
+    except GeneratorExit:  # pyarrow let the stream go: its reader cancelled or left while batches flowed
+        _left(task)
+        raise
     except TaskCancelledError as exc:
         code, message = protocol_pb2.ERROR_CODE_CANCELLED, f"task {task.key} on {task.worker_url}: {exc.cause}"
     except FlightExecError as exc:

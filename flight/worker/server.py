@@ -341,7 +341,7 @@ class WorkerServer(fl.FlightServerBase):
             raise status_error(error_info(self.url, invalid, message, t.stage_key, "ticket.partition_end"))
         ipc = ipc_options(task.header.options.ipc_compression)
         # (batch, app_metadata) pairs, pyarrow takes them; heartbeats while it waits (doget.py)
-        stream = output_stream(task, t.partition_start, t.partition_end)
+        stream = output_stream(task, t.partition_start, t.partition_end, context.is_cancelled)
         return fl.GeneratorStream(task.output_schema, stream, options=ipc)  # type: ignore[arg-type]
 
     # ---------------------------------------------------------------- DoAction

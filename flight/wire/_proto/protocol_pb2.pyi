@@ -142,6 +142,7 @@ class TaskOptions(_message.Message):
     TAG_UNITS_FIELD_NUMBER: _builtins.int
     WHOLE_QUERY_FIELD_NUMBER: _builtins.int
     NO_CHECKSUM_FIELD_NUMBER: _builtins.int
+    HEAD_FIELD_NUMBER: _builtins.int
     ipc_compression: Global___Compression.ValueType
     """for the task's output streams"""
     feed_window: _builtins.int
@@ -175,6 +176,12 @@ class TaskOptions(_message.Message):
     ExecOptions.stream_checksums=False, for a fleet whose links are trusted and where the cost
     shows (docs/protocol.md, section 17).
     """
+    head: _builtins.bool
+    """The task is a head task: its output goes to the query's caller (the coordinator, or a client
+    reading the endpoints it was given), not to another stage. Unless retain_output is set, a
+    DoGet of it that ends before its stream did (the reader cancelled, closed its connection or
+    vanished) cancels the task at once: nothing else will read what it computes (section 11).
+    """
     def __init__(
         self,
         *,
@@ -186,10 +193,11 @@ class TaskOptions(_message.Message):
         tag_units: _builtins.bool = ...,
         whole_query: _builtins.bool = ...,
         no_checksum: _builtins.bool = ...,
+        head: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["feed_window", b"feed_window", "heartbeat_ms", b"heartbeat_ms", "ipc_compression", b"ipc_compression", "no_checksum", b"no_checksum", "output_buffer_bytes", b"output_buffer_bytes", "retain_output", b"retain_output", "tag_units", b"tag_units", "whole_query", b"whole_query"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["feed_window", b"feed_window", "head", b"head", "heartbeat_ms", b"heartbeat_ms", "ipc_compression", b"ipc_compression", "no_checksum", b"no_checksum", "output_buffer_bytes", b"output_buffer_bytes", "retain_output", b"retain_output", "tag_units", b"tag_units", "whole_query", b"whole_query"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
