@@ -50,13 +50,13 @@ def run_fuzzer(tmp_path: Path, *args: str) -> tuple[int, str, str]:
 @pytest.mark.slow
 @pytest.mark.timeout(RUN_TIMEOUT + 60)
 def test_hostile_commands_handles_parameters_headers_and_registrations_leave_both_servers_serving(tmp_path: Path) -> None:
-    code, out, err = run_fuzzer(tmp_path, "--cases", str(CASES), "--registry-cases", str(CASES), "--seed", str(SEED))
+    code, out, err = run_fuzzer(tmp_path, "--cases", str(CASES), "--registry-cases", str(CASES), "--seed", str(SEED), "--unclear-kept", "100000")
     lines = {m.group(1): m for m in map(SUMMARY.match, out.strip().splitlines()) if m}
     kept = sorted((tmp_path / "corpus").glob("*.json"))
     unexplained = []
     for path in kept:
         record = json.loads(path.read_text())
-        call = record["outcome"]["statuses"][0][0].split()[0] if record["outcome"]["statuses"] else ""
+        call = record["verdict"]["detail"].split(" ")[0]  # the call of the status judged unclear
         if record["verdict"]["kind"] != "unclear" or (record["case"]["family"], call) not in KNOWN_UNCLEAR:
             unexplained.append(f"{path.name}: {record['verdict']} {record['case']['note'][:200]}")
     report = f"{out}\nkept: {unexplained}\nfuzzer report:\n{err[-6000:]}"
@@ -65,6 +65,8 @@ def test_hostile_commands_handles_parameters_headers_and_registrations_leave_bot
         cases, crashes, hangs = (int(g) for g in match.groups()[1:4])
         assert cases == CASES and crashes == 0 and hangs == 0, report
     assert int(lines["registry"].group(5)) == 0, report
+    unclear_kept = sum(json.loads(path.read_text())["verdict"]["kind"] == "unclear" for path in kept)
+    assert int(lines["service"].group(5)) == unclear_kept, report  # every unclear case kept, so every one is checked
     assert not unexplained, report
     assert all(f in lines["service"].group(6) for f in SERVICE_FAMILIES), report
     assert code == 0, report

@@ -62,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--token", default=TOKEN, help="the bearer token --url's service takes")
     p.add_argument("--registry-url", help="fuzz a running registry whose secret is the fuzzer's (see registry.py)")
     p.add_argument("--corpus", default=".fuzz-corpus")
+    p.add_argument("--unclear-kept", type=int, default=3, metavar="N", help="unclear cases kept per family and reason (default: %(default)s)")
     p.add_argument("--workdir", help="scratch directory (default: a temporary one)")
     p.add_argument("--timeout", type=float, default=15.0, help="deadline of a whole case, seconds (default: %(default)s)")
     p.add_argument("--health-timeout", type=float, default=10.0, help="deadline of the check after each case (default: %(default)s)")
@@ -78,7 +79,7 @@ def _run(kind: str, target: Target, cases: Sequence[Case] | None, generator: Ser
     with target:
         log(f"fuzzing the {kind} at {target.url} (seed {args.seed})")
         stream = iter(cases) if cases is not None else prefetch(generator.case, range(args.start, args.start + count)) if generator else iter(())
-        tally = run_cases(target, stream, count, args.timeout, Path(args.corpus))
+        tally = run_cases(target, stream, count, args.timeout, Path(args.corpus), args.unclear_kept)
     report(kind, tally)
     return tally
 

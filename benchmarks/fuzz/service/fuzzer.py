@@ -120,10 +120,11 @@ def judge(target: Target, case: Case, timeout: float) -> tuple[Verdict, Outcome,
     return verdict, out, log_text
 
 
-def keep(corpus: Path, kept: Counter[tuple[str, str, str]], case: Case, verdict: Verdict, out: Outcome, log_text: str) -> Path | None:
-    """Every crash and hang, and the first few unclear cases of each kind, as a replayable JSON file."""
+def keep(corpus: Path, kept: Counter[tuple[str, str, str]], case: Case, verdict: Verdict, out: Outcome, log_text: str,
+         most_unclear: int = UNCLEAR_KEPT) -> Path | None:
+    """Every crash and hang, and the first ``most_unclear`` unclear cases of each kind, as a replayable JSON file."""
     mode = (verdict.kind, case.family, verdict.reason)
-    if verdict.kind == "ok" or (verdict.kind == "unclear" and kept[mode] >= UNCLEAR_KEPT):
+    if verdict.kind == "ok" or (verdict.kind == "unclear" and kept[mode] >= most_unclear):
         return None
     kept[mode] += 1
     corpus.mkdir(parents=True, exist_ok=True)
@@ -137,17 +138,17 @@ def keep(corpus: Path, kept: Counter[tuple[str, str, str]], case: Case, verdict:
     return path
 
 
-def run_cases(target: Target, cases: Iterator[Case], total: int, timeout: float, corpus: Path) -> Tally:
+def run_cases(target: Target, cases: Iterator[Case], total: int, timeout: float, corpus: Path, most_unclear: int = UNCLEAR_KEPT) -> Tally:
     tally, kept = Tally(), Counter[tuple[str, str, str]]()
     try:
-        _loop(target, cases, total, timeout, corpus, tally, kept)
+        _loop(target, cases, total, timeout, (corpus, most_unclear), tally, kept)
     except KeyboardInterrupt:
         log(f"interrupted:\n{traceback.format_exc()[-1500:]}")
     tally.restarts = target.restarts
     return tally
 
 
-def _loop(target: Target, cases: Iterator[Case], total: int, timeout: float, corpus: Path, tally: Tally,
+def _loop(target: Target, cases: Iterator[Case], total: int, timeout: float, corpus: tuple[Path, int], tally: Tally,
           kept: Counter[tuple[str, str, str]]) -> None:
     started = last = time.monotonic()
     for case in cases:
@@ -158,7 +159,7 @@ def _loop(target: Target, cases: Iterator[Case], total: int, timeout: float, cor
             log(f"case {case.index}: fuzzer error (not counted against the {target.kind}):\n{out.internal}")
         if verdict.kind in ("crash", "hang"):
             target.restart()
-        path = keep(corpus, kept, case, verdict, out, log_text)
+        path = keep(corpus[0], kept, case, verdict, out, log_text, corpus[1])
         tally.timed(time.monotonic() - began, case)
         tally.add(case, verdict, path, time.monotonic() - began)
         if verdict.kind != "ok":
