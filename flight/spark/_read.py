@@ -28,6 +28,7 @@ from flight.planner.cut import plan_query
 from flight.planner.inputs import refuse_unsent_inputs
 from flight.security import SecurityFiles
 from flight.sources.feed import FeedContext, WorkUnit, unit_bytes
+from flight.spark._kept import keep
 from flight.spark._options import Assignment, b64, encode_head, encode_units
 from flight.wire._proto import plan_pb2
 from flight.wire.plan_codec import encode_plan
@@ -71,7 +72,9 @@ class FlightRead:
 
     The head outputs stay on the workers, readable by any number of Spark actions
     (and retried or speculative tasks), until ``release()`` (or leaving the ``with``
-    block), ``close()``, or ``retain`` seconds after the start; the workers spill
+    block), ``close()``, ``retain`` seconds after the start, or once nothing can read
+    them (the DataFrame and those made from it collected, or the session stopped:
+    ``flight/spark/_kept.py``); the workers spill
     them to local disk past their output bound. With ``retain=0`` each head
     partition can be read once, and the tasks free themselves once it was.
     """
@@ -140,6 +143,8 @@ def start_read(
     except BaseException:
         detached.close()
         raise
+    if retain > 0:
+        keep(detached, df)  # let go once nothing can read it: the DataFrames collected, or the session stopped
     return FlightRead(detached, df)
 
 

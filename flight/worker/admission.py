@@ -119,6 +119,8 @@ class Admission:
     def __init__(self, capacity: Capacity) -> None:
         self.capacity = capacity
         self._held: dict[str, tuple[Need, str]] = {}
+        self._kept: dict[str, tuple[Need, str]] = {}
+        """Outputs kept for re-reads whose computation ended: their bytes, no task slot (``computed``)."""
         self._threads = 0
         self._memory = 0
         self._refused = 0
@@ -298,30 +300,41 @@ class Admission:
 
     def _unreserve(self, key: str) -> bool:
         held = self._held.pop(key, None)
-        if held is None:
+        kept = self._kept.pop(key, None) if held is None else None
+        if held is None and kept is None:
             return False
-        need, client = held
+        need, client = held or kept  # type: ignore[misc]
         self._threads -= need.threads
         self._memory -= need.memory
-        self._clients[client].running -= 1
+        if held is not None:
+            self._clients[client].running -= 1
         self._clients[client].reserved -= need.memory
         return True
 
-    def computed(self, key: str, memory: int) -> None:
+    def computed(self, key: str, memory: int, *, kept: bool = False) -> None:
         """``key`` has made all its output: its sources are done, so its source threads go back and its
         memory shrinks to ``memory`` (what its output may hold), while readers may still read it (a kept
         output waits for its re-reads until the query ends: holding threads, it starved the query's next
-        stages on one worker, TPC-DS q14)."""
+        stages on one worker, TPC-DS q14).
+
+        ``kept``: an output kept for re-reads (``retain_output``) holds only its bytes in memory from now
+        on: it no longer counts as a task against ``--max-tasks`` (a Spark session's old results filled
+        the workers' slots query after query, issue 41), and ``memory`` is what it holds, not its bound."""
         with self._lock:
             held = self._held.get(key)
             if held is None:
                 return
             need, client = held
-            kept = Need(threads=0, memory=min(need.memory, max(0, memory)))
-            self._held[key] = (kept, client)
+            after = Need(threads=0, memory=min(need.memory, max(0, memory)))
+            if kept:
+                del self._held[key]
+                self._kept[key] = (after, client)
+                self._clients[client].running -= 1
+            else:
+                self._held[key] = (after, client)
             self._threads -= need.threads
-            self._memory -= need.memory - kept.memory
-            self._clients[client].reserved -= need.memory - kept.memory
+            self._memory -= need.memory - after.memory
+            self._clients[client].reserved -= need.memory - after.memory
             self._grant()
             self._lock.notify_all()
 
@@ -368,6 +381,8 @@ class Admission:
                 reserved_bytes=self._memory,
                 memory_budget=self.capacity.memory,
                 queued_tasks=self._waiting,
+                kept_outputs=len(self._kept),
+                kept_bytes=sum(need.memory for need, _ in self._kept.values()),
             )
 
     def clients(self) -> list[protocol_pb2.ClientLoad]:

@@ -284,7 +284,8 @@ class WorkerServer(fl.FlightServerBase):
                 task.inputs.discard()  # input may still come after the output is complete
             if task.output is not None:
                 task.output.finish()
-                self.admission.computed(task.key, task.output.bound)
+                out = task.output
+                self.admission.computed(task.key, out.buffered_bytes if out.retain else out.bound, kept=out.retain)
             task.finished = True
             sender.frame(protocol_pb2.WorkerFrame(finished=task.metrics()))
             if task.output is not None:

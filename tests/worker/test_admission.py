@@ -338,3 +338,25 @@ def test_a_computed_task_gives_back_its_source_threads_and_keeps_its_outputs_mem
     adm.release("producer")
     adm.release("consumer")
     assert adm.load(0, 0).source_threads == 0 and adm.load(0, 0).reserved_bytes == 0
+
+
+def test_a_kept_output_holds_its_bytes_but_no_task_slot() -> None:
+    """An output kept for re-reads whose computation ended no longer counts against ``--max-tasks``: a Spark
+    session's old results filled a worker's slots query after query (issue 41). Its bytes still count, until
+    it is released."""
+    adm = Admission(Capacity(tasks=2, threads=64, memory=1 << 30, queue=8, wait=30.0, per_client=0, client_queue=0, client_memory=0))
+    for key in ("old-1", "old-2"):
+        assert adm.admit(key, Need(threads=4, memory=32 << 20)) is None
+        adm.computed(key, 3 << 20, kept=True)
+    assert len(adm) == 0
+    assert adm.admit("new-1", Need(threads=4, memory=32 << 20)) is None
+    assert adm.admit("new-2", Need(threads=4, memory=32 << 20)) is None
+    load = adm.load(4, 0)
+    assert (load.kept_outputs, load.kept_bytes) == (2, 6 << 20)
+    assert load.reserved_bytes == (6 << 20) + (64 << 20) and load.source_threads == 8
+    (client,) = adm.clients()
+    assert client.running_tasks == 2 and client.reserved_bytes == (6 << 20) + (64 << 20)
+    for key in ("old-1", "old-2", "new-1", "new-2", "old-1"):  # released once each: a second release is nothing
+        adm.release(key)
+    load = adm.load(0, 0)
+    assert (load.kept_outputs, load.kept_bytes, load.reserved_bytes, load.source_threads) == (0, 0, 0, 0)

@@ -610,6 +610,8 @@ class LoadInfo(_message.Message):
     RESERVED_BYTES_FIELD_NUMBER: _builtins.int
     MEMORY_BUDGET_FIELD_NUMBER: _builtins.int
     QUEUED_TASKS_FIELD_NUMBER: _builtins.int
+    KEPT_OUTPUTS_FIELD_NUMBER: _builtins.int
+    KEPT_BYTES_FIELD_NUMBER: _builtins.int
     running_tasks: _builtins.int
     buffered_bytes: _builtins.int
     source_threads: _builtins.int
@@ -621,6 +623,11 @@ class LoadInfo(_message.Message):
     memory_budget: _builtins.int
     queued_tasks: _builtins.int
     """tasks waiting for capacity"""
+    kept_outputs: _builtins.int
+    """Outputs kept for re-reads (retain_output) whose computation ended: they hold only their bytes
+    in memory (counted in reserved_bytes), no task slot and no source thread (docs/protocol.md §15).
+    """
+    kept_bytes: _builtins.int
     def __init__(
         self,
         *,
@@ -631,10 +638,12 @@ class LoadInfo(_message.Message):
         reserved_bytes: _builtins.int = ...,
         memory_budget: _builtins.int = ...,
         queued_tasks: _builtins.int = ...,
+        kept_outputs: _builtins.int = ...,
+        kept_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffered_bytes", b"buffered_bytes", "memory_budget", b"memory_budget", "queued_tasks", b"queued_tasks", "reserved_bytes", b"reserved_bytes", "running_tasks", b"running_tasks", "source_threads", b"source_threads", "source_threads_max", b"source_threads_max"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffered_bytes", b"buffered_bytes", "kept_bytes", b"kept_bytes", "kept_outputs", b"kept_outputs", "memory_budget", b"memory_budget", "queued_tasks", b"queued_tasks", "reserved_bytes", b"reserved_bytes", "running_tasks", b"running_tasks", "source_threads", b"source_threads", "source_threads_max", b"source_threads_max"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
