@@ -24,6 +24,7 @@ import functools
 import logging
 import secrets
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -82,6 +83,62 @@ def _boundary(handler: _H) -> _H:
             raise fl.FlightInternalError(f"internal error in {handler.__name__}: {type(exc).__name__} (details in the coordinator's log)") from None
 
     return wrapped  # type: ignore[return-value]
+
+
+def _parameters(rows: pa.Table) -> dict[str, object] | None:
+    """A parameter batch's one row as values by position ("1", "2", ...); a value Python cannot hold is refused by name."""
+    if not rows.num_rows:
+        return None
+    out: dict[str, object] = {}
+    for i in range(1, rows.num_columns + 1):
+        try:
+            out[str(i)] = rows.column(i - 1)[0].as_py()
+        except (OverflowError, ValueError, pa.ArrowException) as exc:
+            raise ProtocolError(f"parameter {i} ({rows.schema.field(i - 1).type}) holds a value out of range: {type(exc).__name__}",
+                                field="parameters") from None
+    return out
+
+
+def _without_traceback(handler: _H) -> _H:
+    """``handler`` whose errors reach the client without a traceback, for pyarrow's GetSchema.
+
+    pyarrow turns a FlightError raised by the other handlers into its status, but not one raised by
+    ``get_schema``: that one leaves as "Unknown error" whose detail is ``traceback.format_exception``
+    of it, the file paths of this code and of pyarrow included (found by the service fuzzer). So its
+    errors are marked, and ``traceback.format_exception`` (which pyarrow looks up at each use)
+    formats a marked error without its frames: every other exception keeps its traceback."""
+    _install_untraced()
+
+    @functools.wraps(handler)
+    def wrapped(*args: Any) -> Any:
+        try:
+            return handler(*args)
+        except BaseException as exc:
+            exc._flight_untraced = True  # type: ignore[attr-defined]
+            raise
+
+    return wrapped  # type: ignore[return-value]
+
+
+def _install_untraced() -> None:
+    original = traceback.format_exception
+    if getattr(original, "_flight_untraced", False):
+        return
+
+    @functools.wraps(original)
+    def format_exception(exc: Any, /, value: Any = _NOTHING, tb: Any = _NOTHING, *args: Any, **kwargs: Any) -> list[str]:
+        error = exc if value is _NOTHING else value
+        if getattr(error, "_flight_untraced", False):
+            return original(type(error), error, None, *args, **kwargs)
+        if value is _NOTHING:
+            return original(exc, *args, **kwargs)
+        return original(exc, value, tb, *args, **kwargs)
+
+    format_exception._flight_untraced = True  # type: ignore[attr-defined]
+    traceback.format_exception = format_exception
+
+
+_NOTHING: Any = object()
 
 
 @dataclass
@@ -147,6 +204,7 @@ class CoordinatorServer(fl.FlightServerBase):
                 endpoints.append(fl.FlightEndpoint(pack(sql_pb2.TicketStatementQuery(statement_handle=handle)), []))
         return fl.FlightInfo(query.schema, descriptor, endpoints, -1, -1)
 
+    @_without_traceback
     @_boundary
     def get_schema(self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor) -> fl.SchemaResult:  # type: ignore[override]  # pyarrow wants a SchemaResult; its stubs say Schema
         """A statement's result schema, planned without running it (the Spark data source asks this first)."""
@@ -240,7 +298,7 @@ class CoordinatorServer(fl.FlightServerBase):
             if size > MAX_PARAMETER_BYTES or sum(b.num_rows for b in batches) > 1:
                 raise ProtocolError(f"parameters: a query takes one row of at most {MAX_PARAMETER_BYTES} bytes", field="parameters")
         rows = pa.Table.from_batches(batches, schema=reader.schema)
-        prepared.params = {str(i): rows.column(i - 1)[0].as_py() for i in range(1, rows.num_columns + 1)} if rows.num_rows else None
+        prepared.params = _parameters(rows)
         result = sql_pb2.DoPutPreparedStatementResult(prepared_statement_handle=command.prepared_statement_handle)
         writer.write(pa.py_buffer(result.SerializeToString()))  # the bare message, as the specification's servers send it
 

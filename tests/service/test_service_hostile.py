@@ -55,29 +55,37 @@ CASES = {
     "an unknown action": lambda c: list(c.do_action(fl.Action("DropEverything", b""))),
     "a garbage cancel": lambda c: list(c.do_action(fl.Action("CancelFlightInfo", b"\xff\xff\xff"))),
     "a garbage prepare": lambda c: list(c.do_action(fl.Action("CreatePreparedStatement", b"\x00"))),
+    # pyarrow does not translate a FlightError raised by get_schema: its traceback, paths included, went along
+    "a garbage GetSchema": lambda c: c.get_schema(fl.FlightDescriptor.for_command(b"\x00\xff garbage")),
+    "bad SQL in GetSchema": lambda c: c.get_schema(fl.FlightDescriptor.for_command(
+        pack(sql_pb2.CommandStatementQuery(query="select nope from region")))),
 }
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_a_hostile_input_is_refused_clearly_and_the_service_goes_on(name: str, url: str) -> None:
     client = fl.connect(url)
-    with pytest.raises(fl.FlightError) as raised:
+    with pytest.raises((fl.FlightError, pa.ArrowException)) as raised:  # GetSchema's: pyarrow's "Unknown error"
         CASES[name](client)
     clean(raised.value)
     still_serves(client)
     client.close()
 
 
-def test_oversized_parameters_are_refused_as_they_arrive(url: str) -> None:
-    client = fl.connect(url)
+def _prepared(client: fl.FlightClient) -> fl.FlightDescriptor:
     (result,) = list(client.do_action(fl.Action("CreatePreparedStatement", pack(
         sql_pb2.ActionCreatePreparedStatementRequest(query="select r_name from region where r_regionkey = ?")))))
     created = sql_pb2.ActionCreatePreparedStatementResult()
     any_ = __import__("google.protobuf.any_pb2", fromlist=["Any"]).Any()
     any_.ParseFromString(result.body.to_pybytes())
     any_.Unpack(created)
-    descriptor = fl.FlightDescriptor.for_command(pack(sql_pb2.CommandPreparedStatementQuery(
+    return fl.FlightDescriptor.for_command(pack(sql_pb2.CommandPreparedStatementQuery(
         prepared_statement_handle=created.prepared_statement_handle)))
+
+
+def test_oversized_parameters_are_refused_as_they_arrive(url: str) -> None:
+    client = fl.connect(url)
+    descriptor = _prepared(client)
     big = pa.table({"p": pa.array(["x" * 1000] * (MAX_PARAMETER_BYTES // 1000 + 10))})
     with pytest.raises(fl.FlightError) as raised:
         writer, reader = client.do_put(descriptor, big.schema)
@@ -87,5 +95,20 @@ def test_oversized_parameters_are_refused_as_they_arrive(url: str) -> None:
         reader.read()
         writer.close()
     assert "a query takes one row" in clean(raised.value)
+    still_serves(client)
+    client.close()
+
+
+@pytest.mark.parametrize("value", [pa.array([2**62], pa.duration("s")), pa.array([2**62], pa.timestamp("s"))], ids=str)
+def test_a_parameter_python_cannot_hold_is_refused_naming_it(url: str, value: pa.Array) -> None:
+    client = fl.connect(url)
+    batch = pa.record_batch([value], names=["1"])
+    with pytest.raises(fl.FlightError) as raised:
+        writer, reader = client.do_put(_prepared(client), batch.schema)
+        writer.write_batch(batch)
+        writer.done_writing()
+        reader.read()
+        writer.close()
+    assert f"parameter 1 ({value.type}) holds a value out of range" in clean(raised.value)
     still_serves(client)
     client.close()
