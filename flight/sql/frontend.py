@@ -237,6 +237,50 @@ def plan_text(
     return planned
 
 
+MAX_NESTING = 64
+"""Parentheses a statement may nest (DataFusion's parser refuses past 50 itself)."""
+MAX_CASE_NESTING = 16
+"""CASE ... END a statement may nest: the parser's time doubles every two levels on a misspelt one."""
+MAX_CONDITIONS = 4096
+"""AND and OR a statement may hold."""
+_UNCODE = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|`[^`]*`|--[^\n]*|/\*.*?\*/", re.S)
+_NESTS = re.compile(r"[()]|\b(?:case|end)\b", re.I)
+_CONDITIONS = re.compile(r"\b(?:and|or)\b", re.I)
+
+
+def check_shape(st: Statement) -> None:
+    """Refuse a statement DataFusion's parser cannot take safely, before it sees it.
+
+    Why: the service fuzzer found that 20,000 ANDed comparisons (110 KB) overflow the parser's stack
+    and kill the process (SIGSEGV), and 100 nested CASEs with one THEN misspelt keep it busy for
+    good (uninterruptible: 24 levels took 0.12 s, 32 levels 2.8 s, each two more doubling it). Both
+    are far past what people write (TPC-DS nests CASEs 2 deep and ANDs 60 conditions); 8,192
+    conditions planned in well under a second."""
+    code = _UNCODE.sub(" ", st.text)
+    where = f"the statement at line {st.line}:{st.column}"
+    depth = deepest = cases = deepest_case = 0
+    for m in _NESTS.finditer(code):
+        token = m.group(0).lower()
+        if token == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token == ")":
+            depth -= 1
+        elif token == "case":
+            cases += 1
+            deepest_case = max(deepest_case, cases)
+        else:
+            cases = max(0, cases - 1)
+    if deepest > MAX_NESTING:
+        raise PlanError(f"SQL: {where} nests parentheses {deepest} deep; at most {MAX_NESTING} are taken")
+    if deepest_case > MAX_CASE_NESTING:
+        raise PlanError(f"SQL: {where} nests CASE expressions {deepest_case} deep; at most {MAX_CASE_NESTING} are taken")
+    conditions = len(_CONDITIONS.findall(code))
+    if conditions > MAX_CONDITIONS:
+        raise PlanError(f"SQL: {where} holds {conditions} ANDs and ORs; at most {MAX_CONDITIONS} are taken "
+                        "(an IN list holds many values in one condition)")
+
+
 def _plan_statements(
     ctx: Any, statements: list[Statement], schemas: dict[str, pa.Schema], known: list[str], params: dict[str, Any] | None
 ) -> tuple[Any, Statement]:
@@ -246,6 +290,7 @@ def _plan_statements(
     views = datafusion.SQLOptions().with_allow_dml(False).with_allow_statements(False)
     result: tuple[Any, Statement] | None = None
     for st in statements:
+        check_shape(st)
         words = st.keywords()
         if _is_view(words):
             _run(ctx, st, views, schemas, known)

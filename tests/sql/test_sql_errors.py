@@ -44,7 +44,18 @@ REFUSED = [
     ("select date_trunc('decade', current_date) from items", "date_trunc('decade', ...)"),
     ("select id, sum(id) over (order by price range between 0.5 preceding and current row) from items", "a whole number is taken"),
     ("select id from items order by id limit id", "column 'id' cannot be used there"),
+    # found by the service fuzzer: the first killed the process (the parser's stack), the second held it for minutes
+    ("select id from items where " + " and ".join(["id > 0"] * 20_000), "holds 19999 ANDs and ORs; at most 4096 are taken"),
+    ("select " + "case when id > 0 then " * 100 + "1" + " end" * 100 + " from items", "nests CASE expressions 100 deep; at most 16"),
+    ("select " + "(" * 70 + "id" + ")" * 70 + " from items", "nests parentheses 70 deep; at most 64"),
 ]
+
+
+def test_shapes_within_the_limits_plan() -> None:
+    """The limits leave what people write alone: 16 nested CASEs, 4,096 conditions, a ')' inside a string."""
+    flight.sql("select " + "case when id > 0 then " * 16 + "1" + " end" * 16 + " as x from items", TABLES)
+    flight.sql("select id from items where " + " or ".join(["id = 1"] * 4096), TABLES)
+    flight.sql("select id from items where name <> '((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((('", TABLES)
 
 
 @pytest.mark.parametrize(("text", "says"), REFUSED, ids=[t[:40] or "empty" for t, _ in REFUSED])
