@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import signal
@@ -64,6 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--spill-mb", type=int, default=64, help="each worker's spill tmpfs, MiB (default: %(default)s)")
     p.add_argument("--worker-memory", default="256MB", help="each worker's --memory-limit (default: %(default)s)")
     p.add_argument("--out", type=Path, default=Path("chaos-results"), help="where problems are written (default: %(default)s)")
+    p.add_argument("--live-tree", action="store_true",
+                   help="run the working tree's code as it is at each process's start (default: a copy made at the start, for all)")
     return p
 
 
@@ -283,7 +286,19 @@ def run_chaos(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_chaos(_parser().parse_args(argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    if args.live_tree or os.environ.get(rig.CODE_ENV):
+        try:
+            return run_chaos(args)
+        finally:
+            if os.environ.get(rig.CODE_ENV):
+                shutil.rmtree(os.environ[rig.CODE_ENV], ignore_errors=True)
+    out = str(args.out.resolve())
+    code = rig.snapshot_code()
+    print(f"[chaos] running a copy of the code, made now: {code}", flush=True)
+    os.chdir(code)
+    os.execve(sys.executable, [sys.executable, "-m", "benchmarks.chaos", *argv, "--out", out], {**os.environ, rig.CODE_ENV: str(code)})
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@
 * ``start_service``: a ``flight-coordinator`` per suite (TPC-H and TPC-DS both have a ``customer``
   table) in the coordinator's namespace, on the fleet's workers, ``--query-timeout`` the hang bound.
 * ``start_client``: ``benchmarks.chaos.client`` in the coordinator's namespace.
+* ``snapshot_code``: the run executes from a copy of the code, so that workers restarted late run what the
+  first ones ran (other engineers edit the working tree meanwhile).
 * ``leftover_tasks`` and ``stray_processes``: after the load, every worker's ``info`` must say 0 running
   tasks within a deadline, and no process may remain in a namespace but the workers and their proxies.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -26,11 +29,27 @@ from benchmarks.tpch import REPO_ROOT
 from flight.dev.fleet import COORDINATOR, Fleet
 from flight.dev.netns import LineReader
 
-__all__ = ["ClientProcess", "SpillDirs", "leftover_tasks", "start_client", "start_service", "stop", "stray_processes"]
+__all__ = ["CODE_ENV", "ClientProcess", "SpillDirs", "leftover_tasks", "snapshot_code", "start_client", "start_service", "stop",
+           "stray_processes"]
 
 _SERVICE = "flight-coordinator listening on "
 _LIFELINE = os.pipe()
 """The services' ``--parent-fd``: this process holds the only write end, so they go when it goes, even by SIGKILL."""
+
+
+CODE_ENV = "FLIGHT_CHAOS_CODE"
+"""Set to the snapshot's directory in the run that executes from it."""
+
+
+def snapshot_code() -> Path:
+    """The code as it is now (``flight/`` and ``benchmarks/``) copied to a temporary directory, with the data cache
+    linked. Run from there (the current directory leads ``sys.path``, before the editable install), every process
+    of the run, a worker restarted half an hour later too, runs the same code while others edit the working tree."""
+    root = Path(tempfile.mkdtemp(prefix="flight-chaos-code-"))
+    for package in ("flight", "benchmarks"):
+        shutil.copytree(REPO_ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (root / ".bench-cache").symlink_to(REPO_ROOT / ".bench-cache")
+    return root
 
 
 class SpillDirs:
