@@ -57,6 +57,9 @@ class WorkerOptions:
     apart, else all of it."""
     spill_dir: str = ""
     """Where retained outputs past their bound are spilled (``--spill-dir``); empty: the system's temp directory."""
+    memory_ceiling: int = 0
+    """Resident bytes past which a busy worker gives its heaps' free memory back (its ``--memory-limit``;
+    0: only when idle). ``flight/worker/memory.py``, ``trim_busy_memory``."""
     data_roots: tuple[str, ...] = ()
     """Directories (resolved real paths) under which the file readers may read (``--data-root``);
     none: every path a work unit names is refused (``flight.engine.confine``)."""

@@ -37,7 +37,8 @@ MICRO = {
     "service": "TPC-H SF1 through ADBC and flight-coordinator vs DistributedExec in-process: service_overhead_geomean",
     "service_load": "32 ADBC clients for 60 s against flight-coordinator, TPC-H SF 0.1, every answer checked: service_load_qps, p50, p99, RSS before/after, service_load_exact",
     "spark_offload": "TPC-H Q1,3,9,18,21 SF 1 in Spark SQL vs flight-exec read by Spark through flight-coordinator; pushdown bytes: spark_offload_geomean, spark_pushdown_bytes_ratio",
-    "cancel": "a Flight SQL client that cancels, closes or is killed mid-statement (ADBC; direct and relayed endpoints): seconds until no worker runs a task, cancel_max_s",
+    "cancel": "an ADBC client that cancels, closes or is killed mid-statement: seconds until no worker runs a task, cancel_max_s",
+    "memory_bound": "a worker with --memory-limit 1GB under hostile clients: peak RSS beside its own accounting, memory_over_limit_mb",
     "concurrency": "soak: 200 mixed TPC-H SF 0.1 queries at once on 2 workers, each checked against DuckDB: concurrency_exact, worker_peak_rss_mb",
 }
 DEFAULT = ("transport", "feed", "skew", "slow_discovery")

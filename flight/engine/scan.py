@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from flight.compute.relational import Handoffs, native_reader
 from flight.engine.confine import DataRoots
 from flight.engine.decode import decode_threads
+from flight.engine.gate import Gate
 from flight.engine.readers import PathRefused, ReaderContext, UnitReadError, conform, get_reader
 from flight.errors import ProtocolError
 from flight.wire._proto import plan_pb2
@@ -93,6 +94,8 @@ class Env:
         default_factory=dict
     )
     """Shuffle inputs ``prefetch`` began to read: their first batches, and the rest (None: ended)."""
+    gate: Gate | None = None
+    """A streaming plan's backpressure from the task's reader to its sources (``engine/gate.py``)."""
     handoffs: Handoffs = dataclasses.field(default_factory=Handoffs)
     """The Python sources of the native readers made while the task's plan compiled and its engine
     started (``relational.handing_off``: at most a few per operator), let go of when the task stops

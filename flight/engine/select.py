@@ -21,6 +21,7 @@ from flight.engine.acero.pipeline import compile_plan
 from flight.engine.acero.tagged import tagged_task
 from flight.engine.confine import DataRoots, worker_roots
 from flight.engine.duck.sql import Untranslatable
+from flight.engine.gate import Gate, streaming
 from flight.engine.readers import UnitReadError
 from flight.engine.scan import Env, TaskInputs, feed_scan_reader
 from flight.errors import ProtocolError
@@ -63,7 +64,9 @@ def compile_task(
     ``whole_query``: the task is its query's only one (``TaskOptions.whole_query``): DuckDB may run it on
     every core (``duck.engine``'s wide database).
     """
-    env = Env(inputs, batch_rows, unit_delay_s, worker_roots() if roots is None else roots, wide=whole_query)
+    # A streaming plan's gate: what Acero computes ahead of an absent reader stays bounded (engine/gate.py).
+    gate = Gate() if streaming(plan.root) and plan.root.WhichOneof("kind") != "feed_scan" else None
+    env = Env(inputs, batch_rows, unit_delay_s, worker_roots() if roots is None else roots, wide=whole_query, gate=gate)
     on_cancel = getattr(inputs, "on_cancel", None)
     if on_cancel is not None:
         # A worker's task: once it stops, its sources let go of it (relational._Handoff says why).
@@ -116,7 +119,8 @@ def _acero(plan: plan_pb2.StagePlan, env: Env, decl: ac.Declaration) -> pa.Recor
     if plan.root.WhichOneof("kind") == "feed_scan":
         # Nothing to compute: Acero would only copy batches between threads.
         return feed_scan_reader(plan.root.feed_scan, env, "plan.root.feed_scan")
-    return decl.to_reader(use_threads=True)
+    reader = decl.to_reader(use_threads=True)
+    return reader if env.gate is None else env.gate.output(reader)
 
 
 def _duck_or_acero(plan: plan_pb2.StagePlan, env: Env, decl: ac.Declaration) -> Iterator[pa.RecordBatch]:

@@ -128,8 +128,9 @@ def _capacity_flags(p: argparse.ArgumentParser, d: WorkerOptions) -> None:
     p.add_argument(
         "--memory-budget-mb",
         type=int,
-        default=d.memory_budget >> 20,
-        help="MiB admitted tasks may reserve (output buffers, input queues); beyond it tasks are refused as busy (default: %(default)s)",
+        default=None,
+        help="MiB admitted tasks may reserve (output buffers, input queues, kept outputs); beyond it tasks wait or are refused as "
+        f"busy (default: half the --memory-limit, at least 256 and at most {d.memory_budget >> 20}: the engine and the buffers share one limit)",
     )
     p.add_argument("--queue-length", type=int, default=d.queue_length, help="tasks that may wait for capacity at once (default: %(default)s)")
     p.add_argument(
@@ -289,6 +290,25 @@ def _prepare_process(args: argparse.Namespace) -> None:
         log.info("loaded extension %s", module)
 
 
+MIN_BUDGET = 256 << 20
+"""The least a worker's default budget is, whatever its memory limit: a task with many sources reserves 100+ MiB."""
+
+
+def _memory_limit(args: argparse.Namespace) -> int:
+    return int(args.memory_limit or int(physical_memory() * DEFAULT_MEMORY_FRACTION))
+
+
+def _budget(args: argparse.Namespace) -> int:
+    """What admitted tasks may reserve: ``--memory-budget-mb``, else half the memory limit (at most the default).
+
+    Why half: the engine (DuckDB's memory limit, Acero's pool) and the reservations (output buffers,
+    input queues, kept outputs) live in one process; with a budget of its own (8 GiB), 48 unread
+    queries on a worker limited to 1 GB reserved 3.5 GB and it reached 3.8 GB resident (issue 41)."""
+    if args.memory_budget_mb is not None:
+        return int(args.memory_budget_mb) << 20
+    return min(WorkerOptions().memory_budget, max(_memory_limit(args) // 2, MIN_BUDGET))
+
+
 def _options(args: argparse.Namespace, roots: DataRoots, spill_dir: Path) -> WorkerOptions:
     """The worker's options from its flags (MiB flags in bytes)."""
     return WorkerOptions(
@@ -298,7 +318,8 @@ def _options(args: argparse.Namespace, roots: DataRoots, spill_dir: Path) -> Wor
         unit_delay_ms=args.unit_delay_ms,
         max_tasks=args.max_tasks,
         source_threads=args.source_threads,
-        memory_budget=args.memory_budget_mb << 20,
+        memory_budget=_budget(args),
+        memory_ceiling=_memory_limit(args),
         peer_timeout=args.peer_timeout,
         queue_length=args.queue_length,
         queue_wait=args.queue_wait,
@@ -314,7 +335,7 @@ def _configure_readers_and_engine(args: argparse.Namespace, roots: DataRoots, fi
     """The process's settings every task shares: what its readers may read and how, and the engine's limits."""
     set_worker_roots(roots)  # what this process's tasks may read (compile_task's default)
     set_filesystems(filesystems)  # how its readers reach the stores URIs name
-    memory_limit = args.memory_limit or int(physical_memory() * DEFAULT_MEMORY_FRACTION)
+    memory_limit = _memory_limit(args)
     configure(EngineSettings(engine=args.engine, memory_limit=memory_limit, spill_dir=str(spill_dir), threads=args.engine_threads))
     log.info("engine %s, memory limit %d MiB, spilling to %s", args.engine, memory_limit >> 20, spill_dir)
     if roots:

@@ -103,7 +103,7 @@ class WorkerServer(fl.FlightServerBase):
         self._idle = threading.Event()  # calls ended since memory was last handed back
         # The watchdog (watchdog.py) runs for the worker's whole life, drained or not: a drain that
         # is undone (resume) must still free the tasks of coordinators that went silent.
-        watchdog = (self.registry, self.admission, self.options.peer_timeout, self._stopped, self._idle)
+        watchdog = (self.registry, self.admission, self.options.peer_timeout, self._stopped, self._idle, self.options.memory_ceiling)
         threading.Thread(target=watch, args=watchdog, name="watchdog", daemon=True).start()
 
     def call_ended(self) -> None:

@@ -12,7 +12,7 @@ import threading
 import time
 
 from flight.worker.admission import Admission
-from flight.worker.memory import release_idle_memory
+from flight.worker.memory import release_idle_memory, resident_bytes, trim_busy_memory
 from flight.worker.tasks import TaskRegistry
 
 __all__ = ["watch"]
@@ -20,13 +20,17 @@ __all__ = ["watch"]
 log = logging.getLogger("flight.worker.server")
 
 RELEASE_AGAIN_S = (1.0, 3.0)
+TRIM_EVERY_S = 2.0
+"""Seconds between two trims of a busy worker past its memory ceiling (``trim_busy_memory``)."""
 """Seconds after an idle worker gave memory back when it does so again, if still idle: what the calls
 that just ended held may be freed after the first pass (a stream's last buffers, gRPC's own), and an
 idle worker allocates nothing that would trim it later. The 10,000-case fuzz run's idle samples were
 at times 240-380 MiB above the baseline with one pass, and back down at the next sample."""
 
 
-def watch(registry: TaskRegistry, admission: Admission, timeout: float, stopped: threading.Event, idle: threading.Event) -> None:
+def watch(
+    registry: TaskRegistry, admission: Admission, timeout: float, stopped: threading.Event, idle: threading.Event, ceiling: int = 0
+) -> None:
     """Free tasks whose coordinator went silent (frozen, partitioned) for ``timeout`` seconds: nothing else would.
 
     A handler blocked reading a silent peer cannot be woken (pyarrow's server has no way
@@ -41,8 +45,12 @@ def watch(registry: TaskRegistry, admission: Admission, timeout: float, stopped:
     Q11, Q16 and Q22 run in a loop). Given back sooner (0.2 s after the last task left), an
     idle worker kept 250-360 MiB more at some samples of the 2,000-case fuzz run: the calls
     that just ended free what they held after their task left the registry.
+
+    ``ceiling``: resident bytes past which a busy worker trims its heaps (``trim_busy_memory``), at
+    most every ``TRIM_EVERY_S``; 0: never while busy.
     """
     again: list[float] = []  # when to give memory back once more, while the worker stays idle
+    trimmed = 0.0
     quiet = False  # the last round found no task, and no call ended since
     while not stopped.wait(min(1.0, timeout / 4)):
         now = time.monotonic()
@@ -51,6 +59,9 @@ def watch(registry: TaskRegistry, admission: Admission, timeout: float, stopped:
             idle.set()  # tasks it frees itself (silent clients) leave memory behind too
             again.clear()
             quiet = False
+            if ceiling and now - trimmed > TRIM_EVERY_S and resident_bytes() > ceiling:
+                trimmed = now
+                trim_busy_memory()
         elif idle.is_set():
             idle.clear()
             quiet = True  # calls ended: one quiet round more before memory is handed back

@@ -109,7 +109,9 @@ def _deferred(decl: ac.Declaration) -> Iterator[pa.RecordBatch]:
         yield from reader
 
 
-def _source(reader: pa.RecordBatchReader) -> ac.Declaration:
+def _source(reader: pa.RecordBatchReader, env: Env) -> ac.Declaration:
+    if env.gate is not None:  # a streaming plan: its sources wait while the task's reader is away (engine/gate.py)
+        reader = pa.RecordBatchReader.from_batches(reader.schema, env.gate.source(reader))
     options = ac.RecordBatchReaderSourceNodeOptions(reader)  # type: ignore[attr-defined]  # pyarrow-stubs lack it
     return ac.Declaration("record_batch_reader_source", options)
 
@@ -133,13 +135,13 @@ def _compile_op(op: plan_pb2.Operator, env: Env, field: str) -> tuple[ac.Declara
 
 def _feed_scan(scan: plan_pb2.FeedScan, env: Env, here: str) -> tuple[ac.Declaration, pa.Schema]:
     reader = feed_scan_reader(scan, env, here)
-    return _source(reader), reader.schema
+    return _source(reader, env), reader.schema
 
 
 def _exchange_input(inp: plan_pb2.ExchangeInput, env: Env, here: str) -> tuple[ac.Declaration, pa.Schema]:
     schema = normalize_schema(decode_schema(inp.schema, f"{here}.schema"))
     batches = (conform(b, schema, "an input batch") for b in env.inputs.input_batches())
-    return _source(native_reader(schema, batches)), schema
+    return _source(native_reader(schema, batches), env), schema
 
 
 def _values(values: plan_pb2.Values, env: Env, here: str) -> tuple[ac.Declaration, pa.Schema]:
@@ -153,7 +155,7 @@ def _filter(flt: plan_pb2.Filter, env: Env, here: str) -> tuple[ac.Declaration, 
     below = flt.input
     if below.WhichOneof("kind") == "feed_scan":  # the readers may skip what the filter excludes
         reader = feed_scan_reader(below.feed_scan, env, f"{here}.input.feed_scan", prune=prune_of(flt, f"{here}.predicate"))
-        child, schema = _source(reader), reader.schema
+        child, schema = _source(reader, env), reader.schema
         env.schemas[f"{here}.input"] = schema
     else:
         child, schema = compile_plan(below, env, f"{here}.input")
@@ -171,7 +173,7 @@ def _limit(lim: plan_pb2.Limit, env: Env, here: str) -> tuple[ac.Declaration, pa
         raise ProtocolError(f"{here} has a negative count or offset", field=here)
     child, schema = compile_plan(lim.input, env, f"{here}.input")
     limited = limit_batches(_deferred(child), lim.count, lim.offset)
-    return _source(native_reader(schema, limited)), schema
+    return _source(native_reader(schema, limited), env), schema
 
 
 def _sort(srt: plan_pb2.Sort, env: Env, here: str) -> tuple[ac.Declaration, pa.Schema]:
@@ -184,7 +186,7 @@ def _sort(srt: plan_pb2.Sort, env: Env, here: str) -> tuple[ac.Declaration, pa.S
     if not srt.fetch:
         return decl, schema
     top = limit_batches(_deferred(decl), srt.fetch, 0)
-    return _source(native_reader(schema, top)), schema
+    return _source(native_reader(schema, top), env), schema
 
 
 def _window(win: plan_pb2.Window, env: Env, here: str) -> tuple[ac.Declaration, pa.Schema]:
@@ -250,7 +252,7 @@ def _union(union: plan_pb2.Union, env: Env, here: str) -> tuple[ac.Declaration, 
         if not other.equals(schema):
             raise ProtocolError(f"{here}.inputs[{i}] has another schema than inputs[0]", field=f"{here}.inputs[{i}]")
     readers = (decl.to_reader(use_threads=True) for decl, _ in parts)
-    return _source(native_reader(schema, union_batches(readers, schema))), schema
+    return _source(native_reader(schema, union_batches(readers, schema)), env), schema
 
 
 def _shuffle_read(rd: plan_pb2.ShuffleRead, env: Env, here: str) -> tuple[ac.Declaration, pa.Schema]:
@@ -262,7 +264,7 @@ def _shuffle_read(rd: plan_pb2.ShuffleRead, env: Env, here: str) -> tuple[ac.Dec
     producers = [(p.url, p.stage_key) for p in rd.producers]
     rows = env.read_partitions(producers, rd.partition_start, rd.partition_end)
     batches = (conform(b, schema, f"stage {rd.stage_id} output") for b in rows)
-    return _source(native_reader(schema, batches)), schema
+    return _source(native_reader(schema, batches), env), schema
 
 
 def filter_node(flt: plan_pb2.Filter, schema: pa.Schema, here: str) -> ac.Declaration:
