@@ -150,11 +150,13 @@ class TaskChannel:
         self._news.wait(deadline_s)
         if self.queued.is_set() and not self._settled.is_set():
             return False
-        self.wait_ready(0.0)
+        self.wait_ready(0.0, waited_s=deadline_s)
         return True
 
-    def wait_ready(self, deadline_s: float, queued_until: float | None = None) -> None:
+    def wait_ready(self, deadline_s: float, queued_until: float | None = None, *, waited_s: float | None = None) -> None:
         """Block until the worker accepted the task; a clear error naming the URL otherwise.
+
+        ``waited_s``: how long the caller waited already (the error says the whole wait, not "0s").
 
         A worker at capacity queues the task and says so (a ``load`` frame, repeated as its
         heartbeat): then the wait goes on until ``queued_until`` (a ``time.monotonic()``).
@@ -178,7 +180,7 @@ class TaskChannel:
                 )
             else:
                 error = WorkerUnavailableError(
-                    f"worker {self.url} did not accept task {self.key} within {deadline_s:g}s",
+                    f"worker {self.url} did not accept task {self.key} within {deadline_s if waited_s is None else waited_s:g}s",
                     worker_url=self.url,
                     stage_key=self.key,
                 )

@@ -43,6 +43,7 @@ from flight.plan.nodes import InputCallNode
 from flight.threads import spawn
 from flight.wire._proto import protocol_pb2
 from flight.wire.clients import read_stream, translate_flight_error
+from flight.wire.integrity import StreamIntegrityError
 from flight.wire.limits import clip
 from flight.wire.operators import taggable
 from flight.wire.protocol import format_stage_key
@@ -219,6 +220,8 @@ class Replay:
             _offer(run.results, (_DONE, channel), run.failed)
         except ProtocolError as exc:
             run.fail(WorkerError(str(exc), worker_url=channel.url, stage_key=channel.key))
+        except StreamIntegrityError as exc:  # the stream broke its trailer: the task's stream is lost
+            self.lost(channel, exc)
         except (pa.ArrowException, OSError) as exc:
             channel.done.wait(2.0)  # the task's own error frame says more than the broken stream
             self.lost(channel, channel.error or translate_flight_error(exc, channel.url, channel.key))

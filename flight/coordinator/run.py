@@ -59,6 +59,7 @@ from flight.threads import spawn
 from flight.wire._proto import protocol_pb2
 from flight.wire.arrow_types import UNIT_COLUMN, UNIT_TYPE
 from flight.wire.clients import read_stream, shared_pool, translate_flight_error
+from flight.wire.integrity import StreamIntegrityError
 from flight.wire.protocol import new_secret
 
 __all__ = ["Run"]
@@ -332,6 +333,8 @@ class Run:
                     return
             if not self.failed.is_set():
                 _offer(self.results, (_DONE, channel), self.failed)
+        except StreamIntegrityError as exc:  # the stream broke its trailer: a lost stream, not a hang (the chaos run)
+            self.fail(exc)
         except (pa.ArrowException, OSError) as exc:
             # The task's own error frame says more than the broken stream: give it a moment.
             channel.done.wait(2.0)

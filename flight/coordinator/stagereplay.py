@@ -41,6 +41,7 @@ from flight.errors import FlightExecError, ProtocolError, WorkerError, WorkerUna
 from flight.threads import spawn
 from flight.wire._proto import protocol_pb2
 from flight.wire.clients import read_stream, translate_flight_error
+from flight.wire.integrity import StreamIntegrityError
 from flight.wire.limits import clip
 from flight.wire.operators import operators
 from flight.wire.protocol import format_stage_key
@@ -290,6 +291,9 @@ class StageReplay(Replay):
                         return
             except ProtocolError as exc:
                 run.fail(WorkerError(str(exc), worker_url=channel.url, stage_key=channel.key))
+                return
+            except StreamIntegrityError as exc:  # the stream broke its trailer: as a lost worker's stream
+                run.channel_error(channel, exc)
                 return
             except (pa.ArrowException, OSError) as exc:
                 channel.done.wait(2.0)  # the task's own error frame says more than the broken stream

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.flight as fl
 
 from flight.coordinator.detached import DetachedQuery
 from flight.coordinator.exec import DistributedExec
@@ -34,6 +35,7 @@ from flight.sql import sql as plan_sql
 from flight.sql.catalog import Catalog
 from flight.threads import spawn
 from flight.wire.clients import ClientPool, read_stream
+from flight.wire.integrity import StreamIntegrityError
 from flight.wire.stall import SAFE_STALL_S
 
 __all__ = ["Queries", "Query"]
@@ -130,7 +132,10 @@ class Queries:
     def relay(self, query: Query, partition: int) -> Iterator[pa.RecordBatch]:
         """Partition ``partition``'s rows, read from its worker with the service's credentials."""
         head = query.detached.partitions[partition]
-        yield from read_stream(self.clients.get(head.url), head.ticket, stall=SAFE_STALL_S, url=head.url)
+        try:
+            yield from read_stream(self.clients.get(head.url), head.ticket, stall=SAFE_STALL_S, url=head.url)
+        except StreamIntegrityError as exc:  # a Flight status the client can act on, not pyarrow's traceback
+            raise fl.FlightUnavailableError(str(exc)) from None
 
     def cancel(self, query_id: str, why: str = "cancelled by the client") -> bool:
         """End a live query now, freeing its tasks; whether it was live."""

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 from google.protobuf.message import DecodeError
 
-from flight.errors import FlightExecError, PlanError, ProtocolError, TaskCancelledError, WorkerBusyError
+from flight.errors import FlightExecError, PlanError, ProtocolError, QueryTimeoutError, TaskCancelledError, WorkerBusyError, WorkerUnavailableError
 from flight.plan.query import Query as PlannedQuery
 from flight.service.commands import catalogs, db_schemas, pack, sql_info, table_types, tables, tables_schema, unpack
 from flight.service.hints import HINTS_KEY, Hints, dialect_of, retain_of
@@ -72,8 +72,10 @@ def _boundary(handler: _H) -> _H:
             # Not ArrowInvalid (INVALID_ARGUMENT): pyarrow would add the handler's traceback, with
             # file paths, to that status; a FlightError carries only its text.
             raise fl.FlightServerError(str(exc)) from None
-        except WorkerBusyError as exc:
+        except (WorkerBusyError, WorkerUnavailableError) as exc:  # retryable: a client may try again
             raise fl.FlightUnavailableError(str(exc)) from None
+        except QueryTimeoutError as exc:
+            raise fl.FlightTimedOutError(str(exc)) from None
         except TaskCancelledError as exc:
             raise fl.FlightCancelledError(str(exc)) from None
         except FlightExecError as exc:

@@ -20,18 +20,14 @@ import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
-from tests.worker.test_raw_client import (  # noqa: F401 - fixtures: the raw protos and a real worker
-    CALL,
-    PROTOCOL_VERSION,
-    SECRET,
-    Exchange,
-    P,
-    Protos,
-    client,
-    info,
-    wait_until,
-    worker,
-)
+import flight
+from flight.wire.integrity import StreamIntegrityError
+from tests.worker import test_raw_client as raw
+from tests.worker.test_raw_client import CALL, PROTOCOL_VERSION, SECRET, Exchange, Protos, info, wait_until
+
+P = raw.P  # the fixtures: the raw protos, a real worker and a client of it
+worker = raw.worker
+client = raw.client
 
 SCHEMA = pa.schema([("k", pa.int64())])
 
@@ -199,3 +195,14 @@ def test_a_consumer_fails_unavailable_naming_a_producer_whose_stream_breaks_the_
         ex.writer.done_writing()
         ex.close()
     wait_until(lambda: info(P, client).running_tasks == 0, "the worker to free the failed consumer")
+
+
+def test_a_head_stream_that_breaks_its_trailer_fails_the_query_at_once() -> None:
+    """The coordinator's head read met a trailer that did not match: the query ends with the integrity error,
+    naming the producer (before, the reading thread died and the query waited for its deadline: the chaos run)."""
+    with flight.LocalCluster(1, extensions=["tests.worker.lying_trailer"]) as c:
+        ex = flight.DistributedExec(flight.from_arrow(pa.table({"x": list(range(100))})), c.urls, deadline=120.0, retries=0)
+        with pytest.raises(StreamIntegrityError) as raised:  # not QueryTimeoutError at the deadline
+            ex.to_table()
+        assert "the producer sent 101 rows in 1 batches, 100 rows in 1 arrived" in str(raised.value)
+        assert raised.value.worker_url == c.urls[0]
