@@ -157,7 +157,9 @@ def test_100_waiting_tasks_do_not_block_another_query(parquet_files: list[Path])
     """
     waiting = waiting_query()
     roots = [parquet_files[0].parent]
-    with flight.LocalCluster(2, data_roots=roots, worker_args=["--max-tasks", "128", "--source-threads", "128"]) as cluster:
+    # The budget too: 100 tasks reserve 4 GB, past the default (half of --memory-limit); this test is about threads.
+    args = ["--max-tasks", "128", "--source-threads", "128", "--memory-budget-mb", "8192"]
+    with flight.LocalCluster(2, data_roots=roots, worker_args=args) as cluster:
         runs = [flight.DistributedExec(waiting, [cluster.urls[0]]) for _ in range(100)]
         readers = [r.execute() for r in runs]  # all started, none can finish
         try:
@@ -209,7 +211,7 @@ def test_source_threads_counts_exactly_the_blocking_sources(parquet_files: list[
     plan = q.stage_plan()
     made: list[object] = []
     real = pipeline._source
-    monkeypatch.setattr(pipeline, "_source", lambda reader: made.append(reader) or real(reader))
+    monkeypatch.setattr(pipeline, "_source", lambda reader, env: made.append(reader) or real(reader, env))
     feeds = flight.planner.cut.plan_query(q.node, max_tasks=1).head.feeds
     inputs = flight.dev.local._LocalInputs({f.feed.feed_id: (f.feed, f.partitions) for f in feeds})
     reader = select.compile_task(plan, inputs, 1024, roots=DataRoots.of([parquet_files[0].parent]))
