@@ -89,11 +89,9 @@ def test_bits_past_the_length_of_a_bitmap_do_not_count() -> None:
 _values = st.lists(st.one_of(st.none(), st.integers(-(2**40), 2**40)), min_size=1, max_size=60)
 
 
-@settings(max_examples=150, deadline=None)
-@given(_values, st.data())
-def test_any_slice_of_strings_lists_and_bools_hashes_alike_on_both_ends(values: list[int | None], data: st.DataObject) -> None:
-    n = len(values)
-    batch = pa.record_batch(
+def _layered(values: list[int | None]) -> pa.RecordBatch:
+    """``values`` as integers, strings, booleans, lists and structs, nulls where a value is None."""
+    return pa.record_batch(
         {
             "i": pa.array(values, pa.int64()),
             "s": pa.array([None if v is None else str(v) for v in values]),
@@ -102,6 +100,13 @@ def test_any_slice_of_strings_lists_and_bools_hashes_alike_on_both_ends(values: 
             "st": pa.array([None if v is None else {"v": v, "t": [str(v)]} for v in values]),
         }
     )
+
+
+@settings(max_examples=150, deadline=None)
+@given(_values, st.data())
+def test_any_slice_of_strings_lists_and_bools_hashes_alike_on_both_ends(values: list[int | None], data: st.DataObject) -> None:
+    n = len(values)
+    batch = _layered(values)
     start = data.draw(st.integers(0, n - 1))
     length = data.draw(st.integers(0, n - start))
     sent, crc = batch_checksum(batch.slice(start, length))
@@ -224,15 +229,7 @@ def server() -> Iterator[_Server]:
 @given(_values, st.data())
 def test_through_flight_any_slice_hashes_alike_on_both_ends(server: _Server, values: list[int | None], data: st.DataObject) -> None:
     """pyarrow Flight's writer, not only ``pa.ipc``'s: slices at offset 0 keep their buffers' tails (q14's case)."""
-    batch = pa.record_batch(
-        {
-            "i": pa.array(values, pa.int64()),
-            "s": pa.array([None if v is None else str(v) for v in values]),
-            "b": pa.array([None if v is None else v % 2 == 0 for v in values]),
-            "l": pa.array([None if v is None else [v] * (abs(v) % 3) for v in values]),
-            "st": pa.array([None if v is None else {"v": v, "t": [str(v)]} for v in values]),
-        }
-    )
+    batch = _layered(values)
     n = len(values)
     cuts = sorted(data.draw(st.lists(st.integers(0, n), max_size=3)))
     bounds = [0, *cuts, n]
