@@ -8,7 +8,8 @@ reports onto the ``DistributedExec`` (``query_id``, ``query_secret``, ``bound``,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from flight.config import ExecOptions
@@ -45,3 +46,11 @@ class RunContext:
     resolver: WorkerResolver
     attempts: list[Attempt]  # the execution's lost workers so far: a replaced task adds its own (``replay.py``)
     sink: RunSink
+    started: float = field(default_factory=time.monotonic)
+    """When the execution began (monotonic): ``ExecOptions.deadline`` counts from here, across its attempts."""
+
+    def deadline_left(self) -> float | None:
+        """Seconds left of the execution's deadline (at least 0), or None without one: a later attempt gets what is left."""
+        if self.options.deadline is None:
+            return None
+        return max(0.0, self.options.deadline - (time.monotonic() - self.started))

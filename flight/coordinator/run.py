@@ -123,8 +123,9 @@ class Run:
         self.bound: dict[int, list[str]] = {}  # this attempt's: stage id -> the URL of each task
         context.sink.named(self.query_id, self.secret, self.bound)  # explain() shows the latest execution's
         self._timer: threading.Timer | None = None
-        if self.options.deadline is not None:
-            self._timer = threading.Timer(self.options.deadline, self._expire)
+        left = context.deadline_left()  # the execution's: an attempt after a lost worker gets what is left of it
+        if left is not None:
+            self._timer = threading.Timer(left, self._expire)
             self._timer.daemon = True
             self._timer.start()
 
