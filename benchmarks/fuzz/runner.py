@@ -273,5 +273,6 @@ class Runner:
             out.timeouts.append(f"{label}: {clean_message(str(exc))[:300]}")
             return
         extra = getattr(exc, "extra_info", None) or b""
-        info = parse(P.ErrorInfo, bytes(extra)) if extra else None
+        status = parse(P.RpcStatus, bytes(extra)) if extra else None  # docs/protocol.md section 10: the ErrorInfo is its detail
+        info = parse(P.ErrorInfo, status.details[0].value) if status is not None and len(status.details) == 1 else None
         out.statuses.append(Status(label, type(exc).__name__, str(exc), info.message if info is not None else ""))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Callable
 from typing import Literal
 
 import pyarrow as pa
@@ -66,13 +67,16 @@ __all__ = [
     "status_message",
 ]
 
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 """Bumped on any change a peer of the previous version would misread (2: heartbeats, InputEnd, flat expressions;
 3: the Release frame, which a version-2 worker would refuse as a frame without a member; 4: heartbeats on
 DoGet streams, whose absence a version-4 reader takes for a lost worker when a version-3 producer is slow;
 5: input calls, which a version-4 worker would run as a map stage; 6: a plan's operators as a flat list,
 ``StagePlan.operators``, where a version-5 worker finds no ``root``; 7: RANGE window frames, ``WindowFrame.range``,
-which a version-6 worker would compute as ROWS, beside the ``Unnest`` operator and the aggregates DuckDB computes)."""
+which a version-6 worker would compute as ROWS, beside the ``Unnest`` operator and the aggregates DuckDB computes;
+8: every partition of a row stream ends with its trailer, ``BatchMetadata.trailer``, whose absence a version-8 reader
+takes for a stream ended short; 9: an error's ``extra_info`` is an ``RpcStatus`` around the ``ErrorInfo``, which a
+version-8 reader would not find)."""
 
 RETAIN_HEADER = "x-flight-exec-retain"
 DIALECT_HEADER = "x-flight-exec-dialect"
@@ -314,38 +318,49 @@ def decode_ticket(data: bytes) -> protocol_pb2.Ticket:
     return ticket
 
 
-_STATUS = {
-    protocol_pb2.ERROR_CODE_CANCELLED: fl.FlightCancelledError,
-    protocol_pb2.ERROR_CODE_UNAVAILABLE: fl.FlightUnavailableError,
-    protocol_pb2.ERROR_CODE_BUSY: fl.FlightUnavailableError,
-    protocol_pb2.ERROR_CODE_UNAUTHENTICATED: fl.FlightUnauthenticatedError,
-    protocol_pb2.ERROR_CODE_PERMISSION_DENIED: fl.FlightUnauthorizedError,
+_STATUS: dict[int, tuple[Callable[..., fl.FlightError], int]] = {
+    protocol_pb2.ERROR_CODE_CANCELLED: (fl.FlightCancelledError, 1),  # gRPC CANCELLED
+    protocol_pb2.ERROR_CODE_UNAVAILABLE: (fl.FlightUnavailableError, 14),  # UNAVAILABLE
+    protocol_pb2.ERROR_CODE_BUSY: (fl.FlightUnavailableError, 14),
+    protocol_pb2.ERROR_CODE_UNAUTHENTICATED: (fl.FlightUnauthenticatedError, 16),  # UNAUTHENTICATED
+    protocol_pb2.ERROR_CODE_PERMISSION_DENIED: (fl.FlightUnauthorizedError, 7),  # PERMISSION_DENIED
 }
-"""Flight status classes by ErrorInfo code; every other code is a FlightServerError (gRPC UNKNOWN).
+"""Flight status classes by ErrorInfo code, with the gRPC code pyarrow sends each with; every other
+code is a FlightServerError (gRPC UNKNOWN, 2).
 
 pyarrow adds a Python traceback to the status of any exception that is not a FlightError
 (an ``ArrowInvalid`` becomes INVALID_ARGUMENT *with* the handler's traceback and file paths),
 so a worker raises only FlightErrors; what kind of failure it was travels in the ErrorInfo."""
+_UNKNOWN = (fl.FlightServerError, 2)
+_ERROR_INFO_TYPE = "type.googleapis.com/" + protocol_pb2.ErrorInfo.DESCRIPTOR.full_name
 
 
 def status_error(info: protocol_pb2.ErrorInfo) -> fl.FlightError:
-    """The Flight error a handler raises for ``info``: its message (clipped) as the status text,
-    the serialized ErrorInfo as ``extra_info`` so clients never parse text."""
+    """The Flight error a handler raises for ``info``: its message (clipped) as the status text, and as
+    ``extra_info`` (gRPC's grpc-status-details-bin trailer) an ``RpcStatus`` with the call's gRPC code, that
+    text and ``info``: clients never parse text, and gRPC clients that read the trailer as a google.rpc.Status
+    (grpc-go's, under ADBC) find the code they expect."""
     info.message = clip(" ".join(info.message.split()), MAX_MESSAGE_CHARS - 2 * MAX_ECHO_CHARS)
     info.field = clip(info.field)
-    kind = _STATUS.get(info.code, fl.FlightServerError)
+    kind, grpc_code = _STATUS.get(info.code, _UNKNOWN)
     text = info.message + (f" [field: {info.field}]" if info.field else "")
-    return kind(text, extra_info=info.SerializeToString())
+    status = protocol_pb2.RpcStatus(code=grpc_code, message=text)
+    status.details.add(type_url=_ERROR_INFO_TYPE, value=info.SerializeToString())
+    return kind(text, extra_info=status.SerializeToString())
 
 
 def error_info_of(exc: BaseException) -> protocol_pb2.ErrorInfo | None:
-    """The ErrorInfo a worker put in a Flight error's ``extra_info``, if there is a valid one."""
+    """The ErrorInfo a worker put in a Flight error's ``extra_info`` (``status_error``), if there is a valid one."""
     extra = getattr(exc, "extra_info", None)
     if not extra:
         return None
-    info = protocol_pb2.ErrorInfo()
+    status, info = protocol_pb2.RpcStatus(), protocol_pb2.ErrorInfo()
     try:
-        info.ParseFromString(extra[:MAX_FRAME_BYTES] if isinstance(extra, bytes) else bytes(extra)[:MAX_FRAME_BYTES])
+        status.ParseFromString(extra[:MAX_FRAME_BYTES] if isinstance(extra, bytes) else bytes(extra)[:MAX_FRAME_BYTES])
+        detail = next((d for d in status.details if d.type_url == _ERROR_INFO_TYPE), None)
+        if detail is None:
+            return None
+        info.ParseFromString(detail.value)
     except DecodeError:
         return None
     return info if info.code != protocol_pb2.ERROR_CODE_UNSPECIFIED else None

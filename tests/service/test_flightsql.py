@@ -271,3 +271,26 @@ def _answers(url: str) -> bool:
         return query(url, "select count(*) as c from region").to_pylist() == [{"c": 5}]
     except dbapi.Error:
         return False
+
+
+def test_a_workers_error_reaches_the_go_client_with_its_own_code_and_words(services: dict[str, str], cluster: flight.LocalCluster) -> None:
+    """A worker's error status carries its ErrorInfo in the grpc-status-details-bin trailer. grpc-go (under the ADBC
+    driver) reads that trailer as a google.rpc.Status and turned one whose code differed from the call's into INTERNAL
+    "grpc-status-details-bin mismatch" (the chaos run's unclear errors). Read here through the driver: a direct
+    endpoint of a cancelled query, read from its worker, fails with the worker's own words and code."""
+    descriptor = fl.FlightDescriptor.for_command(pack(sql_pb2.CommandStatementQuery(query=SQL[1])))
+    with fl.connect(services["direct"]) as client:
+        info = client.get_flight_info(descriptor)
+        body = Flight_pb2.CancelFlightInfoRequest()
+        body.info.ParseFromString(info.serialize())
+        client.do_action(fl.Action("CancelFlightInfo", body.SerializeToString())).close()
+    wait_until(lambda: running_tasks(cluster.urls) == 0, 15.0, "the workers to free the cancelled query's tasks")
+    endpoint = info.endpoints[0]
+    assert str(endpoint.locations[0]).removeprefix("<pyarrow.flight.Location b'").rstrip("'>") in cluster.urls
+    with dbapi.connect(services["direct"], autocommit=True) as conn, conn.cursor() as cur:
+        with pytest.raises(dbapi.Error) as raised:
+            cur.adbc_read_partition(fl.FlightInfo(info.schema, descriptor, [endpoint], -1, -1).serialize())  # the driver's partition
+            cur.fetch_arrow_table()
+    message = str(raised.value)
+    assert "mismatch" not in message and not isinstance(raised.value, dbapi.InternalError), message
+    assert "no task" in message and "[field: ticket.stage_key]" in message, message

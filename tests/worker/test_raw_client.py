@@ -43,7 +43,7 @@ from grpc_tools import protoc
 ROOT = Path(__file__).resolve().parents[2]
 PROTO_DIR = ROOT / "proto"
 PROTO_FILES = ["flight/wire/_proto/protocol.proto", "flight/wire/_proto/plan.proto"]
-PROTOCOL_VERSION = 8  # docs/protocol.md, section 1
+PROTOCOL_VERSION = 9  # docs/protocol.md, section 1
 SECRET = b"raw-client-query-secret"  # 16 to 64 bytes: every header, ticket and cancel of a query repeats it
 LISTENING = re.compile(rb"^flight-worker listening on (grpc://\S+)$")
 START_TIMEOUT = 30.0
@@ -130,6 +130,22 @@ class Protos:
         if plan.HasField("root"):
             add(plan.root)
         return bytes(out.SerializeToString())
+
+
+GRPC_CODES = {fl.FlightServerError: 2, fl.FlightCancelledError: 1, fl.FlightUnavailableError: 14, fl.FlightUnauthenticatedError: 16,
+              fl.FlightUnauthorizedError: 7}
+"""The gRPC code pyarrow sends each Flight error class with (UNKNOWN, CANCELLED, UNAVAILABLE, UNAUTHENTICATED, PERMISSION_DENIED)."""
+
+
+def error_info(P: Protos, exc: fl.FlightError) -> Any:
+    """The ErrorInfo in a worker error's extra_info (the grpc-status-details-bin trailer), read as a gRPC client in another
+    language reads it: a google.rpc.Status of the call's own code, the ErrorInfo its one detail (docs/protocol.md section 10)."""
+    status = P.RpcStatus.FromString(exc.extra_info)
+    assert status.code == GRPC_CODES[type(exc)], f"{type(exc).__name__} carries a status of gRPC code {status.code}"
+    assert status.message == str(exc).split(". Detail: ")[0].split(". gRPC client debug context")[0], status.message
+    [detail] = status.details
+    assert detail.type_url == "type.googleapis.com/flight_exec.v1.ErrorInfo"
+    return P.ErrorInfo.FromString(detail.value)
 
 
 @pytest.fixture(scope="module")
@@ -732,7 +748,7 @@ def test_malformed_header_is_rejected_with_its_field(
     assert error.message and "Traceback" not in error.message
     message = clean(raised.value)
     assert message.endswith(f"[field: {field}]"), message
-    status = P.ErrorInfo.FromString(raised.value.extra_info)
+    status = error_info(P, raised.value)
     assert (status.code, status.field) == (error.code, field)
     assert "Traceback" not in message
     assert healthy(client)
@@ -922,7 +938,7 @@ def test_a_task_moved_by_its_coordinator_sends_a_doget_looking_elsewhere(P: Prot
         assert frame.error.code == P.enum("ErrorCode", "ERROR_CODE_CANCELLED")
         with pytest.raises(fl.FlightError) as raised:
             read_doget(P, client, ticket)
-        held = P.ErrorInfo.FromString(raised.value.extra_info)
+        held = error_info(P, raised.value)
         assert (held.code, held.worker_url) == (unavailable, lost), held
         ex.writer.done_writing()
         with pytest.raises(fl.FlightCancelledError):
@@ -932,7 +948,7 @@ def test_a_task_moved_by_its_coordinator_sends_a_doget_looking_elsewhere(P: Prot
     wait_until(lambda: info(P, client).running_tasks == 0, "the worker to free the moved task")
     with pytest.raises(fl.FlightError) as raised:
         read_doget(P, client, ticket)
-    ended = P.ErrorInfo.FromString(raised.value.extra_info)
+    ended = error_info(P, raised.value)
     assert (ended.code, ended.worker_url, ended.stage_key) == (unavailable, lost, key), ended
     assert "runs again elsewhere" in ended.message
 

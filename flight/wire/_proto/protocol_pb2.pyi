@@ -15,6 +15,7 @@ DoAction: "health", "info", "cancel" (body: CancelRequest), "drain".
 """
 
 from collections import abc as _abc
+from google.protobuf import any_pb2 as _any_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
@@ -681,6 +682,39 @@ class ErrorInfo(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ErrorInfo: _TypeAlias = ErrorInfo  # noqa: Y015
+
+@_typing.final
+class RpcStatus(_message.Message):
+    """What a worker's Flight error carries as its extra_info, which gRPC sends as the grpc-status-details-bin
+    trailer. gRPC clients in other languages (grpc-go, under the ADBC Flight SQL driver) read that trailer as a
+    google.rpc.Status and turn one whose code differs from the call's into INTERNAL ("grpc-status-details-bin
+    mismatch"): so this has google.rpc.Status's shape (its field numbers and types), the call's gRPC code and
+    text, and the ErrorInfo as its one detail (type URL type.googleapis.com/flight_exec.v1.ErrorInfo).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    DETAILS_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    message: _builtins.str
+    @_builtins.property
+    def details(self) -> _containers.RepeatedCompositeFieldContainer[_any_pb2.Any]: ...
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+        details: _abc.Iterable[_any_pb2.Any] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "details", b"details", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RpcStatus: _TypeAlias = RpcStatus  # noqa: Y015
 
 @_typing.final
 class LatencyStats(_message.Message):
