@@ -47,6 +47,8 @@ from flight.dev.fleet import Fleet
 __all__ = ["main"]
 
 REPORT_EVERY_S = 15.0
+STACKS_AFTER_S = 3.0
+"""How long past its deadline a request waits before every process's stacks are dumped (a deadline fires on time)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,6 +79,7 @@ class Request:
     pick: Pick
     start: float
     out: Path
+    dumped: bool = False  # the processes' stacks were dumped for it (once it outlived its deadline)
 
 
 @dataclass
@@ -96,6 +99,7 @@ class Run:
     next_id: int = 0
     problems: int = 0
     broken: str | None = None
+    services: list[Any] = field(default_factory=list)
     interrupted: bool = False
 
     def interrupt(self, signum: int, _frame: object) -> None:
@@ -138,6 +142,21 @@ class Run:
             self._problem("hung", f, end, f"HUNG {where}: {kind} after {reply['seconds']}s: {message[:500]}", reply=reply)
         elif unclear is not None:
             self._problem("unclear", f, end, f"UNCLEAR ERROR {where} ({unclear}): {kind}: {message}", reply=reply)
+
+    def dump_overdue(self) -> None:
+        """A request past its deadline (and a margin) should have ended with a deadline error: every process's thread
+        stacks go to its log (``faulthandler`` on SIGUSR1: the client, the services, the workers), once per request,
+        so that a hang leaves evidence of where it waits (the logs are saved with the problems)."""
+        now = time.monotonic()
+        late = [f for f in self.inflight.values() if not f.dumped and now - f.start > self.args.hang + STACKS_AFTER_S]
+        if not late:
+            return
+        for f in late:
+            f.dumped = True
+        self.say(f"{len(late)} request(s) past the deadline by {STACKS_AFTER_S:g}s: dumping every process's stacks to its log")
+        for proc in [self.client.proc, *self.services, *(w.proc for w in self.fleet.workers)]:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGUSR1)
 
     def check_hung(self) -> None:
         """A request the client has not answered past the hang bound (and a margin) is hung: counted, and forgotten."""
@@ -196,6 +215,7 @@ def _load(run: Run) -> None:
             return
         if reply is not None:
             run.handle(reply)
+        run.dump_overdue()
         run.check_hung()
         if now - last_report >= REPORT_EVERY_S:
             run.report()
@@ -267,7 +287,7 @@ def run_chaos(args: argparse.Namespace) -> int:
         client = rig.start_client(fleet, spec, stack.enter_context(open(fleet.dir / "client.log", "w")))
         kinds = tuple(k.strip() for k in args.faults.split(",") if k.strip())
         faults = Faults(fleet, kinds, seed=seed, spill_dirs=spill.dirs if spill.mounted else None)
-        run = Run(args, mix, fleet, client, faults, out, random.Random(seed))
+        run = Run(args, mix, fleet, client, faults, out, random.Random(seed), services=services)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, run.interrupt)  # also where a background job was started with SIGINT ignored
         faults.start()

@@ -20,7 +20,9 @@ the result goes to ``out`` (an Arrow IPC file). Stdout: one line per request as 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
+import signal
 import sys
 import threading
 import time
@@ -109,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spec", required=True, type=Path)
     args = p.parse_args(argv)
     spec = json.loads(args.spec.read_text())
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the harness asks for the stacks of a query past its deadline
     client = Client(spec)
     print(json.dumps({"ready": True}), flush=True)
     with ThreadPoolExecutor(int(spec.get("threads", 4)), thread_name_prefix="chaos-query") as pool:

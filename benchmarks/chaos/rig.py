@@ -48,7 +48,9 @@ def snapshot_code() -> Path:
     root = Path(tempfile.mkdtemp(prefix="flight-chaos-code-"))
     for package in ("flight", "benchmarks"):
         shutil.copytree(REPO_ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    (root / ".bench-cache").symlink_to(REPO_ROOT / ".bench-cache")
+    cache = REPO_ROOT / ".bench-cache"
+    cache.mkdir(exist_ok=True)  # on a fresh clone it is not there yet: a link to nothing would make the data generator's mkdir fail
+    (root / ".bench-cache").symlink_to(cache)
     return root
 
 

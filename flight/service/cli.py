@@ -12,8 +12,10 @@ file, directory, glob or ``s3://`` prefix). SIGTERM drains: no new queries, runn
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
+import signal
 import sys
 import threading
 from collections.abc import Sequence
@@ -197,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` dumps every thread's stack, as a worker's does
     if args.parent_fd is not None:
         try:
             os.fstat(args.parent_fd)
