@@ -32,7 +32,7 @@ from flight.security import Security, connect
 from flight.wire._proto import protocol_pb2
 from flight.wire.integrity import StreamCheck
 from flight.wire.protocol import error_info_of, format_stage_key, status_message
-from flight.wire.stall import unwatch, watch
+from flight.wire.stall import open_stream, unwatch, watch
 
 __all__ = ["ClientPool", "error_from_info", "health_check", "read_stream", "shared_pool", "translate_flight_error"]
 
@@ -56,6 +56,10 @@ def error_from_info(info: protocol_pb2.ErrorInfo, url: str, stage_key: str) -> W
         return WorkerBusyError(info.message, worker_url=where, stage_key=key)
     if code == protocol_pb2.ERROR_CODE_UNAVAILABLE:
         return WorkerUnavailableError(info.message, worker_url=where, stage_key=key)
+    if code == protocol_pb2.ERROR_CODE_NOT_FOUND and info.never_here:
+        # The worker never had the task it was given: it restarted, or its coordinator could not reach it.
+        # That worker is lost to the query (retryable, naming it), not a task that ended.
+        return WorkerUnavailableError(f"{info.message} (the worker restarted, or the task never reached it)", worker_url=where, stage_key=key)
     return TaskFailedError(info.message, worker_url=where, stage_key=key)
 
 
@@ -138,8 +142,9 @@ def read_stream(
     heartbeats while the stream has nothing to send: docs/protocol.md §11) before the worker
     ``url`` is taken as gone: the read is cancelled (``flight.wire.stall``) and raises
     ``FlightUnavailableError``, which every reader here already takes for a lost worker.
-    The wait for the stream's first message (its schema) is not watched: the worker can
-    send nothing before the task exists, and it may wait for capacity (§14).
+    The worker can send nothing before the task exists, and it may wait for capacity (§14):
+    while the stream's first message (its schema) is awaited, a worker that still answers
+    ``health`` is waited for, one that does not is given up (``flight.wire.stall.open_stream``).
 
     ``check``: ``ticket`` is a worker's ``Ticket`` and every partition it asks for must end
     with its trailer, whose rows, batches and (``checksums``) CRC match what arrived (§17);
@@ -149,7 +154,7 @@ def read_stream(
     by ``read_all`` on the main thread into a KeyboardInterrupt.
     """
     checker = _checker(ticket, url, checksums) if check else None
-    reader = client.do_get(fl.Ticket(ticket))
+    reader = client.do_get(fl.Ticket(ticket)) if stall is None else open_stream(client, fl.Ticket(ticket), stall, url)
     watched = None if stall is None else watch(reader, stall)
     try:
         while True:

@@ -88,7 +88,9 @@ def _attached_task(registry: TaskRegistry, url: str, attach: protocol_pb2.InputA
         gone = registry.unavailable(key)
         if gone is not None:
             raise status_error(error_info(gone[0], protocol_pb2.ERROR_CODE_UNAVAILABLE, gone[1], attach.stage_key, field))
-        raise status_error(error_info(url, protocol_pb2.ERROR_CODE_NOT_FOUND, f"no task {key} on worker {url}: {why}", attach.stage_key, field))
+        info = error_info(url, protocol_pb2.ERROR_CODE_NOT_FOUND, f"no task {key} on worker {url}: {why}", attach.stage_key, field)
+        info.never_here = registry.never_here(key)
+        raise status_error(info)
     if not same_secret(attach.query_secret, task.header.query_secret):
         message = f"the input call for task {key} does not carry its query's secret"
         raise status_error(error_info(url, protocol_pb2.ERROR_CODE_PERMISSION_DENIED, message, attach.stage_key, "app_metadata.attach.query_secret"))

@@ -332,8 +332,10 @@ class WorkerServer(fl.FlightServerBase):
             gone = self.registry.unavailable(key)
             if gone is not None:  # a worker it needed is gone (it runs again elsewhere, or it could not reach a peer)
                 raise status_error(error_info(gone[0], protocol_pb2.ERROR_CODE_UNAVAILABLE, gone[1], t.stage_key, "ticket.stage_key"))
-            code = protocol_pb2.ERROR_CODE_NOT_FOUND
-            raise status_error(error_info(self.url, code, f"no task {key} on worker {self.url}: {why}", t.stage_key, "ticket.stage_key"))
+            message = f"no task {key} on worker {self.url}: {why}"
+            info = error_info(self.url, protocol_pb2.ERROR_CODE_NOT_FOUND, message, t.stage_key, "ticket.stage_key")
+            info.never_here = self.registry.never_here(key)
+            raise status_error(info)
         if task.output is None:
             message = f"task {key} is a map stage: its output streams on its DoExchange"
             raise status_error(error_info(self.url, invalid, message, t.stage_key, "ticket"))

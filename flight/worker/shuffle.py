@@ -115,10 +115,11 @@ def _local_batches(producer: Task, start: int, end: int) -> Iterator[pa.RecordBa
 def _read_error(exc: Exception, url: str, name: str) -> Exception:
     """What the consumer is told when reading producer task ``name`` on ``url`` failed with ``exc``."""
     info = None if isinstance(exc, FlightExecError) else error_info_of(exc)
-    if info is not None and info.code == protocol_pb2.ERROR_CODE_UNAVAILABLE and info.worker_url:
+    if info is not None and info.worker_url and (info.code == protocol_pb2.ERROR_CODE_UNAVAILABLE or info.never_here):
         # The producer's worker answered UNAVAILABLE naming the worker to blame (the producer failed because it
         # could not reach that one, or was moved off a lost one): passed on, not put on the worker read. The
-        # fleet's peer-cut test counted a worker outside the cut lost 1 run in 4 before.
+        # fleet's peer-cut test counted a worker outside the cut lost 1 run in 4 before. Or it never had the
+        # producer (it restarted, or its coordinator was cut off from it): that worker is lost to the query.
         exc = error_from_info(info, url, name)
     if isinstance(exc, WorkerUnavailableError) and exc.worker_url:
         # The producer failed because a worker it read is unreachable: that worker is still the one to blame.

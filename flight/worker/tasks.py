@@ -320,6 +320,11 @@ class TaskRegistry:
                 return None, f"it {self._ended[key][0]}"
             return None, "it is not running here" + (" (the worker is draining)" if self._closed else "")
 
+    def never_here(self, key: str) -> bool:
+        """Whether this worker has no record of task ``key``: not running, not ended (as far as it remembers)."""
+        with self._cond:
+            return key not in self._tasks and key not in self._ended
+
     def unavailable(self, key: str) -> tuple[str, str] | None:
         """For a remembered task that ended because a worker it needed is gone, that worker and why."""
         with self._cond:

@@ -89,3 +89,20 @@ def test_a_worker_restarted_at_the_same_address_answers_the_next_query() -> None
         assert got.sort_by("x").equals(table)
     finally:
         stop(proc)
+
+
+def test_a_worker_that_never_had_the_task_is_a_lost_worker_and_one_whose_task_ended_is_not() -> None:
+    """``ErrorInfo.never_here`` (a restarted worker, or one its coordinator could not reach) reads as UNAVAILABLE
+    naming that worker, which recovery runs the query again without; a task that ended there stays a task's failure."""
+    from flight.errors import TaskFailedError, WorkerUnavailableError
+    from flight.wire._proto import protocol_pb2
+    from flight.wire.clients import error_from_info
+
+    url = "grpc://198.18.0.12:4000"
+    info = protocol_pb2.ErrorInfo(code=protocol_pb2.ERROR_CODE_NOT_FOUND, message=f"no task q/1/0 on worker {url}: it is not running here",
+                                  worker_url=url, never_here=True)
+    lost = error_from_info(info, url, "q/1/0")
+    assert isinstance(lost, WorkerUnavailableError) and lost.worker_url == url and "never reached it" in str(lost)
+    info.never_here = False
+    info.message = f"no task q/1/0 on worker {url}: it finished"
+    assert isinstance(error_from_info(info, url, "q/1/0"), TaskFailedError)

@@ -968,6 +968,30 @@ def test_a_release_frame_frees_a_finished_task_and_ends_the_call_ok(P: Protos, c
     wait_until(lambda: info(P, client).running_tasks == 0, "the worker to free the released task")
 
 
+def test_a_doget_of_a_task_the_worker_never_had_says_so(P: Protos, client: fl.FlightClient, tmp_path: Path) -> None:
+    # docs/protocol.md §10: NOT_FOUND either way; ErrorInfo.never_here tells a task this worker never had (it
+    # restarted, or the task never reached it: a reader takes the worker for lost) from one that ended here.
+    ex, key, _ = _finished_leaf(P, client, tmp_path)
+    try:
+        ticket = P.Ticket(stage_key=key, partition_start=0, partition_end=1, query_secret=SECRET)
+        read_doget(P, client, ticket)
+        ex.send(release=P.Release())
+        ex.drain()
+    finally:
+        ex.close()
+    with pytest.raises(fl.FlightServerError) as raised:
+        read_doget(P, client, ticket)
+    ended = error_info(P, raised.value)
+    assert (ended.code, ended.never_here) == (P.enum("ErrorCode", "ERROR_CODE_NOT_FOUND"), False), ended
+    assert "it finished" in ended.message
+    other = P.StageKey(query_id=uuid.uuid4().hex[:16], stage_id=0, task_number=0)
+    with pytest.raises(fl.FlightServerError) as raised:  # after the worker's --get-wait (it might still arrive)
+        read_doget(P, client, P.Ticket(stage_key=other, partition_start=0, partition_end=1, query_secret=SECRET))
+    never = error_info(P, raised.value)
+    assert (never.code, never.never_here, never.field) == (P.enum("ErrorCode", "ERROR_CODE_NOT_FOUND"), True, "ticket.stage_key"), never
+    assert "it is not running here" in never.message
+
+
 def test_a_doget_stream_with_nothing_to_send_sends_heartbeats_of_no_rows(P: Protos, client: fl.FlightClient, tmp_path: Path) -> None:
     # docs/protocol.md §11: while a stream has nothing to send, a batch of 0 rows of its schema every
     # heartbeat_ms, its BatchMetadata saying heartbeat (and the partition being read); rows follow as they come.

@@ -659,11 +659,16 @@ class ErrorInfo(_message.Message):
     STAGE_KEY_FIELD_NUMBER: _builtins.int
     WORKER_URL_FIELD_NUMBER: _builtins.int
     FIELD_FIELD_NUMBER: _builtins.int
+    NEVER_HERE_FIELD_NUMBER: _builtins.int
     code: Global___ErrorCode.ValueType
     message: _builtins.str
     worker_url: _builtins.str
     field: _builtins.str
     """the offending field, when the error is about input"""
+    never_here: _builtins.bool
+    """NOT_FOUND only: this worker never had the task (it restarted since, or the task never reached it: its
+    coordinator was cut off from it). A reader takes that for a lost worker, not for a task that ended.
+    """
     @_builtins.property
     def stage_key(self) -> Global___StageKey: ...
     def __init__(
@@ -674,10 +679,11 @@ class ErrorInfo(_message.Message):
         stage_key: Global___StageKey | None = ...,
         worker_url: _builtins.str = ...,
         field: _builtins.str = ...,
+        never_here: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["stage_key", b"stage_key"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "field", b"field", "message", b"message", "stage_key", b"stage_key", "worker_url", b"worker_url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "field", b"field", "message", b"message", "never_here", b"never_here", "stage_key", b"stage_key", "worker_url", b"worker_url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
