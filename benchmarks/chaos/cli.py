@@ -157,6 +157,10 @@ class Run:
         for proc in [self.client.proc, *self.services, *(w.proc for w in self.fleet.workers)]:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGUSR1)
+        try:
+            self.say(f"the workers now: {self.fleet.worker_info(timeout=30.0)}")
+        except Exception as exc:  # noqa: BLE001 - evidence only: the run goes on without it
+            self.say(f"the workers' info could not be had: {type(exc).__name__}: {exc}")
 
     def check_hung(self) -> None:
         """A request the client has not answered past the hang bound (and a margin) is hung: counted, and forgotten."""

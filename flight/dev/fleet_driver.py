@@ -60,7 +60,10 @@ def worker_info(url: str, timeout: float = 5.0) -> dict[str, Any]:
         info = protocol_pb2.WorkerInfo.FromString(result.body.to_pybytes())
     except (pa.ArrowException, OSError, StopIteration) as exc:
         return {"url": url, "error": " ".join(str(exc).split())[:300]}
-    return {"url": url, "running_tasks": info.running_tasks, "buffered_bytes": info.buffered_bytes, "draining": info.draining}
+    load = info.load
+    return {"url": url, "running_tasks": info.running_tasks, "buffered_bytes": info.buffered_bytes, "draining": info.draining,
+            "queued_tasks": load.queued_tasks, "source_threads": f"{load.source_threads}/{load.source_threads_max}",
+            "reserved_mb": f"{load.reserved_bytes >> 20}/{load.memory_budget >> 20}", "kept_outputs": load.kept_outputs}
 
 
 def _settled_info(urls: list[str], settle_s: float) -> list[dict[str, Any]]:

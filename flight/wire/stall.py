@@ -25,10 +25,11 @@ import time
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from flight.threads import every
+from flight.threads import every, spawn
 from flight.wire.limits import MAX_HEARTBEAT_MS
+from flight.wire.protocol import error_info_of
 
-__all__ = ["SAFE_STALL_S", "TICK_S", "Watched", "unwatch", "watch"]
+__all__ = ["SAFE_STALL_S", "TICK_S", "Watched", "open_stream", "unwatch", "watch"]
 
 log = logging.getLogger(__name__)
 
@@ -122,3 +123,83 @@ def watch(reader: fl.FlightStreamReader, bound: float) -> Watched:
 def unwatch(read: Watched) -> None:
     """The reader stopped reading: the watch forgets it."""
     _WATCH.remove(read)
+
+
+class _Opening:
+    """One ``do_get`` on a thread of its own, which the caller may stop waiting for (``abandon``).
+
+    Why: pyarrow's ``do_get`` returns only once the stream's first message (its schema) arrived, and
+    until then there is no reader to cancel. The call's thread is its only user: if the caller gave up,
+    that thread cancels the reader that arrives late, so nothing else ever touches the call."""
+
+    def __init__(self, client: fl.FlightClient, ticket: fl.Ticket) -> None:
+        self._client, self._ticket = client, ticket
+        self._lock = threading.Lock()
+        self.done = threading.Event()
+        self._reader: fl.FlightStreamReader | None = None
+        self._error: BaseException | None = None
+        self._abandoned = False
+
+    def run(self) -> None:
+        reader, error = None, None
+        try:
+            reader = self._client.do_get(self._ticket)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            error = exc
+        with self._lock:
+            self._reader, self._error = reader, error
+            abandoned = self._abandoned
+            self.done.set()
+        if abandoned and reader is not None:
+            try:
+                reader.cancel()
+            except (pa.ArrowException, OSError) as exc:
+                log.debug("cancelling an abandoned DoGet failed: %s", exc)
+
+    def abandon(self) -> bool:
+        """Stop waiting (True), unless the call ended meanwhile (False: its outcome is there)."""
+        with self._lock:
+            if self.done.is_set():
+                return False
+            self._abandoned = True
+            return True
+
+    def result(self) -> fl.FlightStreamReader:
+        if self._error is not None:
+            raise self._error
+        assert self._reader is not None
+        return self._reader
+
+
+def _answers(client: fl.FlightClient, bound: float) -> bool:
+    """Whether the worker behind ``client`` answers ``health`` within ``bound`` seconds, whatever it answers
+    (ok, draining, a refusal): only silence, a deadline or no connection at all count as no answer."""
+    try:
+        for _ in client.do_action(fl.Action("health", b""), fl.FlightCallOptions(timeout=bound)):
+            pass
+    except (fl.FlightTimedOutError, fl.FlightUnavailableError) as exc:
+        return error_info_of(exc) is not None  # the worker's own UNAVAILABLE (draining) is an answer
+    except (pa.ArrowException, OSError):
+        return True
+    return True
+
+
+def open_stream(client: fl.FlightClient, ticket: fl.Ticket, bound: float, url: str) -> fl.FlightStreamReader:
+    """``client.do_get(ticket)``, given up once the worker stops answering while its first message is awaited.
+
+    The first message may come late for good reasons (the task is not registered yet, or it waits for
+    capacity: docs/protocol.md §14, bounded by the worker's own ``--get-wait`` and ``--queue-wait``), and
+    the worker cannot send heartbeats before it. So every ``bound`` seconds without it the worker is asked
+    for ``health`` on the same connection: a worker that answers is waited for; one that does not (frozen,
+    partitioned, a connection whose packets are lost) is given up: ``FlightUnavailableError`` naming it.
+    Unwatched, such a wait lasted until TCP gave up, minutes later."""
+    opening = _Opening(client, ticket)
+    spawn(opening.run, name=f"doget-open-{url}")
+    started = time.monotonic()
+    while not opening.done.wait(bound):
+        if not _answers(client, bound) and opening.abandon():
+            raise fl.FlightUnavailableError(
+                f"worker {url or '(unnamed)'} sent nothing on a DoGet stream for {time.monotonic() - started:.1f}s, not even its "
+                f"first message, and did not answer a health check within {bound:g}s: it is frozen, partitioned or gone"
+            )
+    return opening.result()

@@ -27,7 +27,7 @@ from flight.errors import WorkerUnavailableError
 from flight.wire._proto import plan_pb2, protocol_pb2
 from flight.wire.clients import read_stream, translate_flight_error
 from flight.wire.plan_codec import encode_plan
-from flight.wire.protocol import encode_schema, new_secret
+from flight.wire.protocol import encode_schema, make_stage_key, new_secret
 
 FEED = "s"
 BEAT_MS = 200
@@ -174,6 +174,64 @@ def test_a_reader_gives_up_on_a_frozen_worker_naming_it(cluster: flight.LocalClu
     error = translate_flight_error(raised.value, url)
     assert isinstance(error, WorkerUnavailableError) and error.worker_url == url
     assert url in str(error) and "sent nothing" in str(error)
+
+
+def test_a_reader_gives_up_on_a_worker_frozen_before_the_streams_first_message(cluster: flight.LocalCluster) -> None:
+    """pyarrow's ``do_get`` returns once the first message (the schema) came: a reader of a worker frozen before it
+    waited, unwatched, until TCP gave up. It asks the worker for ``health`` every bound without it, and gives up
+    on one that does not answer (``flight.wire.stall.open_stream``)."""
+    url, victim = cluster.urls[0], cluster.processes[0]
+    outcome: dict[str, BaseException] = {}
+    with fl.connect(url) as client:
+        ticket = protocol_pb2.Ticket(stage_key=make_stage_key(f"frozen-{os.urandom(4).hex()}", 0, 0), partition_start=0,
+                                     partition_end=1, query_secret=new_secret()).SerializeToString()
+
+        def read() -> None:
+            try:
+                next(read_stream(client, ticket, stall=1.0, url=url))
+            except (pa.ArrowException, OSError) as exc:
+                outcome["error"] = exc
+
+        victim.send_signal(signal.SIGSTOP)
+        try:
+            thread = threading.Thread(target=read, daemon=True)
+            thread.start()
+            thread.join(HANG_S)
+            assert not thread.is_alive(), "the reader waited for a frozen worker's first message forever"
+        finally:
+            victim.send_signal(signal.SIGCONT)
+    error = translate_flight_error(outcome["error"], url)
+    assert isinstance(error, WorkerUnavailableError) and error.worker_url == url, error
+    assert "not even its first message" in str(error) and "health" in str(error), error
+
+
+def test_a_stream_whose_task_arrives_late_is_waited_for_while_its_worker_answers(cluster: flight.LocalCluster) -> None:
+    """The first message may come late for good reasons (here the task reaches the worker 3 s after its reader asked,
+    within the worker's --get-wait): a worker that answers ``health`` meanwhile is waited for, its rows read whole."""
+    url = cluster.urls[0]
+    query, secret = f"late-{os.urandom(4).hex()}", new_secret()
+    ticket = protocol_pb2.Ticket(stage_key=make_stage_key(query, 0, 0), partition_start=0, partition_end=1, query_secret=secret)
+    outcome: dict[str, object] = {}
+
+    def read() -> None:
+        with fl.connect(url) as client:
+            try:
+                outcome["rows"] = sum(b.num_rows for b in read_stream(client, ticket.SerializeToString(), stall=0.5, url=url))
+            except (pa.ArrowException, OSError) as exc:
+                outcome["error"] = exc
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    threading.Event().wait(3.0)  # six of the reader's bounds: it asked for health meanwhile
+    task = Task(url, query, secret, 0, sleep_plan(), feeds=True)
+    try:
+        task.send(sleep_unit(0, 0, rows=7))
+        task.end()
+        thread.join(HANG_S)
+    finally:
+        task.close()
+    assert not thread.is_alive(), "the read did not end"
+    assert outcome == {"rows": 7}, outcome
 
 
 def consume(consumer: Task) -> tuple[threading.Thread, dict[str, object], threading.Event]:
