@@ -107,7 +107,8 @@ def test_a_frozen_worker_is_left_behind_within_the_heartbeat_bound(files: dict[s
         assert not thread.is_alive(), "the query did not end"
         assert "error" not in outcome, f"the query failed: {outcome.get('error')!r}"
         assert compare(outcome["table"], expected, ORDERED.get(3)) is None  # type: ignore[arg-type]
-        assert [a.lost for a in ex.attempts] == [(url,)]
+        # One record per task that ran again (the frozen worker may have had one or two, as the kill test says).
+        assert {a.lost for a in ex.attempts} == {(url,)}, ex.attempts
 
 
 # ---------------------------------------------------------------- streaming scans: unit-level replay
