@@ -16,16 +16,15 @@ must cross workers:
   of both sides (``flight.planner.colocate``);
 * sort → sort (with fetch for a top-k) in every task, then one task merges;
   limit → a local limit in every task, then the final limit in one task;
-* union → every input shuffled round-robin into the union's tasks;
-* the same subplan twice (a CTE used twice) → one stage, read by each use (``flight.planner.reuse``).
+* union → every input shuffled round-robin into the union's tasks; a CTE used twice → one stage (``reuse``).
 
-A fragment that already runs in one task needs none of that: with one worker
-the whole query is one stage. Leaf stages are sized from their feeds (a
-shared-queue feed by a ``TaskEstimator`` at execution), upper stages from the
-rows estimated to reach them; never more tasks than workers.
+A fragment that already runs in one task needs none of that: with one worker the whole query is one stage.
+Leaf stages are sized from their feeds (a shared-queue feed by a ``TaskEstimator`` at execution), upper stages
+from the rows estimated to reach them; never more tasks than workers.
 
-Before that, ``flight.planner.optimize`` pushes filters down to the scans and
-prunes the columns nobody reads; ``QueryPlan.rewrites`` lists what moved.
+Before that, ``flight.planner.optimize`` pushes filters down to the scans, ``flight.planner.semijoin``
+moves semi and anti joins below the joins they filter, and the columns nobody reads are pruned;
+``QueryPlan.rewrites`` lists what moved.
 """
 
 from __future__ import annotations
@@ -53,6 +52,7 @@ from flight.planner.place import colocated, grouped_below, grouped_in_place, joi
 from flight.planner.ranges import filter_selectivity
 from flight.planner.replicate import replicable, replicate_small_broadcasts, substitute_reads
 from flight.planner.reuse import align_task_counts, fingerprint, link_consumers, repeated_subtrees
+from flight.planner.semijoin import push_semi_joins
 from flight.planner.small import small_query, too_many_sources
 from flight.planner.stages import FeedPlan, PlannerOptions, QueryPlan, StageSpec
 from flight.planner.windows import cut_window
@@ -424,10 +424,10 @@ def plan_query(
     ``colocate=False``: no co-located joins, for callers that run ``StageSpec.root`` as is in every task (off their key ranges)."""
     if max_tasks < 1:
         raise PlanError("the resolver returned no worker URLs; start workers or check the resolver's source")
-    root = root if pushed else push_filters(root)
+    root, semi_notes = push_semi_joins(root if pushed else push_filters(root))
     small = small_query(root, max_tasks, (options or PlannerOptions()).small_query_bytes)  # a rewrite note, or ""
     planner = _Planner(max_tasks := 1 if small else max_tasks, options or PlannerOptions(), colocate)
-    planner.rewrites += [small] if small else []
+    planner.rewrites += ([small] if small else []) + semi_notes
     uses = repeated_subtrees(root)
     ctes = {id(n) for top in root.walk() if id(top) in uses for n in top.walk()}
     root, notes = reduce_aggregate_inputs(root, planner.options.broadcast_bytes, ctes)
