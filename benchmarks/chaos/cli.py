@@ -47,8 +47,9 @@ from flight.dev.fleet import Fleet
 __all__ = ["main"]
 
 REPORT_EVERY_S = 15.0
-STACKS_AFTER_S = 3.0
-"""How long past its deadline a request waits before every process's stacks are dumped (a deadline fires on time)."""
+STACKS_AT = 0.8
+"""The share of its deadline after which a request still in flight has every process's stacks dumped: a query that
+takes that long is most likely stuck, and the dump must come before its deadline ends it."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -144,16 +145,16 @@ class Run:
             self._problem("unclear", f, end, f"UNCLEAR ERROR {where} ({unclear}): {kind}: {message}", reply=reply)
 
     def dump_overdue(self) -> None:
-        """A request past its deadline (and a margin) should have ended with a deadline error: every process's thread
-        stacks go to its log (``faulthandler`` on SIGUSR1: the client, the services, the workers), once per request,
-        so that a hang leaves evidence of where it waits (the logs are saved with the problems)."""
+        """A request in flight for most of its deadline is most likely stuck: every process's thread stacks go to its
+        log (``faulthandler`` on SIGUSR1: the client, the services, the workers), once per request, so that a hang
+        leaves evidence of where it waits (the logs are saved with the problems)."""
         now = time.monotonic()
-        late = [f for f in self.inflight.values() if not f.dumped and now - f.start > self.args.hang + STACKS_AFTER_S]
+        late = [f for f in self.inflight.values() if not f.dumped and now - f.start > STACKS_AT * self.args.hang]
         if not late:
             return
         for f in late:
             f.dumped = True
-        self.say(f"{len(late)} request(s) past the deadline by {STACKS_AFTER_S:g}s: dumping every process's stacks to its log")
+        self.say(f"{len(late)} request(s) in flight for {STACKS_AT:.0%} of the deadline: dumping every process's stacks to its log")
         for proc in [self.client.proc, *self.services, *(w.proc for w in self.fleet.workers)]:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGUSR1)

@@ -33,11 +33,13 @@ import logging
 import random
 import threading
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
+from flight.coordinator.budget import fitted_buffer
 from flight.coordinator.channel import TaskChannel
 from flight.coordinator.waves import TaskId, TaskNeed, Waves
 from flight.engine.acero.pipeline import source_threads
@@ -50,7 +52,7 @@ from flight.wire.protocol import format_stage_key, make_stage_key
 if TYPE_CHECKING:
     from flight.coordinator.run import Run
 
-__all__ = ["Opening", "worker_threads"]
+__all__ = ["Opening", "worker_loads", "worker_threads"]
 
 log = logging.getLogger("flight.coordinator.exec")
 
@@ -63,13 +65,14 @@ _POLL_S = 0.25
 """The longest the turns' driver sleeps without news: how soon it sees the query fail or a backoff end."""
 
 
-def worker_threads(clients: ClientPool, urls: list[str], timeout: float) -> dict[str, int]:
-    """Each worker's source threads (``--source-threads``, from its ``info``); a worker that did not answer is left out.
+def worker_loads(clients: ClientPool, urls: list[str], timeout: float) -> dict[str, protocol_pb2.LoadInfo]:
+    """Each worker's load (its ``info``: source threads, memory budget, default buffer); a worker that did not answer
+    is left out.
 
     Asked in parallel (as ``recovery.probe_lost`` does), one call and one thread per worker, within one
     bound for all: a silent worker costs ``timeout`` once, not once for each worker asked after it.
     """
-    out: dict[str, int] = {}
+    out: dict[str, protocol_pb2.LoadInfo] = {}
     lock = threading.Lock()
 
     def ask(url: str) -> None:
@@ -79,9 +82,8 @@ def worker_threads(clients: ClientPool, urls: list[str], timeout: float) -> dict
         except (pa.ArrowException, OSError, IndexError, FlightExecError) as exc:
             log.debug("worker %s: no info (%s)", url, exc)
             return
-        if info.load.source_threads_max:
-            with lock:
-                out[url] = info.load.source_threads_max
+        with lock:
+            out[url] = info.load
 
     jobs = [spawn(ask, url, name=f"info-{url}") for url in urls]
     end = time.monotonic() + timeout + 1.0  # the calls' own deadline, and a margin for their threads to start
@@ -89,6 +91,11 @@ def worker_threads(clients: ClientPool, urls: list[str], timeout: float) -> dict
         job.join(max(0.0, end - time.monotonic()))
     with lock:  # an answer past the bound is left out, as a silent worker's
         return dict(out)
+
+
+def worker_threads(clients: ClientPool, urls: list[str], timeout: float) -> dict[str, int]:
+    """Each worker's source threads (``--source-threads``); a worker that did not answer is left out."""
+    return {u: load.source_threads_max for u, load in worker_loads(clients, urls, timeout).items() if load.source_threads_max}
 
 
 class Opening:
@@ -100,6 +107,7 @@ class Opening:
         self.turns: _Turns | None = None
         self.turned = False
         self._threads: dict[str, int] = {}  # source threads of the workers that said they queued a task (``LoadInfo``)
+        self._loads: dict[str, protocol_pb2.LoadInfo] = {}  # what those workers said (``budget.fitted_buffer`` reads it)
 
     def admit(self, counts: dict[int, int]) -> None:
         """Open every task of the attempt (the module's docstring says how); raises if they cannot all be."""
@@ -109,6 +117,7 @@ class Opening:
             return
         run.retries = 1  # a worker queued a task, and every task was let go: how to open them again?
         self._rename(1)
+        self._fit_memory(counts)
         waves = self._waves(counts)
         if waves is not None:
             self.turned = True
@@ -152,6 +161,7 @@ class Opening:
         except WorkerBusyError:
             pass
         self._threads = {c.url: c.load.source_threads_max for c in run.channels if c.load is not None and c.load.source_threads_max}
+        self._loads = {c.url: c.load for c in run.channels if c.load is not None}
         self._let_go()
         return False
 
@@ -160,7 +170,10 @@ class Opening:
 
         A worker at capacity queues a task (first come, first served) and says so. Because every
         coordinator takes workers in the same order, a query holding tasks on some workers only ever
-        waits for later ones, so no two queries wait for each other in a cycle. When a worker refuses
+        waits for later ones, so no two queries wait for each other in a cycle. On one worker a query
+        never waits in its queue: a task queued there lets every task go, to try again after a backoff
+        (holding some of its tasks there while the rest waited, two queries each held what the other
+        waited for until the worker's queue wait ran out: the chaos run's hangs). When a worker refuses
         (its queue is full, or the task waited too long), every task of the attempt is let go and the
         query is retried after a backoff: nothing was sent to any task yet, so a retry starts from
         scratch, under a fresh query id (task keys are never reused on a worker).
@@ -171,15 +184,18 @@ class Opening:
         while True:
             for stage in run.plan.stages:
                 run.stage_channels(stage, counts)
-            queued_until = started + run.options.admission_wait
             try:
                 for url in sorted({c.url for c in run.channels}):
                     here = [c for c in run.channels if c.url == url]
                     for channel in here:
                         channel.open(run.clients.get(url))
                     deadline = time.monotonic() + run.options.connect_timeout
-                    for channel in here:
-                        channel.wait_ready(max(0.0, deadline - time.monotonic()), queued_until)
+                    queued = [c for c in here if not c.ready_or_queued(max(0.0, deadline - time.monotonic()))]
+                    if queued:
+                        # Waiting in its queue, the query would hold what this worker admitted (or admits first)
+                        # while the rest wait: two queries doing that here each wait for what the other holds.
+                        raise WorkerBusyError(f"worker {url} is at capacity: it queued {len(queued)} of the query's {len(here)} "
+                                              "tasks there", worker_url=url)
                 return
             except WorkerBusyError as exc:
                 busy = exc
@@ -197,6 +213,19 @@ class Opening:
                 raise run.error or busy
             backoff = min(backoff * 2, _MAX_BACKOFF_S)
             self._rename(attempt)
+
+    def _fit_memory(self, counts: dict[int, int]) -> None:
+        """Smaller output buffers when the tasks on some worker would reserve more than its memory budget together
+        (``budget.py``): else, opened in order, they would wait there for memory they hold themselves."""
+        run = self.run
+        tasks = [(run.bound[s.stage_id][t], source_threads(plan_pb2.StagePlan(root=s.root_proto(t))))
+                 for s in run.plan.stages for t in range(counts[s.stage_id])]
+        unknown = sorted({u for u, _ in tasks} - set(self._loads))
+        self._loads.update(worker_loads(run.clients, unknown, min(_INFO_TIMEOUT_S, run.options.connect_timeout)))
+        buffer, why = fitted_buffer(tasks, self._loads, run.options.output_buffer_bytes)
+        if buffer != run.options.output_buffer_bytes:
+            log.info("query %s: opened with %d MiB output buffers: %s", run.query_id, buffer >> 20, "; ".join(why))
+            run.options = replace(run.options, output_buffer_bytes=buffer)
 
     def _rename(self, attempt: int) -> None:
         """A fresh query id for an admission retry: task keys are never reused on a worker."""

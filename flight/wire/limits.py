@@ -18,6 +18,7 @@ from flight.errors import ProtocolError
 __all__ = [
     "DEFAULT_HEARTBEAT_MS",
     "DEFAULT_MEMORY_FRACTION",
+    "INPUT_RESERVE_BYTES",
     "MAX_BATCH_BYTES",
     "MAX_ECHO_CHARS",
     "MAX_FEEDS",
@@ -48,6 +49,7 @@ __all__ = [
     "heartbeat_seconds",
     "parse_size",
     "physical_memory",
+    "task_reserve",
 ]
 
 MAX_HEADER_BYTES = 64 << 20
@@ -94,6 +96,16 @@ MAX_OUTPUT_BUFFER_BYTES = 192 << 20
 """An unread output buffer is memory a client makes a worker hold: at most this much per task (it was 1 GiB:
 one unread DoGet grew a worker by 595 MB; at 256 MiB, by 301 MB with what gRPC buffers beside it), and
 admission counts it against the client's and the worker's budget. The default is 32 MiB."""
+INPUT_RESERVE_BYTES = 8 << 20
+"""Memory a worker reserves per blocking source of a task: what its queue of incoming batches may hold."""
+
+
+def task_reserve(output_buffer_bytes: int, threads: int) -> int:
+    """The memory a worker reserves for a task (docs/protocol.md, section 15): its output buffer, clamped as the
+    worker clamps it, and ``INPUT_RESERVE_BYTES`` per source thread. The coordinator computes the same sum to
+    know whether a query's tasks fit a worker's memory budget together (``coordinator/opening.py``)."""
+    return clamp(output_buffer_bytes, MIN_OUTPUT_BUFFER_BYTES, MAX_OUTPUT_BUFFER_BYTES) + threads * INPUT_RESERVE_BYTES
+
 MAX_RETAINED_BYTES = 64 << 30
 """Most bytes a worker keeps on disk for one task's retained output (``TaskOptions.retain_output``):
 past it the task fails, naming the option, rather than filling the spill directory."""

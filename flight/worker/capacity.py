@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flight.config import WorkerOptions
+from flight.wire.limits import INPUT_RESERVE_BYTES
 
 __all__ = [
     "CLIENT_MEMORY_SHARE",
@@ -21,8 +22,6 @@ __all__ = [
     "worker_capacity",
 ]
 
-INPUT_RESERVE_BYTES = 8 << 20
-"""Memory reserved per blocking source: what its queue of incoming batches may hold."""
 CLIENT_SHARE = 0.75
 """``--max-tasks-per-client``'s default on a worker that tells callers apart: this share of ``--max-tasks``."""
 CLIENT_MEMORY_SHARE = 0.5

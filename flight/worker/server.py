@@ -27,7 +27,7 @@ from flight.errors import FlightExecError, ProtocolError, TaskCancelledError, li
 from flight.threads import Job, spawn
 from flight.wire._proto import plan_pb2, protocol_pb2
 from flight.wire.clients import ClientPool
-from flight.wire.limits import MAX_OUTPUT_BUFFER_BYTES, MIN_OUTPUT_BUFFER_BYTES, clamp, clip, heartbeat_seconds
+from flight.wire.limits import MAX_OUTPUT_BUFFER_BYTES, MIN_OUTPUT_BUFFER_BYTES, clamp, clip, heartbeat_seconds, task_reserve
 from flight.wire.protocol import (
     INPUT_CALL_PATH,
     PROTOCOL_VERSION,
@@ -43,7 +43,7 @@ from flight.worker.admission import Admission
 from flight.worker.auth import MIDDLEWARE_KEY, ServerSecurity, TokenAuth, identity, is_anonymous, same_secret
 from flight.worker.beats import Heartbeats
 from flight.worker.boundary import error_boundary
-from flight.worker.capacity import INPUT_RESERVE_BYTES, Need, worker_capacity
+from flight.worker.capacity import Need, worker_capacity
 from flight.worker.doget import output_stream
 from flight.worker.exchange import Sender, read_frames
 from flight.worker.failures import error_info, fail, refuse, reject
@@ -139,12 +139,12 @@ class WorkerServer(fl.FlightServerBase):
         opts = header.options
         buffer_bytes = clamp(opts.output_buffer_bytes or self.options.output_buffer_bytes, MIN_OUTPUT_BUFFER_BYTES, MAX_OUTPUT_BUFFER_BYTES)
         threads = source_threads(plan)
-        need = Need(threads=threads, memory=buffer_bytes + threads * INPUT_RESERVE_BYTES)
+        need = Need(threads=threads, memory=task_reserve(buffer_bytes, threads))
         interval = heartbeat_seconds(opts.heartbeat_ms)
 
         def queued() -> None:  # "I wait for capacity": tells the coordinator to wait longer, and is its heartbeat
             try:
-                sender.frame(protocol_pb2.WorkerFrame(load=self.admission.load(len(self.registry), 0)))
+                sender.frame(protocol_pb2.WorkerFrame(load=self._load(0)))
             except (pa.ArrowException, OSError) as exc:
                 log.debug("task %s: could not say it is queued: %s", key, exc)
 
@@ -256,6 +256,13 @@ class WorkerServer(fl.FlightServerBase):
             task.cancel("rejected")
             raise reject(self.url, sender, exc, header.stage_key) from None
         return task, output
+
+    def _load(self, buffered: int) -> protocol_pb2.LoadInfo:
+        """The admission's load, with the output buffer a task gets when its options name none (a coordinator
+        sums what a query's tasks reserve from it: ``flight.wire.limits.task_reserve``)."""
+        load = self.admission.load(len(self.registry), buffered)
+        load.output_buffer_bytes = self.options.output_buffer_bytes
+        return load
 
     def _send_ready(self, task: Task, sender: Sender) -> None:
         ready = protocol_pb2.Ready(
@@ -389,7 +396,7 @@ class WorkerServer(fl.FlightServerBase):
             buffered_bytes=self.registry.buffered_bytes(),
             draining=self.draining.is_set(),
             url=self.url,
-            load=self.admission.load(len(self.registry), self.registry.buffered_bytes()),
+            load=self._load(self.registry.buffered_bytes()),
             clients=self._client_loads(),
         )
 

@@ -44,9 +44,9 @@ def test_a_minute_of_chaos_gives_no_wrong_answer_no_unclear_error_and_leaves_not
     assert summary is not None, f"the last line is not the summary: {lines[-1]!r}\n{done.stdout[-5000:]}\n{done.stderr[-3000:]}"
     answers, wrong, _errors, unclear, hung, faults, leftover, stray = map(int, summary.groups())
     report = "\n".join(lines[-40:])
-    if hung:  # the evidence the run kept: where the client's threads waited past the deadline (faulthandler's dump)
-        for log in sorted(tmp_path.glob("chaos-*/client.log")):
-            report += f"\n--- {log.name}, its end:\n" + log.read_text(errors="replace")[-8000:]
+    if hung:  # the evidence the run kept: where the client's and the workers' threads waited (faulthandler's dumps)
+        for log in sorted(tmp_path.glob("chaos-*/client.log")) + sorted(tmp_path.glob("chaos-*/w*.log")):
+            report += f"\n--- {log.name}, its end:\n" + log.read_text(errors="replace")[-6000:]
     assert (wrong, unclear, hung, leftover, stray) == (0, 0, 0, 0, 0), report
     assert done.returncode == 0, f"exit code {done.returncode}:\n{report}\n{done.stderr[-3000:]}"
     assert answers >= 50 and faults >= 5, report
