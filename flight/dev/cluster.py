@@ -75,9 +75,19 @@ class LocalCluster:
         mtls: bool = False,
         fs_options: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
+        hosts: Sequence[str] | None = None,
+        cpus: Sequence[Sequence[int]] | None = None,
     ) -> None:
+        """``hosts``: worker i listens on ``hosts[i]`` (loopback addresses such as ``127.0.0.2``, so that the
+        planner sees distinct hosts; default 127.0.0.1 for all); ``cpus``: worker i runs on those cores only
+        (``taskset``), as a host of that many cores would."""
         if n_workers < 1:
             raise ValueError("a LocalCluster needs at least one worker")
+        for name, given in (("hosts", hosts), ("cpus", cpus)):
+            if given is not None and len(given) != n_workers:
+                raise ValueError(f"LocalCluster: {name} must name one entry per worker ({n_workers}), got {len(given)}")
+        self._hosts = list(hosts) if hosts is not None else ["127.0.0.1"] * n_workers
+        self._cpus = [list(c) for c in cpus] if cpus is not None else None
         self.security = Security()
         self._secrets: tempfile.TemporaryDirectory[str] | None = None
         secure_args: list[str] = []
@@ -116,7 +126,7 @@ class LocalCluster:
             life_r, self._lifeline = os.pipe()  # neither end is inherited by anything but the workers
             try:
                 for i in range(self.n_workers):
-                    self.processes.append(self._spawn(life_r, list(self._per_worker[i]) if self._per_worker else []))
+                    self.processes.append(self._spawn(life_r, list(self._per_worker[i]) if self._per_worker else [], i))
             finally:
                 os.close(life_r)
             self.urls = [self._wait_listening(p) for p in self.processes]
@@ -125,9 +135,11 @@ class LocalCluster:
             raise
         return self
 
-    def _spawn(self, life_r: int, extra: list[str]) -> subprocess.Popen[str]:
-        cmd = [sys.executable, "-m", "flight.worker", "--host", "127.0.0.1", "--port", "0", "--parent-fd", str(life_r),
+    def _spawn(self, life_r: int, extra: list[str], i: int) -> subprocess.Popen[str]:
+        cmd = [sys.executable, "-m", "flight.worker", "--host", self._hosts[i], "--port", "0", "--parent-fd", str(life_r),
                "--log-level", self._log_level, "--grace", str(self._grace), *self._args, *extra]
+        if self._cpus is not None:
+            cmd = ["taskset", "-c", ",".join(map(str, self._cpus[i])), *cmd]
         env = {**os.environ, **WORKER_ENV, **self._env, "PYTHONUNBUFFERED": "1"}
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, pass_fds=(life_r,), env=env)
 

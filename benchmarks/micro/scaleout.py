@@ -1,0 +1,170 @@
+"""Scale-out: TPC-H's SQL on N workers as N hosts, each pinned to its own cores, against DuckDB on the same cores.
+
+Why: on one host the planner runs most queries as one DuckDB task on all its cores (docs/queries.md, "Small
+queries"), which hides the plans a real fleet runs. Here each worker listens on its own loopback address
+(``127.0.0.2``, ``127.0.0.3``, ...: the planner sees distinct hosts) and runs on its own ``--cores`` cores
+(``taskset``, ``--engine-threads``), as a host of that size would. The same SQL runs three ways, interleaved
+per query: flight-exec on the N workers; DuckDB with ``--cores`` threads pinned to worker 0's cores (one
+host); DuckDB with N × ``--cores`` threads on all of them. Every flight-exec answer is compared with DuckDB's.
+
+Per query it prints the three medians (of ``--runs``), the speed-up over one host's DuckDB, the ratio to
+DuckDB on all the cores, and the bytes the workers moved between them (``TaskStats.bytes_in``: read from
+another worker) beside the bytes their scans read. The last lines::
+
+    scaleout_speedup_geomean: X (over DuckDB on one host's cores; ideal N)
+    scaleout_vs_duckdb_all_cores: Y (geomean; DuckDB on the same N x cores = 1.0)
+    scaleout_min: Qn Z
+
+``--bytes-at 4,8`` runs the queries once on 4 and on 8 workers (distinct addresses, not pinned: bytes moved do
+not depend on the cores) and prints the bytes moved per query at each N, untimed.
+
+    python -m benchmarks.micro.scaleout [--sf 10] [--workers 2] [--cores 1] [--memory-limit 4GB] [--queries 18,10] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+if __name__ == "__main__" and not __package__:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import pyarrow as pa
+
+import flight
+from benchmarks.tpch import ensure_tpch
+from benchmarks.tpch_queries import TABLES, compare, decimals_as_numbers, duckdb_connection, duckdb_table, tpch_files
+from benchmarks.tpch_sql import ALL_QUERIES, ORDERED, SQL
+from flight.coordinator.metrics import QueryMetrics
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.micro.scaleout", description=__doc__.split("\n\n")[0])
+    p.add_argument("--sf", type=float, default=10.0)
+    p.add_argument("--workers", type=int, default=2, help="workers, each on its own address and cores (default: %(default)s)")
+    p.add_argument("--cores", type=int, default=1, help="cores per worker (default: %(default)s)")
+    p.add_argument("--memory-limit", default="4GB", help="each worker's --memory-limit (default: %(default)s)")
+    p.add_argument("--queries", default="", help="TPC-H query numbers, comma-separated (default: all 22)")
+    p.add_argument("--runs", type=int, default=3, help="runs per query and way; medians (default: %(default)s)")
+    p.add_argument("--bytes-at", default="", help="only count bytes moved, once, at these worker counts (e.g. 4,8)")
+    return p
+
+
+def _hosts(n: int) -> list[str]:
+    return [f"127.0.0.{2 + i}" for i in range(n)]
+
+
+def moved(metrics: QueryMetrics | None) -> tuple[int, int]:
+    """(bytes the tasks read from another worker, bytes their scans read)."""
+    if metrics is None:
+        return 0, 0
+    return sum(t.bytes_in for t in metrics.tasks), sum(t.scan_bytes_read for t in metrics.tasks)
+
+
+class DuckDB:
+    """DuckDB over the same files with ``threads`` threads, pinned to ``cores`` (its threads start on a pinned thread)."""
+
+    def __init__(self, files: dict[str, list[Path]], threads: int, cores: Sequence[int]) -> None:
+        before = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, set(cores))
+        try:
+            self.con = duckdb_connection(files)
+            self.con.execute(f"SET threads = {threads}")
+            duckdb_table(self.con, "select 1")  # its pool's threads exist now, pinned
+        finally:
+            os.sched_setaffinity(0, before)
+
+    def run(self, text: str) -> tuple[float, pa.Table]:
+        start = time.perf_counter()
+        table = duckdb_table(self.con, text)
+        return time.perf_counter() - start, table
+
+
+def _flight(query: flight.Query, urls: list[str]) -> tuple[float, pa.Table, QueryMetrics | None]:
+    ex = flight.DistributedExec(query, urls)
+    start = time.perf_counter()
+    table = ex.to_table()
+    return time.perf_counter() - start, table, ex.metrics
+
+
+def _cluster(args: argparse.Namespace, n: int, pinned: bool, roots: list[Path]) -> flight.LocalCluster:
+    cpus = [list(range(i * args.cores, (i + 1) * args.cores)) for i in range(n)] if pinned else None
+    return flight.LocalCluster(n, data_roots=roots, hosts=_hosts(n), cpus=cpus,
+                               worker_args=["--memory-limit", args.memory_limit, "--engine-threads", str(args.cores)])
+
+
+def timed(args: argparse.Namespace, files: dict[str, list[Path]], queries: list[int], roots: list[Path]) -> int:
+    n, cores = args.workers, args.cores
+    if n * cores > (os.cpu_count() or 1):
+        raise SystemExit(f"{n} workers x {cores} cores need {n * cores} cores; this machine has {os.cpu_count()}")
+    catalog = flight.Catalog({t: flight.read_parquet([str(p) for p in files[t]]) for t in TABLES})
+    one, every = DuckDB(files, cores, range(cores)), DuckDB(files, n * cores, range(n * cores))
+    speedups, ratios, wrong = [], [], 0
+    print(f"{'query':>5} {'flight':>8} {'duck 1h':>8} {'duck all':>8} {'speed-up':>8} {'vs all':>7} {'moved MB':>9} {'scanned MB':>10}")
+    with _cluster(args, n, True, roots) as cluster:
+        for q in queries:
+            times: dict[str, list[float]] = {"flight": [], "one": [], "all": []}
+            got = want = None
+            metrics = None
+            for _ in range(args.runs):
+                s, got, metrics = _flight(flight.sql(SQL[q], catalog), cluster.urls)
+                times["flight"].append(s)
+                s, want = one.run(SQL[q])
+                times["one"].append(s)
+                times["all"].append(every.run(SQL[q])[0])
+            assert got is not None and want is not None
+            difference = compare(got, decimals_as_numbers(want), ORDERED.get(q))
+            wrong += difference is not None
+            med = {k: statistics.median(v) for k, v in times.items()}
+            speedups.append((q, med["one"] / med["flight"]))
+            ratios.append(med["all"] / med["flight"])
+            out, scanned = moved(metrics)
+            print(f"{'Q' + str(q):>5} {med['flight']:8.2f} {med['one']:8.2f} {med['all']:8.2f} {speedups[-1][1]:8.2f} "
+                  f"{ratios[-1]:7.2f} {out / 1e6:9.1f} {scanned / 1e6:10.1f}" + ("" if difference is None else f"  WRONG: {difference}"),
+                  flush=True)
+    geo = lambda xs: math.exp(sum(math.log(x) for x in xs) / len(xs))  # noqa: E731
+    worst = min(speedups, key=lambda p: p[1])
+    print(f"answers: {len(queries) - wrong}/{len(queries)} equal DuckDB's")
+    print(f"scaleout_speedup_geomean: {geo([s for _, s in speedups]):.2f} (over DuckDB on one host's cores; ideal {n})")
+    print(f"scaleout_vs_duckdb_all_cores: {geo(ratios):.2f} (geomean; DuckDB on the same {n} x {cores} cores = 1.0)")
+    print(f"scaleout_min: Q{worst[0]} {worst[1]:.2f}")
+    return 1 if wrong else 0
+
+
+def bytes_only(args: argparse.Namespace, files: dict[str, list[Path]], queries: list[int], roots: list[Path], counts: list[int]) -> int:
+    catalog = flight.Catalog({t: flight.read_parquet([str(p) for p in files[t]]) for t in TABLES})
+    table: dict[int, dict[int, tuple[int, int]]] = {q: {} for q in queries}
+    for n in counts:
+        with _cluster(args, n, False, roots) as cluster:
+            for q in queries:
+                _, _, metrics = _flight(flight.sql(SQL[q], catalog), cluster.urls)
+                table[q][n] = moved(metrics)
+    print(f"{'query':>5} " + " ".join(f"{f'moved MB at {n}':>14}" for n in counts) + f" {'scanned MB':>10}")
+    for q in queries:
+        print(f"{'Q' + str(q):>5} " + " ".join(f"{table[q][n][0] / 1e6:14.1f}" for n in counts) + f" {table[q][counts[0]][1] / 1e6:10.1f}")
+    totals = {n: sum(table[q][n][0] for q in queries) for n in counts}
+    print("scaleout_bytes_moved_mb: " + ", ".join(f"{n} workers {totals[n] / 1e6:.1f}" for n in counts))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    queries = [int(q) for q in args.queries.split(",") if q.strip()] or list(ALL_QUERIES)
+    root = ensure_tpch(args.sf, TABLES)
+    files = tpch_files(root)
+    roots = [Path(root)]
+    if args.bytes_at:
+        return bytes_only(args, files, queries, roots, [int(n) for n in args.bytes_at.split(",")])
+    return timed(args, files, queries, roots)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
