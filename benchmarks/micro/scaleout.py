@@ -9,14 +9,15 @@ host); DuckDB with N × ``--cores`` threads on all of them. Every flight-exec an
 
 Per query it prints the three medians (of ``--runs``), the speed-up over one host's DuckDB, the ratio to
 DuckDB on all the cores, and the bytes the workers moved between them (``TaskStats.bytes_in``: read from
-another worker) beside the bytes their scans read. The last lines::
+another worker) beside the Parquet bytes of the tables the query reads. The last lines::
 
-    scaleout_speedup_geomean: X (over DuckDB on one host's cores; ideal N)
-    scaleout_vs_duckdb_all_cores: Y (geomean; DuckDB on the same N x cores = 1.0)
-    scaleout_min: Qn Z
+    scaleout_speedup_geomean: X        (over DuckDB on one host's cores; ideal N)
+    scaleout_vs_duckdb_all_cores: Y    (geomean; DuckDB on the same N x cores = 1.0)
+    scaleout_min_qN: Z                 (the query with the least speed-up)
 
 ``--bytes-at 4,8`` runs the queries once on 4 and on 8 workers (distinct addresses, not pinned: bytes moved do
-not depend on the cores) and prints the bytes moved per query at each N, untimed.
+not depend on the cores) and prints the bytes moved per query at each N, untimed, then
+``scaleout_bytes_moved_mb_at_N: MB`` for each N.
 
     python -m benchmarks.micro.scaleout [--sf 10] [--workers 2] [--cores 1] [--memory-limit 4GB] [--queries 18,10] [--runs 3]
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -62,11 +64,17 @@ def _hosts(n: int) -> list[str]:
     return [f"127.0.0.{2 + i}" for i in range(n)]
 
 
-def moved(metrics: QueryMetrics | None) -> tuple[int, int]:
-    """(bytes the tasks read from another worker, bytes their scans read)."""
-    if metrics is None:
-        return 0, 0
-    return sum(t.bytes_in for t in metrics.tasks), sum(t.scan_bytes_read for t in metrics.tasks)
+def moved(metrics: QueryMetrics | None) -> int:
+    """Bytes the tasks read from another worker (Arrow, as it crossed the network; a read from the task's own
+    worker is not counted)."""
+    return 0 if metrics is None else sum(t.bytes_in - t.bytes_in_local for t in metrics.tasks)
+
+
+def table_bytes(text: str, files: dict[str, list[Path]]) -> int:
+    """The Parquet bytes on disk of the tables the query names: what its scans read at most (DuckDB tasks report no
+    scan counts of their own)."""
+    words = set(re.findall(r"[a-z_]+", text.lower()))
+    return sum(p.stat().st_size for t in TABLES if t in words for p in files[t])
 
 
 class DuckDB:
@@ -108,7 +116,7 @@ def timed(args: argparse.Namespace, files: dict[str, list[Path]], queries: list[
     catalog = flight.Catalog({t: flight.read_parquet([str(p) for p in files[t]]) for t in TABLES})
     one, every = DuckDB(files, cores, range(cores)), DuckDB(files, n * cores, range(n * cores))
     speedups, ratios, wrong = [], [], 0
-    print(f"{'query':>5} {'flight':>8} {'duck 1h':>8} {'duck all':>8} {'speed-up':>8} {'vs all':>7} {'moved MB':>9} {'scanned MB':>10}")
+    print(f"{'query':>5} {'flight':>8} {'duck 1h':>8} {'duck all':>8} {'speed-up':>8} {'vs all':>7} {'moved MB':>9} {'tables MB':>9}")
     with _cluster(args, n, True, roots) as cluster:
         for q in queries:
             times: dict[str, list[float]] = {"flight": [], "one": [], "all": []}
@@ -126,32 +134,35 @@ def timed(args: argparse.Namespace, files: dict[str, list[Path]], queries: list[
             med = {k: statistics.median(v) for k, v in times.items()}
             speedups.append((q, med["one"] / med["flight"]))
             ratios.append(med["all"] / med["flight"])
-            out, scanned = moved(metrics)
+            out, scanned = moved(metrics), table_bytes(SQL[q], files)
             print(f"{'Q' + str(q):>5} {med['flight']:8.2f} {med['one']:8.2f} {med['all']:8.2f} {speedups[-1][1]:8.2f} "
-                  f"{ratios[-1]:7.2f} {out / 1e6:9.1f} {scanned / 1e6:10.1f}" + ("" if difference is None else f"  WRONG: {difference}"),
+                  f"{ratios[-1]:7.2f} {out / 1e6:9.1f} {scanned / 1e6:9.1f}" + ("" if difference is None else f"  WRONG: {difference}"),
                   flush=True)
     geo = lambda xs: math.exp(sum(math.log(x) for x in xs) / len(xs))  # noqa: E731
     worst = min(speedups, key=lambda p: p[1])
-    print(f"answers: {len(queries) - wrong}/{len(queries)} equal DuckDB's")
-    print(f"scaleout_speedup_geomean: {geo([s for _, s in speedups]):.2f} (over DuckDB on one host's cores; ideal {n})")
-    print(f"scaleout_vs_duckdb_all_cores: {geo(ratios):.2f} (geomean; DuckDB on the same {n} x {cores} cores = 1.0)")
-    print(f"scaleout_min: Q{worst[0]} {worst[1]:.2f}")
+    print(f"answers: {len(queries) - wrong}/{len(queries)} equal DuckDB's; geomeans of the speed-up over DuckDB on one host's "
+          f"cores (ideal {n}) and of the ratio to DuckDB on the same {n} x {cores} cores (1.0: as fast); the slowest query")
+    print(f"scaleout_speedup_geomean: {geo([s for _, s in speedups]):.2f}")
+    print(f"scaleout_vs_duckdb_all_cores: {geo(ratios):.2f}")
+    print(f"scaleout_min_q{worst[0]}: {worst[1]:.2f}")
     return 1 if wrong else 0
 
 
 def bytes_only(args: argparse.Namespace, files: dict[str, list[Path]], queries: list[int], roots: list[Path], counts: list[int]) -> int:
     catalog = flight.Catalog({t: flight.read_parquet([str(p) for p in files[t]]) for t in TABLES})
-    table: dict[int, dict[int, tuple[int, int]]] = {q: {} for q in queries}
+    table: dict[int, dict[int, int]] = {q: {} for q in queries}
     for n in counts:
         with _cluster(args, n, False, roots) as cluster:
             for q in queries:
                 _, _, metrics = _flight(flight.sql(SQL[q], catalog), cluster.urls)
                 table[q][n] = moved(metrics)
-    print(f"{'query':>5} " + " ".join(f"{f'moved MB at {n}':>14}" for n in counts) + f" {'scanned MB':>10}")
+    print(f"{'query':>5} " + " ".join(f"{f'moved MB at {n}':>14}" for n in counts) + f" {'tables MB':>9}")
     for q in queries:
-        print(f"{'Q' + str(q):>5} " + " ".join(f"{table[q][n][0] / 1e6:14.1f}" for n in counts) + f" {table[q][counts[0]][1] / 1e6:10.1f}")
-    totals = {n: sum(table[q][n][0] for q in queries) for n in counts}
-    print("scaleout_bytes_moved_mb: " + ", ".join(f"{n} workers {totals[n] / 1e6:.1f}" for n in counts))
+        print(f"{'Q' + str(q):>5} " + " ".join(f"{table[q][n] / 1e6:14.1f}" for n in counts) + f" {table_bytes(SQL[q], files) / 1e6:9.1f}")
+    totals = {n: sum(table[q][n] for q in queries) for n in counts}
+    print("bytes moved between workers by all the queries, MB, at each worker count")
+    for n in counts:
+        print(f"scaleout_bytes_moved_mb_at_{n}: {totals[n] / 1e6:.1f}")
     return 0
 
 
