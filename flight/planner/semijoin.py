@@ -11,16 +11,20 @@ else the row holds: it is a filter on the left input's key columns, and moves li
 (``optimize.push_filters``): through a project that passes its keys through (renamed), a filter, a
 sort without a fetch, and onto the side of a join that owns every key where that side's rows are not
 null-extended (either side of an inner join, the preserved side of an outer join, the left of a semi
-or anti join). It stops above anything else (an aggregate, a union, a limit, a window), and it is not
-duplicated: its build side is computed once, where it lands. A semi join with a condition beside
-its keys (``JoinNode.filter``, which reads its build side) stays where it is.
+or anti join). It stops above anything else (an aggregate, a union, a limit, a window). Through an inner
+join whose equality keys pair its keys with the other side's columns, a semi join whose build side is one
+scan (no join, no union) also lands on that other side, on those columns: every row the join outputs has
+equal values there, so the same rows survive (Q18's lineitem, co-located with the subquery's own aggregate,
+keeps ~4,000 of 60 million rows instead of being shuffled whole). Its build side is then computed twice,
+which a build side of joins (TPC-DS q14's) cannot afford. A semi join with a condition beside its keys
+(``JoinNode.filter``, which reads its build side) stays where it is.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from flight.plan.nodes import FilterNode, Node, ProjectNode
+from flight.plan.nodes import FeedScanNode, FilterNode, Node, ProjectNode
 from flight.plan.relnodes import JoinNode, SortNode, UnionNode
 from flight.planner.optimize import join_sides
 
@@ -112,8 +116,33 @@ def _sink(below: Node, semi: JoinNode, keys: list[str], where: list[str]) -> Nod
         child = below.left if target == "left" else below.right
         where.append(f"HashJoin[{below.join_type}, {', '.join(f'{a}={b}' for a, b in zip(below.left_keys, below.right_keys))}]")
         moved = _sink(child, semi, names, where) or _apply(child, semi, names)
-        return _join(below, moved, below.right) if target == "left" else _join(below, below.left, moved)
+        left, right = (moved, below.right) if target == "left" else (below.left, moved)
+        paired = _paired(below, target, names) if _one_scan(semi.right) else None
+        if paired is not None:  # the other side's rows meet only rows whose keys equal these: the same filter holds there
+            other = below.right if target == "left" else below.left
+            copy = _sink(other, semi, paired, where) or _apply(other, semi, paired)
+            left, right = (left, copy) if target == "left" else (copy, right)
+            where.append(f"(also onto its other side, on {', '.join(paired)})")
+        return _join(below, left, right)
     return None
+
+
+def _paired(join: JoinNode, side: str, names: list[str]) -> list[str] | None:
+    """For an inner join whose equality keys pair each of ``names`` (columns of ``side``) with a column of the other
+    side: those columns, in order. A semi join on ``names`` holds on them too: every row the join outputs has equal
+    values there. None otherwise (another join type, or a key the join does not pair)."""
+    if join.join_type != "inner":
+        return None
+    mine, theirs = (join.left_keys, join.right_keys) if side == "left" else (join.right_keys, join.left_keys)
+    pairs = dict(zip(mine, theirs))
+    return [pairs[n] for n in names] if all(n in pairs for n in names) else None
+
+
+def _one_scan(build: Node) -> bool:
+    """Whether a semi join's build side is cheap to compute twice: one scan under it, no join, no union. (Copied,
+    TPC-DS q14's IN subqueries, each a join of three tables, made a one-task plan of 91 source threads.)"""
+    nodes = list(build.walk())
+    return sum(isinstance(n, FeedScanNode) for n in nodes) == 1 and not any(isinstance(n, (JoinNode, UnionNode)) for n in nodes)
 
 
 def _apply(node: Node, semi: JoinNode, keys: list[str]) -> Node:

