@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from support import read_in_thread, wait_until
+from support import read_in_thread, running_tasks, wait_until
 
 import flight
 from flight import col, lit
@@ -63,11 +63,13 @@ def test_a_retained_head_task_run_again_on_another_worker_survives_a_second_loss
         ex = flight.DistributedExec(q, cluster.urls)
         with ex.start_detached(retain=120) as detached:
             first = detached.partitions[0].url
-            time.sleep(0.5)
+            wait_until(lambda: running_tasks([first]) > 0, timeout=30, what="the first head worker to run its task")
             cluster.processes[cluster.urls.index(first)].send_signal(signal.SIGKILL)
             wait_until(lambda: len(detached.attempts) > 0, timeout=30, what="the first loss's reruns")
-            time.sleep(1.0)
-            heads = detached._run.replay.head()  # type: ignore[union-attr]
+            replay = detached._run.replay  # type: ignore[union-attr]
+            wait_until(lambda: all(c.url != first and c.ready.is_set() for c in replay.head()), timeout=30,
+                       what="the lost head's replacement to be admitted")
+            heads = replay.head()
             second = next(c.url for c in heads if c.url != first)
             cluster.processes[cluster.urls.index(second)].send_signal(signal.SIGKILL)
             assert detached.computed(timeout=60), "the head tasks did not finish"
