@@ -137,6 +137,6 @@ class ExecOptions:
     is whole; past it they wait in a temporary file."""
     stream_checksums: bool = True
     """Every partition of a stream that carries rows ends with a trailer of its rows and batches,
-    which its reader checks; with this, a CRC-32 of what was sent too (docs/protocol.md,
+    which its reader checks; with this, a checksum of what was sent too (docs/protocol.md,
     section 17). Off for a fleet whose links are trusted and where its cost shows: the counts
     are still checked."""

@@ -21,7 +21,7 @@ token (``LocalCluster(secure=True)``), in the same alternation; it adds the line
 ``transport_ratio_secure: X`` (secured flight-exec / the same plaintext raw
 server): the cost of TLS + auth on transport.
 
-With ``--no-checksum-too`` a third side runs the same cluster with the stream trailers' CRC-32
+With ``--no-checksum-too`` a third side runs the same cluster with the stream trailers' checksum
 off (``ExecOptions.stream_checksums=False``, docs/protocol.md section 17), interleaved with the
 others: ``transport_ratio_no_checksum: X`` beside ``transport_ratio`` is the checksum's cost.
 
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2, help="flight-exec workers = raw concurrent streams")
     p.add_argument("--compression", choices=["none", "lz4", "zstd"], default="none")
     p.add_argument("--secure", action="store_true", help="also measure a cluster with TLS and a bearer token")
-    p.add_argument("--no-checksum-too", action="store_true", help="also measure with the trailers' CRC-32 off (stream_checksums=False)")
+    p.add_argument("--no-checksum-too", action="store_true", help="also measure with the trailers' checksum off (stream_checksums=False)")
     args = p.parse_args(argv)
 
     files = ipc_files(args.sf)
@@ -214,9 +214,9 @@ def main(argv: list[str] | None = None) -> int:
                 sec_times.append(t_sec)
                 extra = f", secure {t_sec:.3f}s"
             if off is not None:
-                t_off, _ = timed(off, rows, "flight-exec without CRC")
+                t_off, _ = timed(off, rows, "flight-exec without checksum")
                 off_times.append(t_off)
-                extra += f", without CRC {t_off:.3f}s"
+                extra += f", without checksum {t_off:.3f}s"
             log(f"run {i + 1}/{args.runs}: flight-exec {t_fe:.3f}s, raw {t_raw:.3f}s{extra}")
 
     fe_mbs = size / 1e6 / statistics.median(fe_times)

@@ -67,7 +67,7 @@ __all__ = [
     "status_message",
 ]
 
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 """Bumped on any change a peer of the previous version would misread (2: heartbeats, InputEnd, flat expressions;
 3: the Release frame, which a version-2 worker would refuse as a frame without a member; 4: heartbeats on
 DoGet streams, whose absence a version-4 reader takes for a lost worker when a version-3 producer is slow;
@@ -76,7 +76,8 @@ DoGet streams, whose absence a version-4 reader takes for a lost worker when a v
 which a version-6 worker would compute as ROWS, beside the ``Unnest`` operator and the aggregates DuckDB computes;
 8: every partition of a row stream ends with its trailer, ``BatchMetadata.trailer``, whose absence a version-8 reader
 takes for a stream ended short; 9: an error's ``extra_info`` is an ``RpcStatus`` around the ``ErrorInfo``, which a
-version-8 reader would not find)."""
+version-8 reader would not find; 10: the trailer's ``checksum`` sums long buffers' words before its CRC-32, which a
+version-9 reader would take for a corrupted stream)."""
 
 RETAIN_HEADER = "x-flight-exec-retain"
 DIALECT_HEADER = "x-flight-exec-dialect"

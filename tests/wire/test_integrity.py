@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import decimal
 import itertools
+import struct
 import threading
+import zlib
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -84,6 +86,57 @@ def test_bits_past_the_length_of_a_bitmap_do_not_count() -> None:
     clean = pa.record_batch({"i": pa.array(big.slice(0, 10).to_pylist(), pa.int64()), "b": pa.array(flags.slice(0, 10).to_pylist())})
     assert sliced.column(0).buffers()[0].to_pybytes()[1] != clean.column(0).buffers()[0].to_pybytes()[1]  # bits 10-15 differ
     assert batch_checksum(sliced)[1] == batch_checksum(clean)[1]
+
+
+def _long_layouts() -> pa.RecordBatch:
+    """Columns whose buffers pass ``SUMMED_BYTES`` (summed, not hashed byte for byte), with ragged tails."""
+    n = 3001
+    return pa.record_batch(
+        {
+            "i": pa.array([i * 7919 if i % 11 else None for i in range(n)], pa.int64()),
+            "s": pa.array(["v" * (i % 5) for i in range(n)]),
+            "b": pa.array([i % 3 == 0 for i in range(n)]),
+            "l": pa.array([list(range(i % 3)) for i in range(n)], pa.list_(pa.int32())),
+        }
+    )
+
+
+@pytest.mark.parametrize("window", [(0, 3001), (0, 2999), (7, 2500), (1000, 2001)])
+def test_long_buffers_hash_alike_after_the_ipc_round_trip(window: tuple[int, int]) -> None:
+    sent, crc = batch_checksum(_long_layouts().slice(*window))
+    assert batch_checksum(_wire(sent, "lz4"))[1] == crc
+
+
+def test_a_long_range_is_hashed_as_its_word_sum_length_and_tail() -> None:
+    """The definition in docs/protocol.md section 17, computed here in plain Python as the oracle."""
+    values = [(i * 0x9E3779B97F4A7C15) % 2**64 for i in range(1000)]  # 8,000 bytes: one summed range
+    data = struct.pack("<1000Q", *values) + b"\x01\x02\x03"  # a string column's data, 8,003 bytes
+    column = pa.Array.from_buffers(pa.binary(), 1, [None, pa.py_buffer(struct.pack("<2i", 0, len(data))), pa.py_buffer(data)])
+    words = sum(struct.unpack_from("<1000Q", data)) % 2**64
+    expected = zlib.crc32(b"\x01\x02\x03", zlib.crc32(struct.pack("<QQ", words, len(data)), zlib.crc32(struct.pack("<2i", 0, len(data)))))
+    assert batch_checksum(pa.record_batch({"b": column}))[1] == expected
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.integers(0, 8 * 8003 - 1), st.sampled_from(["fixed", "data"]))
+def test_any_one_bit_flipped_in_a_summed_range_changes_the_checksum(bit: int, where: str) -> None:
+    values = pa.array(range(8003), pa.int64()) if where == "fixed" else pa.array(["abcdefgh"] * 8003)
+    crc = batch_checksum(pa.record_batch({"c": values}))[1]
+    buffers = values.buffers()
+    index = 1 if where == "fixed" else 2
+    raw = bytearray(buffers[index].to_pybytes())
+    raw[bit // 8 % len(raw)] ^= 1 << (bit % 8)
+    changed = list(buffers)
+    changed[index] = pa.py_buffer(bytes(raw))
+    flipped = pa.Array.from_buffers(values.type, len(values), changed)
+    assert batch_checksum(pa.record_batch({"c": flipped}))[1] != crc
+
+
+def test_batches_or_columns_in_another_order_change_the_checksum() -> None:
+    a = pa.record_batch({"x": pa.array(range(1000), pa.int64()), "y": pa.array(range(1000, 2000), pa.int64())})
+    b = pa.record_batch({"x": pa.array(range(1000, 2000), pa.int64()), "y": pa.array(range(1000), pa.int64())})
+    assert batch_checksum(a)[1] != batch_checksum(b)[1]
+    assert batch_checksum(b, batch_checksum(a)[1])[1] != batch_checksum(a, batch_checksum(b)[1])[1]
 
 
 _values = st.lists(st.one_of(st.none(), st.integers(-(2**40), 2**40)), min_size=1, max_size=60)
