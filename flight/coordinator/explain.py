@@ -60,6 +60,18 @@ def _accounting(ex: Explained, stage: StageSpec, metrics: dict) -> list[str]:
             f"{', '.join(map(str, stage.consumers)) if stage.shared else stage.consumer} ({stage.output_mode})"]
 
 
+def _output(ex: Explained, stage: StageSpec, metrics: dict) -> list[str]:
+    """The planner's estimate of a stage's output, which its choices (broadcast or shuffle, task counts)
+    rested on, beside what the tasks produced after a run."""
+    if stage.output_rows is None:
+        return []
+    line = f"  output: estimated ~{stage.output_rows:,.0f} rows, {(stage.output_bytes or 0) / (1 << 20):,.1f} MiB"
+    mine = [m for k, m in metrics.items() if k.startswith(f"{ex.query_id}/{stage.stage_id}/")]
+    if mine:
+        line += f"; actual {sum(m.rows_out for m in mine):,} rows, {sum(m.bytes_out for m in mine) / (1 << 20):,.1f} MiB"
+    return [line]
+
+
 def _stage(ex: Explained, stage: StageSpec, urls: list[str], metrics: dict) -> list[str]:
     bound = ex.bound.get(stage.stage_id)
     pending = stage.sized_at_execution and stage.estimate is None
@@ -89,6 +101,7 @@ def _stage(ex: Explained, stage: StageSpec, urls: list[str], metrics: dict) -> l
                 + (f"; {scan}" if (scan := m.describe_scan()) else "")
             )
         lines.append(line)
+    lines += _output(ex, stage, metrics)
     lines += _accounting(ex, stage, metrics)
     lines += ["  " + line for line in stage.root.explain_lines()]
     return lines

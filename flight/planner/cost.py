@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from flight.wire._proto import plan_pb2
 
-__all__ = ["row_width", "selectivity"]
+__all__ = ["BROADCAST_ALWAYS_BYTES", "broadcast_pays", "row_width", "selectivity"]
 
 _SELECTIVITY = {
     "equal": 0.1,
@@ -70,3 +70,18 @@ def row_width(schema: pa.Schema) -> int:
         except ValueError:  # variable width: strings, binaries, nested
             width += 32
     return width
+
+
+BROADCAST_ALWAYS_BYTES = 4 << 20
+"""Copies of a broadcast that move at most this many bytes in all are always worth it: a shuffle
+instead costs a stage boundary (its tasks' start, a hop) that such a transfer does not."""
+
+
+def broadcast_pays(small_bytes: float, probe_tasks: int, probe_bytes: float) -> bool:
+    """Whether broadcasting a join side of ``small_bytes`` into the other side's ``probe_tasks`` tasks
+    moves no more than shuffling that side (``probe_bytes``) would: each copy but the local one
+    crosses the network, so at four tasks the small side must be at most a third of the other,
+    where at two it may be as large. Shuffling both sides would move the small side too; that
+    share is left out, so a tie goes to the broadcast, which keeps the probe side in place."""
+    copies = small_bytes * max(probe_tasks - 1, 1)
+    return copies <= probe_bytes or copies <= BROADCAST_ALWAYS_BYTES

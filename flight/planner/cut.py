@@ -40,18 +40,19 @@ from flight.plan.expr import Expr, col, if_else, lit
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, InputCallNode, LimitNode, Node, ProjectNode, UnnestNode, ValuesNode
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, ShuffleReadNode, SortNode, UnionNode
 from flight.plan.window import WindowNode
-from flight.planner.colocate import distinct_bound, in_range, spread_keys
-from flight.planner.cost import row_width
+from flight.planner.colocate import in_range, spread_keys
+from flight.planner.cost import BROADCAST_ALWAYS_BYTES, broadcast_pays
 from flight.planner.eager import eager_aggregates
 from flight.planner.frag import Frag, frag_bytes, size_text, smaller
 from flight.planner.inputs import check_inputs_read_once, fix_to_input
 from flight.planner.keysets import reduce_aggregate_inputs
-from flight.planner.notes import describe, join_text, moved_filters, repeatable
+from flight.planner.notes import describe, join_text, moved_filters, repeatable, strategy_text
 from flight.planner.optimize import prune_columns, push_filters
 from flight.planner.place import colocated, grouped_below, grouped_in_place, joined_into_ranges, rotated_for_colocation, split_for_groups
 from flight.planner.ranges import filter_selectivity
 from flight.planner.replicate import replicable, replicate_small_broadcasts, substitute_reads
 from flight.planner.reuse import align_task_counts, fingerprint, link_consumers, repeated_subtrees
+from flight.planner.semibuild import distinct_keys, reduced, reduces
 from flight.planner.semijoin import push_semi_joins
 from flight.planner.small import small_query, too_many_sources
 from flight.planner.stages import FeedPlan, PlannerOptions, QueryPlan, StageSpec
@@ -91,6 +92,7 @@ class _Planner:
             self.made[same] = stage_id
         spec = StageSpec(stage_id, frag.node, frag.tasks, frag.feeds, frag.reads, output_mode=mode, output_keys=keys or [])
         spec.task_count = frag.tasks
+        spec.output_rows, spec.output_bytes = frag.rows, frag_bytes(frag)
         inputs = [n for n in frag.node.walk() if isinstance(n, InputCallNode)]
         if inputs:
             fix_to_input(spec, frag, inputs)
@@ -268,38 +270,36 @@ class _Planner:
         placed = colocated(self, node, left, right, out_rows, swappable) or joined_into_ranges(self, node, left, right, out_rows, swappable)
         if placed is not None:
             return placed
-        reduced = semi and self.reduces(node, left, right)
-        if reduced:
-            right = self.reduced(node, left)
-        distinct = self.distinct_keys(right, node) if semi and node.filter is None else None  # a filter reads more than keys
+        keys_first = semi and reduces(self, node, left, right)
+        if keys_first:
+            right = reduced(self, node, left)
+        distinct = distinct_keys(self, right, node) if semi and node.filter is None else None  # a filter reads more than keys
         if distinct is not None:
             right = distinct
-            if reduced and left.rows is not None and right.rows is not None:
+            if keys_first and left.rows is not None and right.rows is not None:
                 right.rows = min(right.rows, left.rows)  # no more distinct keys than the probe side has rows
-        # Broadcasting copies the build side into every probe task: worth it when that side is small,
-        # and not larger than the side that would otherwise be shuffled.
-        right_bytes = frag_bytes(right)
-        known = frag_bytes(left)
-        left_bytes = float("inf") if known is None else known
-        small = right_bytes is not None and right_bytes <= min(self.options.broadcast_bytes, left_bytes)
-        if small and node.join_type in ("inner", "left outer", "left semi", "left anti"):
+        if self.may_broadcast(right, left) and node.join_type in ("inner", "left outer", "left semi", "left anti"):
             if distinct is not None:
                 self.rewrites.append(f"{join_text(node)}: the build side is reduced to its distinct keys {node.right_keys} before it is broadcast")
+            self.rewrites.append(strategy_text(node, "broadcast", size_text(right), size_text(left), left.tasks, _why_broadcast(right, left)))
             finished = self.finished_in_each_task(right)
             reads = finished.reads if finished is not None else [self.cut(right, "broadcast")]
             build = finished.node if finished is not None else reads[0]
             merged = JoinNode(left.node, build, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "broadcast", node.filter)
             return Frag(merged, left.tasks, out_rows, left.feeds, left.reads + reads, left.leaf, left.ranges)
-        left_small = left.rows is not None and left_bytes <= min(self.options.broadcast_bytes, right_bytes or float("inf"))
-        if left_small and node.join_type == "inner" and swappable:
+        if node.join_type == "inner" and swappable and self.may_broadcast(left, right):
             # An inner join is symmetric: broadcast the small left side into the right side's tasks,
             # then put the columns back in the order the query asked for.
+            self.rewrites.append(strategy_text(node, "broadcast (of the left side)", size_text(left), size_text(right), right.tasks,
+                                               _why_broadcast(left, right)))
             read = self.cut(left, "broadcast")
             ordered = self.swapped(node, left.node, right.node, "broadcast", left, right, left_read=read)
             return Frag(ordered, right.tasks, out_rows, right.feeds, right.reads + [read], right.leaf, right.ranges)
         if distinct is not None:
             self.rewrites.append(f"{join_text(node)}: the build side is reduced to its distinct keys {node.right_keys} before it is shuffled")
         tasks = self.upper_tasks(rows)
+        self.rewrites.append(strategy_text(node, "hash shuffle of both sides", size_text(right), size_text(left), tasks,
+                                           _why_shuffle(right, left, self.options.broadcast_bytes)))
         lread = self.cut(left, "hash", node.left_keys)
         rread = self.cut(right, "hash", node.right_keys)
         hashed = list(node.left_keys) if node.join_type in ("inner", "left outer", "left semi", "left anti") else None
@@ -308,6 +308,18 @@ class _Planner:
             return self.consumer(ordered, tasks, out_rows, [lread, rread], hashed)
         merged = JoinNode(lread, rread, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "shuffle", node.filter)
         return self.consumer(merged, tasks, out_rows, [lread, rread], hashed)
+
+    def may_broadcast(self, small: Frag, probe: Frag) -> bool:
+        """Whether ``small`` may be broadcast into ``probe``'s tasks: estimated below ``broadcast_bytes`` and no
+        larger than ``probe``, and its copies to the other tasks move no more than a shuffle of ``probe`` would
+        (at two tasks the same; at more, unless the copies are few bytes, or files each task will read in place,
+        ``replicate_small_broadcasts``, which move nothing)."""
+        size, other = frag_bytes(small), frag_bytes(probe)
+        probe_bytes = float("inf") if other is None else other
+        if size is None or size > min(self.options.broadcast_bytes, probe_bytes):
+            return False
+        return broadcast_pays(size, probe.tasks, probe_bytes) or (
+            bool(probe.feeds) and replicable(small.node, small.feeds, small.reads, self.options.replicate_rows))
 
     def finished_in_each_task(self, f: Frag) -> Frag | None:
         """A one-task final aggregate of gathered partial aggregates (a scalar subquery's), to be
@@ -348,49 +360,6 @@ class _Planner:
         )
         return ProjectNode(joined, [(n, col(n)) for n in node.schema.names])
 
-    def reduces(self, node: JoinNode, left: Frag, right: Frag) -> bool:
-        """Whether a semi or anti join's build side should first be reduced to the probe side's keys.
-
-        Only whether a build key occurs among the probe side's keys matters, so the build rows
-        whose key the probe side lacks can go before the build side's distinct keys are made and
-        moved (TPC-H Q4: 1.4 million lineitem keys against 57,000 orders). It costs a second
-        read of the probe side, and a stage before the build side's, so only when the build
-        side's distinct keys (its rows, or fewer where its footers' key ranges bound them) are
-        estimated at least ``_REDUCE_RATIO`` times the probe side's rows, those are small enough to
-        broadcast, and its feeds are repeatable (the second read must see the rows the first does).
-        TPC-H Q22's orders hold at most 150,000 customer keys, twice the probe side's: reduced
-        first, the query was 16% slower at SF 1.
-        """
-        if left.rows is None or right.rows is None or left.reads or right.tasks == 1:
-            return False
-        keys = min(right.rows, distinct_bound(node.right, node.right_keys) or right.rows)
-        keys_bytes = left.rows * row_width(pa.schema([left.node.schema.field(k) for k in node.left_keys]))
-        return left.rows * _REDUCE_RATIO <= keys and keys_bytes <= self.options.broadcast_bytes and repeatable(node.left)
-
-    def reduced(self, node: JoinNode, left: Frag) -> Frag:
-        """``node``'s build side semi-joined with a second read of its probe side, on the keys."""
-        reducer = JoinNode(node.right, node.left, node.right_keys, node.left_keys, "left semi", node.right_suffix)
-        frag = self.build(reducer)
-        self.rewrites.append(
-            f"{join_text(node)}: the build side is first reduced to the keys the probe side has "
-            f"({size_text(left)}, read a second time for it)"
-        )
-        return frag
-
-    def distinct_keys(self, f: Frag, node: JoinNode) -> Frag | None:
-        """A semi or anti join's build side as its distinct keys, computed in the tasks that produce it.
-
-        Only whether a key occurs matters to such a join, so every duplicate that
-        would cross the network is waste. The consumer does not repeat the
-        distinct: the join takes the few duplicates left (a key in several tasks).
-        """
-        keys = list(node.right_keys)
-        if isinstance(f.node, AggregateNode) and not f.node.calls and set(f.node.keys) <= set(keys):
-            return None  # already distinct on (a subset of) the keys
-        reduced = AggregateNode(f.node, keys, [], "PartialDistinct", partial=True)
-        rows = None if f.rows is None else max(1.0, f.rows * _DISTINCT_FRACTION)
-        return self.wrap(f, reduced, rows)
-
     def union(self, node: UnionNode) -> Frag:
         frags = [self.build(n) for n in node.inputs]
         rows = None if any(f.rows is None for f in frags) else sum(f.rows or 0.0 for f in frags)
@@ -407,14 +376,33 @@ class _Planner:
         return self.consumer(UnionNode(list(reads)), tasks, rows, reads)
 
 
+def _why_broadcast(small: Frag, probe: Frag) -> str:
+    """Why ``Planner.may_broadcast`` said yes, for its rewrite note."""
+    other = frag_bytes(probe)
+    copies = (frag_bytes(small) or 0.0) * max(probe.tasks - 1, 1)
+    if copies <= (float("inf") if other is None else other):
+        return f"its copies (~{copies / (1 << 20):,.1f} MiB) move no more than shuffling the probe side"
+    if copies <= BROADCAST_ALWAYS_BYTES:
+        return f"its copies (~{copies / (1 << 20):,.1f} MiB) are too few bytes for a stage of their own"
+    return "each task will read its files in place (replicated: nothing crosses the network)"
+
+
+def _why_shuffle(build: Frag, probe: Frag, limit: int) -> str:
+    """Why neither side was broadcast, for the shuffle's rewrite note."""
+    size, other = frag_bytes(build), frag_bytes(probe)
+    if size is None:
+        return "the build side's size is unknown"
+    if size > limit:
+        return f"the build side is over broadcast_bytes ({limit / (1 << 20):,.0f} MiB)"
+    if other is not None and size > other:
+        return "the build side is the larger"
+    return (f"copies of the build side to {probe.tasks} task(s) (~{size * max(probe.tasks - 1, 1) / (1 << 20):,.1f} MiB) would "
+            "move more than shuffling both sides, or the join type keeps the build side's unmatched rows")
+
+
 _SWAPPED = {"inner": "inner", "left outer": "right outer", "right outer": "left outer", "full outer": "full outer"}
 """Join types whose sides may swap (Acero builds the right side), and the type after the swap."""
 
-_REDUCE_RATIO = 10.0
-"""How much larger (in rows) a semi or anti join's build side must be before ``_Planner.reduces``."""
-
-
-_DISTINCT_FRACTION = 0.1  # of a semi join's build-side rows estimated distinct keys (as for a grouped aggregate)
 
 
 def plan_query(

@@ -8,7 +8,7 @@ from flight.plan.relnodes import JoinNode
 from flight.planner.optimize import conjuncts
 from flight.planner.stages import StageSpec
 
-__all__ = ["describe", "join_text", "moved_filters", "repeatable"]
+__all__ = ["describe", "join_text", "moved_filters", "repeatable", "strategy_text"]
 
 
 def moved_filters(stages: list[StageSpec]) -> list[str]:
@@ -50,3 +50,9 @@ def join_text(node: JoinNode) -> str:
 def repeatable(node: Node) -> bool:
     """Whether reading ``node`` again in the same query gives the same rows: every feed it scans is."""
     return all(n.feed.inner().repeatable for n in node.walk() if isinstance(n, FeedScanNode))
+
+
+def strategy_text(node: JoinNode, strategy: str, build: str, probe: str, tasks: int, why: str) -> str:
+    """A join's way across workers with the estimates that chose it, for ``QueryPlan.rewrites``: ``build`` and
+    ``probe`` are ``frag.size_text`` of each side; ``explain(analyze=True)`` shows each stage's actual output."""
+    return f"{join_text(node)}: {strategy} into {tasks} task(s), build side {build}, probe side {probe}: {why}"

@@ -19,13 +19,12 @@ from flight.plan.expr import col
 from flight.plan.nodes import FeedScanNode, FilterNode, Node, ProjectNode
 from flight.plan.relnodes import AggregateNode, JoinNode
 from flight.planner.colocate import (
-    COLOCATE_READ,
     EXACT,
     KEPT_UNMATCHED,
     KeyRanges,
     key_scan,
     range_files,
-    rows_read,
+    rereads_pay,
     split_points,
     straddled,
 )
@@ -94,9 +93,8 @@ def _split(sides: Sequence[_Side], points: list[int], tasks: int) -> tuple[list[
     (reading each file's share would read more than a shuffle moves)."""
     feeds: list[FeedPlan] = []
     bounds: dict[str, KeyRanges] = {}
-    for _, _, _, ranges in sides:
-        if rows_read(ranges, points) > COLOCATE_READ * sum(r.rows for r in ranges):
-            return None
+    if not rereads_pay([ranges for _, _, _, ranges in sides], points):
+        return None
     for f, scan, column, ranges in sides:
         feed = f.feeds[0].feed
         grouped = feed.inner().grouped(range_files(ranges, points))  # type: ignore[attr-defined]  # key_ranges had it
@@ -244,7 +242,7 @@ def _could_colocate(planner: Planner, left: Node, right: Node, lkey: str, rkey: 
             return False
         sides.append(side)
     points = split_points(sides[0][3] + sides[1][3], planner.max_tasks)
-    return points is not None and all(rows_read(s[3], points) <= COLOCATE_READ * sum(r.rows for r in s[3]) for s in sides)
+    return points is not None and rereads_pay([s[3] for s in sides], points)
 
 
 def rotated_for_colocation(planner: Planner, node: JoinNode) -> Node | None:

@@ -62,6 +62,10 @@ class StageSpec:
     for the head. Consumers of a hash output all have one task count (``plan_query`` sees to it)."""
     task_count: int = 0  # fixed at planning, or at execution for a shared-queue leaf
     estimate: TaskEstimate | None = None
+    output_rows: float | None = None
+    """The rows the planner estimated its output at (None: unknown); ``explain(analyze=True)`` shows the actual beside."""
+    output_bytes: float | None = None
+    """Those rows' estimated bytes (rows × ``cost.row_width`` of the schema)."""
     notes: list[str] = field(default_factory=list)
     task_roots: list[Node] | None = None
     """A co-located stage's per-task operators (``root`` with each scan's key range); its task count

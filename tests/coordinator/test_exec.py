@@ -238,6 +238,29 @@ def test_explain_shows_the_rows_each_stage_sent_beside_what_its_readers_received
     assert result.num_rows == names
 
 
+def test_explain_shows_each_join_strategy_with_its_estimates_and_each_stage_estimated_beside_actual(
+    cluster: flight.LocalCluster, parquet_files: list[Path]
+) -> None:
+    """The broadcast decision names the sizes it compared; after the run every stage's estimated output
+    stands beside what its tasks produced, and the head's actual rows are the result's (DuckDB counts them)."""
+    small = flight.read_parquet(parquet_files[:1]).filter(col("id") < 5).select(k="name", kid="id")
+    q = flight.read_parquet(parquet_files).select("id", "name").join(small, left_on="name", right_on="k")  # names: in every file
+    ex = flight.DistributedExec(q, cluster.urls, small_query_bytes=0)
+    before = ex.explain()
+    decision = next(line for line in before.splitlines() if "HashJoin[inner, name=k]: broadcast into" in line)
+    assert re.search(r"build side ~[\d,]+ rows, [\d.]+ MiB, probe side ~[\d,]+ rows, [\d.]+ MiB: its copies", decision), decision
+    assert "actual" not in before
+    result = ex.to_table()
+    shown = ex.explain(analyze=True)
+    outputs = re.findall(r"Stage (\d+) .*?\n(?:.*\n)*?  output: estimated ~[\d,]+ rows, [\d.]+ MiB; actual ([\d,]+) rows", shown)
+    assert {int(s) for s, _ in outputs} == {s.stage_id for s in ex.plan.stages if s.output_rows is not None}, shown
+    head = dict(outputs)[str(ex.plan.head.stage_id)]
+    files = [str(p) for p in parquet_files]
+    expected = duckdb.sql(f"select count(*) from read_parquet({files}) a join read_parquet({[files[0]]}) b "
+                          "on a.name = b.name where b.id < 5").fetchall()[0][0]
+    assert int(head.replace(",", "")) == result.num_rows == expected
+
+
 def test_inner_join_broadcasts_a_small_left_side(cluster: flight.LocalCluster, parquet_files: list[Path]) -> None:
     """A small left side of an inner join is broadcast into the big right side's tasks."""
     small = flight.read_parquet(parquet_files[:1]).filter(col("id") < 50).select(k="id", tag="name")
