@@ -7,7 +7,9 @@ A query that needs more than that on one worker together can never be admitted w
 other queries there waiting too (the chaos run's hangs: TPC-H Q5 with every join shuffled, 12 tasks of ~40 MiB
 on each worker of a 256 MiB budget). Smaller output buffers cost some overlap between stages, not results: so
 a query whose tasks do not fit is opened with the largest buffer with which they do, on every worker, and one
-whose tasks would not fit even with the smallest (1 MiB) fails at once, saying what it needs and where.
+whose tasks would not fit even with the smallest (1 MiB) fails at once, saying what it needs and where. A query
+with one task on a worker always fits: a task that alone reserves more than a budget reserves all of it, and
+runs when nothing else holds any (``flight.worker.admission``).
 
 A decision apart from I/O: ``fitted_buffer`` reads the workers' ``LoadInfo`` (their budget and default buffer).
 """
@@ -42,8 +44,8 @@ def fitted_buffer(tasks: Sequence[tuple[str, int]], loads: Mapping[str, protocol
             continue
         asked = buffer or load.output_buffer_bytes or MAX_OUTPUT_BUFFER_BYTES
         budget = load.memory_budget
-        if sum(task_reserve(asked, t) for t in threads) <= budget:
-            continue
+        if len(threads) == 1 or sum(task_reserve(asked, t) for t in threads) <= budget:
+            continue  # one task alone reserves at most the whole budget (the worker clamps it): it runs alone
         inputs = sum(t * INPUT_RESERVE_BYTES for t in threads)
         largest = (budget - inputs) // len(threads) // _MIB * _MIB
         if largest < MIN_OUTPUT_BUFFER_BYTES:

@@ -43,3 +43,9 @@ def test_the_buffer_shrinks_until_every_workers_tasks_fit_its_budget_together() 
 def test_tasks_that_would_not_fit_with_the_smallest_buffer_are_refused_naming_the_worker() -> None:
     with pytest.raises(PlanError, match=r"30 tasks on worker w1 reserve at least 270 MiB .* memory budget of 256 MiB"):
         fitted_buffer([("w1", 1)] * 30, {"w1": load(256)}, 0)
+
+
+def test_one_task_on_a_worker_always_fits_it_runs_alone_with_the_whole_budget() -> None:
+    assert fitted_buffer([("w1", 35)], {"w1": load(256)}, 0) == (0, [])  # 288 MiB: the worker clamps it to 256
+    with pytest.raises(PlanError, match="2 tasks on worker w1"):
+        fitted_buffer([("w1", 35), ("w1", 1)], {"w1": load(256)}, 0)  # two must fit together

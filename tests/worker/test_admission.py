@@ -23,10 +23,11 @@ ONE = Need(1, 1)
 
 
 def capacity(
-    tasks: int = 1, per_client: int = 0, client_queue: int = 0, queue: int = 64, wait: float = 30.0, client_memory: int = 0
+    tasks: int = 1, per_client: int = 0, client_queue: int = 0, queue: int = 64, wait: float = 30.0, client_memory: int = 0,
+    memory: int = 1 << 30,
 ) -> Capacity:
     return Capacity(
-        tasks=tasks, threads=64, memory=1 << 30, queue=queue, wait=wait, per_client=per_client, client_queue=client_queue,
+        tasks=tasks, threads=64, memory=memory, queue=queue, wait=wait, per_client=per_client, client_queue=client_queue,
         client_memory=client_memory,
     )
 
@@ -253,8 +254,25 @@ def test_an_identity_past_its_memory_budget_waits_and_blocks_nobody(line) -> Non
     assert adm.admit("b0", mib, client="b") is None  # another identity is not held up
     adm.release("a0")
     assert ln.admitted(1) == ["a2"]
-    too_big = adm.admit("a3", Need(threads=1, memory=3 << 20), client="a")
-    assert too_big is not None and not too_big.fits_ever and "--memory-budget-per-client-mb" in too_big.reason
+    # A task that alone reserves more than a's budget reserves all of it: it waits until a holds nothing.
+    ln.join("a3", "a", need=Need(threads=1, memory=3 << 20))
+    adm.release("a1")
+    assert ln.admitted(1) == ["a2"]  # a3 still waits: a2 holds a MiB
+    adm.release("a2")
+    assert ln.admitted(2) == ["a2", "a3"]
+    assert adm.load(0, 0).reserved_bytes == (1 << 20) + (2 << 20)  # b0's MiB and a3's clamped 2
+
+
+def test_a_task_larger_than_the_workers_budget_runs_alone(line) -> None:  # type: ignore[no-untyped-def]
+    """The chaos run's one-task query of 35 scans reserved 288 MiB of a 256 MiB budget: refused, it could never run."""
+    adm = Admission(capacity(tasks=8, memory=256 << 20))
+    assert adm.admit("small", Need(threads=1, memory=8 << 20)) is None
+    ln = line(adm)
+    ln.join("huge", "anon", need=Need(threads=36, memory=288 << 20))
+    assert ln.refused == {} and ln.order == []  # it waits, while the small task holds 8 MiB
+    adm.release("small")
+    assert ln.admitted(1) == ["huge"]
+    assert adm.load(0, 0).reserved_bytes == 256 << 20  # the whole budget, no more
 
 
 # --------------------------------------------------------------- heartbeats
