@@ -67,7 +67,7 @@ def test_a_retained_head_task_run_again_on_another_worker_survives_a_second_loss
             cluster.processes[cluster.urls.index(first)].send_signal(signal.SIGKILL)
             wait_until(lambda: len(detached.attempts) > 0, timeout=30, what="the first loss's reruns")
             replay = detached._run.replay  # type: ignore[union-attr]
-            wait_until(lambda: all(c.url != first and c.ready.is_set() for c in replay.head()), timeout=30,
+            wait_until(lambda: bool(h := replay.head()) and all(c.url != first and c.ready.is_set() for c in h), timeout=30,
                        what="the lost head's replacement to be admitted")
             heads = replay.head()
             second = next(c.url for c in heads if c.url != first)
