@@ -41,12 +41,12 @@ from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, Input
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, ShuffleReadNode, SortNode, UnionNode
 from flight.plan.window import WindowNode
 from flight.planner.colocate import in_range, spread_keys
-from flight.planner.cost import BROADCAST_ALWAYS_BYTES, broadcast_pays
+from flight.planner.cost import broadcast_pays
 from flight.planner.eager import eager_aggregates
 from flight.planner.frag import Frag, frag_bytes, size_text, smaller
 from flight.planner.inputs import check_inputs_read_once, fix_to_input
 from flight.planner.keysets import reduce_aggregate_inputs
-from flight.planner.notes import describe, join_text, moved_filters, repeatable, strategy_text
+from flight.planner.notes import describe, join_text, moved_filters, repeatable, strategy_text, why_broadcast, why_shuffle
 from flight.planner.optimize import prune_columns, push_filters
 from flight.planner.place import colocated, grouped_below, grouped_in_place, joined_into_ranges, rotated_for_colocation, split_for_groups
 from flight.planner.ranges import filter_selectivity
@@ -71,6 +71,7 @@ class _Planner:
         self.feed_ids: set[str] = set()
         self.rewrites: list[str] = []
         self.made: dict[bytes, int] = {}  # stage ids by fingerprint (flight.planner.reuse)
+        self.once: dict[bytes, ShuffleReadNode] = {}  # a repeated subplan grouped in place, broadcast to each use
         self.repeated: set[int] = set()  # ids of the nodes each use of a CTE starts at
         self.crowded = False  # one task would hold too many sources (small.too_many_sources): every repeat is a stage
         self.hash_on: dict[int, list[str]] = {}  # an aggregate's shuffle keys, when the aggregate above groups by fewer
@@ -146,12 +147,26 @@ class _Planner:
 
     def shared(self, node: Node) -> Frag:
         """One use of a subplan the query holds more than once: its own stage when its scans would
-        run in the use's tasks, made once and read by each use (``flight.planner.reuse``)."""
+        run in the use's tasks, made once and read by each use (``flight.planner.reuse``).
+
+        One that groups rows in place (co-located key ranges) is made once in a stage of its own whose
+        output is broadcast to each use: computed in each use's tasks, TPC-H Q18's subquery (lineitem
+        grouped by order key, kept where the sum passes 300: ~600 keys at SF 10) grouped 60 million rows
+        once for orders and again for lineitem, where the semi join is copied (``flight.planner.semijoin``)."""
+        key = fingerprint(node, [], 0, "once", [])
+        if key in self.once:
+            read = self.once[key]
+            return Frag(read, 1, None, [], [read])
         self.repeated.discard(id(node))
         try:
             f = self.build(node)
         finally:
             self.repeated.add(id(node))
+        if f.ranges and any(isinstance(n, AggregateNode) for n in f.node.walk()):
+            read = self.once[key] = self.cut(f, "broadcast")
+            self.rewrites.append(f"stage {read.stage_id}: a subplan used more than once, grouped in place, is computed once "
+                                 "and broadcast to each use instead of grouped again in every use's tasks")
+            return Frag(read, 1, f.rows, [], [read])
         if f.ranges or (not self.crowded and (not f.feeds or f.tasks == 1 or repeatable(node))):
             return f  # its scans are behind a cut (reused there), one task reads all, or reading again costs less than a stage
         read = self.cut(f, "round_robin")
@@ -267,6 +282,9 @@ class _Planner:
                 return Frag(ordered, 1, out_rows, right.feeds + left.feeds, right.reads + left.reads, left.leaf or right.leaf)
             merged = JoinNode(left.node, right.node, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "local", node.filter)
             return Frag(merged, 1, out_rows, left.feeds + right.feeds, left.reads + right.reads, left.leaf or right.leaf)
+        if right.node in self.once.values() and node.join_type in ("inner", "left outer", "left semi", "left anti"):
+            merged = JoinNode(left.node, right.node, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "broadcast", node.filter)
+            return Frag(merged, left.tasks, out_rows, left.feeds, left.reads + right.reads, left.leaf, left.ranges)  # made once (``shared``)
         placed = colocated(self, node, left, right, out_rows, swappable) or joined_into_ranges(self, node, left, right, out_rows, swappable)
         if placed is not None:
             return placed
@@ -281,7 +299,7 @@ class _Planner:
         if self.may_broadcast(right, left) and node.join_type in ("inner", "left outer", "left semi", "left anti"):
             if distinct is not None:
                 self.rewrites.append(f"{join_text(node)}: the build side is reduced to its distinct keys {node.right_keys} before it is broadcast")
-            self.rewrites.append(strategy_text(node, "broadcast", size_text(right), size_text(left), left.tasks, _why_broadcast(right, left)))
+            self.rewrites.append(strategy_text(node, "broadcast", size_text(right), size_text(left), left.tasks, why_broadcast(right, left)))
             finished = self.finished_in_each_task(right)
             reads = finished.reads if finished is not None else [self.cut(right, "broadcast")]
             build = finished.node if finished is not None else reads[0]
@@ -291,7 +309,7 @@ class _Planner:
             # An inner join is symmetric: broadcast the small left side into the right side's tasks,
             # then put the columns back in the order the query asked for.
             self.rewrites.append(strategy_text(node, "broadcast (of the left side)", size_text(left), size_text(right), right.tasks,
-                                               _why_broadcast(left, right)))
+                                               why_broadcast(left, right)))
             read = self.cut(left, "broadcast")
             ordered = self.swapped(node, left.node, right.node, "broadcast", left, right, left_read=read)
             return Frag(ordered, right.tasks, out_rows, right.feeds, right.reads + [read], right.leaf, right.ranges)
@@ -299,7 +317,7 @@ class _Planner:
             self.rewrites.append(f"{join_text(node)}: the build side is reduced to its distinct keys {node.right_keys} before it is shuffled")
         tasks = self.upper_tasks(rows)
         self.rewrites.append(strategy_text(node, "hash shuffle of both sides", size_text(right), size_text(left), tasks,
-                                           _why_shuffle(right, left, self.options.broadcast_bytes)))
+                                           why_shuffle(right, left, self.options.broadcast_bytes)))
         lread = self.cut(left, "hash", node.left_keys)
         rread = self.cut(right, "hash", node.right_keys)
         hashed = list(node.left_keys) if node.join_type in ("inner", "left outer", "left semi", "left anti") else None
@@ -374,30 +392,6 @@ class _Planner:
         tasks = max(f.tasks for f in frags)
         reads = [self.cut(f, "round_robin") for f in frags]
         return self.consumer(UnionNode(list(reads)), tasks, rows, reads)
-
-
-def _why_broadcast(small: Frag, probe: Frag) -> str:
-    """Why ``Planner.may_broadcast`` said yes, for its rewrite note."""
-    other = frag_bytes(probe)
-    copies = (frag_bytes(small) or 0.0) * max(probe.tasks - 1, 1)
-    if copies <= (float("inf") if other is None else other):
-        return f"its copies (~{copies / (1 << 20):,.1f} MiB) move no more than shuffling the probe side"
-    if copies <= BROADCAST_ALWAYS_BYTES:
-        return f"its copies (~{copies / (1 << 20):,.1f} MiB) are too few bytes for a stage of their own"
-    return "each task will read its files in place (replicated: nothing crosses the network)"
-
-
-def _why_shuffle(build: Frag, probe: Frag, limit: int) -> str:
-    """Why neither side was broadcast, for the shuffle's rewrite note."""
-    size, other = frag_bytes(build), frag_bytes(probe)
-    if size is None:
-        return "the build side's size is unknown"
-    if size > limit:
-        return f"the build side is over broadcast_bytes ({limit / (1 << 20):,.0f} MiB)"
-    if other is not None and size > other:
-        return "the build side is the larger"
-    return (f"copies of the build side to {probe.tasks} task(s) (~{size * max(probe.tasks - 1, 1) / (1 << 20):,.1f} MiB) would "
-            "move more than shuffling both sides, or the join type keeps the build side's unmatched rows")
 
 
 _SWAPPED = {"inner": "inner", "left outer": "right outer", "right outer": "left outer", "full outer": "full outer"}

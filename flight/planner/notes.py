@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from flight.plan.nodes import FeedScanNode, FilterNode, Node
 from flight.plan.relnodes import JoinNode
+from flight.planner.cost import BROADCAST_ALWAYS_BYTES
+from flight.planner.frag import Frag, frag_bytes
 from flight.planner.optimize import conjuncts
 from flight.planner.stages import StageSpec
 
-__all__ = ["describe", "join_text", "moved_filters", "repeatable", "strategy_text"]
+__all__ = ["describe", "join_text", "moved_filters", "repeatable", "strategy_text", "why_broadcast", "why_shuffle"]
 
 
 def moved_filters(stages: list[StageSpec]) -> list[str]:
@@ -56,3 +58,27 @@ def strategy_text(node: JoinNode, strategy: str, build: str, probe: str, tasks: 
     """A join's way across workers with the estimates that chose it, for ``QueryPlan.rewrites``: ``build`` and
     ``probe`` are ``frag.size_text`` of each side; ``explain(analyze=True)`` shows each stage's actual output."""
     return f"{join_text(node)}: {strategy} into {tasks} task(s), build side {build}, probe side {probe}: {why}"
+
+
+def why_broadcast(small: Frag, probe: Frag) -> str:
+    """Why ``_Planner.may_broadcast`` (``flight.planner.cut``) said yes, for its rewrite note."""
+    other = frag_bytes(probe)
+    copies = (frag_bytes(small) or 0.0) * max(probe.tasks - 1, 1)
+    if copies <= (float("inf") if other is None else other):
+        return f"its copies (~{copies / (1 << 20):,.1f} MiB) move no more than shuffling the probe side"
+    if copies <= BROADCAST_ALWAYS_BYTES:
+        return f"its copies (~{copies / (1 << 20):,.1f} MiB) are too few bytes for a stage of their own"
+    return "each task will read its files in place (replicated: nothing crosses the network)"
+
+
+def why_shuffle(build: Frag, probe: Frag, limit: int) -> str:
+    """Why neither side was broadcast, for the shuffle's rewrite note."""
+    size, other = frag_bytes(build), frag_bytes(probe)
+    if size is None:
+        return "the build side's size is unknown"
+    if size > limit:
+        return f"the build side is over broadcast_bytes ({limit / (1 << 20):,.0f} MiB)"
+    if other is not None and size > other:
+        return "the build side is the larger"
+    return (f"copies of the build side to {probe.tasks} task(s) (~{size * max(probe.tasks - 1, 1) / (1 << 20):,.1f} MiB) would "
+            "move more than shuffling both sides, or the join type keeps the build side's unmatched rows")

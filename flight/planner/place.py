@@ -10,7 +10,7 @@ boundaries, so a scan joins the stage only when its files split well at them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Protocol
 
 import pyarrow as pa
@@ -42,6 +42,7 @@ class Planner(Protocol):
     colocate: bool
     max_tasks: int
     rewrites: list[str]
+    repeated: set[int]
 
     def swapped(self, node: JoinNode, left: Node, right: Node, strategy: str, lf: Frag, rf: Frag) -> Node: ...
 
@@ -222,19 +223,28 @@ def split_for_groups(planner: Planner, f: Frag, keys: Sequence[str]) -> Frag | N
     return None
 
 
-def _scan_only(node: Node) -> FeedScanNode | None:
-    """The one scan of ``node`` when it only filters and projects it, else None."""
-    scans = [n for n in node.walk() if isinstance(n, FeedScanNode)]
-    if len(scans) != 1 or not all(isinstance(n, (FeedScanNode, FilterNode, ProjectNode)) for n in node.walk()):
-        return None
-    return scans[0]
+def _scan_only(node: Node, repeated: Collection[int] = ()) -> FeedScanNode | None:
+    """The one scan of ``node`` when it only filters and projects it, or semi-joins it with a subplan the
+    query repeats (``repeated``: made once and broadcast to each use, ``_Planner.shared``), else None."""
+    scans: list[FeedScanNode] = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, JoinNode) and n.join_type in ("left semi", "left anti") and id(n.right) in repeated:
+            stack.append(n.left)
+            continue
+        if not isinstance(n, (FeedScanNode, FilterNode, ProjectNode)):
+            return None
+        scans += [n] if isinstance(n, FeedScanNode) else []
+        stack.extend(n.children())
+    return scans[0] if len(scans) == 1 else None
 
 
 def _could_colocate(planner: Planner, left: Node, right: Node, lkey: str, rkey: str) -> bool:
     """Whether an inner join of two scan-only subtrees on these keys would be co-located (no side effects)."""
     sides = []
     for node, key in ((left, lkey), (right, rkey)):
-        scan = _scan_only(node)
+        scan = _scan_only(node, planner.repeated)
         if scan is None:
             return False
         side = _fresh_side(Frag(node, planner.max_tasks, None, [FeedPlan(scan.feed, 1)], leaf=True), key, False)

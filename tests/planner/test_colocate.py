@@ -290,3 +290,19 @@ def test_a_join_order_that_hides_a_co_located_pair_is_rotated(cluster: flight.Lo
     assert any("co-located" in r for r in ex.plan.rewrites)
     flat = flight.read_parquet(tables["o"]).join(flight.read_parquet(tables["l"]), left_on="ok", right_on="lk")
     assert not any("joins reordered" in r for r in plan_query(flat.node, 2).rewrites)  # nothing to rotate
+
+
+def test_a_repeated_subquery_grouped_in_place_is_computed_once_and_broadcast_to_each_use(
+    cluster: flight.LocalCluster, tables: dict[str, list[Path]]
+) -> None:
+    """TPC-H Q18's shape: the IN subquery groups the lines by key, and the semi join lands on both sides of
+    the co-located join (flight/planner/semijoin.py). Grouped in each use's tasks, the lines were grouped twice;
+    made once, its keys are broadcast to both scans, which are still joined in place."""
+    text = ("SELECT ok, prio, sum(qty) AS q FROM o JOIN l ON ok = lk "
+            "WHERE ok IN (SELECT lk FROM l GROUP BY lk HAVING sum(qty) > 60) GROUP BY ok, prio")
+    ex = flight.DistributedExec(flight.sql(text, _catalog(tables)), cluster.urls, small_query_bytes=0, one_host_query_bytes=0)
+    grouped = [n for s in ex.plan.stages for n in s.root.walk() if isinstance(n, flight.plan.relnodes.AggregateNode) and n.keys == ["lk"]]
+    assert len(grouped) == 1, ex.explain()
+    assert any("computed once and broadcast to each use" in r for r in ex.plan.rewrites), ex.plan.rewrites
+    assert any("co-located" in r and "ok" in r and "lk" in r for r in ex.plan.rewrites), ex.plan.rewrites  # the join, in place
+    assert _rows(ex.to_table()) == _rows(_duck(tables).sql(text).to_arrow_table())

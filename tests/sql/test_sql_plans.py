@@ -52,14 +52,21 @@ SHAPES = {
 
 
 def test_joins_and_aggregates_by_the_order_key_stay_in_one_co_located_stage(catalog: flight.Catalog) -> None:
-    """Q21's EXISTS and NOT EXISTS on lineitem, and Q18's lines grouped by order key, run in the
-    tasks that already split orders and lineitem by order key (flight/planner/place.py): one
-    leaf stage reading no other stage, then the head."""
-    for n in (18, 21):
-        ex = flight.DistributedExec(flight.sql(SQL[n], catalog), URLS, small_query_bytes=0)
-        leaves = [s for s in ex.plan.stages if s.feeds]
-        assert len(leaves) == 1 and leaves[0].task_roots is not None and not leaves[0].reads, ex.explain()
-        assert len(ex.plan.stages) == 2, ex.explain()
+    """Q21's EXISTS and NOT EXISTS on lineitem run in the tasks that already split orders and lineitem
+    by order key (flight/planner/place.py): one leaf stage reading no other stage, then the head. Q18's
+    lines grouped by order key, used by the semi joins on both orders and lineitem, are grouped once, in
+    key ranges too, and broadcast into the co-located join of orders and lineitem (cut.py, ``shared``)."""
+    ex = flight.DistributedExec(flight.sql(SQL[21], catalog), URLS, small_query_bytes=0)
+    leaves = [s for s in ex.plan.stages if s.feeds]
+    assert len(leaves) == 1 and leaves[0].task_roots is not None and not leaves[0].reads, ex.explain()
+    assert len(ex.plan.stages) == 2, ex.explain()
+    ex = flight.DistributedExec(flight.sql(SQL[18], catalog), URLS, small_query_bytes=0)
+    once, joined = [s for s in ex.plan.stages if s.feeds]
+    assert once.task_roots is not None and not once.reads and once.output_mode == "broadcast", ex.explain()
+    assert joined.task_roots is not None and {r.stage_id for r in joined.reads} == {once.stage_id}, ex.explain()
+    grouped = [a for s in ex.plan.stages for a in s.root.walk() if isinstance(a, AggregateNode) and a.keys == ["l_orderkey"]]
+    assert len(grouped) == 1, ex.explain()
+    assert len(ex.plan.stages) == 3, ex.explain()
 
 
 def test_an_aggregate_over_rows_already_hashed_on_its_keys_is_not_shuffled_again(catalog: flight.Catalog) -> None:
