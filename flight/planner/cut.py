@@ -284,7 +284,7 @@ class _Planner:
             return Frag(merged, 1, out_rows, left.feeds + right.feeds, left.reads + right.reads, left.leaf or right.leaf)
         if right.node in self.once.values() and node.join_type in ("inner", "left outer", "left semi", "left anti"):
             merged = JoinNode(left.node, right.node, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "broadcast", node.filter)
-            return Frag(merged, left.tasks, out_rows, left.feeds, left.reads + right.reads, left.leaf, left.ranges)  # made once (``shared``)
+            return Frag(merged, left.tasks, out_rows, left.feeds, left.reads + right.reads, left.leaf, left.ranges, hashed=left.hashed)  # ``shared``
         placed = colocated(self, node, left, right, out_rows, swappable) or joined_into_ranges(self, node, left, right, out_rows, swappable)
         if placed is not None:
             return placed
@@ -304,7 +304,8 @@ class _Planner:
             reads = finished.reads if finished is not None else [self.cut(right, "broadcast")]
             build = finished.node if finished is not None else reads[0]
             merged = JoinNode(left.node, build, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "broadcast", node.filter)
-            return Frag(merged, left.tasks, out_rows, left.feeds, left.reads + reads, left.leaf, left.ranges)
+            # Its rows stay put, hash-partitioned as they came (an aggregate by those keys runs in place: TPC-H Q10).
+            return Frag(merged, left.tasks, out_rows, left.feeds, left.reads + reads, left.leaf, left.ranges, hashed=left.hashed)
         if node.join_type == "inner" and swappable and self.may_broadcast(left, right):
             # An inner join is symmetric: broadcast the small left side into the right side's tasks,
             # then put the columns back in the order the query asked for.
@@ -312,7 +313,7 @@ class _Planner:
                                                why_broadcast(left, right)))
             read = self.cut(left, "broadcast")
             ordered = self.swapped(node, left.node, right.node, "broadcast", left, right, left_read=read)
-            return Frag(ordered, right.tasks, out_rows, right.feeds, right.reads + [read], right.leaf, right.ranges)
+            return Frag(ordered, right.tasks, out_rows, right.feeds, right.reads + [read], right.leaf, right.ranges, hashed=right.hashed)
         if distinct is not None:
             self.rewrites.append(f"{join_text(node)}: the build side is reduced to its distinct keys {node.right_keys} before it is shuffled")
         tasks = self.upper_tasks(rows)
