@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from flight.wire._proto import plan_pb2
 
-__all__ = ["BROADCAST_ALWAYS_BYTES", "broadcast_pays", "row_width", "selectivity"]
+__all__ = ["BROADCAST_ALWAYS_BYTES", "broadcast_copies", "broadcast_pays", "row_width", "selectivity"]
 
 _SELECTIVITY = {
     "equal": 0.1,
@@ -83,5 +83,10 @@ def broadcast_pays(small_bytes: float, probe_tasks: int, probe_bytes: float) -> 
     crosses the network, so at four tasks the small side must be at most a third of the other,
     where at two it may be as large. Shuffling both sides would move the small side too; that
     share is left out, so a tie goes to the broadcast, which keeps the probe side in place."""
-    copies = small_bytes * max(probe_tasks - 1, 1)
+    copies = broadcast_copies(small_bytes, probe_tasks)
     return copies <= probe_bytes or copies <= BROADCAST_ALWAYS_BYTES
+
+
+def broadcast_copies(small_bytes: float, probe_tasks: int) -> float:
+    """The bytes a broadcast of ``small_bytes`` moves into ``probe_tasks`` tasks: a copy to each but the local one."""
+    return small_bytes * max(probe_tasks - 1, 1)

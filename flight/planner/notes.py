@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from flight.plan.nodes import FeedScanNode, FilterNode, Node
 from flight.plan.relnodes import JoinNode
-from flight.planner.cost import BROADCAST_ALWAYS_BYTES
+from flight.planner.cost import BROADCAST_ALWAYS_BYTES, broadcast_copies
 from flight.planner.frag import Frag, frag_bytes
 from flight.planner.optimize import conjuncts
 from flight.planner.stages import StageSpec
@@ -63,7 +63,7 @@ def strategy_text(node: JoinNode, strategy: str, build: str, probe: str, tasks: 
 def why_broadcast(small: Frag, probe: Frag) -> str:
     """Why ``_Planner.may_broadcast`` (``flight.planner.cut``) said yes, for its rewrite note."""
     other = frag_bytes(probe)
-    copies = (frag_bytes(small) or 0.0) * max(probe.tasks - 1, 1)
+    copies = broadcast_copies(frag_bytes(small) or 0.0, probe.tasks)
     if copies <= (float("inf") if other is None else other):
         return f"its copies (~{copies / (1 << 20):,.1f} MiB) move no more than shuffling the probe side"
     if copies <= BROADCAST_ALWAYS_BYTES:
@@ -80,5 +80,5 @@ def why_shuffle(build: Frag, probe: Frag, limit: int) -> str:
         return f"the build side is over broadcast_bytes ({limit / (1 << 20):,.0f} MiB)"
     if other is not None and size > other:
         return "the build side is the larger"
-    return (f"copies of the build side to {probe.tasks} task(s) (~{size * max(probe.tasks - 1, 1) / (1 << 20):,.1f} MiB) would "
+    return (f"copies of the build side to {probe.tasks} task(s) (~{broadcast_copies(size, probe.tasks) / (1 << 20):,.1f} MiB) would "
             "move more than shuffling both sides, or the join type keeps the build side's unmatched rows")
