@@ -103,6 +103,11 @@ class ExecOptions:
     at most this many bytes also runs as one task, on all of the host's cores, unless it computes a CTE twice
     or its split only gathers co-located work over many groups (``DistributedExec._plan``; docs/queries.md,
     "Small queries"; 0: never, and never when ``small_query_bytes`` is 0)."""
+    adaptive_bytes: int = 8 << 20
+    """A join side whose size only a guess gives (a filter on an aggregate's output), where the guess would
+    shuffle the other side, runs first; if its rows come to at most this many bytes, the query is planned
+    again with them as literal input (``flight.planner.adaptive``; docs/queries.md, "Adaptive planning").
+    0: never."""
     security: Security | None = None
     """Token and TLS material for talking to the workers (``LocalCluster.security``, ``Security.from_files``)."""
     deadline: float | None = None

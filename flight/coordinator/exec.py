@@ -16,6 +16,7 @@ from dataclasses import replace
 import pyarrow as pa
 
 from flight.config import ExecOptions
+from flight.coordinator.adaptive import run_side
 from flight.coordinator.context import RunContext
 from flight.coordinator.detached import DetachedQuery, HeadPartition
 from flight.coordinator.explain import explain_plan
@@ -28,10 +29,14 @@ from flight.errors import (
     FlightExecError,
     WorkerError,
 )
+from flight.plan.nodes import Node
 from flight.plan.query import Query
+from flight.planner.adaptive import AdaptivePoint, find_point, key_filters
+from flight.planner.adaptive import settled as settled_root
 from flight.planner.cut import plan_query
 from flight.planner.inputs import refuse_unsent_inputs
 from flight.planner.optimize import push_filters
+from flight.planner.semijoin import push_semi_joins
 from flight.planner.small import hands_off, many_groups, one_host, reads_twice, scan_bytes, small_note, too_many_sources
 from flight.planner.stages import PlannerOptions, QueryPlan, StageSpec
 from flight.sources.estimate import DefaultTaskEstimator, TaskEstimator
@@ -74,7 +79,12 @@ class DistributedExec:
             replicate_rows=self.options.replicate_rows, small_query_bytes=self.options.small_query_bytes,
         )
         urls = self.resolver.get_urls()
+        self._planner_options = planner_options
+        self.adaptive: AdaptivePoint | None = None  # a join side to run first (flight.planner.adaptive)
+        self._root: Node | None = None  # the pushed plan it is a side of
+        self._planned: QueryPlan | None = None  # the plan made before the side ran: what runs if it is large
         self.plan: QueryPlan = self._plan(urls, planner_options)
+        self._adaptable(urls)
         self.metrics: QueryMetrics | None = None
         self.query_id: str | None = None  # of the latest execute(), known from its start
         self.query_secret: bytes | None = None  # of the latest execute(): what its tickets and a cancel must carry
@@ -101,6 +111,40 @@ class DistributedExec:
             whole.rewrites.insert(0, f"its {len(urls)} workers share one host: one task on all its cores costs less "
                                      "than the split's stages (one_host_query_bytes)")
         return whole
+
+    def _adaptable(self, urls: list[str]) -> None:
+        """Find the plan's adaptive point, if it splits across tasks and has one; say so in its notes."""
+        if self.options.adaptive_bytes <= 0 or max(s.task_count for s in self.plan.stages) < 2:
+            return
+        root, _ = push_semi_joins(push_filters(self.query.node))
+        self.adaptive = find_point(root)
+        if self.adaptive is not None:
+            self._root, self._planned = root, self.plan
+            self.plan.rewrites.insert(0, self.adaptive.text())
+
+    def _adapted(self, options: ExecOptions) -> tuple[QueryPlan, ExecOptions]:
+        """The plan (and options) one execution runs: with an adaptive point, planned again once its side ran
+        (``flight.coordinator.adaptive``), with what is left of the deadline."""
+        point, root = self.adaptive, self._root
+        if point is None or root is None or self._planned is None:
+            return self.plan, options
+        settled = run_side(point, self._start_side, options)
+        note = point.outcome(settled.table, settled.seconds, options.adaptive_bytes)
+        if options.deadline is not None:
+            options = replace(options, deadline=max(1e-3, options.deadline - settled.seconds))
+        if settled.table is None:
+            plan = QueryPlan(self._planned.stages, [note, *self._planned.rewrites[1:]])
+        else:
+            new, filters = key_filters(settled_root(root, point.side, settled.table))
+            plan = plan_query(new, len(self.resolver.get_urls()), self._planner_options)  # the key filters pushed too
+            plan.rewrites[:0] = [note, *filters]
+        self.plan = plan  # explain() shows the latest execution's plan
+        return plan, options
+
+    def _start_side(self, query: Query, options: ExecOptions) -> tuple[pa.RecordBatchReader, Callable[[], None]]:
+        side = DistributedExec(query, self.resolver, options, estimator=self.estimator)
+        attempts = _Attempts(side)
+        return pa.RecordBatchReader.from_batches(side.stage.output_schema, attempts.batches(attempts.open())), attempts.abandon
 
     @property
     def stage(self) -> StageSpec:
@@ -133,7 +177,8 @@ class DistributedExec:
         ``progress`` (default: ``ExecOptions.progress``): a bar per stage while it runs.
         """
         refuse_unsent_inputs(self.plan.stages, "DistributedExec.execute")
-        attempts = _Attempts(self)
+        plan, options = self._adapted(self.options)
+        attempts = _Attempts(self, plan, options)
         bars = StageBars(lambda: attempts.run).start() if (self.options.progress if progress is None else progress) else None
         try:
             first = attempts.open()
@@ -166,7 +211,8 @@ class DistributedExec:
             raise ValueError(f"retain must be 0 or more seconds, not {retain}")
         if not sends_inputs:  # ``sends_inputs``: the caller sends its inputs' rows (flight.spark.read), to ``inputs()``
             refuse_unsent_inputs(self.plan.stages, "DistributedExec.start_detached")
-        return DetachedQuery(_Attempts(self, retain=retain > 0, detached=True).launch(), retain)
+        plan, options = self._adapted(self.options)
+        return DetachedQuery(_Attempts(self, plan, options, retain=retain > 0, detached=True).launch(), retain)
 
 def _until_done(batches: Iterator[pa.RecordBatch], done: Callable[[], None]) -> Iterator[pa.RecordBatch]:
     """``batches``, calling ``done`` when they end, fail, or are dropped unread."""
@@ -179,7 +225,10 @@ def _until_done(batches: Iterator[pa.RecordBatch], done: Callable[[], None]) -> 
 class _Attempts:
     """The attempts of one ``execute()``: a new ``Run`` after each lost worker, while no row was delivered."""
 
-    def __init__(self, ex: DistributedExec, *, retain: bool = False, detached: bool = False) -> None:
+    def __init__(
+        self, ex: DistributedExec, plan: QueryPlan | None = None, options: ExecOptions | None = None, *,
+        retain: bool = False, detached: bool = False,
+    ) -> None:
         self.ex = ex
         self.retain = retain
         self.excluded: set[str] = set()
@@ -188,10 +237,10 @@ class _Attempts:
         # Rows tagged with their work unit are for this process's own reader (``replay.py``): a
         # detached query's head outputs are read by others, as the plan's schema says. Read once by
         # others, a lost head task cannot be read again from where they were: only a retained one is.
-        options = ex.options
+        options = options or ex.options
         if detached:
             options = replace(options, unit_recovery=False, stage_recovery=options.stage_recovery and retain)
-        self.context = RunContext(ex.plan, options, ex.estimator, ex.resolver, ex.attempts, sink=self)
+        self.context = RunContext(plan or ex.plan, options, ex.estimator, ex.resolver, ex.attempts, sink=self)
 
     def named(self, query_id: str, secret: bytes, bound: dict[int, list[str]]) -> None:
         """The latest attempt's id, secret and bound tasks: what ``DistributedExec`` shows (``RunSink``)."""

@@ -178,6 +178,8 @@ class InputCallNode(Node):
 @dataclass(eq=False)
 class ValuesNode(Node):
     table: pa.Table
+    every_task: bool = False
+    """Every task of its stage emits the rows (literal rows a join builds in each task); else task 0 alone."""
 
     @property
     def schema(self) -> pa.Schema:
@@ -187,11 +189,11 @@ class ValuesNode(Node):
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, self.table.schema) as writer:
             writer.write_table(self.table)
-        op.values.CopyFrom(plan_pb2.Values(ipc_stream=sink.getvalue().to_pybytes()))
+        op.values.CopyFrom(plan_pb2.Values(ipc_stream=sink.getvalue().to_pybytes(), every_task=self.every_task))
         return ()
 
     def label(self) -> str:
-        return f"Values[{self.table.num_rows} rows]"
+        return f"Values[{self.table.num_rows} rows{', in every task' if self.every_task else ''}]"
 
 
 @dataclass(eq=False)

@@ -46,6 +46,7 @@ from flight.planner.eager import eager_aggregates
 from flight.planner.frag import Frag, frag_bytes, size_text, smaller
 from flight.planner.inputs import check_inputs_read_once, fix_to_input
 from flight.planner.keysets import reduce_aggregate_inputs
+from flight.planner.literal import literal_join, semi_rows
 from flight.planner.notes import describe, join_text, moved_filters, repeatable, strategy_text, why_broadcast, why_shuffle
 from flight.planner.optimize import prune_columns, push_filters
 from flight.planner.place import colocated, grouped_below, grouped_in_place, joined_into_ranges, rotated_for_colocation, split_for_groups
@@ -274,7 +275,7 @@ class _Planner:
         left, right = self.build(node.left), self.build(node.right)
         rows = max(left.rows or 0.0, right.rows or 0.0) or None
         semi = node.join_type in ("left semi", "left anti")
-        out_rows = left.rows if semi else rows  # a semi or anti join keeps at most its left rows
+        out_rows = semi_rows(node, left, right) if semi else rows  # a semi or anti join keeps at most its left rows
         swappable = node.join_type in _SWAPPED and not set(left.node.schema.names) & set(right.node.schema.names)
         if left.tasks == 1 and right.tasks == 1:
             if swappable and smaller(left, right):
@@ -285,7 +286,7 @@ class _Planner:
         if right.node in self.once.values() and node.join_type in ("inner", "left outer", "left semi", "left anti"):
             merged = JoinNode(left.node, right.node, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "broadcast", node.filter)
             return Frag(merged, left.tasks, out_rows, left.feeds, left.reads + right.reads, left.leaf, left.ranges, hashed=left.hashed)  # ``shared``
-        placed = colocated(self, node, left, right, out_rows, swappable) or joined_into_ranges(self, node, left, right, out_rows, swappable)
+        placed = next((f for how in (literal_join, colocated, joined_into_ranges) if (f := how(self, node, left, right, out_rows, swappable))), None)
         if placed is not None:
             return placed
         keys_first = semi and reduces(self, node, left, right)

@@ -146,7 +146,7 @@ def _exchange_input(inp: plan_pb2.ExchangeInput, env: Env, here: str) -> tuple[a
 
 def _values(values: plan_pb2.Values, env: Env, here: str) -> tuple[ac.Declaration, pa.Schema]:
     table = read_ipc_stream(values.ipc_stream, f"{here}.ipc_stream")
-    if env.inputs.task_number != 0:
+    if env.inputs.task_number != 0 and not values.every_task:
         table = table.schema.empty_table()
     return ac.Declaration("table_source", ac.TableSourceNodeOptions(table)), table.schema
 

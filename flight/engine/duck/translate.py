@@ -129,7 +129,7 @@ class Translator(_Chains):
             return f"SELECT * FROM {task.source(schema, iter(task.scan_reader(op.feed_scan, here)))}"
         if kind == "values":
             table = read_ipc_stream(op.values.ipc_stream, f"{here}.ipc_stream")
-            rows = table.to_batches() if task.inputs.task_number == 0 else []
+            rows = table.to_batches() if task.inputs.task_number == 0 or op.values.every_task else []
             return f"SELECT * FROM {task.source(schema, iter(rows))}"
         if kind == "exchange_input":
             batches = (conform(b, schema, "an input batch") for b in task.inputs.input_batches())  # type: ignore[attr-defined]

@@ -1078,15 +1078,19 @@ class Values(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     IPC_STREAM_FIELD_NUMBER: _builtins.int
+    EVERY_TASK_FIELD_NUMBER: _builtins.int
     ipc_stream: _builtins.bytes
+    every_task: _builtins.bool
+    """Every task emits the rows (literal rows a join builds in each task), not task 0 alone. Since version 11."""
     def __init__(
         self,
         *,
         ipc_stream: _builtins.bytes = ...,
+        every_task: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ipc_stream", b"ipc_stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["every_task", b"every_task", "ipc_stream", b"ipc_stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,200 @@
+"""Adaptive planning: a join side whose size no estimate can know runs first, and the rest of the query
+is planned from the rows it actually gave.
+
+Why: the planner sizes a join's sides from the Parquet footers and textbook selectivities. A filter on
+an aggregate's output (SQL ``HAVING``, a decorrelated subquery's comparison) is a guess: nothing says
+how many groups pass. TPC-H Q18 keeps the orders whose quantity passes 300, ~6,000 of 15 million at
+SF 10, where the estimate, a third of a tenth, is ~2 million. The semi joins by them (on orders, and
+copied onto lineitem) were then sized as keeping every row, so ``orders ⋈ lineitem`` was estimated at
+60 million rows and the plan shuffled it and customer (1.5 million rows) to meet, where the actual
+43,000 rows should have gone to customer's tasks. Spark's adaptive execution re-plans at each finished
+stage from its actual size; here the guess that decides the joins above it is settled before the plan
+is made.
+
+The rule, a decision apart from I/O (``flight.coordinator.adaptive`` carries it out):
+
+* a side is *uncertain* when it is a filter on an aggregate's output columns (under projects and
+  filters): the guess itself, nothing more, so settling it runs no more than the guess needs;
+* it is worth settling when the join's other side is estimated at ``PARTNER_BYTES`` or more: what the
+  exact size can change (a broadcast, a semi join's rows, one task) is how that side moves, and fewer
+  bytes are not worth the wait for the side to finish before the rest starts;
+* it reads repeatable sources only (read once to settle it, and again if it turns out large), and no
+  input a caller sends;
+* the first such side, top-down, is chosen (one per query).
+
+At run time the side runs as a query of its own. If its rows fit ``ExecOptions.adaptive_bytes`` they
+replace the side, everywhere it is (a semi join copied onto both sides of a join shares it), as a
+``ValuesNode``, and the whole query is planned again: literal rows go into each task's plan, and a semi
+join by them is sized from their exact keys (``flight.planner.literal``); each join that builds them
+filters its other side to their key range, which moves down to that side's scans (``key_filters``:
+dynamic filtering). If they pass it, they are
+dropped as soon as they do and the query runs as planned: the side's work is lost, the answer is the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flight.plan.expr import Expr, col, lit
+from flight.plan.nodes import ExchangeInputNode, FilterNode, InputCallNode, Node, ProjectNode, ValuesNode
+from flight.plan.relnodes import AggregateNode, JoinNode, UnionNode
+from flight.planner.cost import BROADCAST_ALWAYS_BYTES, row_width
+from flight.planner.keysets import estimated_rows
+from flight.planner.notes import join_text, repeatable
+
+__all__ = ["PARTNER_BYTES", "AdaptivePoint", "find_point", "key_filters", "settled", "uncertain"]
+
+PARTNER_BYTES = BROADCAST_ALWAYS_BYTES
+"""The other side must be estimated at this many bytes or more: moving fewer is not worth the wait."""
+
+
+@dataclass(frozen=True)
+class AdaptivePoint:
+    """A join side to run first: the node, the join it is a side of, and the estimates that chose it."""
+
+    side: Node
+    join: JoinNode
+    rows: float | None
+    size: float | None
+    partner_size: float
+
+    def text(self) -> str:
+        """What the plan's rewrite notes say before the side runs."""
+        return (f"adaptive: {join_text(self.join)}'s side {_label(self.side)} ({_estimate(self.rows, self.size)}, a guess: "
+                "it filters an aggregate's output) runs first as a query of its own; the rest is planned from its actual "
+                f"rows if they fit adaptive_bytes (the other side, ~{self.partner_size / (1 << 20):,.1f} MiB, moves as they decide)")
+
+    def outcome(self, table: pa.Table | None, seconds: float, limit: int) -> str:
+        """What the plan's rewrite notes say after it ran: ``table`` its rows, None when they passed ``limit``."""
+        head = f"adaptive: {join_text(self.join)}'s side {_label(self.side)} ran first ({seconds:.2f} s), estimated {_estimate(self.rows, self.size)}"
+        if table is None:
+            return f"{head}; its rows passed adaptive_bytes ({limit / (1 << 20):,.1f} MiB), so the query runs as planned"
+        return (f"{head}, actual {table.num_rows:,} rows, {table.nbytes / (1 << 20):,.1f} MiB: the query is planned again "
+                "with those rows as literal input")
+
+
+def _label(node: Node) -> str:
+    return node.label() if len(node.label()) <= 80 else node.label()[:77] + "..."
+
+
+def _estimate(rows: float | None, size: float | None) -> str:
+    if rows is None or size is None:
+        return "size unknown"
+    return f"~{rows:,.0f} rows, {size / (1 << 20):,.1f} MiB"
+
+
+def _bytes(node: Node) -> tuple[float | None, float | None]:
+    rows = estimated_rows(node)
+    return rows, None if rows is None else rows * row_width(node.schema)
+
+
+def uncertain(node: Node) -> bool:
+    """Whether ``node`` is a filter over an aggregate's output columns (not its group keys), under projects and
+    filters: the subplan whose size is a guess, and nothing more."""
+    guessed = False
+    while isinstance(node, (ProjectNode, FilterNode)):
+        if isinstance(node, FilterNode):
+            below = node.input
+            while isinstance(below, (ProjectNode, FilterNode)):
+                below = below.input
+            guessed = guessed or (isinstance(below, AggregateNode) and bool(node.predicate.referenced_fields() - set(below.keys)))
+        node = node.input
+    return guessed and isinstance(node, AggregateNode) and bool(node.keys)
+
+
+def _may_settle(side: Node) -> bool:
+    return (uncertain(side) and repeatable(side)
+            and not any(isinstance(n, (InputCallNode, ExchangeInputNode, ValuesNode)) for n in side.walk()))
+
+
+def find_point(root: Node) -> AdaptivePoint | None:
+    """The join side to settle first (module doc), or None. ``root``: filters and semi joins already pushed."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, JoinNode):
+            for side, other in ((node.right, node.left), (node.left, node.right)):
+                _, partner = _bytes(other)
+                if partner is not None and partner >= PARTNER_BYTES and _may_settle(side):
+                    rows, size = _bytes(side)
+                    return AdaptivePoint(side, node, rows, size, partner)
+        stack.extend(reversed(list(node.children())))
+    return None
+
+
+def settled(root: Node, side: Node, table: pa.Table) -> Node:
+    """``root`` with ``side`` (each place it is: a semi join copied onto both sides of a join shares its build
+    side) replaced by its rows, as a ``ValuesNode`` (its columns in its order)."""
+    if root is side:
+        return ValuesNode(table.select(side.schema.names).cast(side.schema))
+    return _rebuilt(root, lambda n: settled(n, side, table))
+
+
+def _rebuilt(node: Node, f: Callable[[Node], Node]) -> Node:
+    """``node`` with ``f`` applied to each child (``node`` itself when none changed)."""
+    if isinstance(node, JoinNode):
+        left, right = f(node.left), f(node.right)
+        return node if left is node.left and right is node.right else replace(node, left=left, right=right)
+    if isinstance(node, UnionNode):
+        inputs = [f(n) for n in node.inputs]
+        return node if all(a is b for a, b in zip(inputs, node.inputs)) else UnionNode(inputs)
+    child = getattr(node, "input", None)
+    if isinstance(child, Node):
+        new = f(child)
+        return node if new is child else replace(node, input=new)  # type: ignore[type-var]
+    return node
+
+
+def key_filters(root: Node) -> tuple[Node, list[str]]:
+    """Dynamic filtering from literal rows: each join that builds literal rows (inner, or a semi join on its
+    right) also filters its other side to the least and greatest of their keys, for integer and date keys,
+    so the filter moves down to that side's scans (``optimize.push_filters``), where the readers skip the
+    row groups whose footers fall outside (Trino sends a build side's keys to the probe's scans the same
+    way). The join still decides each row: the range only drops rows it would drop."""
+    notes: list[str] = []
+
+    def visit(node: Node) -> Node:
+        node = _rebuilt(node, visit)
+        if not isinstance(node, JoinNode) or node.join_type not in ("inner", "left semi"):
+            return node
+        if isinstance(node.right, ValuesNode):
+            probe = _bounded(node.left, node.right.table, node.left_keys, node.right_keys, node, notes)
+            return node if probe is node.left else replace(node, left=probe)
+        if isinstance(node.left, ValuesNode) and node.join_type == "inner":
+            probe = _bounded(node.right, node.left.table, node.right_keys, node.left_keys, node, notes)
+            return node if probe is node.right else replace(node, right=probe)
+        return node
+
+    return visit(root), notes
+
+
+def _bounded(probe: Node, table: pa.Table, probe_keys: list[str], literal_keys: list[str], join: JoinNode,
+             notes: list[str]) -> Node:
+    """``probe`` filtered to the range of each literal key (``key_filters``), the filter said in ``notes``."""
+    terms: list[Expr] = []
+    bounded: list[str] = []
+    for mine, theirs in zip(probe_keys, literal_keys):
+        kind = probe.schema.field(mine).type
+        if table.num_rows == 0 or not (pa.types.is_integer(kind) or pa.types.is_date(kind)):
+            continue
+        low, high = pc.min_max(table.column(theirs)).values()
+        if not low.is_valid:
+            continue
+        try:
+            lo: object = low.cast(kind).as_py()
+            hi: object = high.cast(kind).as_py()
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            continue  # a literal key outside the probe key's type: no range to say
+        terms.append(col(mine).between(lit(lo, kind), lit(hi, kind)))
+        bounded.append(f"{mine!r} to [{lo}, {hi}]")
+    if not terms:
+        return probe
+    predicate = terms[0]
+    for term in terms[1:]:
+        predicate = predicate & term
+    notes.append(f"dynamic filter: {join_text(join)}'s literal keys bound {', '.join(bounded)} on its other side")
+    return FilterNode(probe, predicate)
