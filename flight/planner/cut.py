@@ -57,6 +57,7 @@ from flight.planner.semibuild import distinct_keys, reduced, reduces
 from flight.planner.semijoin import push_semi_joins
 from flight.planner.small import small_query, too_many_sources
 from flight.planner.stages import FeedPlan, PlannerOptions, QueryPlan, StageSpec
+from flight.planner.transitive import reduce_join_inputs
 from flight.planner.windows import cut_window
 from flight.sources.feed import WorkUnitFeed
 
@@ -416,7 +417,9 @@ def plan_query(
     ctes = {id(n) for top in root.walk() if id(top) in uses for n in top.walk()}
     root, notes = reduce_aggregate_inputs(root, planner.options.broadcast_bytes, ctes)
     planner.rewrites.extend(notes)
-    if max_tasks > 1:  # what it saves is rows moved between tasks
+    if max_tasks > 1:  # what they save is rows moved between tasks
+        root, notes = reduce_join_inputs(root, planner.options.broadcast_bytes, ctes)
+        planner.rewrites.extend(notes)
         root, notes = eager_aggregates(root)
         planner.rewrites.extend(notes)
     pruned = prune_columns(root)

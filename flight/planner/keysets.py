@@ -31,7 +31,7 @@ from flight.planner.notes import join_text, repeatable
 from flight.planner.optimize import join_sides
 from flight.planner.ranges import filter_selectivity
 
-__all__ = ["estimated_rows", "reduce_aggregate_inputs"]
+__all__ = ["estimated_rows", "key_sources", "reduce_aggregate_inputs", "smallest_source"]
 
 _RATIO = 10.0
 """How much smaller (in rows) the key subplan must be estimated than the aggregate's input."""
@@ -78,7 +78,7 @@ def _reduced(
         agg, group_key = found
         below = estimated_rows(agg.input)
         key_type = agg.input.schema.field(group_key).type
-        best = _smallest(_sources(other, other_key), key_type)
+        best = smallest_source(key_sources(other, other_key), key_type)
         if below is None or best is None:
             continue
         rows, source, column = best
@@ -117,18 +117,18 @@ def _replaced(node: Node, old: Node, new: Node) -> Node:
     return replace(node, input=_replaced(node.input, old, new))
 
 
-def _sources(node: Node, column: str) -> list[tuple[Node, str]]:
+def key_sources(node: Node, column: str) -> list[tuple[Node, str]]:
     """Subplans beneath ``node`` whose ``column`` holds every value ``node``'s ``column`` may hold."""
     out = [(node, column)]
     if isinstance(node, ProjectNode):
         source = dict(node.exprs).get(column)
         name = None if source is None else source.column_name()
         if name is not None:
-            out += _sources(node.input, name)
+            out += key_sources(node.input, name)
     elif isinstance(node, FilterNode):
-        out += _sources(node.input, column)
+        out += key_sources(node.input, column)
     elif isinstance(node, AggregateNode) and column in node.keys:
-        out += _sources(node.input, column)
+        out += key_sources(node.input, column)
     elif isinstance(node, JoinNode) and node.join_type in ("inner", "left semi", "left outer", "left anti"):
         where = join_sides(node).get(column)
         if where is None:
@@ -137,13 +137,13 @@ def _sources(node: Node, column: str) -> list[tuple[Node, str]]:
         keys, other, other_keys = (
             (node.left_keys, node.right, node.right_keys) if side == "left" else (node.right_keys, node.left, node.left_keys)
         )
-        out += _sources(node.left if side == "left" else node.right, name)
+        out += key_sources(node.left if side == "left" else node.right, name)
         if name in keys and node.join_type in ("inner", "left semi"):  # the rows kept have equal keys on both sides
-            out += _sources(other, other_keys[keys.index(name)])
+            out += key_sources(other, other_keys[keys.index(name)])
     return out
 
 
-def _smallest(found: list[tuple[Node, str]], key_type: pa.DataType) -> tuple[float, Node, str] | None:
+def smallest_source(found: list[tuple[Node, str]], key_type: pa.DataType) -> tuple[float, Node, str] | None:
     """The candidate estimated smallest (the first, nearest the join, among equals), of the key's type."""
     best: tuple[float, Node, str] | None = None
     for node, column in found:

@@ -80,15 +80,20 @@ def _in_every_task(node: Node) -> Node:
 
 
 def semi_rows(node: JoinNode, left: Frag, right: Frag) -> float | None:
-    """The rows a semi or anti join keeps: its left side's, or for a semi join by one key of literal rows,
-    that share of them the literal keys can match (module doc)."""
-    if left.rows is None or node.join_type != "left semi" or len(node.right_keys) != 1 or not isinstance(right.node, ValuesNode):
+    """The rows a semi or anti join keeps: for a semi join by one key, the share of its left side's rows that the
+    right side's keys can match (their exact count for literal rows, else at most the right side's rows);
+    otherwise its left side's."""
+    if left.rows is None or node.join_type != "left semi" or len(node.right_keys) != 1:
+        return left.rows
+    if isinstance(right.node, ValuesNode):
+        distinct: float | None = float(pc.count_distinct(right.node.table.column(node.right_keys[0])).as_py())
+    else:
+        distinct = right.rows
+    if distinct is None:
         return left.rows
     found = key_scan(left.node, node.left_keys[0])
     known = [] if found is None else [found[0].feed.inner().estimated_rows(), distinct_bound(left.node, node.left_keys)]
     bound = min((b for b in known if b is not None), default=None)  # the scan's rows, and its key range's width
     if bound is None or bound <= 0:
         return left.rows
-    keys = right.node.table.column(node.right_keys[0])
-    distinct = float(pc.count_distinct(keys).as_py())
     return max(1.0, min(left.rows, left.rows * distinct / bound))

@@ -1,0 +1,119 @@
+"""A scan joined on a key that a filtered table elsewhere in the join bounds reads only that table's keys
+(``flight.planner.transitive``).
+
+Shapes (planned without workers), on TPC-H Q9's pattern (``items ⋈ parts ⋈ stock`` with
+``s_part = i_part = p_part`` and parts filtered by name): the stock scan is semi-joined with the filtered
+parts' key, the note says so, and TPC-H Q9 itself gets it on partsupp; nothing is added where the parts
+are not filtered, where the filtered table is the join's own side (the join filters already), or for one
+task. Results: each query on the session's two real workers, against DuckDB over the same files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from support import sorted_table, tpch_test_files
+
+import flight
+from benchmarks.tpch_queries import TABLES
+from benchmarks.tpch_sql import SQL
+from flight.plan.nodes import FeedScanNode, FilterNode, Node, ProjectNode
+from flight.plan.relnodes import JoinNode
+from flight.planner.cut import plan_query
+from flight.planner.optimize import push_filters
+from flight.planner.transitive import reduce_join_inputs
+
+SPLIT = {"small_query_bytes": 0, "one_host_query_bytes": 0}
+Q9ISH = """select p_name, sum(i_qty * s_cost) as total from items, parts, stock
+           where p_part = i_part and s_part = i_part and p_name like '%green%' group by p_name"""
+UNFILTERED = "select sum(i_qty * s_cost) as total from items, parts, stock where p_part = i_part and s_part = i_part"
+DIRECT = "select sum(s_cost) as total from stock, parts where s_part = p_part and p_name like '%green%'"
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """``items`` 200,000 rows and ``stock`` 40,000 over 10,000 parts, 1 in 50 named green; two files each."""
+    root = tmp_path_factory.mktemp("transitive")
+    tables = {
+        "items": pa.table({"i_part": pa.array([(i * 7) % 10_000 for i in range(200_000)], pa.int64()),
+                           "i_qty": pa.array([i % 50 for i in range(200_000)], pa.int64())}),
+        "stock": pa.table({"s_part": pa.array([i % 10_000 for i in range(40_000)], pa.int64()),
+                           "s_cost": pa.array([float(i % 13) for i in range(40_000)])}),
+        "parts": pa.table({"p_part": pa.array(range(10_000), pa.int64()),
+                           "p_name": [f"{'green' if i % 50 == 3 else 'red'} part {i % 7}" for i in range(10_000)]}),
+    }
+    out = {}
+    for name, table in tables.items():
+        out[name] = root / name
+        out[name].mkdir()
+        half = table.num_rows // 2
+        for part in range(2):
+            pq.write_table(table.slice(part * half, half), out[name] / f"p{part}.parquet")
+    return out
+
+
+@pytest.fixture(scope="module")
+def catalog(paths: dict[str, Path]) -> flight.Catalog:
+    return flight.Catalog({name: flight.read_parquet(sorted(str(f) for f in p.glob("*.parquet"))) for name, p in paths.items()})
+
+
+@pytest.fixture(scope="module")
+def con(paths: dict[str, Path]) -> Iterator[duckdb.DuckDBPyConnection]:
+    c = duckdb.connect()
+    for name, p in paths.items():
+        c.sql(f"create view {name} as select * from read_parquet('{p}/*.parquet')")
+    yield c
+    c.close()
+
+
+def reductions(root: Node) -> list[JoinNode]:
+    """Semi joins whose left side is a scan (under filters and projects) and right side a key projection."""
+    out = []
+    for n in root.walk():
+        if isinstance(n, JoinNode) and n.join_type == "left semi" and isinstance(n.right, ProjectNode):
+            left = n.left
+            while isinstance(left, (ProjectNode, FilterNode)):
+                left = left.input
+            if isinstance(left, FeedScanNode):
+                out.append(n)
+    return out
+
+
+def test_the_stock_scan_reads_only_green_parts(catalog: flight.Catalog) -> None:
+    root, notes = reduce_join_inputs(push_filters(flight.sql(Q9ISH, catalog).node), 32 << 20)
+    found = reductions(root)
+    assert [(n.left_keys, n.right_keys) for n in found] == [(["s_part"], ["p_part"])]
+    assert any(isinstance(x, FilterNode) for x in found[0].right.walk())  # the parts as filtered
+    assert len(notes) == 1 and "reads only the 'p_part' values of a filtered" in notes[0] and "'s_part' equals" in notes[0]
+    plan = plan_query(flight.sql(Q9ISH, catalog).node, 2)
+    assert any("reads only the 'p_part' values" in r for r in plan.rewrites)
+
+
+def test_tpch_q9s_partsupp_reads_only_green_parts() -> None:
+    files = tpch_test_files(0.05)
+    catalog = flight.Catalog({t: flight.read_parquet([str(p) for p in files[t]]) for t in TABLES})
+    root, notes = reduce_join_inputs(push_filters(flight.sql(SQL[9], catalog).node), 32 << 20)
+    assert [(n.left_keys, n.right_keys) for n in reductions(root)] == [(["ps_partkey"], ["p_partkey"])], notes
+
+
+@pytest.mark.parametrize("text", [UNFILTERED, DIRECT])
+def test_nothing_is_added_without_a_filtered_table_beyond_the_join(catalog: flight.Catalog, text: str) -> None:
+    root, notes = reduce_join_inputs(push_filters(flight.sql(text, catalog).node), 32 << 20)
+    assert notes == [] and reductions(root) == []
+
+
+def test_one_task_plans_are_left_alone(catalog: flight.Catalog) -> None:
+    plan = plan_query(flight.sql(Q9ISH, catalog).node, 1)
+    assert not any("reads only the 'p_part' values" in r for r in plan.rewrites)
+
+
+@pytest.mark.parametrize("text", [Q9ISH, UNFILTERED, DIRECT])
+def test_results_match_duckdb(cluster: flight.LocalCluster, catalog: flight.Catalog, con: duckdb.DuckDBPyConnection, text: str) -> None:
+    got = flight.DistributedExec(flight.sql(text, catalog), cluster.urls, **SPLIT).to_table()
+    want = con.sql(text).to_arrow_table()
+    assert sorted_table(got).to_pylist() == sorted_table(want.cast(got.schema)).to_pylist()
