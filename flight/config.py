@@ -107,7 +107,7 @@ class ExecOptions:
     """A join side whose size only a guess gives (a filter on an aggregate's output), where the guess would
     shuffle the other side, runs first; if its rows come to at most this many bytes, the query is planned
     again with them as literal input (``flight.planner.adaptive``; docs/queries.md, "Adaptive planning").
-    0: never."""
+    Only across hosts (workers on one host move rows by a local copy). 0: never."""
     security: Security | None = None
     """Token and TLS material for talking to the workers (``LocalCluster.security``, ``Security.from_files``)."""
     deadline: float | None = None

@@ -182,3 +182,10 @@ def test_literal_keys_are_joined_in_every_task(two_hosts: flight.LocalCluster, t
     outs = [t.rows_out for t in ex.metrics.tasks if int(t.stage_key.split("/")[1]) == joining[0]]
     assert len(outs) == 2 and all(outs), outs  # both tasks found their matches
     assert any("literal rows" in r for r in ex.plan.rewrites)
+
+
+def test_workers_on_one_host_are_left_alone(cluster: flight.LocalCluster, catalog: flight.Catalog) -> None:
+    """The session's two workers share 127.0.0.1: a shuffle between them is a local copy, not worth the wait."""
+    ex = flight.DistributedExec(flight.sql(SQL[18], catalog), cluster.urls, **SPLIT)
+    assert max(s.task_count for s in ex.stages) == 2  # split, yet
+    assert ex.adaptive is None and "adaptive" not in ex.explain()
