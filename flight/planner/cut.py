@@ -55,7 +55,7 @@ from flight.planner.replicate import replicable, replicate_small_broadcasts, sub
 from flight.planner.reuse import align_task_counts, fingerprint, link_consumers, repeated_subtrees
 from flight.planner.semibuild import distinct_keys, reduced, reduces
 from flight.planner.semijoin import push_semi_joins
-from flight.planner.small import small_query, too_many_sources
+from flight.planner.small import crowded_moves, crowded_note, small_query, too_many_sources
 from flight.planner.stages import FeedPlan, PlannerOptions, QueryPlan, StageSpec
 from flight.planner.transitive import reduce_join_inputs
 from flight.planner.windows import cut_window
@@ -423,7 +423,20 @@ def plan_query(
         root, notes = eager_aggregates(root)
         planner.rewrites.extend(notes)
     pruned = prune_columns(root)
-    planner.crowded = not planner.options.one_stage and too_many_sources(pruned)
+    crowded = not planner.options.one_stage and too_many_sources(pruned)
+    before = list(planner.rewrites)
+    stages = _cut_all(planner, pruned, colocate, crowded)
+    moved = crowded_moves(pruned, stages) if crowded else None
+    if moved is not None:  # the crowded cut moves too much: each use computed in place, within one worker's threads
+        planner = _Planner(max_tasks, planner.options, colocate)
+        planner.rewrites = [*before, crowded_note(moved)]
+        stages = _cut_all(planner, pruned, colocate, False)
+    return QueryPlan(stages, moved_filters(stages) + planner.rewrites)
+
+
+def _cut_all(planner: _Planner, pruned: Node, colocate: bool, crowded: bool) -> list[StageSpec]:
+    """``pruned`` cut into stages by ``planner`` (``crowded``: every subplan it repeats is a stage of its own)."""
+    planner.crowded = crowded
     planner.repeated = repeated_subtrees(pruned)
     frag = planner.build(pruned)
     planner.cut(frag, "head")
@@ -434,4 +447,4 @@ def plan_query(
     check_inputs_read_once(stages)
     for stage in stages:
         describe(stage)
-    return QueryPlan(stages, moved_filters(stages) + planner.rewrites)
+    return stages
