@@ -276,7 +276,7 @@ class _Planner:
         left, right = self.build(node.left), self.build(node.right)
         rows = max(left.rows or 0.0, right.rows or 0.0) or None
         semi = node.join_type in ("left semi", "left anti")
-        out_rows = semi_rows(node, left, right) if semi else rows  # a semi or anti join keeps at most its left rows
+        out_rows = semi_rows(node, left, right, self.max_tasks > 1) if semi else rows  # at most its left rows
         swappable = node.join_type in _SWAPPED and not set(left.node.schema.names) & set(right.node.schema.names)
         if left.tasks == 1 and right.tasks == 1:
             if swappable and smaller(left, right):
