@@ -77,10 +77,11 @@ class LocalCluster:
         env: Mapping[str, str] | None = None,
         hosts: Sequence[str] | None = None,
         cpus: Sequence[Sequence[int]] | None = None,
+        log_file: str | os.PathLike[str] | None = None,
     ) -> None:
-        """``hosts``: worker i listens on ``hosts[i]`` (loopback addresses such as ``127.0.0.2``, so that the
-        planner sees distinct hosts; default 127.0.0.1 for all); ``cpus``: worker i runs on those cores only
-        (``taskset``), as a host of that many cores would."""
+        """``hosts``: worker i listens on ``hosts[i]`` (loopback addresses such as ``127.0.0.2``: distinct hosts to
+        the planner); ``cpus``: worker i runs on those cores only (``taskset``); ``log_file``: the workers' logs go
+        there, not to this process's stderr (``flight-sql``'s workers, whose lines would cut into its screen)."""
         if n_workers < 1:
             raise ValueError("a LocalCluster needs at least one worker")
         for name, given in (("hosts", hosts), ("cpus", cpus)):
@@ -113,10 +114,8 @@ class LocalCluster:
             + [a for k, v in (fs_options or {}).items() for a in ("--fs-option", f"{k}={v}")]
             + list(worker_args)
         )
-        self._per_worker = per_worker_args
-        self._timeout = start_timeout
-        self._log_level = log_level
-        self._grace = grace
+        self._per_worker, self._log_file = per_worker_args, log_file
+        self._timeout, self._log_level, self._grace = start_timeout, log_level, grace
         self.processes: list[subprocess.Popen[str]] = []
         self.urls: list[str] = []
         self._lifeline: int | None = None  # the write end of the workers' --parent-fd pipe
@@ -141,7 +140,12 @@ class LocalCluster:
         if self._cpus is not None:
             cmd = ["taskset", "-c", ",".join(map(str, self._cpus[i])), *cmd]
         env = {**os.environ, **WORKER_ENV, **self._env, "PYTHONUNBUFFERED": "1"}
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, pass_fds=(life_r,), env=env)
+        # A process group of their own: a Ctrl-C at this process's terminal (a shell's, a notebook's) is
+        # for this process, and must not stop the workers; they still go with it (the pipe above).
+        if self._log_file is None:
+            return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, pass_fds=(life_r,), env=env, process_group=0)
+        with open(self._log_file, "ab") as log_file:
+            return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log_file, text=True, pass_fds=(life_r,), env=env, process_group=0)
 
     def _wait_listening(self, proc: subprocess.Popen[str]) -> str:
         assert proc.stdout is not None
@@ -159,7 +163,7 @@ class LocalCluster:
                     break
         raise WorkerUnavailableError(
             f"flight-worker (pid {proc.pid}) did not report listening within {self._timeout:g}s "
-            f"(exit code {proc.poll()}); its log is on stderr"
+            f"(exit code {proc.poll()}); its log is {'on stderr' if self._log_file is None else 'in ' + os.fspath(self._log_file)}"
         )
 
     @property

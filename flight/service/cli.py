@@ -39,7 +39,7 @@ from flight.sql.catalog import Catalog
 from flight.sql.catalog_file import load_catalog_file
 from flight.worker.auth import MIDDLEWARE_KEY, read_tokens
 
-__all__ = ["main"]
+__all__ = ["catalog_from_flags", "local_roots", "main"]
 
 log = logging.getLogger("flight.service")
 
@@ -125,7 +125,8 @@ def _worker_security(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     return security if security.enabled else None
 
 
-def _catalog(parser: argparse.ArgumentParser, specs: list[str], path: Path | None) -> Catalog:
+def catalog_from_flags(parser: argparse.ArgumentParser, specs: list[str], path: Path | None) -> Catalog:
+    """The catalog of ``--catalog FILE`` and ``--table NAME=URI`` flags (also ``flight-sql``'s); a bad one ends the process."""
     try:
         catalog = load_catalog_file(path) if path is not None else Catalog()
     except PlanError as exc:
@@ -157,7 +158,7 @@ def _dns_resolver(parser: argparse.ArgumentParser, url: str) -> WorkerResolver:
         parser.error(f"--workers-dns: {exc}")
 
 
-def _roots(args: argparse.Namespace) -> list[str]:
+def local_roots(args: argparse.Namespace) -> list[str]:
     """What local workers may read: the given roots, else each local table's directory."""
     if args.data_root:
         return list(args.data_root)
@@ -205,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             os.fstat(args.parent_fd)
         except OSError:
             parser.error(f"--parent-fd: {args.parent_fd} is not an open file descriptor")
-    catalog = _catalog(parser, args.table, args.catalog)
+    catalog = catalog_from_flags(parser, args.table, args.catalog)
     cluster: LocalCluster | None = None
     resolver: WorkerResolver
     if args.workers:
@@ -218,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         count = 2 if args.local_workers is None else args.local_workers
         if count < 1:
             parser.error(f"--local-workers must be at least 1 (got {count})")
-        cluster = LocalCluster(count, data_roots=_roots(args)).start()
+        cluster = LocalCluster(count, data_roots=local_roots(args)).start()
         resolver = cluster.resolver()
     options = _server_options(parser, args)
     security = _worker_security(parser, args)

@@ -12,25 +12,33 @@ does in-process (``DetachedQuery`` retained). Other clients send nothing and get
 ``flight`` data source sends it unless its ``dialect`` option says ``duckdb``. Without it, DuckDB's. A
 dialect the service does not know fails the call, naming the header: answers in another dialect than the
 client meant would differ silently.
+
+``x-flight-exec-tag: NAME`` names the statement for its client, who may then ask its progress or cancel it by
+that name (``watch.py``; ``flight-sql`` sends a random one per statement). A tag that is not 1 to 64 letters,
+digits, ``-`` or ``_`` is ignored, as a bad retention is: it only names, it changes no answer.
 """
 
 from __future__ import annotations
+
+import re
 
 import pyarrow.flight as fl
 
 from flight.errors import ProtocolError
 from flight.sql.frontend import DIALECTS
-from flight.wire.protocol import DIALECT_HEADER, RETAIN_HEADER
+from flight.wire.protocol import DIALECT_HEADER, RETAIN_HEADER, TAG_HEADER
 
-__all__ = ["HINTS_KEY", "Hints", "dialect_of", "retain_of"]
+__all__ = ["HINTS_KEY", "Hints", "dialect_of", "retain_of", "tag_of"]
 
 HINTS_KEY = "flight-exec-hints"
+_TAG = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class _Hinted(fl.ServerMiddleware):
-    def __init__(self, retain: float, dialect: str | None) -> None:
+    def __init__(self, retain: float, dialect: str | None, tag: str) -> None:
         self.retain = retain
         self.dialect = dialect
+        self.tag = tag
 
 
 def _first(headers: dict[str, list[str] | list[bytes]], name: str) -> str | None:
@@ -49,7 +57,7 @@ class Hints(fl.ServerMiddlewareFactory):
     error) and a dialect (checked when a statement is planned, ``dialect_of``)."""
 
     def start_call(self, info: fl.CallInfo, headers: dict[str, list[str] | list[bytes]]) -> fl.ServerMiddleware | None:
-        raw_retain, dialect = _first(headers, RETAIN_HEADER), _first(headers, DIALECT_HEADER)
+        raw_retain, dialect, tag = _first(headers, RETAIN_HEADER), _first(headers, DIALECT_HEADER), _first(headers, TAG_HEADER)
         retain = 0.0
         if raw_retain is not None:
             try:
@@ -57,15 +65,22 @@ class Hints(fl.ServerMiddlewareFactory):
             except ValueError:
                 retain = 0.0
             retain = retain if retain > 0 and retain == retain else 0.0
-        if not retain and dialect is None:
+        tag = tag if tag is not None and _TAG.fullmatch(tag) else ""
+        if not retain and dialect is None and not tag:
             return None
-        return _Hinted(retain, dialect)
+        return _Hinted(retain, dialect, tag)
 
 
 def retain_of(context: fl.ServerCallContext) -> float:
     """Seconds the caller asked the statement's results be kept, 0 for read-once (the service clamps it)."""
     hinted = context.get_middleware(HINTS_KEY)
     return hinted.retain if isinstance(hinted, _Hinted) else 0.0
+
+
+def tag_of(context: fl.ServerCallContext) -> str:
+    """The name the caller gave its statement (``""``: none)."""
+    hinted = context.get_middleware(HINTS_KEY)
+    return hinted.tag if isinstance(hinted, _Hinted) else ""
 
 
 def dialect_of(context: fl.ServerCallContext) -> str:

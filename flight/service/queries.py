@@ -53,6 +53,8 @@ class Query:
     started: float
     detached: DetachedQuery
     retained: bool = False  # its results may be read more than once, until its deadline (hints.py)
+    tag: str = ""  # the name its client gave it (hints.py), by which the client asks its progress (watch.py)
+    ex: DistributedExec | None = None  # its plan and, once it ended, what its tasks measured (EXPLAIN ANALYZE)
     handles: dict[bytes, int] = field(default_factory=dict)  # relay handle -> head partition
     state: str = "running"  # running, finished, failed, cancelled
     error: str = ""
@@ -95,7 +97,7 @@ class Queries:
 
     def start(
         self, text: str, user: str, params: Mapping[str, object] | None = None, planned: PlannedQuery | None = None,
-        *, retain: float = 0.0, dialect: str = "duckdb",
+        *, retain: float = 0.0, dialect: str = "duckdb", tag: str = "",
     ) -> Query:
         """Plan ``text`` (unless ``planned`` is its plan already) and start it on the workers, once admitted;
         raises ``PlanError`` (nothing started), ``AdmissionRefused`` (no slot within the queue wait) or the start's error.
@@ -103,6 +105,7 @@ class Queries:
         ``retain`` > 0 (``hints.py``): its head outputs may be read any number of times for that long, at
         most the result TTL; its slot is given back once they are all made (it computes nothing more).
         ``dialect``: the text's (``hints.dialect_of``: DuckDB's unless the call's header says Spark's).
+        ``tag``: the name its client gave it (``hints.tag_of``).
         """
         retain = min(max(0.0, retain), self.result_ttl)
         self.admission.acquire(user)
@@ -113,7 +116,7 @@ class Queries:
         except BaseException:
             self.admission.release(user)
             raise
-        query = Query(detached.query_id, text, user, time.monotonic(), detached, retained=retain > 0)
+        query = Query(detached.query_id, text, user, time.monotonic(), detached, retained=retain > 0, tag=tag, ex=ex)
         for i in range(len(detached.partitions)):
             query.handles[secrets.token_bytes(16)] = i
         with self._lock:
@@ -123,6 +126,10 @@ class Queries:
         spawn(self._follow, query, name=f"service-{query.query_id}")
         log.info("query %s started for %s: %d head partition(s)", query.query_id, user, len(detached.partitions))
         return query
+
+    def explain(self, planned: PlannedQuery) -> str:
+        """``planned``'s stages, operators, tasks and estimates on the workers there are now (nothing runs)."""
+        return DistributedExec(planned, self.resolver, security=self.security, deadline=self.query_timeout).explain()
 
     def by_handle(self, handle: bytes) -> tuple[Query, int] | None:
         with self._lock:
@@ -136,6 +143,18 @@ class Queries:
             yield from read_stream(self.clients.get(head.url), head.ticket, stall=SAFE_STALL_S, url=head.url)
         except StreamIntegrityError as exc:  # a Flight status the client can act on, not pyarrow's traceback
             raise fl.FlightUnavailableError(str(exc)) from None
+
+    def read_all(self, query: Query) -> int:
+        """Read every head partition of ``query`` through the service, dropping the rows; how many there were."""
+        return sum(batch.num_rows for i in range(len(query.detached.partitions)) for batch in self.relay(query, i))
+
+    def tagged(self, user: str, tag: str) -> Query | None:
+        """``user``'s latest query named ``tag``, running or ended (another user's is never found)."""
+        if not tag:
+            return None
+        with self._lock:
+            found = [q for q in [*self._ended, *self._live.values()] if q.tag == tag and q.user == user]
+        return found[-1] if found else None
 
     def cancel(self, query_id: str, why: str = "cancelled by the client") -> bool:
         """End a live query now, freeing its tasks; whether it was live."""

@@ -36,10 +36,12 @@ from google.protobuf.message import DecodeError
 from flight.errors import FlightExecError, PlanError, ProtocolError, QueryTimeoutError, TaskCancelledError, WorkerBusyError, WorkerUnavailableError
 from flight.plan.query import Query as PlannedQuery
 from flight.service.commands import catalogs, db_schemas, pack, sql_info, table_types, tables, tables_schema, unpack
-from flight.service.hints import HINTS_KEY, Hints, dialect_of, retain_of
+from flight.service.explain import EXPLAIN_SCHEMA, Explained, Explains, analyzed, plan_rows, split_explain
+from flight.service.hints import HINTS_KEY, Hints, dialect_of, retain_of, tag_of
 from flight.service.queries import Queries, Query
 from flight.service.relay import watched
 from flight.service.users import caller_name
+from flight.service.watch import CANCEL_ACTION, PROGRESS_ACTION, answer
 from flight.sql import sql
 from flight.wire._proto import Flight_pb2
 from flight.wire._proto import FlightSql_pb2 as sql_pb2
@@ -165,6 +167,7 @@ class CoordinatorServer(fl.FlightServerBase):
         self.queries = queries
         self.endpoints = endpoints
         self._prepared: dict[bytes, _Prepared] = {}
+        self.explains = Explains(queries.result_ttl)
         self._lock = threading.Lock()
         self.draining = threading.Event()  # set on SIGTERM: no new queries
 
@@ -177,12 +180,17 @@ class CoordinatorServer(fl.FlightServerBase):
             raise fl.FlightUnavailableError(f"{self.url} is shutting down and takes no new queries")
         retain = retain_of(context)
         if isinstance(command, sql_pb2.CommandStatementQuery):
-            query = self.queries.start(_text(command.query), _user(context), retain=retain, dialect=dialect_of(context))
+            if (explain := split_explain(_text(command.query))) is not None:
+                return self._explain(context, *explain, None, dialect_of(context), descriptor)
+            query = self.queries.start(_text(command.query), _user(context), retain=retain, dialect=dialect_of(context), tag=tag_of(context))
             return self._info(self._unless_gone(context, query), descriptor)
         if isinstance(command, sql_pb2.CommandPreparedStatementQuery):
             prepared = self._statement(command.prepared_statement_handle)
+            if (explain := split_explain(prepared.sql)) is not None:
+                return self._explain(context, *explain, prepared.params, prepared.dialect, descriptor)
             planned = prepared.planned if prepared.params is None else None
-            query = self.queries.start(prepared.sql, _user(context), prepared.params, planned, retain=retain, dialect=prepared.dialect)
+            query = self.queries.start(prepared.sql, _user(context), prepared.params, planned, retain=retain, dialect=prepared.dialect,
+                                       tag=tag_of(context))
             return self._info(self._unless_gone(context, query), descriptor)
         table = self._metadata(command)
         return fl.FlightInfo(table.schema, descriptor, [fl.FlightEndpoint(pack(command), [])], table.num_rows, table.nbytes)
@@ -195,6 +203,36 @@ class CoordinatorServer(fl.FlightServerBase):
             self.queries.cancel(query.query_id, "the client cancelled its call before the statement's results were sent")
             raise fl.FlightCancelledError(f"query {query.query_id} cancelled: the client cancelled its call")
         return query
+
+    def _explain(
+        self, context: fl.ServerCallContext, analyze: bool, text: str, params: dict[str, object] | None, dialect: str,
+        descriptor: fl.FlightDescriptor,
+    ) -> fl.FlightInfo:
+        """``EXPLAIN [ANALYZE] text`` (``explain.py``): planned now, its rows served here when the client reads them."""
+        explained = Explained(_user(context), text, sql(text, self.queries.catalog, params=params, dialect=dialect), dialect, tag_of(context))
+        if not analyze:
+            explained.rows = plan_rows(self.queries.explain(explained.planned))
+        endpoint = fl.FlightEndpoint(pack(sql_pb2.TicketStatementQuery(statement_handle=self.explains.put(explained))), [])
+        return fl.FlightInfo(EXPLAIN_SCHEMA, descriptor, [endpoint], -1, -1)
+
+    def _explained(self, context: fl.ServerCallContext, explained: Explained) -> fl.FlightDataStream:
+        if explained.rows is not None:
+            return fl.RecordBatchStream(explained.rows)
+        started: list[Query] = []
+
+        def run() -> tuple[int, str]:
+            query = self.queries.start(explained.text, explained.user, planned=explained.planned, dialect=explained.dialect, tag=explained.tag)
+            started.append(query)
+            count = self.queries.read_all(query)
+            query.detached.wait(self.queries.result_ttl)
+            assert query.ex is not None
+            return count, query.ex.explain(analyze=True)
+
+        def gone() -> None:
+            for query in started:
+                self.queries.cancel(query.query_id, "its client cancelled the EXPLAIN ANALYZE, or went away")
+
+        return fl.GeneratorStream(EXPLAIN_SCHEMA, watched(analyzed(run), context.is_cancelled, gone))
 
     def _info(self, query: Query, descriptor: fl.FlightDescriptor) -> fl.FlightInfo:
         endpoints = []
@@ -212,10 +250,12 @@ class CoordinatorServer(fl.FlightServerBase):
         """A statement's result schema, planned without running it (the Spark data source asks this first)."""
         command = unpack(descriptor.command or b"", "descriptor.cmd")
         if isinstance(command, sql_pb2.CommandStatementQuery):
-            schema = sql(command.query, self.queries.catalog, dialect=dialect_of(context)).schema
+            explained = split_explain(command.query)
+            schema = EXPLAIN_SCHEMA if explained else sql(command.query, self.queries.catalog, dialect=dialect_of(context)).schema
         elif isinstance(command, sql_pb2.CommandPreparedStatementQuery):
             prepared = self._statement(command.prepared_statement_handle)
-            schema = sql(prepared.sql, self.queries.catalog, params=prepared.params, dialect=prepared.dialect).schema
+            explained = split_explain(prepared.sql)
+            schema = EXPLAIN_SCHEMA if explained else sql(prepared.sql, self.queries.catalog, params=prepared.params, dialect=prepared.dialect).schema
         elif isinstance(command, sql_pb2.CommandGetTables):
             schema = tables_schema(command.include_schema)
         else:
@@ -228,6 +268,9 @@ class CoordinatorServer(fl.FlightServerBase):
         if isinstance(command, sql_pb2.TicketStatementQuery):
             found = self.queries.by_handle(command.statement_handle)
             if found is None:
+                explained = self.explains.take(command.statement_handle)
+                if explained is not None:
+                    return self._explained(context, explained)
                 raise fl.FlightServerError("ticket: no such result (the query ended, was cancelled, or its results were read)")
             query, partition = found
             rows = self.queries.relay(query, partition)
@@ -265,9 +308,14 @@ class CoordinatorServer(fl.FlightServerBase):
             raise ProtocolError("transactions are not supported (a read-only service)", field="transaction_id")
         _text(request.query)
         planned = None
+        explained = split_explain(request.query)
         try:  # the plan (and the result's schema) when the text plans without its parameters' values
-            planned = sql(request.query, self.queries.catalog, dialect=dialect)
-            schema = planned.schema.serialize().to_pybytes()
+            if explained is not None:  # EXPLAIN: planned again when it runs, with its parameters' values
+                sql(explained[1], self.queries.catalog, dialect=dialect)
+                schema = EXPLAIN_SCHEMA.serialize().to_pybytes()
+            else:
+                planned = sql(request.query, self.queries.catalog, dialect=dialect)
+                schema = planned.schema.serialize().to_pybytes()
         except PlanError as exc:
             if "has no value" not in str(exc):
                 raise
@@ -312,6 +360,8 @@ class CoordinatorServer(fl.FlightServerBase):
             ("ClosePreparedStatement", "forget a prepared statement"),
             ("CancelFlightInfo", "cancel the query a FlightInfo belongs to, freeing its tasks"),
             ("CancelQuery", "the same, as Flight SQL's older action"),
+            (PROGRESS_ACTION, "the caller's statement of this tag (x-flight-exec-tag): its state, stages and tasks done, rows, as JSON"),
+            (CANCEL_ACTION, "cancel the caller's statement of this tag, freeing its tasks"),
         ]
 
     @_boundary
@@ -344,6 +394,8 @@ class CoordinatorServer(fl.FlightServerBase):
             results = sql_pb2.ActionCancelQueryResult
             result = results.CANCEL_RESULT_CANCELLED if cancelled else results.CANCEL_RESULT_NOT_CANCELLABLE
             return iter([pack(results(result=result))])
+        if action.type in (PROGRESS_ACTION, CANCEL_ACTION):
+            return iter([answer(self.queries, action.type, _user(context), body)])
         known = [a for a, _ in self.list_actions(context)]
         raise ProtocolError(f"unknown action {action.type[:100]!r}; flight-coordinator answers {known}", field="action.type")
 

@@ -48,6 +48,7 @@ __all__ = [
     "INPUT_CALL_PATH",
     "PROTOCOL_VERSION",
     "RETAIN_HEADER",
+    "TAG_HEADER",
     "check_id",
     "check_secret",
     "decode_attach",
@@ -83,6 +84,10 @@ RETAIN_HEADER = "x-flight-exec-retain"
 DIALECT_HEADER = "x-flight-exec-dialect"
 """A call header of a Flight SQL statement to ``flight-coordinator``: the text's SQL dialect (``duckdb``, the
 default, or ``spark``; ``flight/service/hints.py``). The Spark data source sends ``spark`` unless told otherwise."""
+TAG_HEADER = "x-flight-exec-tag"
+"""A call header of a Flight SQL statement to ``flight-coordinator``: a name the client chose for it (at most 64
+letters, digits, ``-`` and ``_``), by which the same client asks its progress or cancels it (``flight-sql``'s
+progress line and Ctrl-C; ``flight/service/watch.py``)."""
 INPUT_CALL_PATH = "flight-exec.input"
 """The DoExchange descriptor path of an input call: batches for a task whose ExchangeInput has
 ``separate_input`` (docs/protocol.md, section 16), from another process than its coordinator."""

@@ -1,0 +1,5 @@
+"""``python -m flight.shell``: the same as ``flight-sql``."""
+
+from flight.shell.cli import main
+
+main()
