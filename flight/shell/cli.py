@@ -22,6 +22,7 @@ from flight.service.cli import catalog_from_flags, local_roots
 from flight.shell.local import LocalService
 from flight.shell.session import Credentials, Session, StatementError
 from flight.shell.shell import Shell
+from flight.worker.auth import read_tokens
 
 __all__ = ["main"]
 
@@ -41,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress line while a statement runs")
     p.add_argument("--version", action="version", version=f"flight-sql {__version__}")
     sec = p.add_argument_group("connecting to a secured service (docs/service.md)")
-    sec.add_argument("--token-file", type=Path, help="send the bearer token in FILE (its first line: 'name:token' or the token)")
+    sec.add_argument("--token-file", type=Path, help="send the bearer token in FILE (its first 'name:token' or bare line, as the service's file)")
     sec.add_argument("--user", help=f"log in as USER; the password is read from ${PASSWORD_ENV}, or asked for")
     sec.add_argument("--tls-root-certs", type=Path, metavar="PEM", help="trust the service's certificate from this CA (grpc+tls://)")
     sec.add_argument("--tls-cert", type=Path, metavar="PEM", help="a client certificate, for a service that requires one (with --tls-key)")
@@ -62,10 +63,8 @@ def _credentials(parser: argparse.ArgumentParser, args: argparse.Namespace) -> C
     if args.token_file and args.user:
         parser.error("--token-file and --user are two ways to log in: give one")
     try:
-        token = next((line.strip() for line in args.token_file.read_text().splitlines() if line.strip() and not line.startswith("#")),
-                     None) if args.token_file else None
-        if args.token_file and not token:
-            parser.error(f"--token-file {args.token_file}: no token in it")
+        # The token file's format is the service's and the workers' (``name:token`` or bare lines): its first token is sent.
+        token = read_tokens(args.token_file)[0].secret.decode() if args.token_file else None
         password = None
         if args.user:
             password = os.environ.get(PASSWORD_ENV) or (getpass.getpass(f"password for {args.user}: ") if sys.stdin.isatty() else None)
@@ -78,6 +77,8 @@ def _credentials(parser: argparse.ArgumentParser, args: argparse.Namespace) -> C
         return Credentials(token, args.user, password, pem(args.tls_root_certs), pem(args.tls_cert), pem(args.tls_key))
     except OSError as exc:
         parser.error(f"{exc.filename}: {exc.strerror}")
+    except ValueError as exc:  # read_tokens names the file and the line, never a token
+        parser.error(f"--token-file: {exc}")
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:

@@ -92,13 +92,14 @@ class Session:
             raise StatementError(f"cannot connect to {url}: {_text(exc)}") from None
         self._flight = fl.FlightClient(url, tls_root_certs=credentials.tls_root_certs, cert_chain=credentials.cert_chain,
                                        private_key=credentials.private_key)
-        headers: list[tuple[str, str]] = []  # pyarrow takes str or bytes; its stubs say str
+        headers: list[tuple[bytes, bytes]] = []
         if credentials.token:
-            headers.append(("authorization", f"Bearer {credentials.token}"))
+            headers.append((b"authorization", f"Bearer {credentials.token}".encode()))
         elif credentials.username is not None:
             name, value = self._flight.authenticate_basic_token(credentials.username, credentials.password or "")
-            headers.append((_str(name), _str(value)))
-        self._call = fl.FlightCallOptions(headers=headers, timeout=ACTION_TIMEOUT_S)
+            headers.append((_bytes(name), _bytes(value)))
+        # pyarrow wants bytes here; its stubs say str.
+        self._call = fl.FlightCallOptions(headers=headers, timeout=ACTION_TIMEOUT_S)  # type: ignore[arg-type]
 
     def run(self, text: str, on_progress: Callable[[dict[str, Any], float], None] | None = None, poll: float = 0.25) -> Result:
         """Run ``text`` and read all its rows; ``on_progress(progress, seconds)`` every ``poll`` seconds while it runs.
@@ -164,8 +165,8 @@ class Session:
         self._flight.close()
 
 
-def _str(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+def _bytes(value: str | bytes) -> bytes:
+    return value.encode() if isinstance(value, str) else value
 
 
 def _text(exc: BaseException) -> str:

@@ -8,6 +8,7 @@ starts with ``.``, given where a statement would start.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from sqlglot.dialects.dialect import Dialect
@@ -17,6 +18,7 @@ from sqlglot.tokens import TokenType
 __all__ = ["Command", "Item", "complete", "items"]
 
 QUIT_WORDS = frozenset({"quit", "exit", "\\q"})
+_COMMENTS = re.compile(r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ def items(text: str, dialect: str = "duckdb") -> tuple[list[Item], str]:
     out: list[Item] = []
     rest = text
     while True:
-        stripped = rest.lstrip()
+        stripped = rest[_COMMENTS.match(rest).end():]  # type: ignore[union-attr]  # the pattern matches any text, if emptily
         if not stripped:
             return out, ""
         if stripped.startswith(".") or stripped.split(None, 1)[0].rstrip(";").lower() in QUIT_WORDS:
