@@ -66,6 +66,8 @@ class StageProgress:
     consumers: tuple[int, ...]  # none for the head
     output: str  # head, hash, gather, broadcast, round_robin
     tasks: tuple[TaskProgress, ...]
+    estimated_rows: float | None = None  # the planner's estimate of its output (``explain()``'s), None: none made
+    estimated_bytes: float | None = None
 
     @property
     def done(self) -> int:
@@ -165,7 +167,7 @@ class DetachedQuery:
         out = []
         for stage in self._run.plan.stages:
             tasks = tuple(self._task(channel) for channel in self._run.by_stage.get(stage.stage_id, []))
-            out.append(StageProgress(stage.stage_id, tuple(stage.consumers), stage.output_mode, tasks))
+            out.append(StageProgress(stage.stage_id, tuple(stage.consumers), stage.output_mode, tasks, stage.output_rows, stage.output_bytes))
         return out
 
     def _task(self, channel: TaskChannel) -> TaskProgress:

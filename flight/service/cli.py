@@ -81,6 +81,8 @@ def _parser() -> argparse.ArgumentParser:
     sec.add_argument("--auth-token-file", metavar="FILE", help="require a bearer token from FILE ('name:token' lines, as flight-worker's)")
     sec.add_argument("--users-file", metavar="FILE",
                      help="users with passwords ('name:scrypt$...' lines: flight-coordinator hash-password), traded on Handshake for a session token")
+    sec.add_argument("--operators", default="", metavar="NAME,NAME",
+                     help="users (of --auth-token-file or --users-file) who may cancel anyone's query, on the web page too")
     sec.add_argument("--tls-cert", metavar="FILE", help="serve grpc+tls:// with this PEM certificate chain (needs --tls-key)")
     sec.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert")
     sec.add_argument("--tls-client-ca", metavar="FILE", help="require client certificates signed by this PEM CA (mutual TLS)")
@@ -173,6 +175,21 @@ def local_roots(args: argparse.Namespace) -> list[str]:
     return sorted(set(roots))
 
 
+def _resolver(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[WorkerResolver, LocalCluster | None]:
+    """Where the workers are, and the local cluster the service owns when it starts its own."""
+    if args.workers:
+        return StaticWorkerResolver([u.strip() for u in args.workers.split(",") if u.strip()]), None
+    if args.workers_file is not None:
+        return FileWorkerResolver(args.workers_file), None
+    if args.workers_dns is not None:
+        return _dns_resolver(parser, args.workers_dns), None
+    count = 2 if args.local_workers is None else args.local_workers
+    if count < 1:
+        parser.error(f"--local-workers must be at least 1 (got {count})")
+    cluster = LocalCluster(count, data_roots=local_roots(args)).start()
+    return cluster.resolver(), cluster
+
+
 def _admission(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Admission:
     per_user = args.max_queries_per_user if args.max_queries_per_user is not None else max(1, args.max_queries // 2)
     try:
@@ -207,20 +224,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         except OSError:
             parser.error(f"--parent-fd: {args.parent_fd} is not an open file descriptor")
     catalog = catalog_from_flags(parser, args.table, args.catalog)
-    cluster: LocalCluster | None = None
-    resolver: WorkerResolver
-    if args.workers:
-        resolver = StaticWorkerResolver([u.strip() for u in args.workers.split(",") if u.strip()])
-    elif args.workers_file is not None:
-        resolver = FileWorkerResolver(args.workers_file)
-    elif args.workers_dns is not None:
-        resolver = _dns_resolver(parser, args.workers_dns)
-    else:
-        count = 2 if args.local_workers is None else args.local_workers
-        if count < 1:
-            parser.error(f"--local-workers must be at least 1 (got {count})")
-        cluster = LocalCluster(count, data_roots=local_roots(args)).start()
-        resolver = cluster.resolver()
+    resolver, cluster = _resolver(parser, args)
     options = _server_options(parser, args)
     security = _worker_security(parser, args)
     # A client's credentials are for the service alone: a client reading a worker would present them
@@ -231,11 +235,13 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         log.warning("direct endpoints with credentials: clients may send theirs to the workers, and need the workers' own")
     wake_r, stop_signals = catch_stop_signals()
     metrics = Metrics()
+    operators = frozenset(n.strip() for n in args.operators.split(",") if n.strip())
     queries = Queries(catalog, resolver, security, args.result_ttl, admission=_admission(parser, args), query_timeout=args.query_timeout,
-                      on_end=metrics.ended)
+                      on_end=metrics.ended, operators=operators)
     scheme = "grpc+tls" if "tls_certificates" in options else "grpc"
     server = CoordinatorServer(f"{scheme}://{args.host}:{args.port}", queries, endpoints=endpoints, **options)
-    web = WebView(queries, metrics, args.host, args.http_port) if args.http_port is not None else None
+    auth = options.get("middleware", {}).get(MIDDLEWARE_KEY)  # type: ignore[attr-defined]  # the clients' ServiceAuth, or none
+    web = WebView(queries, metrics, args.host, args.http_port, auth) if args.http_port is not None else None
     page = web.start() if web is not None else None
     print(f"flight-coordinator listening on {server.url}", flush=True)
     if page is not None:

@@ -59,6 +59,7 @@ class Query:
     state: str = "running"  # running, finished, failed, cancelled
     error: str = ""
     ended: float | None = None
+    wall_started: float = field(default_factory=time.time)  # when it started, as the web page shows it
 
     @property
     def schema(self) -> pa.Schema:
@@ -79,6 +80,7 @@ class Queries:
         query_timeout: float | None = None,
         keep: int = 100,
         on_end: Callable[[Query], None] | None = None,
+        operators: frozenset[str] = frozenset(),
     ) -> None:
         self.catalog = catalog
         self.resolver = resolver
@@ -87,6 +89,7 @@ class Queries:
         self.admission = admission or Admission(64, 64, 60.0)
         self.query_timeout = query_timeout
         self.on_end = on_end  # told of every query that ended (the metrics)
+        self.operators = operators  # who may cancel anyone's query (--operators)
         self.clients = ClientPool(security)
         self._live: dict[str, Query] = {}
         self._handles: dict[bytes, Query] = {}
@@ -165,6 +168,10 @@ class Queries:
         query.state, query.error = "cancelled", why
         query.detached.close()
         return True
+
+    def may_cancel(self, query: Query, caller: str) -> bool:
+        """Whether ``caller`` may cancel ``query``: its own user, or an operator (Flight SQL's cancel and the web page's)."""
+        return caller == query.user or caller in self.operators
 
     def find(self, predicate: Callable[[Query], bool]) -> list[Query]:
         with self._lock:

@@ -384,13 +384,13 @@ class CoordinatorServer(fl.FlightServerBase):
                 cancel.ParseFromString(body)
             except DecodeError:
                 raise ProtocolError("CancelFlightInfo takes a CancelFlightInfoRequest", field="action.body") from None
-            status = self._cancel(cancel.info.SerializeToString())
+            status = self._cancel(cancel.info.SerializeToString(), _user(context))
             return iter([Flight_pb2.CancelFlightInfoResult(status=status).SerializeToString()])
         if action.type == "CancelQuery":
             request = unpack(body, "action.body")
             if not isinstance(request, sql_pb2.ActionCancelQueryRequest):
                 raise ProtocolError("CancelQuery takes an ActionCancelQueryRequest", field="action.body")
-            cancelled = self._cancel(request.info) == Flight_pb2.CANCEL_STATUS_CANCELLED
+            cancelled = self._cancel(request.info, _user(context)) == Flight_pb2.CANCEL_STATUS_CANCELLED
             results = sql_pb2.ActionCancelQueryResult
             result = results.CANCEL_RESULT_CANCELLED if cancelled else results.CANCEL_RESULT_NOT_CANCELLABLE
             return iter([pack(results(result=result))])
@@ -399,8 +399,9 @@ class CoordinatorServer(fl.FlightServerBase):
         known = [a for a, _ in self.list_actions(context)]
         raise ProtocolError(f"unknown action {action.type[:100]!r}; flight-coordinator answers {known}", field="action.type")
 
-    def _cancel(self, serialized_info: bytes) -> Flight_pb2.CancelStatus.ValueType:
-        """Cancel the query whose endpoints ``serialized_info`` lists; Flight's CancelStatus."""
+    def _cancel(self, serialized_info: bytes, caller: str) -> Flight_pb2.CancelStatus.ValueType:
+        """Cancel the query whose endpoints ``serialized_info`` lists, when ``caller`` may (``Queries.may_cancel``);
+        Flight's CancelStatus (another user's query is NOT_CANCELLABLE, as one that ended)."""
         try:
             info = fl.FlightInfo.deserialize(serialized_info)
         except (pa.ArrowException, ValueError):
@@ -409,7 +410,7 @@ class CoordinatorServer(fl.FlightServerBase):
         for query in self.queries.live():
             mine = {query.detached.partitions[i].ticket for i in query.handles.values()}
             mine |= {pack(sql_pb2.TicketStatementQuery(statement_handle=h)) for h in query.handles}
-            if tickets & mine:
+            if tickets & mine and self.queries.may_cancel(query, caller):
                 self.queries.cancel(query.query_id)
                 return Flight_pb2.CANCEL_STATUS_CANCELLED
         return Flight_pb2.CANCEL_STATUS_NOT_CANCELLABLE

@@ -95,6 +95,19 @@ class ServiceAuth(fl.ServerMiddlewareFactory):
             f"flight-coordinator requires a bearer token (authorization: Bearer …), or a username and password on Handshake; the call carried {what}"
         )
 
+    def who(self, authorization: bytes) -> str | None:
+        """The name an ``authorization`` value (``Bearer <token>``: a static or a session token) stands for; None: nobody."""
+        return self._bearer(authorization)
+
+    def log_in(self, name: str, password: str) -> str | None:
+        """A session token for ``name`` when ``password`` is its password (the web view's login), else None."""
+        basic = base64.b64encode(f"{name}:{password}".encode())
+        return self._issue(name) if self._password(basic) == name else None
+
+    def session(self, name: str) -> str:
+        """A new session token for ``name``, already authenticated (a web login by a static token)."""
+        return self._issue(name)
+
     def _bearer(self, raw: bytes) -> str | None:
         name = None
         for expected, candidate in self._tokens:  # every comparison made: the time says nothing of which matched

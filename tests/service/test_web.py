@@ -13,6 +13,7 @@ README's test command installs both. Without them the browser test is skipped, s
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -20,12 +21,14 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import duckdb
 import pyarrow.flight as fl
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support import running_tasks, tpch_test_files, wait_until
 
 import flight
+from benchmarks.tpch_queries import duckdb_connection
 from benchmarks.tpch_sql import SQL
 from flight.service.commands import pack
 from flight.wire._proto import FlightSql_pb2 as sql_pb2
@@ -54,6 +57,13 @@ def service(cluster: flight.LocalCluster) -> Iterator[tuple[str, str]]:
             code = proc.wait(10)
         proc.stdout.close()
         assert code == 0, f"the service exited {code} on SIGTERM"
+
+
+@pytest.fixture(scope="module")
+def con() -> Iterator[duckdb.DuckDBPyConnection]:
+    c = duckdb_connection(tpch_test_files(0.1))
+    yield c
+    c.close()
 
 
 def get(url: str) -> object:
@@ -138,19 +148,12 @@ CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 @pytest.mark.required
 @pytest.mark.skipif(CHROMIUM is None or DRIVER is None, reason="needs Debian's chromium and chromium-driver (the README's test command installs them)")
 def test_the_page_in_a_real_browser_shows_the_stages_and_cancels(service: tuple[str, str], cluster: flight.LocalCluster) -> None:
-    from selenium import webdriver
     from selenium.common.exceptions import StaleElementReferenceException
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     flight_url, page = service
-    options = Options()
-    options.binary_location = str(CHROMIUM)
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,2400"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(executable_path=str(DRIVER)), options=options)
+    driver = chromium_driver()
     try:
         start_unread(flight_url, SQL[5])
         wait_until(lambda: len(running_ids(page)) == 1, 10.0, "the query to be listed as running")
@@ -161,11 +164,13 @@ def test_the_page_in_a_real_browser_shows_the_stages_and_cancels(service: tuple[
         driver.get(page)
         wait.until(lambda d: any(a.text == query_id for a in d.find_elements(By.CSS_SELECTOR, "tr[data-query] a")))
         driver.get(f"{page}#/query/{query_id}")
-        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".stage")) >= 2)
-        # The tasks finish (their rows wait unread on the workers): every stage's progress reaches its total.
-        wait.until(lambda d: (bars := d.find_elements(By.CSS_SELECTOR, ".stage .progress")) and all(_done(p.text) for p in bars))
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "svg.stage-graph g.node")) >= 2)
+        # The tasks finish (their rows wait unread on the workers): every stage's node counts all its tasks done.
+        wait.until(lambda d: (nodes := d.find_elements(By.CSS_SELECTOR, "svg.stage-graph g.node"))
+                   and all(n.get_attribute("data-tasks-done") == n.get_attribute("data-tasks") != "0" for n in nodes))
         # The time line has a row per stage, and the feeds table a row per table listed as the query ran.
-        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr[data-timeline] .track .span")) == len(d.find_elements(By.CSS_SELECTOR, ".stage")))
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr[data-timeline] .track .span"))
+                   == len(d.find_elements(By.CSS_SELECTOR, "svg.stage-graph g.node")))
         wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr[data-feed]")) >= 1)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(ARTIFACTS / "service-query-page.png"))
@@ -176,6 +181,117 @@ def test_the_page_in_a_real_browser_shows_the_stages_and_cancels(service: tuple[
         driver.quit()
 
 
-def _done(text: str) -> bool:
-    done, total = text.split(" ")[0].split("/")
-    return done == total and int(total) > 0
+def chromium_driver():  # type: ignore[no-untyped-def]
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = str(CHROMIUM)
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1800"):
+        options.add_argument(arg)
+    return webdriver.Chrome(service=Service(executable_path=str(DRIVER)), options=options)
+
+
+GRAPH = """
+const texts = g => [...g.querySelectorAll('text')].map(t => t.textContent).join('\\n');
+return {
+  nodes: [...document.querySelectorAll('svg.stage-graph g.node')].map(n => ({stage: n.dataset.stage, rows: n.dataset.rows, text: texts(n)})),
+  edges: [...document.querySelectorAll('svg.stage-graph g.edge')].map(e => ({from: e.dataset.from, kind: e.dataset.kind, text: texts(e)})),
+  legend: document.querySelector('p.legend').textContent,
+};
+"""
+
+
+def explain_numbers(text: str) -> dict[int, dict[str, int | None]]:
+    """Per stage of an ``explain(analyze=True)``: the rows its tasks sent, and the planner's estimate."""
+    stages: dict[int, dict[str, int | None]] = {}
+    current = None
+    for line in text.splitlines():
+        if (m := re.match(r"Stage (\d+) \[", line)) is not None:
+            current = int(m.group(1))
+            stages[current] = {"rows": 0, "estimated": None}
+        elif current is not None and (m := re.search(r"\| rows in \d+, out (\d+);", line)) is not None:
+            stages[current]["rows"] = int(stages[current]["rows"] or 0) + int(m.group(1))
+        elif current is not None and (m := re.match(r"  output: estimated ~([\d,]+) rows", line)) is not None:
+            stages[current]["estimated"] = int(m.group(1).replace(",", ""))
+    return stages
+
+
+def run_to_the_end(flight_url: str, text: str) -> int:
+    """Run ``text`` through Flight SQL and read all its rows (the query finishes); how many."""
+    with fl.connect(flight_url) as client:
+        info = client.get_flight_info(fl.FlightDescriptor.for_command(pack(sql_pb2.CommandStatementQuery(query=text))))
+    rows = 0
+    for endpoint in info.endpoints:
+        with fl.connect(endpoint.locations[0]) as reader:
+            rows += reader.do_get(endpoint.ticket).read_all().num_rows
+    return rows
+
+
+@pytest.mark.required
+@pytest.mark.skipif(CHROMIUM is None or DRIVER is None, reason="needs Debian's chromium and chromium-driver (the README's test command installs them)")
+def test_a_finished_querys_graph_shows_explains_numbers_and_the_list_one_line_a_query(
+    service: tuple[str, str], con: duckdb.DuckDBPyConnection
+) -> None:
+    """The stage graph of a finished query: a node per stage whose rows, tasks and estimate are ``explain()``'s
+    after the run, an edge per exchange with its kind; the list shows the SQL's first line, expands it on a
+    click, and filters by state. Screenshots of both pages go to ``.ci/artifacts/``."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    flight_url, page = service
+    text = "-- orders per segment and priority\n" + SQL[3]
+    got = run_to_the_end(flight_url, text)
+    assert got == len(con.sql(SQL[3]).fetchall())
+    wait_until(lambda: any(q["sql"] == text and q["state"] == "finished" for q in _ended(page)), 15.0, "the query to finish")
+    query = next(q for q in _ended(page) if q["sql"] == text)
+    first = next(line.strip() for line in SQL[3].splitlines() if line.strip())
+    assert query["first_line"] == first and query["rows"] == got  # the first line that is not a comment
+    detail = _detail(page, query["id"])
+    explained = get(f"{page}api/queries/{query['id']}/explain")
+    assert isinstance(explained, dict) and explained["analyzed"]
+    numbers = explain_numbers(explained["text"])
+    assert set(numbers) == {s["id"] for s in detail["stages"]}
+    driver = chromium_driver()
+    try:
+        wait = WebDriverWait(driver, 20, ignored_exceptions=(StaleElementReferenceException,))
+        driver.get(f"{page}#/query/{query['id']}")
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "svg.stage-graph g.node")) == len(numbers))
+        # Read in one script, between two of the page's redraws (an element found may be gone a second later).
+        graph = driver.execute_script(GRAPH)
+        nodes = {int(n["stage"]): n for n in graph["nodes"]}
+        for stage_id, want in numbers.items():
+            node = nodes[stage_id]
+            assert int(node["rows"]) == want["rows"], (stage_id, want)
+            assert f"{want['rows']:,} rows" in node["text"]
+            if want["estimated"] is not None:
+                assert f"est ~{want['estimated']:,}" in node["text"]
+        edges = graph["edges"]
+        assert len(edges) == sum(len(s["consumers"]) for s in detail["stages"])
+        assert {(int(e["from"]), e["kind"]) for e in edges} == {(s["id"], s["output"]) for s in detail["stages"] if s["consumers"]}
+        assert all(e["text"].startswith(e["kind"] + " · ") for e in edges)
+        assert all(f"{w['label']} = {w['url']}" in graph["legend"] for w in detail["workers"])
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(ARTIFACTS / "service-stage-graph.png"))
+        driver.get(page)
+        cell = f"tr[data-query='{query['id']}'] td.sql-line"
+        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, cell).text == "▸ " + first)
+        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, cell).click() or True)
+        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, f"tr[data-sql-of='{query['id']}'] pre.sql").text == text.strip())
+        driver.save_screenshot(str(ARTIFACTS / "service-query-list.png"))
+        states = "return [...document.querySelectorAll('table.queries tr[data-query] td:nth-child(2)')].map(c => c.textContent)"
+        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "select[data-filter='state'] option[value='running']").click() or True)
+        wait.until(lambda d: not d.execute_script(states))  # nothing runs now
+        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "select[data-filter='state'] option[value='finished']").click() or True)
+        wait.until(lambda d: (shown := d.execute_script(states)) and set(shown) == {"finished"})
+        assert driver.find_elements(By.CSS_SELECTOR, f"tr[data-query='{query['id']}']")
+    finally:
+        driver.quit()
+
+
+def _ended(page: str) -> list[dict]:  # type: ignore[type-arg]
+    data = get(page + "api/queries")
+    assert isinstance(data, dict)
+    return list(data["ended"])
