@@ -31,8 +31,8 @@ from flight.plan.query import Query as PlannedQuery
 __all__ = ["EXPLAIN_SCHEMA", "MAX_PENDING", "Explained", "Explains", "analyzed", "plan_rows", "split_explain"]
 
 EXPLAIN_SCHEMA = pa.schema([pa.field("plan", pa.string(), nullable=False)])
-MAX_PENDING = 1000
-"""Explained statements whose results wait to be read at once; the oldest is forgotten past it."""
+MAX_PENDING = 256
+"""Explained statements whose results wait to be read at once; the oldest is forgotten past it (each holds a plan)."""
 
 _WORD = re.compile(r"explain(?:\s+(analyze))?\s+", re.IGNORECASE)
 _COMMENT = re.compile(r"\s*(?:--[^\n]*(?:\n|$)|/\*.*?\*/)", re.DOTALL)

@@ -55,7 +55,11 @@ class WebAuth:
         """``{"user", "password"}`` or ``{"token"}`` for a session cookie; the same refusal for every wrong one."""
         if self.auth is None:
             return JSONResponse(self.me(ANONYMOUS))
-        body = await request.body()
+        body = b""
+        async for chunk in request.stream():  # read as it comes: a hostile body is dropped before it is held
+            body += chunk
+            if len(body) > MAX_LOGIN_BYTES:
+                return JSONResponse({"error": f"a login is at most {MAX_LOGIN_BYTES} bytes"}, status_code=413)
         fields = _fields(body)
         name = None
         session = None
@@ -80,8 +84,6 @@ class WebAuth:
 
 def _fields(body: bytes) -> dict[str, str]:
     """A login body's string fields; nothing from a body that is too long, no JSON object, or holds other types."""
-    if len(body) > MAX_LOGIN_BYTES:
-        return {}
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):

@@ -181,3 +181,17 @@ def test_the_page_logs_in_and_shows_cancel_only_to_who_may(service: tuple[str, s
                 wait_until(lambda: running_tasks(cluster.urls) == 0, 15.0, "the workers to end alice's cancelled query")
         finally:
             driver.quit()
+
+
+def test_a_hostile_login_is_refused_before_it_is_held(service: tuple[str, str]) -> None:
+    _, page = service
+    nobody = Browser(page)
+    status, answer = nobody.call("api/login", {"user": "alice", "password": "x" * 100_000})
+    assert status == 413 and answer == {"error": "a login is at most 4096 bytes"}
+    for body in (b"[1, 2]", b"not json", b'{"user": 1, "password": ["x"]}', b"\xff\xfe", b"[" * 3000 + b"]" * 3000):
+        request = urllib.request.Request(page + "api/login", data=body, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            nobody.opener.open(request, timeout=10)
+        assert refused.value.code in (401, 413)
+        refused.value.close()
+    assert nobody.call("api/queries")[0] == 401

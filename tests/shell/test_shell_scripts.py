@@ -114,3 +114,28 @@ def test_a_user_logs_in_with_a_password_from_the_environment(service: tuple[str,
     assert _csv(done.stdout) == [("n",), ("25",)]
     refused = _shell(url, "--user", "alice", "-c", "select 1", env={"FLIGHT_SQL_PASSWORD": "wrong"})
     assert refused.returncode != 0 and "wrong username or password" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_a_tls_service_with_client_certificates(cluster: flight.LocalCluster, files: dict[str, list[Path]], tmp_path: Path) -> None:
+    """``grpc+tls://`` with ``--tls-root-certs``, and a service that wants client certificates (``--tls-cert``/``--tls-key``)."""
+    import trustme
+
+    ca = trustme.CA()
+    server, client = ca.issue_cert("127.0.0.1", "localhost"), ca.issue_cert("shell-client")
+    for name, cert in (("server", server), ("client", client)):
+        (tmp_path / f"{name}.pem").write_bytes(b"".join(b.bytes() for b in cert.cert_chain_pems))
+        (tmp_path / f"{name}.key").write_bytes(cert.private_key_pem.bytes())
+    (tmp_path / "ca.pem").write_bytes(ca.cert_pem.bytes())
+    proc, url = start_service("--workers", ",".join(cluster.urls), "--tls-cert", str(tmp_path / "server.pem"), "--tls-key",
+                              str(tmp_path / "server.key"), "--tls-client-ca", str(tmp_path / "ca.pem"),
+                              "--table", f"region={files['region'][0].parent}")
+    try:
+        assert url.startswith("grpc+tls://")
+        done = _shell(url, "--tls-root-certs", str(tmp_path / "ca.pem"), "--tls-cert", str(tmp_path / "client.pem"),
+                      "--tls-key", str(tmp_path / "client.key"), "--format", "csv", "-c", "select count(*) as n from region")
+        assert done.returncode == 0, done.stderr
+        assert _csv(done.stdout) == [("n",), ("5",)]
+        without = _shell(url, "--tls-root-certs", str(tmp_path / "ca.pem"), "-c", "select 1")  # no client certificate
+        assert without.returncode != 0 and "Traceback" not in without.stderr
+    finally:
+        assert stop_service(proc) == 0

@@ -97,7 +97,7 @@ def test_ctrl_c_cancels_a_running_statement_and_keeps_the_shell(files: dict[str,
     try:
         pane.wait_for(PROMPT, 60)
         pane.line(SLOW)
-        pane.wait_for(r"stages \d+/\d+ · tasks \d+/\d+ · [\d,]+ rows · [\d.]+ s · Ctrl-C cancels", 60)  # the progress line
+        running = pane.wait_for(r"stages \d+/\d+ · tasks \d+/\d+ · [\d,]+ rows · [\d.]+ s · Ctrl-C cancels", 60)  # the progress line
         assert running_tasks(cluster.urls) > 0
         pane.key("C-c")
         pane.wait_for(r"^Cancelled after [\d.]+ s: its tasks were ended on the workers\.", 30)
@@ -106,7 +106,7 @@ def test_ctrl_c_cancels_a_running_statement_and_keeps_the_shell(files: dict[str,
         screen = pane.wait_for(r"^1 row in [0-9.]+ s")
         assert _rows(screen, "from region;") == [["5"]]
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        (ARTIFACTS / "flight-sql-session.txt").write_text(pane.screen())
+        (ARTIFACTS / "flight-sql-session.txt").write_text(f"{running.rstrip()}\n\n--- after Ctrl-C ---\n\n{pane.screen()}")
     finally:
         pane.close()
         assert stop_service(proc) == 0

@@ -73,7 +73,9 @@ def hash_password(password: str, salt: bytes = b"flight-exec-fuzz") -> str:
 def statements() -> list[str]:
     """Statements the service runs on its table quickly (each case reads its results to the end)."""
     return ["SELECT 1 AS one", "SELECT id, name FROM t WHERE id < 5", "SELECT name, count(*) AS n FROM t GROUP BY name ORDER BY name",
-            "SELECT * FROM t ORDER BY id LIMIT 3", "SELECT max(score) AS top FROM lineitem_fuzz_table"]
+            "SELECT * FROM t ORDER BY id LIMIT 3", "SELECT max(score) AS top FROM lineitem_fuzz_table",
+            "EXPLAIN SELECT name, count(*) AS n FROM t GROUP BY name", "-- why\nexplain analyze SELECT * FROM t WHERE id < 3",
+            "EXPLAIN EXPLAIN SELECT 1", "EXPLAIN ANALYZE"]
 
 
 def parameter_queries() -> list[str]:
