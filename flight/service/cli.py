@@ -36,7 +36,7 @@ from flight.service.server import CoordinatorServer
 from flight.service.users import HandshakeDone, ServiceAuth, hash_password, read_users
 from flight.service.web import Metrics, WebView
 from flight.sql.catalog import Catalog
-from flight.sql.catalog_file import load_catalog_file
+from flight.sql.catalog_file import load_catalog_file, local_paths
 from flight.worker.auth import MIDDLEWARE_KEY, read_tokens
 
 __all__ = ["catalog_from_flags", "local_roots", "main"]
@@ -161,12 +161,12 @@ def _dns_resolver(parser: argparse.ArgumentParser, url: str) -> WorkerResolver:
 
 
 def local_roots(args: argparse.Namespace) -> list[str]:
-    """What local workers may read: the given roots, else each local table's directory."""
+    """What local workers may read: the given roots, else each local table's directory (``--table``s and the ``--catalog``'s)."""
     if args.data_root:
         return list(args.data_root)
     roots = []
-    for spec in args.table:
-        uri = spec.partition("=")[2]
+    uris = [spec.partition("=")[2] for spec in args.table] + (local_paths(args.catalog) if args.catalog is not None else [])
+    for uri in uris:
         if "://" in uri:
             continue
         for part in uri.split(","):

@@ -57,11 +57,13 @@ class Shell:
         self.err = Console(file=err or sys.stderr, highlight=False, soft_wrap=True)
         self.settings = Settings()
         self.progress = progress
+        self.cancelled = False  # the last statement was cancelled (Ctrl-C): a script exits 130
 
     # ------------------------------------------------------------ one statement or command
 
     def run_item(self, item: Item) -> bool:
         """Run one statement or dot command, showing its result or its error; whether it succeeded."""
+        self.cancelled = False
         try:
             if isinstance(item, Command):
                 self._command(item)
@@ -72,6 +74,7 @@ class Shell:
             self.err.print(Text(f"Error: {exc}", style="red"))
             return False
         except Cancelled as exc:
+            self.cancelled = True
             how = "its tasks were ended on the workers" if exc.ended else "the service had already ended it"
             self.err.print(Text(f"Cancelled after {exc.seconds:.1f} s: {how}.", style="yellow"))
             return False
@@ -142,7 +145,7 @@ class Shell:
         for item in found:
             try:
                 if not self.run_item(item):
-                    return 1
+                    return 130 if self.cancelled else 1
             except Quit:
                 return 0
             except KeyboardInterrupt:

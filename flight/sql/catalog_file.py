@@ -27,7 +27,7 @@ from typing import Any
 from flight.errors import PlanError
 from flight.sql.catalog import Catalog
 
-__all__ = ["load_catalog_file"]
+__all__ = ["load_catalog_file", "local_paths"]
 
 
 def load_catalog_file(path: str | Path) -> Catalog:
@@ -50,6 +50,28 @@ def load_catalog_file(path: str | Path) -> Catalog:
             raise PlanError(f"catalog {where}: [iceberg.{catalog_name}] must be a table of properties")
         _iceberg(catalog, catalog_name, dict(props), where)
     return catalog
+
+
+def local_paths(path: str | Path) -> list[str]:
+    """The local files and directories a catalog file names (its tables' paths, its Iceberg warehouses): what workers
+    started beside it must be allowed to read (``--data-root``). Object-store URIs are left out; a bad file names none."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return []
+    named: list[str] = []
+    for spec in (data.get("tables") or {}).values():
+        named += [spec] if isinstance(spec, str) else [v for k, v in spec.items() if k in ("parquet", "delta")] if isinstance(spec, dict) else []
+    for props in (data.get("iceberg") or {}).values():
+        if isinstance(props, dict) and isinstance(props.get("warehouse"), str):
+            named.append(props["warehouse"])
+    out = []
+    for uri in (u for u in named if isinstance(u, str)):
+        if uri.startswith("file://"):
+            uri = uri[len("file://"):]
+        if "://" not in uri:
+            out.append(uri)
+    return out
 
 
 def _table(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:

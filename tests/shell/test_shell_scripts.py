@@ -139,3 +139,16 @@ def test_a_tls_service_with_client_certificates(cluster: flight.LocalCluster, fi
         assert without.returncode != 0 and "Traceback" not in without.stderr
     finally:
         assert stop_service(proc) == 0
+
+
+def test_its_own_workers_over_a_catalog_file(files: dict[str, list[Path]], tmp_path: Path, con: duckdb.DuckDBPyConnection) -> None:
+    """No URL: the shell starts workers of its own over ``--catalog`` (the service's TOML) and a ``--table``."""
+    catalog = tmp_path / "tpch.toml"
+    catalog.write_text(f'[tables]\nnation = "{files["nation"][0].parent}"\n')
+    text = "select r_name, count(*) as n from nation join region on n_regionkey = r_regionkey group by 1 order by 1"
+    done = _shell("--catalog", str(catalog), "--table", f"region={files['region'][0].parent}", "--local-workers", "1",
+                  "--format", "csv", "-c", ".tables", "-c", text)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:2] == ["nation", "region"]
+    assert _csv("\n".join(lines[2:])) == [("r_name", "n"), *((name, str(n)) for name, n in con.sql(text).fetchall())]
