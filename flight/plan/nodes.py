@@ -70,9 +70,13 @@ class Node(abc.ABC):
         return ()
 
     def walk(self) -> Iterator[Node]:
-        yield self
-        for child in self.children():
-            yield from child.walk()
+        """This node and every one below it, each before its inputs, inputs in order (an explicit stack:
+        nested generators cost a frame per level per node, 1.9 million calls planning TPC-DS q14)."""
+        stack: list[Node] = [self]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(reversed(node.children()))
 
     def explain_lines(self, indent: int = 0) -> list[str]:
         lines = ["  " * indent + self.label()]

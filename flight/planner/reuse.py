@@ -25,30 +25,43 @@ each, so they must have the same task count: ``align_task_counts`` gives them th
 
 from __future__ import annotations
 
+import hashlib
+
 from flight.plan.nodes import FeedScanNode, Node
 from flight.planner.stages import FeedPlan, StageSpec
 from flight.wire._proto import plan_pb2
-from flight.wire.operators import operators
 
-__all__ = ["align_task_counts", "fingerprint", "link_consumers", "repeated_subtrees"]
+__all__ = ["align_task_counts", "fingerprint", "link_consumers", "repeated_subtrees", "subtree_keys"]
 
 
-def _canonical(node: Node) -> plan_pb2.Operator:
-    """``node``'s operators, each scan named by its source (its provider), not its feed id: a
-    second scan of a source gets a feed of its own."""
-    providers = {n.feed.feed_id: id(n.feed.inner()) for n in node.walk() if isinstance(n, FeedScanNode)}
-    proto = node.to_proto()
-    for op in operators(proto):
-        if op.WhichOneof("kind") == "feed_scan":
-            op.feed_scan.feed.feed_id = f"provider-{providers[op.feed_scan.feed.feed_id]}"
-    return proto
+def subtree_keys(root: Node) -> dict[int, bytes]:
+    """A key for every subtree of ``root`` by the id of its top node: equal keys for equal operators over the
+    same sources (each scan named by its source, its provider, not its feed id: a second scan of a source
+    gets a feed of its own).
+
+    Made bottom up, each node's own operator serialized once (``fill_proto`` without its inputs) and hashed
+    with its inputs' keys (SHA-256): linear in the plan's size. Serializing each subtree whole was quadratic:
+    1.5 s of TPC-DS q14's planning, whose CTEs repeat thousands of operators."""
+    keys: dict[int, bytes] = {}
+    for node in reversed(list(root.walk())):  # inputs before the nodes above them
+        if id(node) in keys:
+            continue  # a node shared by two parents
+        op = plan_pb2.Operator()
+        node.fill_proto(op)
+        if isinstance(node, FeedScanNode):
+            op.feed_scan.feed.feed_id = f"provider-{id(node.feed.inner())}"
+        digest = hashlib.sha256(op.SerializeToString(deterministic=True))
+        for child in node.children():
+            digest.update(keys[id(child)])
+        keys[id(node)] = digest.digest()
+    return keys
 
 
 def fingerprint(node: Node, feeds: list[FeedPlan], tasks: int, mode: str, keys: list[str]) -> bytes:
     """What makes two cuts the same stage: operators, sources, the stages read, the feed partitions,
     the task count and the output partitioning."""
     shape = repr((sorted((id(f.feed.inner()), f.partitions, f.shared) for f in feeds), tasks, mode, keys))
-    return _canonical(node).SerializeToString(deterministic=True) + shape.encode()
+    return subtree_keys(node)[id(node)] + shape.encode()
 
 
 def repeated_subtrees(root: Node) -> set[int]:
@@ -61,19 +74,10 @@ def repeated_subtrees(root: Node) -> set[int]:
     scanning: dict[int, bool] = {}
     for node in reversed(nodes):  # children before parents
         scanning[id(node)] = isinstance(node, FeedScanNode) or any(scanning[id(c)] for c in node.children())
-    # A cheap shape first (operator, output names, children's shapes, source): equal subtrees have
-    # equal shapes, so only the nodes whose shape repeats are serialized and compared in full
-    # (serializing every subtree is quadratic: 60 ms of TPC-H Q2's planning).
-    shape: dict[int, int] = {}
-    for node in reversed(nodes):
-        source = id(node.feed.inner()) if isinstance(node, FeedScanNode) else 0
-        shape[id(node)] = hash((type(node).__name__, tuple(node.schema.names), source, *(shape[id(c)] for c in node.children())))
-    counts: dict[int, int] = {}
-    for value in shape.values():
-        counts[value] = counts.get(value, 0) + 1
-    keys = {id(n): _canonical(n).SerializeToString(deterministic=True) for n in nodes if scanning[id(n)] and counts[shape[id(n)]] > 1}
+    every = subtree_keys(root)
+    keys = {id(n): every[id(n)] for n in nodes if scanning[id(n)]}
     seen: dict[bytes, int] = {}
-    for key in keys.values():
+    for key in keys.values():  # by node object: one shared by two parents is one subtree
         seen[key] = seen.get(key, 0) + 1
     out: set[int] = set()
     stack = [root]
