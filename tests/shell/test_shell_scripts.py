@@ -16,28 +16,14 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from support import tpch_test_files
 
 import flight
-from benchmarks.tpch_queries import duckdb_connection
 from tests.service.test_flightsql import start_service, stop_service
 
 SHELL = [sys.executable, "-m", "flight.shell"]
 TOKEN = "shell-test-token-3b9f"
 PASSWORD = "correct horse battery"
 NATIONS = "select n_name, n_regionkey from nation where n_regionkey < 2 order by n_name"
-
-
-@pytest.fixture(scope="module")
-def files() -> dict[str, list[Path]]:
-    return tpch_test_files(0.1)
-
-
-@pytest.fixture(scope="module")
-def con(files: dict[str, list[Path]]) -> Iterator[duckdb.DuckDBPyConnection]:
-    c = duckdb_connection(files)
-    yield c
-    c.close()
 
 
 @pytest.fixture(scope="module")

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
 import pytest
-from support import running_tasks, tpch_test_files, wait_until
+from support import running_tasks, wait_until
 
 import flight
-from benchmarks.tpch_queries import TABLES, duckdb_connection
+from benchmarks.tpch_queries import TABLES
 from tests.service.test_flightsql import start_service, stop_service
 from tests.shell.tmux import TMUX, Pane
 
@@ -32,18 +31,6 @@ SHELL = [sys.executable, "-m", "flight.shell"]
 ARTIFACTS = Path(__file__).resolve().parents[2] / ".ci" / "artifacts"
 SLOW = "select count(*) as n from lineitem a join lineitem b on a.l_linenumber = b.l_linenumber;"
 PROMPT = r"^flight>"
-
-
-@pytest.fixture(scope="module")
-def files() -> dict[str, list[Path]]:
-    return tpch_test_files(0.1)
-
-
-@pytest.fixture(scope="module")
-def con(files: dict[str, list[Path]]) -> Iterator[duckdb.DuckDBPyConnection]:
-    c = duckdb_connection(files)
-    yield c
-    c.close()
 
 
 def _rows(screen: str, after: str) -> list[list[str]]:
