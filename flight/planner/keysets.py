@@ -11,9 +11,13 @@ so the scan below the aggregate keeps only those keys before anything is grouped
 what DuckDB's delim join and the magic-set rewrites do for correlated subqueries.
 
 Exact: the semi join keeps every input row whose key the join could match, and a group depends
-only on its own rows. Applied when the key subplan is estimated at least ``_RATIO`` times smaller
-than the aggregate's input, small enough to broadcast, and reads repeatable sources (it is read a
-second time for this).
+only on its own rows. Applied when the key subplan is filtered (an unfiltered table holds every key
+a foreign key may name), is estimated at least ``_RATIO`` times smaller than the aggregate's input,
+small enough to broadcast, reads repeatable sources (it is read a second time for this), and is
+cheap: its scans read fewer rows than the aggregate's input holds. TPC-DS q04 joins six per-year,
+per-channel aggregates of one CTE on the customer: each would otherwise read the keys of another as
+its key subplan, which reads the keys of a third, and one DuckDB task computed 21 aggregates over
+sales joins for the 6 the query names (1.6 s against 0.8 s without).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from flight.planner.notes import join_text, repeatable
 from flight.planner.optimize import join_sides
 from flight.planner.ranges import filter_selectivity
 
-__all__ = ["estimated_rows", "key_sources", "reduce_aggregate_inputs", "smallest_source"]
+__all__ = ["estimated_rows", "filtered", "key_sources", "reduce_aggregate_inputs", "scanned_rows", "smallest_source"]
 
 _RATIO = 10.0
 """How much smaller (in rows) the key subplan must be estimated than the aggregate's input."""
@@ -77,9 +81,11 @@ def _reduced(
             continue
         agg, group_key = found
         below = estimated_rows(agg.input)
-        key_type = agg.input.schema.field(group_key).type
-        best = smallest_source(key_sources(other, other_key), key_type)
-        if below is None or best is None:
+        if below is None:
+            continue
+        found = [(n, c) for n, c in key_sources(other, other_key) if filtered(n) and _cheap(n, below)]
+        best = smallest_source(found, agg.input.schema.field(group_key).type)
+        if best is None:
             continue
         rows, source, column = best
         if rows * _RATIO > below or rows * row_width(pa.schema([source.schema.field(column)])) > max_bytes or not repeatable(source):
@@ -92,6 +98,12 @@ def _reduced(
         )
         return _replaced(side, agg, replace(agg, input=semi))
     return None
+
+
+def _cheap(node: Node, rows: float) -> bool:
+    """Whether computing ``node`` reads (its scans' estimated rows) fewer rows than ``rows``."""
+    scanned = scanned_rows(node)
+    return scanned is not None and scanned < rows
 
 
 def _aggregate_key(node: Node, key: str) -> tuple[AggregateNode, str] | None:
@@ -151,6 +163,23 @@ def smallest_source(found: list[tuple[Node, str]], key_type: pa.DataType) -> tup
         if rows is not None and node.schema.field(column).type == key_type and (best is None or rows < best[0]):
             best = (rows, node, column)
     return best
+
+
+def filtered(node: Node) -> bool:
+    """Whether ``node`` drops rows of what it reads: an unfiltered table bounds nothing a foreign key does not."""
+    return any(isinstance(n, FilterNode) or (isinstance(n, JoinNode) and n.join_type == "left semi") for n in node.walk())
+
+
+def scanned_rows(node: Node) -> float | None:
+    """The rows the scans beneath ``node`` are estimated to read (None: unknown): what computing it costs."""
+    total = 0.0
+    for n in node.walk():
+        if isinstance(n, FeedScanNode):
+            rows = n.feed.inner().estimated_rows()
+            if rows is None:
+                return None
+            total += rows
+    return total
 
 
 def estimated_rows(node: Node) -> float | None:

@@ -110,7 +110,8 @@ CROWDED_MOVES_BYTES = 256 << 20
 """A crowded plan (over ``ONE_TASK_SOURCES``: every subplan it repeats is a stage of its own, so that no task
 holds too many source threads) is cut again without that, holding up to ``WORKER_SOURCES`` a task, when those
 stages would move more than this (estimated). TPC-DS q04 repeats a CTE six times: its repeated joins, each a
-stage, shipped ~1.5 GB of joined rows to their uses (4.2 s at SF 1 on one host; cut again, 1.5 s); q64 and q67
+stage, shipped ~1.5 GB of joined rows to their uses (4.2 s at SF 1 on one host; cut again, 1.5 s; since its uses
+stopped reading each other's keys, ``flight.planner.keysets``, it is not crowded at all); q64 and q67
 alike (1.24 -> 0.45 s, 2.05 -> 1.13 s). Crowded plans whose stages move little (q05, q77, q80: a union branch
 apart) keep their stages: computed in place they took 1.6 to 2.3 times as long."""
 

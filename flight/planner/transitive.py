@@ -32,7 +32,7 @@ from flight.plan.nodes import FeedScanNode, FilterNode, Node, ProjectNode
 from flight.plan.relnodes import JoinNode
 from flight.planner.cost import row_width
 from flight.planner.eager import map_children
-from flight.planner.keysets import estimated_rows, smallest_source
+from flight.planner.keysets import estimated_rows, filtered, smallest_source
 from flight.planner.notes import join_text, repeatable
 from flight.planner.optimize import join_sides
 
@@ -93,10 +93,6 @@ def _bounding(node: Node, column: str, hopped: bool = False) -> list[tuple[Node,
     return out
 
 
-def _filtered(node: Node) -> bool:
-    return any(isinstance(n, FilterNode) or (isinstance(n, JoinNode) and n.join_type == "left semi") for n in node.walk())
-
-
 def _reduced(
     side: Node, keys: list[str], other: Node, other_keys: list[str], max_bytes: float, notes: list[str], join: JoinNode
 ) -> Node | None:
@@ -105,7 +101,7 @@ def _reduced(
     if rows is None or not _scan_side(side):
         return None
     for key, other_key in zip(keys, other_keys):
-        found = [(n, c) for n, c in _bounding(other, other_key) if _filtered(n)]
+        found = [(n, c) for n, c in _bounding(other, other_key) if filtered(n)]
         best = smallest_source(found, side.schema.field(key).type)
         if best is None:
             continue

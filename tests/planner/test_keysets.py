@@ -3,7 +3,8 @@
 Shapes (planned without workers): the aggregate's input becomes a semi join with the small
 subplan's key column where the join drops unmatched aggregate rows (inner, left outer, semi, anti
 joins with the aggregate on the right, beneath projects and a HAVING filter); never where the aggregate's rows are kept unmatched (a right
-or full outer join), where the key subplan is not much smaller, or where the join key is not a
+or full outer join), where the key subplan is not much smaller, unfiltered, or reads as many rows as
+the aggregate (another aggregate over the same table: TPC-DS q04's chain), or where the join key is not a
 group key. Results: each query on two real workers, every join shuffled or broadcast, against
 DuckDB over the same files.
 """
@@ -85,6 +86,11 @@ KEPT = {
     "the other side is as large": "select g.k, s from facts g join (select k, sum(v) as s from facts group by k) f on f.k = g.k where g.v > 3",
     "no aggregate (the cutter reduces a semi join)": "select dk from dim where tag = 'x' and exists (select 1 from facts where k = dk and v > 99)",
     "the join key is not a group key": "select dk, s from dim join (select max(k) as m, sum(v) as s from facts) f on f.m = dim.dk where tag = 'x'",
+    "an unfiltered table holds every key": "select dk, s from dim join (select k, sum(v) as s from facts group by k) f on f.k = dim.dk",
+    "the keys cost as much as they save": (
+        "select a.k, c from (select k from facts group by k having sum(v) > 700) a"
+        " join (select k, count(*) as c from facts group by k) b on a.k = b.k"
+    ),
 }
 
 
