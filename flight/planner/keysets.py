@@ -83,8 +83,8 @@ def _reduced(
         below = estimated_rows(agg.input)
         if below is None:
             continue
-        found = [(n, c) for n, c in key_sources(other, other_key) if filtered(n) and _cheap(n, below)]
-        best = smallest_source(found, agg.input.schema.field(group_key).type)
+        candidates = [(n, c) for n, c in key_sources(other, other_key) if filtered(n) and _cheap(n, below)]
+        best = smallest_source(candidates, agg.input.schema.field(group_key).type)
         if best is None:
             continue
         rows, source, column = best

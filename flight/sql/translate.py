@@ -33,7 +33,7 @@ from flight.sql.aggregates import Derived, aggregate_call, aggregated
 from flight.sql.errors import unsupported
 from flight.sql.exprs import DFExpr, ExprTranslator, converted, unify
 from flight.sql.functions import arrow_type
-from flight.sql.grouping import grouping_sets
+from flight.sql.grouping import grouping_sets, grouping_union
 from flight.sql.rel import HANDLERS, DFPlan, Rel, fields_of, output_names, schema_of, unique
 
 __all__ = ["Translator"]
@@ -141,7 +141,7 @@ class Translator:
             return Rel(aggregated(query, keys, made, lambda q, calls: q.aggregate(keys, calls)), fields_of(plan))
         gid = dict(schema_of(plan))["__grouping_id"]
         every = self.dialect == "spark"  # Spark's grand total of no rows is no row (its sets are groups of an expanded input)
-        return Rel(aggregated(query, keys, made, lambda q, calls: _grouping_union(q, keys, sets, calls, gid, every)), fields_of(plan))
+        return Rel(aggregated(query, keys, made, lambda q, calls: grouping_union(q, keys, sets, calls, arrow_type(gid), every)), fields_of(plan))
 
     def _Sort(self, v: Any, plan: DFPlan) -> Rel:
         """ORDER BY: keys that are expressions become hidden columns; a key whose nulls go the other
@@ -278,28 +278,3 @@ def _stem(e: DFExpr, expr: Expr | None) -> str:
     if e.variant_name() == "Column":
         return str(e.to_variant().name())
     return "_expr"
-
-
-
-def _grouping_union(
-    query: Query, keys: list[str], sets: list[list[int]], calls: dict[str, agg.Agg], id_type: str, grouped_total: bool = False
-) -> Query:
-    """One aggregate per grouping set, its missing keys null, ``__grouping_id`` a constant (a bit per
-    key, the first key the highest, set where the key is rolled up), the rows of all sets in one union.
-    ``grouped_total``: the empty set is a group too (Spark's), so no rows give no total row."""
-    types = [query.schema.field(k).type for k in keys]
-    id_arrow = arrow_type(id_type)
-    branches = []
-    for members in sets:
-        if not members and grouped_total:
-            grouped = query.with_columns(__total=lit(0)).aggregate(["__total"], calls).select(*calls)
-        else:
-            grouped = query.aggregate([keys[i] for i in members], calls)
-        gid = sum(1 << (len(keys) - 1 - i) for i in range(len(keys)) if i not in members)
-        items: dict[str, Expr] = {
-            k: col(k) if i in members else lit(None, t) for i, (k, t) in enumerate(zip(keys, types))
-        }
-        items["__grouping_id"] = lit(gid, id_arrow)
-        items.update({name: col(name) for name in calls})
-        branches.append(grouped.select(**items))
-    return branches[0].union(*branches[1:]) if len(branches) > 1 else branches[0]

@@ -29,7 +29,6 @@ class _Chains:
     keys, through projections that only pick columns; every other operator is a leaf of the list."""
 
     task: DuckTask
-    aliases: Iterator[int]
 
     def relation(self, op: plan_pb2.Operator, path: str) -> str:  # pragma: no cover - Translator's
         raise NotImplementedError
@@ -38,7 +37,7 @@ class _Chains:
         """``op``, an inner join (``_chain``), with the inner joins below it as one join list."""
         leaves: list[str] = []
         conds: list[str] = []
-        refs = self._flat(op, path, leaves, conds)
+        refs = self._flat(op, path, leaves, conds, itertools.count())
         picked = ", ".join(f"{ref} AS {ident(out)}" for ref, out in zip(refs, schema.names))
         return f"SELECT {picked} FROM {', '.join(leaves)} WHERE {' AND '.join(conds)}"
 
@@ -55,20 +54,20 @@ class _Chains:
         sides = len(self.task.schemas[f"{here}.left"]) + len(self.task.schemas[f"{here}.right"])
         return sides == len(self.task.schemas[path]) and self._unique(f"{here}.left") and self._unique(f"{here}.right")
 
-    def _flat(self, op: plan_pb2.Operator, path: str, leaves: list[str], conds: list[str]) -> list[str]:
+    def _flat(self, op: plan_pb2.Operator, path: str, leaves: list[str], conds: list[str], aliases: Iterator[int]) -> list[str]:
         """The qualified column of each output column of ``op`` (at ``path``); its leaves and join
-        conditions appended to ``leaves`` and ``conds``."""
+        conditions appended to ``leaves`` and ``conds``, each leaf aliased ``j0``, ``j1``, ... within the list."""
         if not self._chain(op, path):
-            alias = f"j{next(self.aliases)}"
+            alias = f"j{next(aliases)}"
             leaves.append(f"({self.relation(op, path)}) AS {alias}")
             return [f"{alias}.{ident(n)}" for n in self.task.schemas[path].names]
         if op.WhichOneof("kind") == "project":
             below = f"{path}.project.input"
-            refs = dict(zip(self.task.schemas[below].names, self._flat(op.project.input, below, leaves, conds)))
+            refs = dict(zip(self.task.schemas[below].names, self._flat(op.project.input, below, leaves, conds, aliases)))
             return [refs[e.expr.nodes[0].field.name] for e in op.project.exprs]
         join, here = op.hash_join, f"{path}.hash_join"
-        left = dict(zip(self.task.schemas[f"{here}.left"].names, self._flat(join.left, f"{here}.left", leaves, conds)))
-        right = dict(zip(self.task.schemas[f"{here}.right"].names, self._flat(join.right, f"{here}.right", leaves, conds)))
+        left = dict(zip(self.task.schemas[f"{here}.left"].names, self._flat(join.left, f"{here}.left", leaves, conds, aliases)))
+        right = dict(zip(self.task.schemas[f"{here}.right"].names, self._flat(join.right, f"{here}.right", leaves, conds, aliases)))
         conds.extend(f"{left[a]} = {right[b]}" for a, b in zip(join.left_keys, join.right_keys))
         return [*left.values(), *right.values()]
 
@@ -82,7 +81,6 @@ class Translator(_Chains):
 
     def __init__(self, task: DuckTask, whole: bool = False, query: bool = False) -> None:
         self.task = task
-        self.aliases = itertools.count()
         self.root_fragment: Iterator[pa.RecordBatch] | None = None
         self.whole = whole
         self.query = query
@@ -97,8 +95,9 @@ class Translator(_Chains):
         Q17, Q18, Q20, Q22 took 0.79 to 0.98 of the time without their tables, Q2 the same)."""
 
     def sub(self, op: plan_pb2.Operator, path: str) -> str:
-        """``op`` as a FROM item: a parenthesised query with an alias."""
-        return f"({self.relation(op, path)}) AS t{next(self.aliases)}"
+        """``op`` as a FROM item: a parenthesised query with an alias. Always ``t``: nothing names it (each
+        query is a scope of its own), and equal subplans are then equal texts (``flight.engine.duck.shared``)."""
+        return f"({self.relation(op, path)}) AS t"
 
     def relation(self, op: plan_pb2.Operator, path: str) -> str:
         if self.whole:

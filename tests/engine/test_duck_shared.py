@@ -1,0 +1,86 @@
+"""A subquery a stage's DuckDB query repeats is computed once (``flight.engine.duck.shared``).
+
+The rewrite is a function of the text alone: each case checks what it hoists, and that DuckDB gives the
+rewritten text's rows and the original's alike (the original, run by DuckDB, is the oracle)."""
+
+from __future__ import annotations
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from flight.engine.duck.shared import share_repeated_subqueries
+
+AGG = 'SELECT "g" AS "g", sum("v") AS "s" FROM (SELECT * FROM facts WHERE "v" > 1) AS t GROUP BY "g"'
+"""A subquery that aggregates: worth computing once."""
+
+SCAN = 'SELECT "g" AS "g", "v" AS "v" FROM facts'
+"""A plain scan: left where it is, for DuckDB to push each use's filters into."""
+
+
+@pytest.fixture(scope="module")
+def con() -> duckdb.DuckDBPyConnection:
+    c = duckdb.connect()
+    c.register("facts", pa.table({"g": [1, 1, 2, 3, None], "v": [1, 2, 3, 4, 5]}))
+    c.register("dims", pa.table({"g": [1, 2, 3], "name": ["a", "(SELECT x)", "c'd"]}))
+    return c
+
+
+def rows(con: duckdb.DuckDBPyConnection, text: str) -> list[tuple[object, ...]]:
+    return sorted(con.sql(text).fetchall(), key=repr)
+
+
+def test_a_repeated_aggregate_is_computed_once(con: duckdb.DuckDBPyConnection) -> None:
+    text = (f'SELECT a."g", a."s", b."s" AS "s2" FROM ({AGG}) AS a JOIN ({AGG}) AS b ON a."g" = b."g"'
+            f' UNION ALL SELECT "g", "s", "s" FROM ({AGG}) AS t')
+    shared = share_repeated_subqueries(text)
+    assert shared.startswith("WITH __flight_shared_0 AS MATERIALIZED (") and shared.count(AGG) == 1, shared
+    assert shared.count("(SELECT * FROM __flight_shared_0)") == 3
+    assert rows(con, shared) == rows(con, text)
+
+
+def test_the_largest_repeat_is_hoisted_not_its_parts(con: duckdb.DuckDBPyConnection) -> None:
+    outer = f'SELECT "g", max("s") AS "m" FROM ({AGG}) AS t GROUP BY "g"'
+    text = f"SELECT * FROM ({outer}) AS t UNION ALL SELECT * FROM ({outer}) AS t"
+    shared = share_repeated_subqueries(text)
+    assert shared.count(" AS MATERIALIZED (") == 1 and shared.count(outer) == 1, shared
+    assert rows(con, shared) == rows(con, text)
+
+
+def test_a_repeated_scan_stays_in_place() -> None:
+    text = f'SELECT * FROM ({SCAN}) AS t WHERE "v" > 2 UNION ALL SELECT * FROM ({SCAN}) AS t WHERE "v" < 2'
+    assert share_repeated_subqueries(text) == text
+
+
+def test_a_subquery_used_once_stays(con: duckdb.DuckDBPyConnection) -> None:
+    text = f"SELECT * FROM ({AGG}) AS t"
+    assert share_repeated_subqueries(text) == text
+
+
+def test_quoted_text_is_not_read_as_sql(con: duckdb.DuckDBPyConnection) -> None:
+    """A string or a name holding parentheses, quotes or SELECT is text: the repeats are found around it."""
+    odd = ('SELECT "g", count(*) AS "n" FROM (SELECT * FROM dims WHERE "name" <> \'(SELECT x)\' AND "name" <> \'c\'\'d)\') '
+           'AS t GROUP BY "g"')
+    text = f'SELECT * FROM ({odd}) AS t UNION ALL SELECT * FROM ({odd}) AS t'
+    shared = share_repeated_subqueries(text)
+    assert shared.count(" AS MATERIALIZED (") == 1, shared
+    assert rows(con, shared) == rows(con, text)
+
+
+def test_a_volatile_function_leaves_the_text_alone() -> None:
+    body = 'SELECT "g", sum("v") + random() AS "s" FROM facts GROUP BY "g"'
+    text = f"SELECT * FROM ({body}) AS t UNION ALL SELECT * FROM ({body}) AS t"
+    assert share_repeated_subqueries(text) == text
+
+
+def test_a_column_named_like_a_function_is_no_volatile_call(con: duckdb.DuckDBPyConnection) -> None:
+    """``c_current_addr_sk``, ``"now"``: names, not calls."""
+    body = 'SELECT "g" AS "now", sum("v") AS "c_current_addr_sk" FROM facts GROUP BY "g"'
+    text = f"SELECT * FROM ({body}) AS t UNION ALL SELECT * FROM ({body}) AS t"
+    shared = share_repeated_subqueries(text)
+    assert shared != text and rows(con, shared) == rows(con, text)
+
+
+def test_an_unclosed_quote_is_not_rewritten() -> None:
+    text = f"SELECT * FROM ({AGG}) AS t UNION ALL SELECT * FROM ({AGG}) AS t WHERE 'x"
+    assert share_repeated_subqueries(text) == text
