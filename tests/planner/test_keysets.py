@@ -86,7 +86,9 @@ KEPT = {
     "the other side is as large": "select g.k, s from facts g join (select k, sum(v) as s from facts group by k) f on f.k = g.k where g.v > 3",
     "no aggregate (the cutter reduces a semi join)": "select dk from dim where tag = 'x' and exists (select 1 from facts where k = dk and v > 99)",
     "the join key is not a group key": "select dk, s from dim join (select max(k) as m, sum(v) as s from facts) f on f.m = dim.dk where tag = 'x'",
-    "an unfiltered table holds every key": "select dk, s from dim join (select k, sum(v) as s from facts group by k) f on f.k = dim.dk",
+    "an unfiltered table holds every key": (
+        "select dk, s from dim join (select k, sum(v) as s from facts group by k) f on f.k = dim.dk"
+    ),
     "the keys cost as much as they save": (
         "select a.k, c from (select k from facts group by k having sum(v) > 700) a"
         " join (select k, count(*) as c from facts group by k) b on a.k = b.k"
