@@ -9,7 +9,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from flight.engine.duck.shared import share_repeated_subqueries
+from flight.engine.duck.shared import reducing, share_repeated_subqueries
 
 AGG = 'SELECT "g" AS "g", sum("v") AS "s" FROM (SELECT * FROM facts WHERE "v" > 1) AS t GROUP BY "g"'
 """A subquery that aggregates: worth computing once."""
@@ -31,12 +31,21 @@ def rows(con: duckdb.DuckDBPyConnection, text: str) -> list[tuple[object, ...]]:
 
 
 def test_a_repeated_aggregate_is_computed_once(con: duckdb.DuckDBPyConnection) -> None:
-    text = (f'SELECT a."g", a."s", b."s" AS "s2" FROM ({AGG}) AS a JOIN ({AGG}) AS b ON a."g" = b."g"'
-            f' UNION ALL SELECT "g", "s", "s" FROM ({AGG}) AS t')
+    """Each input of a union (a rollup's sets), through projections, filters and aggregates above it."""
+    text = (f'SELECT "g", max("s") AS "m" FROM ({AGG}) AS t GROUP BY "g" UNION ALL SELECT * FROM (SELECT "g", "s" FROM ({AGG}) AS t) AS t'
+            f' UNION ALL SELECT * FROM (SELECT * FROM ({AGG}) AS t WHERE "s" > 2) AS t')
     shared = share_repeated_subqueries(text)
     assert shared.startswith("WITH __flight_shared_0 AS MATERIALIZED (") and shared.count(AGG) == 1, shared
     assert shared.count("(SELECT * FROM __flight_shared_0)") == 3
     assert rows(con, shared) == rows(con, text)
+
+
+def test_the_sides_of_joins_are_left_to_their_join_filters() -> None:
+    """DuckDB filters a join's side by the other side's keys as it runs; a subquery computed first cannot be."""
+    text = (f'SELECT * FROM (SELECT a."g", a."s" FROM ({AGG}) AS a JOIN (SELECT "g", "s" FROM ({AGG}) AS t) AS b ON a."g" = b."g") AS t'
+            f' UNION ALL SELECT * FROM (SELECT j0."g", j0."s" FROM (SELECT "g", max("s") AS "s" FROM ({AGG}) AS t GROUP BY "g") AS j0,'
+            f' (SELECT * FROM dims) AS j1 WHERE j0."g" = j1."g") AS t')
+    assert share_repeated_subqueries(text) == text
 
 
 def test_the_largest_repeat_is_hoisted_not_its_parts(con: duckdb.DuckDBPyConnection) -> None:
@@ -50,6 +59,21 @@ def test_the_largest_repeat_is_hoisted_not_its_parts(con: duckdb.DuckDBPyConnect
 def test_a_repeated_scan_stays_in_place() -> None:
     text = f'SELECT * FROM ({SCAN}) AS t WHERE "v" > 2 UNION ALL SELECT * FROM ({SCAN}) AS t WHERE "v" < 2'
     assert share_repeated_subqueries(text) == text
+
+
+def test_a_subquery_the_engine_says_does_not_reduce_stays() -> None:
+    text = f"SELECT * FROM ({AGG}) AS t UNION ALL SELECT * FROM ({AGG}) AS t"
+    asked: list[str] = []
+    assert share_repeated_subqueries(text, lambda body: asked.append(body) is not None) == text
+    assert asked == [AGG]
+
+
+def test_duckdbs_estimates_keep_an_aggregate_not_a_scan_sized_join(con: duckdb.DuckDBPyConnection) -> None:
+    keep = reducing(con)
+    con.execute("create or replace table big as select range % 10 as g, range as v from range(100000)")
+    assert keep('SELECT "g", sum("v") AS "s" FROM big GROUP BY "g"')
+    assert not keep('SELECT b."g", b."v" FROM big AS b JOIN (SELECT DISTINCT "g" FROM big) AS d ON b."g" = d."g"')
+    assert not keep("SELECT * FROM no_such_table")
 
 
 def test_a_subquery_used_once_stays(con: duckdb.DuckDBPyConnection) -> None:

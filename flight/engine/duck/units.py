@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flight.engine.decode import decode_threads
-from flight.engine.duck.shared import share_repeated_subqueries
+from flight.engine.duck.shared import reducing, share_repeated_subqueries
 from flight.engine.duck.task import ENGINE_ERRORS, UNITS, DuckTask, Statement, error_kind, stream
 from flight.engine.pruning import prune_of
 from flight.engine.readers import PathRefused, ReaderContext, UnitReadError, conform, read_parquet
@@ -183,7 +183,7 @@ def whole_feeds(
             source = name
         text = text.replace(feed.token, source)
         builds = [(n, b.replace(feed.token, source)) for n, b in builds]
-    text = share_repeated_subqueries(text)  # the copies of a CTE's or a grouping set's input, computed once
+    text = share_repeated_subqueries(text, reducing(cur))  # the copies of a CTE's or a grouping set's input, computed once
     try:
         for name, build in builds:  # inner ones first
             cur.execute(f"CREATE TEMP TABLE {name} AS {build}")
