@@ -53,6 +53,7 @@ from flight.planner.place import colocated, grouped_below, grouped_in_place, joi
 from flight.planner.ranges import filter_selectivity
 from flight.planner.replicate import replicable, replicate_small_broadcasts, substitute_reads
 from flight.planner.reuse import align_task_counts, fingerprint, link_consumers, repeated_subtrees
+from flight.planner.scalar import push_scalar_comparisons
 from flight.planner.semibuild import distinct_keys, reduced, reduces
 from flight.planner.semijoin import push_semi_joins
 from flight.planner.small import crowded_moves, crowded_note, small_query, too_many_sources
@@ -401,7 +402,6 @@ _SWAPPED = {"inner": "inner", "left outer": "right outer", "right outer": "left 
 """Join types whose sides may swap (Acero builds the right side), and the type after the swap."""
 
 
-
 def plan_query(
     root: Node, max_tasks: int, options: PlannerOptions | None = None, *, colocate: bool = True, pushed: bool = False
 ) -> QueryPlan:
@@ -422,7 +422,7 @@ def plan_query(
         planner.rewrites.extend(notes)
         root, notes = eager_aggregates(root)
         planner.rewrites.extend(notes)
-    pruned = prune_columns(root)
+    pruned = push_scalar_comparisons(prune_columns(root), planner.rewrites)  # after pruning: nothing above reads the scalar
     crowded = not planner.options.one_stage and too_many_sources(pruned)
     before = list(planner.rewrites)
     stages = _cut_all(planner, pruned, colocate, crowded)

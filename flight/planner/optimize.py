@@ -42,7 +42,7 @@ from flight.plan.relnodes import AggregateNode, JoinNode, SortNode, UnionNode
 from flight.plan.window import WindowNode
 from flight.planner.prune import prune_columns
 
-__all__ = ["conjuncts", "derive_side_filter", "disjuncts", "prune_columns", "push_filters"]
+__all__ = ["conjuncts", "derive_side_filter", "disjuncts", "prune_columns", "push_filters", "rename_fields"]
 
 _AND = ("and_kleene", "and")
 _OR = ("or_kleene", "or")
@@ -126,7 +126,7 @@ def derive_side_filter(expr: Expr, columns: set[str]) -> Expr | None:
     return _any(derived)
 
 
-def _rename(expr: Expr, names: dict[str, str]) -> Expr:
+def rename_fields(expr: Expr, names: dict[str, str]) -> Expr:
     """``expr`` reading column ``names[n]`` wherever it read ``n``."""
     if all(names.get(n, n) == n for n in expr.referenced_fields()):
         return expr
@@ -148,7 +148,7 @@ class _Pred:
     origin: str = ""
 
     def moved(self, names: dict[str, str], origin: str) -> _Pred:
-        return _Pred(_rename(self.expr, names), self.origin or origin)
+        return _Pred(rename_fields(self.expr, names), self.origin or origin)
 
 
 def push_filters(node: Node) -> Node:
@@ -253,7 +253,7 @@ def _push_join(node: JoinNode, preds: list[_Pred]) -> Node:
             derived = derive_side_filter(p.expr, mine)
             if derived is not None:
                 rename = {n: sides[n][1] for n in derived.referenced_fields()}
-                down[side].append(_Pred(_rename(derived, rename), f"derived from the OR above {here}"))
+                down[side].append(_Pred(rename_fields(derived, rename), f"derived from the OR above {here}"))
     left = _push(node.left, down["left"])
     right = _push(node.right, down["right"])
     joined = JoinNode(left, right, node.left_keys, node.right_keys, node.join_type, node.right_suffix, node.strategy, node.filter)

@@ -1,0 +1,122 @@
+"""A comparison with a scalar subquery filters the table its column comes from (``flight.planner.scalar``).
+
+Shapes (planned without workers): the comparison's join with the one-row subquery lands beneath the joins
+above it, on the scan whose column it compares, and explain() says so; it stays where a comparison reads
+both sides of a join, and where nothing lies between it and its subplan. Answers: each statement on two
+real workers against DuckDB over the same files, every join shuffled or broadcast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from support import difference
+
+import flight
+from benchmarks.tpch_queries import duckdb_table
+from flight.plan.nodes import FeedScanNode, Node
+from flight.plan.relnodes import JoinNode
+from flight.planner.cut import plan_query
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """``facts``: 20,000 rows (``v`` 0 to 999, some null) over 200 keys; ``dim``: 200 keys, a month each."""
+    root = tmp_path_factory.mktemp("scalar")
+    n = 20_000
+    facts = pa.table({
+        "k": pa.array([i % 200 for i in range(n)], pa.int64()),
+        "v": pa.array([None if i % 53 == 0 else (i * 7) % 1000 for i in range(n)], pa.int64()),
+    })
+    dim = pa.table({"dk": pa.array(range(200), pa.int64()), "month": pa.array([i % 24 for i in range(200)], pa.int64())})
+    out = {}
+    for name, table in (("facts", facts), ("dim", dim)):
+        out[name] = root / name
+        out[name].mkdir()
+        for part in range(2):
+            half = table.num_rows // 2
+            pq.write_table(table.slice(part * half, half), out[name] / f"p{part}.parquet", row_group_size=2500)
+    return out
+
+
+@pytest.fixture(scope="module")
+def catalog(paths: dict[str, Path]) -> flight.Catalog:
+    return flight.Catalog({name: flight.read_parquet(sorted(str(f) for f in p.glob("*.parquet"))) for name, p in paths.items()})
+
+
+@pytest.fixture(scope="module")
+def con(paths: dict[str, Path]) -> Iterator[duckdb.DuckDBPyConnection]:
+    c = duckdb.connect()
+    for name, p in paths.items():
+        c.execute(f"create view {name} as select * from read_parquet('{p}/*.parquet')")
+    yield c
+    c.close()
+
+
+BETWEEN = (
+    "select count(*) as n, sum(v) as s from facts join dim on k = dk"
+    " where month between (select min(month) + 3 from dim) and (select min(month) + 5 from dim)"
+)
+MOVED = {
+    "between two scalar subqueries": BETWEEN,
+    "a comparison with an aggregate of the other table": (
+        "select month, count(*) as n from facts join dim on k = dk where v > (select avg(v) from facts) group by month"
+    ),
+}
+KEPT = {
+    "it reads both sides of the join": (
+        "select count(*) as n from facts join dim on k = dk where v + month > (select max(v) from facts)"
+    ),
+    "nothing between it and its subplan": "select count(*) as n from dim where month > (select avg(month) from dim)",
+}
+
+
+def moved(text: str, catalog: flight.Catalog) -> list[str]:
+    plan = plan_query(flight.sql(text, catalog).node, 2)
+    return [r for r in plan.rewrites if "comparison with a one-row subquery" in r]
+
+
+def scalar_joins_over_scans(node: Node) -> int:
+    """Joins with a one-row side (their keys the rewrite's) whose other side is a scan (under projections,
+    filters and other such joins), no join of the query between."""
+
+    def scalar(n: Node) -> bool:
+        return isinstance(n, JoinNode) and bool(n.left_keys) and n.left_keys[0].startswith("__scalar")
+
+    count = 0
+    for n in node.walk():
+        if scalar(n):
+            assert isinstance(n, JoinNode)
+            below = list(n.left.walk())
+            count += any(isinstance(b, FeedScanNode) for b in below) and not any(isinstance(b, JoinNode) and not scalar(b) for b in below)
+    return count
+
+
+@pytest.mark.parametrize("name", sorted(MOVED))
+def test_the_comparison_lands_on_the_scan_it_compares(name: str, catalog: flight.Catalog) -> None:
+    notes = moved(MOVED[name], catalog)
+    assert notes and all("moved below the joins above it" in n for n in notes), notes
+    plan = plan_query(flight.sql(MOVED[name], catalog).node, 2)
+    assert sum(scalar_joins_over_scans(s.root) for s in plan.stages) == len(notes)
+
+
+@pytest.mark.parametrize("name", sorted(KEPT))
+def test_the_comparison_stays(name: str, catalog: flight.Catalog) -> None:
+    assert moved(KEPT[name], catalog) == []
+
+
+@pytest.mark.parametrize("name", sorted(MOVED) + sorted(KEPT))
+@pytest.mark.parametrize("spread", ["shuffled", "broadcast"])
+def test_answers_on_workers_match_duckdb(
+    name: str, spread: str, catalog: flight.Catalog, con: duckdb.DuckDBPyConnection, cluster: flight.LocalCluster
+) -> None:
+    text = {**MOVED, **KEPT}[name]
+    options = {"broadcast_bytes": 0, "rows_per_task": 1, "small_query_bytes": 0} if spread == "shuffled" else {}
+    got = flight.DistributedExec(flight.sql(text, catalog), cluster.urls, **options).to_table()
+    why = difference(got, duckdb_table(con, text), ordered=False)
+    assert why is None, f"{text}\n{why}"
