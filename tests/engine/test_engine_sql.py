@@ -257,3 +257,37 @@ def test_a_case_whose_condition_cannot_be_null_is_a_plain_case_with_pyarrows_val
         assert ("IS NULL THEN NULL" not in text) == plain, text
         got = [r[0] for r in con.execute(f"SELECT {text} FROM t").fetchall()]
         assert got == _pyarrow_values(table, to_pyarrow(expr.to_proto())), text
+
+
+@pytest.mark.parametrize("inner", ["round", "round_half_up", "floor", "ceil", "trunc"])
+def test_a_whole_float_cast_to_an_integer_is_duckdbs_cast_with_pyarrows_values(inner: str) -> None:
+    """A float that is a whole number already (rounded to no digits, floored, ...) casts to an integer in DuckDB
+    as in pyarrow (a fraction would not: pyarrow refuses it, DuckDB rounds it, so that cast stays on Acero);
+    both refuse a value out of range."""
+    from flight.compute.expressions import to_pyarrow
+
+    table = pa.table({"x": pa.array([2.5, -2.5, 3.49, -0.5, None, 1e6 + 0.5], pa.float64())})
+    arg = {
+        "round": call("round", col("x"), ndigits=0),
+        "round_half_up": call("round", col("x"), ndigits=0, round_mode="half_towards_infinity"),
+        "floor": call("floor", col("x")),
+        "ceil": call("ceil", col("x")),
+        "trunc": call("trunc", col("x")),
+    }[inner]
+    expr = arg.cast(pa.int32())
+    text = expression_sql(expr.to_proto(), table.schema, "e")
+    con = duckdb.connect()
+    con.register("t", table)
+    got = [r[0] for r in con.execute(f"SELECT {text} FROM t").fetchall()]
+    assert got == _pyarrow_values(table, to_pyarrow(expr.to_proto())), text
+    big = pa.table({"x": pa.array([1e12], pa.float64())})
+    con.register("big", big)
+    with pytest.raises(duckdb.Error):
+        con.execute(f"SELECT {expression_sql(expr.to_proto(), big.schema, 'e')} FROM big").fetchall()
+    with pytest.raises(pa.ArrowInvalid):
+        _pyarrow_values(big, to_pyarrow(expr.to_proto()))
+
+
+def test_a_fraction_cast_to_an_integer_stays_on_acero() -> None:
+    with pytest.raises(Untranslatable):
+        expression_sql(col("f").cast(pa.int32()).to_proto(), TABLE.schema, "e")
