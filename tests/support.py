@@ -276,3 +276,33 @@ def read_in_thread(reader: pa.RecordBatchReader) -> tuple[threading.Thread, dict
     thread = threading.Thread(target=read, daemon=True)
     thread.start()
     return thread, out
+
+
+def write_halves(root: Path, tables: dict[str, pa.Table], row_group_size: int | None = 2500) -> dict[str, Path]:
+    """Each table as a directory of two Parquet files (halves), so scans have two units and rows move
+    (``row_group_size`` None: pyarrow's default)."""
+    out = {}
+    for name, table in tables.items():
+        out[name] = root / name
+        out[name].mkdir()
+        half = table.num_rows // 2
+        for part in range(2):
+            pq.write_table(table.slice(part * half, half), out[name] / f"p{part}.parquet", row_group_size=row_group_size)
+    return out
+
+
+def listed_catalog(paths: dict[str, Path]) -> flight.Catalog:
+    """Listed files (a directory's size is unknown until it is listed: nothing would be estimated)."""
+    return flight.Catalog({name: flight.read_parquet(sorted(str(f) for f in p.glob("*.parquet"))) for name, p in paths.items()})
+
+
+@contextmanager
+def duckdb_views(paths: dict[str, Path]) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A DuckDB connection with a view of each directory's Parquet files: the oracle over the same files."""
+    c = duckdb.connect()
+    for name, p in paths.items():
+        c.execute(f"create view {name} as select * from read_parquet('{p}/*.parquet')")
+    try:
+        yield c
+    finally:
+        c.close()

@@ -142,9 +142,9 @@ def grouping_union(
     over ``query`` aggregated by all of ``keys`` first where the calls merge (module doc).
     ``grouped_total``: the empty set is a group too (Spark's), so no rows give no total row."""
     types = [query.schema.field(k).type for k in keys]
-    direct = query.aggregate(keys, calls).schema  # each call's type, as the sets would compute it
     source, merged, finish = query, calls, {name: col(name) for name in calls}
     if len(sets) > 1 and all(c.function in agg.MERGEABLE for c in calls.values()) and _few_groups(query.node, keys):
+        direct = query.aggregate(keys, calls).schema  # each call's type, as the sets would compute it
         source, merged, finish = _pre_aggregated(query, keys, calls, direct)
     branches = []
     for members in sets:

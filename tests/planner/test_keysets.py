@@ -16,8 +16,8 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from support import duckdb_views, listed_catalog, write_halves
 
 import flight
 from benchmarks.tpch_queries import duckdb_table
@@ -41,29 +41,18 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "dk": pa.array(range(2000), pa.int64()),
         "tag": pa.array(["x" if i % 100 == 7 else "y" for i in range(2000)]),
     })
-    out = {}
-    for name, table in (("facts", facts), ("dim", dim)):
-        out[name] = root / name
-        out[name].mkdir()
-        for part in range(2):
-            half = table.num_rows // 2
-            pq.write_table(table.slice(part * half, half), out[name] / f"p{part}.parquet", row_group_size=2500)
-    return out
+    return write_halves(root, {"facts": facts, "dim": dim})
 
 
 @pytest.fixture(scope="module")
 def catalog(paths: dict[str, Path]) -> flight.Catalog:
-    """Listed files (a directory's size is unknown until it is listed: nothing would be estimated)."""
-    return flight.Catalog({name: flight.read_parquet(sorted(str(f) for f in p.glob("*.parquet"))) for name, p in paths.items()})
+    return listed_catalog(paths)
 
 
 @pytest.fixture(scope="module")
 def con(paths: dict[str, Path]) -> Iterator[duckdb.DuckDBPyConnection]:
-    c = duckdb.connect()
-    for name, p in paths.items():
-        c.execute(f"create view {name} as select * from read_parquet('{p}/*.parquet')")
-    yield c
-    c.close()
+    with duckdb_views(paths) as c:
+        yield c
 
 
 def reduced(text: str, catalog: flight.Catalog) -> list[str]:

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-from support import sorted_table, tpch_test_files
+from support import duckdb_views, listed_catalog, sorted_table, tpch_test_files, write_halves
 
 import flight
 from benchmarks.tpch_queries import TABLES
@@ -47,28 +46,18 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "parts": pa.table({"p_part": pa.array(range(10_000), pa.int64()),
                            "p_name": [f"{'green' if i % 50 == 3 else 'red'} part {i % 7}" for i in range(10_000)]}),
     }
-    out = {}
-    for name, table in tables.items():
-        out[name] = root / name
-        out[name].mkdir()
-        half = table.num_rows // 2
-        for part in range(2):
-            pq.write_table(table.slice(part * half, half), out[name] / f"p{part}.parquet")
-    return out
+    return write_halves(root, tables, row_group_size=None)
 
 
 @pytest.fixture(scope="module")
 def catalog(paths: dict[str, Path]) -> flight.Catalog:
-    return flight.Catalog({name: flight.read_parquet(sorted(str(f) for f in p.glob("*.parquet"))) for name, p in paths.items()})
+    return listed_catalog(paths)
 
 
 @pytest.fixture(scope="module")
 def con(paths: dict[str, Path]) -> Iterator[duckdb.DuckDBPyConnection]:
-    c = duckdb.connect()
-    for name, p in paths.items():
-        c.sql(f"create view {name} as select * from read_parquet('{p}/*.parquet')")
-    yield c
-    c.close()
+    with duckdb_views(paths) as c:
+        yield c
 
 
 def reductions(root: Node) -> list[JoinNode]:

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-from support import difference
+from support import difference, duckdb_views, listed_catalog, write_halves
 
 import flight
 from benchmarks.tpch_queries import duckdb_table
@@ -42,29 +41,18 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "region": pa.array([None if i == 3 else f"r{i % 3}" for i in range(20)]),
         "kind": pa.array([f"k{i % 4}" for i in range(20)]),
     })
-    out = {}
-    for name, table in (("facts", facts), ("dim", dim)):
-        out[name] = root / name
-        out[name].mkdir()
-        for part in range(2):
-            half = table.num_rows // 2
-            pq.write_table(table.slice(part * half, half), out[name] / f"p{part}.parquet", row_group_size=2500)
-    return out
+    return write_halves(root, {"facts": facts, "dim": dim})
 
 
 @pytest.fixture(scope="module")
 def catalog(paths: dict[str, Path]) -> flight.Catalog:
-    """Listed files: their sizes are known, so the front end can bound the keys' values."""
-    return flight.Catalog({name: flight.read_parquet(sorted(str(f) for f in p.glob("*.parquet"))) for name, p in paths.items()})
+    return listed_catalog(paths)
 
 
 @pytest.fixture(scope="module")
 def con(paths: dict[str, Path]) -> Iterator[duckdb.DuckDBPyConnection]:
-    c = duckdb.connect()
-    for name, p in paths.items():
-        c.execute(f"create view {name} as select * from read_parquet('{p}/*.parquet')")
-    yield c
-    c.close()
+    with duckdb_views(paths) as c:
+        yield c
 
 
 BY_DIM = ("select region, kind, sum(v) as s, count(v) as n, count(*) as c, avg(f) as a, min(p) as lo, max(p) as hi, sum(p) as sp"
@@ -104,11 +92,14 @@ def test_a_rollup_by_a_key_of_many_values_aggregates_equal_copies(catalog: fligh
     assert len(inputs) == 1, "each set's copy of the join was pruned to other columns"
 
 
+@pytest.mark.parametrize("plans", ["default", "staged"])
 @pytest.mark.parametrize("name", sorted(STATEMENTS))
 def test_answers_on_workers_match_duckdb(
-    name: str, catalog: flight.Catalog, con: duckdb.DuckDBPyConnection, cluster: flight.LocalCluster
+    name: str, plans: str, catalog: flight.Catalog, con: duckdb.DuckDBPyConnection, cluster: flight.LocalCluster
 ) -> None:
+    """``staged``: every plan forced into stages (no one-task plan), its aggregates' rows shuffled."""
     text = STATEMENTS[name]
-    got = flight.DistributedExec(flight.sql(text, catalog), cluster.urls).to_table()
+    options = {"small_query_bytes": 0, "one_host_query_bytes": 0, "broadcast_bytes": 0, "rows_per_task": 1} if plans == "staged" else {}
+    got = flight.DistributedExec(flight.sql(text, catalog), cluster.urls, **options).to_table()
     why = difference(got, duckdb_table(con, text), ordered=False)
     assert why is None, f"{text}\n{why}"
