@@ -28,10 +28,20 @@ _CUTS = (". Detail:", "\nDetail:", ". gRPC client debug context", ". Client cont
 _CODE_PATH = re.compile(r"site-packages|dist-packages|\.pyx?\b\"?, line \d+|" + re.escape(str(REPO_ROOT)))
 
 
+_METADATA_LIMIT = "received metadata size exceeds"
+
+
 def clean_message(text: str) -> str:
-    """A status as a client shows it: the text before pyarrow's appended detail (docs/protocol.md, section 10)."""
+    """A status as a client shows it: the text before pyarrow's appended detail (docs/protocol.md, section 10).
+
+    gRPC itself refuses a call whose headers pass its metadata limit before any handler runs; between
+    its soft and hard limit it refuses at random. Its text names the cause and sizes first and then
+    lists every header's size, as long as the headers are many: the cause is what a reader sees.
+    """
     for cut in _CUTS:
         text = text.split(cut)[0]
+    if _METADATA_LIMIT in text:
+        text = text.split(";", 1)[0]
     return text.strip()
 
 

@@ -75,3 +75,15 @@ def test_cases_depend_on_seed_and_index_only() -> None:
         for index in range(0, 300, 7):
             assert first.case(index) == second.case(index)
         assert first.case(1) != ServiceGenerator(SEED + 1, families, namespace=namespace).case(1)
+
+
+def test_grpc_refusing_too_many_headers_is_judged_by_its_cause() -> None:
+    # gRPC refuses headers past its soft limit at random, before any handler runs, and lists every
+    # header's size after the cause: a case with a hundred headers was judged "too-long" one run in many.
+    from benchmarks.fuzz.exchange import Status
+    from benchmarks.fuzz.verdicts import status_reasons
+
+    sizes = " ".join(["authorization:53B"] * 200)
+    message = f"gRPC returned resource exhausted error, with message: received metadata size exceeds soft limit (9212 vs. 8192);  :path:82B {sizes}"
+    assert status_reasons(Status("DoAction", "ArrowInvalid", message, "")) == []
+    assert "too-long" in status_reasons(Status("DoAction", "ArrowInvalid", "unknown table " + "x" * 3000, ""))
