@@ -192,7 +192,7 @@ def run_duckdb(
                 cur.register(name, source)
             if translator.feeds:
                 _check_binds(task, cur, bound, stand_ins)
-                batches = whole_feeds(task, cur, translator.feeds, translator.builds, text, out_schema)
+                batches = whole_feeds(task, cur, translator.feeds, translator.builds, text, out_schema, translator.alike)
             else:
                 batches = _results(task, _bind(cur, bound), out_schema)
             reader = pa.RecordBatchReader.from_batches(out_schema, _closing(task, batches))

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
+from flight.engine.duck.alike import Alike, alike_key
 from flight.engine.duck.sql import Untranslatable, column_list, expression_sql, ident, sql_type
 from flight.engine.duck.sqltext import string_literal
 from flight.engine.duck.task import UNITS, DuckTask
@@ -93,6 +94,8 @@ class Translator(_Chains):
         Not for the query's only task (``query``): its text is the whole query, which DuckDB plans as
         it plans its own; a table first costs a write and a read (TPC-H at SF 0.1 and 1: Q3, Q5, Q11,
         Q17, Q18, Q20, Q22 took 0.79 to 0.98 of the time without their tables, Q2 the same)."""
+        self.alike: dict[str, Alike] = {}
+        """The builds' keys: one alike to an earlier build is not made again (``flight.engine.duck.alike``)."""
 
     def sub(self, op: plan_pb2.Operator, path: str) -> str:
         """``op`` as a FROM item: a parenthesised query with an alias. Always ``t``: nothing names it (each
@@ -287,6 +290,9 @@ class Translator(_Chains):
             return f"({text})"
         name = f"__flight_whole_build_{next(self.task.names)}__"
         self.builds.append((name, text))
+        key = alike_key(join.right, {f.scan.feed.feed_id: f.token for f in self.feeds})
+        if key is not None:
+            self.alike[name] = Alike(key, tuple(self.task.schemas[f"{here}.right"].names))
         return name
 
     def join(self, join: plan_pb2.HashJoin, here: str, schema: pa.Schema) -> str:

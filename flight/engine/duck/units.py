@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flight.engine.decode import decode_threads
+from flight.engine.duck.alike import Alike, share_alike_builds
 from flight.engine.duck.shared import reducing, share_repeated_subqueries
 from flight.engine.duck.task import ENGINE_ERRORS, UNITS, DuckTask, Statement, error_kind, stream
 from flight.engine.pruning import prune_of
@@ -145,6 +146,7 @@ def whole_feeds(
     builds: list[tuple[str, str]],
     text: str,
     schema: pa.Schema,
+    alike: Mapping[str, Alike] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The stage's query once every scan's units have arrived, each scan reading all its files.
 
@@ -155,34 +157,14 @@ def whole_feeds(
     """
     taken: list[Any] = []
     files: list[tuple[str, str, str]] = []
+    sources: dict[str, str] = {}
     text, builds = _tables_of_sources(task, cur, text, builds)
     for feed in feeds:
-        ctx = ReaderContext(schema=task.schemas[feed.path], columns=list(feed.scan.columns) or None, roots=task.roots,
-                            batch_rows=task.batch_rows, options=dict(feed.scan.reader_options), prune=feed.prune,
-                            scan=getattr(task.inputs, "scan_stats", None), decode_threads=decode_threads())
-        feed_id = feed.scan.feed.feed_id
-        plain: list[tuple[str, str, str]] = []
-        others: list[tuple[str, bytes]] = []
-        count = itertools.count()
-        for got in _unit_batches(task, feed_id):
-            for partition, unit in got:
-                where = f"work unit {next(count)} of feed {feed_id!r} partition {partition}"
-                path, real = _unit_file(unit.body, ctx, where)
-                if real:
-                    plain.append((where, path, real))
-                else:
-                    others.append((where, unit.body))
-                taken.append(unit)
-        if plain and not others:
-            source = "read_parquet([" + ", ".join("'" + real.replace("'", "''") + "'" for _, _, real in plain) + "])"
-            files += plain
-        else:  # pyarrow reads every unit of this scan (or there are none)
-            units = [(w, _file_body(p)) for w, p, _ in plain] + others
-            name = task.source(ctx.schema, _pyarrow_units(units, ctx))
-            cur.register(name, task.sources[name])
-            source = name
+        source = _feed_source(task, cur, feed, taken, files)
         text = text.replace(feed.token, source)
         builds = [(n, b.replace(feed.token, source)) for n, b in builds]
+        sources[feed.token] = source
+    builds, text = share_alike_builds(builds, text, alike or {}, sources)  # a CTE's uses under other names, built once
     text = share_repeated_subqueries(text, reducing(cur))  # the copies of a CTE's or a grouping set's input, computed once
     try:
         for name, build in builds:  # inner ones first
@@ -198,6 +180,35 @@ def whole_feeds(
     task.delay(len(taken))
     for unit in taken:
         unit.done()
+
+
+def _feed_source(task: DuckTask, cur: duckdb.DuckDBPyConnection, feed: WholeFeed, taken: list[Any],
+                 files: list[tuple[str, str, str]]) -> str:
+    """What the query reads for ``feed`` once its units are all here (each appended to ``taken``): its plain
+    local files as DuckDB's ``read_parquet([...])`` (appended to ``files``), else a stream pyarrow reads."""
+    ctx = ReaderContext(schema=task.schemas[feed.path], columns=list(feed.scan.columns) or None, roots=task.roots,
+                        batch_rows=task.batch_rows, options=dict(feed.scan.reader_options), prune=feed.prune,
+                        scan=getattr(task.inputs, "scan_stats", None), decode_threads=decode_threads())
+    feed_id = feed.scan.feed.feed_id
+    plain: list[tuple[str, str, str]] = []
+    others: list[tuple[str, bytes]] = []
+    count = itertools.count()
+    for got in _unit_batches(task, feed_id):
+        for partition, unit in got:
+            where = f"work unit {next(count)} of feed {feed_id!r} partition {partition}"
+            path, real = _unit_file(unit.body, ctx, where)
+            if real:
+                plain.append((where, path, real))
+            else:
+                others.append((where, unit.body))
+            taken.append(unit)
+    if plain and not others:
+        files += plain
+        return "read_parquet([" + ", ".join("'" + real.replace("'", "''") + "'" for _, _, real in plain) + "])"
+    units = [(w, _file_body(p)) for w, p, _ in plain] + others  # pyarrow reads every unit of this scan (or there are none)
+    name = task.source(ctx.schema, _pyarrow_units(units, ctx))
+    cur.register(name, task.sources[name])
+    return name
 
 
 def _tables_of_sources(
