@@ -26,9 +26,13 @@ def prune_columns(node: Node, needed: set[str] | None = None) -> Node:
     """``node`` with every scan reading only the columns above it need (``None``: all of its output)."""
     keys = subtree_keys(node)
     counts: dict[bytes, int] = {}
+    reached: set[int] = set()
+    shared: set[int] = set()
     for n in node.walk():  # each place a subplan is used
         counts[keys[id(n)]] = counts.get(keys[id(n)], 0) + 1
+        (shared if id(n) in reached else reached).add(id(n))
     pruner = _Pruner(keys, {k for k, c in counts.items() if c > 1})
+    pruner.shared = shared
     if pruner.repeated:  # what each repeated subplan's users need, gathered until nothing grows
         while pruner.grew:
             pruner.grew = False
@@ -49,6 +53,7 @@ class _Pruner:
         self.seen: set[tuple[bytes, frozenset[str]]] = set()
         self.gathering = True
         self.grew = True
+        self.shared: set[int] = set()
 
     def prune(self, node: Node, needed: set[str] | None) -> Node:
         key = self.keys.get(id(node))
@@ -65,33 +70,45 @@ class _Pruner:
         self.seen.add((key, frozenset(now)))
         return self._prune(node, now)
 
+    def _same(self, node: Node, child: Node, was: Node | None = None) -> bool:
+        """Whether ``node`` may stay as it is, its input pruned to ``child`` (``was``: that input, by default
+        ``node.input``). A node reached twice (a subplan two parents share) is made anew for each: the planner
+        counts and cuts each use apart (``repeated_subtrees``)."""
+        return child is (node.input if was is None else was) and id(node) not in self.shared  # type: ignore[attr-defined]
+
     def _prune(self, node: Node, needed: set[str] | None) -> Node:
         if needed is None:
             needed = set(node.schema.names)
         if isinstance(node, ProjectNode):
             kept = [(n, e) for n, e in node.exprs if n in needed] or node.exprs[:1]
             used: set[str] = set().union(*(e.referenced_fields() for _, e in kept))
-            return ProjectNode(self.prune(node.input, used), kept)
+            child = self.prune(node.input, used)
+            return node if self._same(node, child) and len(kept) == len(node.exprs) else node.keeping(child, kept)
         if isinstance(node, FilterNode):
             child = self.prune(node.input, needed | node.predicate.referenced_fields())
-            return FilterNode(child, node.predicate, node.origins)
+            return node if self._same(node, child) else FilterNode(child, node.predicate, node.origins)
         if isinstance(node, LimitNode):
-            return LimitNode(self.prune(node.input, needed), node.count, node.offset)
+            child = self.prune(node.input, needed)
+            return node if self._same(node, child) else LimitNode(child, node.count, node.offset)
         if isinstance(node, SortNode):
             child = self.prune(node.input, needed | {k for k, _ in node.keys})
-            return SortNode(child, node.keys, node.nulls_first, node.fetch)
+            return node if self._same(node, child) else SortNode(child, node.keys, node.nulls_first, node.fetch)
         if isinstance(node, AggregateNode):
             used = set(node.keys).union(*(e.referenced_fields() for c in node.calls for e in c.expressions()))
-            return AggregateNode(self.prune(node.input, used), node.keys, node.calls, node.label_text, node.partial)
+            child = self.prune(node.input, used)
+            return node if self._same(node, child) else AggregateNode(child, node.keys, node.calls, node.label_text, node.partial)
         if isinstance(node, JoinNode):
             return self._join(node, needed)
         if isinstance(node, UnionNode):
-            return UnionNode([self.prune(n, None) for n in node.inputs])
+            inputs = [self.prune(n, None) for n in node.inputs]
+            return node if all(self._same(node, a, b) for a, b in zip(inputs, node.inputs)) else UnionNode(inputs)
         if isinstance(node, UnnestNode):
-            return replace(node, input=self.prune(node.input, (needed & set(node.input.schema.names)) | {node.column}))
+            child = self.prune(node.input, (needed & set(node.input.schema.names)) | {node.column})
+            return node if self._same(node, child) else replace(node, input=child)
         if isinstance(node, WindowNode):
             used = (needed & set(node.input.schema.names)) | set(node.partition_by) | {k for k, _ in node.order_by}
-            return replace(node, input=self.prune(node.input, used | {c.column for c in node.calls if c.column}))
+            child = self.prune(node.input, used | {c.column for c in node.calls if c.column})
+            return node if self._same(node, child) else replace(node, input=child)
         if isinstance(node, (FeedScanNode, InputCallNode)):  # an input (a Spark DataFrame) sends only these
             available = node.schema.names
             columns = [c for c in available if c in needed] or available[:1]
@@ -117,9 +134,12 @@ class _Pruner:
                         left_needed.add(r)  # keep the collision, so the right column keeps its suffixed name
         # A left column that a kept right column collides with must stay too (same reason).
         left_needed |= {r for r in right_needed if r in left_names and node.join_type not in ("left semi", "left anti")}
+        left, right = self.prune(node.left, left_needed), self.prune(node.right, right_needed)
+        if self._same(node, left, node.left) and self._same(node, right, node.right):
+            return node
         return JoinNode(
-            self.prune(node.left, left_needed),
-            self.prune(node.right, right_needed),
+            left,
+            right,
             node.left_keys,
             node.right_keys,
             node.join_type,

@@ -31,7 +31,20 @@ __all__ = [
 
 def scan_bytes(root: Node) -> float | None:
     """The bytes the scans of ``root`` are estimated to read (their rows times the width of the columns
-    read), or None when a scan's rows are not known before it runs (a feed discovered as it goes)."""
+    read), or None when a scan's rows are not known before it runs (a feed discovered as it goes).
+
+    Kept on ``root`` once known (a node never changes once made): the coordinator sizes the plan before it
+    asks the planner, which sizes the same plan again (``small_query``); each sizing prunes the whole plan."""
+    if _SIZED in root.__dict__:
+        return root.__dict__[_SIZED]
+    read = root.__dict__[_SIZED] = _scan_bytes(root)
+    return read
+
+
+_SIZED = "_scan_bytes"
+
+
+def _scan_bytes(root: Node) -> float | None:
     total = 0.0
     for node in prune_columns(root).walk():
         if isinstance(node, (InputCallNode, ExchangeInputNode)):  # rows the client sends while it runs

@@ -101,8 +101,9 @@ def split_statements(text: str, backslash: bool = False) -> list[Statement]:
     """The statements of ``text``, split at semicolons outside quotes and comments (``backslash``: as ``_code``)."""
     out: list[Statement] = []
     start = 0
-    if ";" not in text:  # one statement: no need to walk the text character by character
-        _add(out, text, 0, len(text))
+    body = text.rstrip()
+    if ";" not in body[:-1]:  # one statement, perhaps ended by its ";": no need to walk the text character by character
+        _add(out, text, 0, len(body) - 1 if body.endswith(";") else len(text))
         return out
     for i in _code(text, backslash):
         if text[i] == ";":
