@@ -56,6 +56,9 @@ class Statement:
         self.in_subquery = True
         """Whether the query holds an ``IN (subquery)`` (its plan as written shows one): a mark join may then be
         an IN's, whose mark is never null where SQL's is (``flight.sql.joins._mark``). Set when it is planned."""
+        self.schema: pa.Schema | None = None
+        """The query's output as DataFusion types it (set when it is planned): a CTE planned alone is then known to the
+        rest of its text with the types it had inlined (``flight.sql.ctes``)."""
 
     def keywords(self) -> list[str]:
         return re.findall(r"[a-z_]+", _strip_comments(self.text).lower())[:4]
@@ -309,6 +312,7 @@ def _plan_statements(
     frame, st = result
     try:
         st.in_subquery = "IN (<subquery>)" in frame.logical_plan().display_indent()
+        st.schema = frame.schema()
         return frame.optimized_logical_plan(), st
     except Exception as exc:  # noqa: BLE001 - DataFusion's optimizer raises plain Exceptions, worded its way
         raise PlanError(explain_error(str(exc), st, schemas, known)) from None
