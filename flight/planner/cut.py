@@ -409,8 +409,10 @@ def plan_query(
     ``colocate=False``: no co-located joins, for callers that run ``StageSpec.root`` as is in every task (off their key ranges)."""
     if max_tasks < 1:
         raise PlanError("the resolver returned no worker URLs; start workers or check the resolver's source")
-    root, semi_notes = push_semi_joins(root if pushed else push_filters(root))
+    root = root if pushed else push_filters(root)
+    # Sized before the semi joins move (their copies read what the subquery read): the coordinator sized this root.
     small = small_query(root, max_tasks, (options or PlannerOptions()).small_query_bytes)  # a rewrite note, or ""
+    root, semi_notes = push_semi_joins(root)
     planner = _Planner(max_tasks := 1 if small else max_tasks, options or PlannerOptions(), colocate)
     planner.rewrites += ([small] if small else []) + semi_notes
     uses = repeated_subtrees(root)
