@@ -14,8 +14,7 @@ must cross workers:
   tasks that produce it, before it crosses the network; a join of two lists of
   Parquet files clustered by the key runs in place, task t reading key range t
   of both sides (``flight.planner.colocate``);
-* sort → sort (with fetch for a top-k) in every task, then one task merges;
-  limit → a local limit in every task, then the final limit in one task;
+* sort → sort (with fetch for a top-k) in every task, then one task merges; limit → a local limit in every task, then the final limit in one task;
 * union → every input shuffled round-robin into the union's tasks; a CTE used twice → one stage (``reuse``).
 
 A fragment that already runs in one task needs none of that: with one worker the whole query is one stage.
@@ -409,8 +408,7 @@ def plan_query(
     ``colocate=False``: no co-located joins, for callers that run ``StageSpec.root`` as is in every task (off their key ranges)."""
     if max_tasks < 1:
         raise PlanError("the resolver returned no worker URLs; start workers or check the resolver's source")
-    root = root if pushed else push_filters(root)
-    # Sized before the semi joins move (their copies read what the subquery read): the coordinator sized this root.
+    root = root if pushed else push_filters(root)  # sized before the semi joins move: the coordinator sized this root
     small = small_query(root, max_tasks, (options or PlannerOptions()).small_query_bytes)  # a rewrite note, or ""
     root, semi_notes = push_semi_joins(root)
     planner = _Planner(max_tasks := 1 if small else max_tasks, options or PlannerOptions(), colocate)
