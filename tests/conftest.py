@@ -1,4 +1,4 @@
-"""Shared fixtures: one real LocalCluster for the session, Parquet files, and one SparkSession for the Spark tests."""
+"""Shared fixtures: one real LocalCluster, Parquet files, a module's tables with their DuckDB oracle, and one SparkSession."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import duckdb
 import pyarrow.parquet as pq
 import pytest
-from support import make_table, spark_session
+from support import duckdb_views, listed_catalog, make_table, spark_session
 
 import flight
 from benchmarks.tpch import REPO_ROOT
@@ -26,6 +27,19 @@ def data_roots(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 def cluster(data_roots: list[Path]) -> Iterator[flight.LocalCluster]:
     """Two real flight-worker processes, with the testing readers loaded, reading under ``data_roots``."""
     with flight.LocalCluster(2, extensions=["flight.dev.testing"], data_roots=data_roots) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def catalog(paths: dict[str, Path]) -> flight.Catalog:
+    """The module's tables (its ``paths`` fixture: a directory of Parquet files each) as listed files."""
+    return listed_catalog(paths)
+
+
+@pytest.fixture(scope="module")
+def con(paths: dict[str, Path]) -> Iterator[duckdb.DuckDBPyConnection]:
+    """DuckDB over the module's ``paths``: the oracle reading the same files."""
+    with duckdb_views(paths) as c:
         yield c
 
 

@@ -11,13 +11,12 @@ DuckDB over the same files.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 import pytest
-from support import duckdb_views, listed_catalog, write_halves
+from support import write_halves
 
 import flight
 from benchmarks.tpch_queries import duckdb_table
@@ -42,17 +41,6 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "tag": pa.array(["x" if i % 100 == 7 else "y" for i in range(2000)]),
     })
     return write_halves(root, {"facts": facts, "dim": dim})
-
-
-@pytest.fixture(scope="module")
-def catalog(paths: dict[str, Path]) -> flight.Catalog:
-    return listed_catalog(paths)
-
-
-@pytest.fixture(scope="module")
-def con(paths: dict[str, Path]) -> Iterator[duckdb.DuckDBPyConnection]:
-    with duckdb_views(paths) as c:
-        yield c
 
 
 def reduced(text: str, catalog: flight.Catalog) -> list[str]:

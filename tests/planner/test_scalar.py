@@ -8,13 +8,12 @@ real workers against DuckDB over the same files, every join shuffled or broadcas
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 import pytest
-from support import difference, duckdb_views, listed_catalog, write_halves
+from support import difference, write_halves
 
 import flight
 from benchmarks.tpch_queries import duckdb_table
@@ -34,17 +33,6 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     })
     dim = pa.table({"dk": pa.array(range(200), pa.int64()), "month": pa.array([i % 24 for i in range(200)], pa.int64())})
     return write_halves(root, {"facts": facts, "dim": dim})
-
-
-@pytest.fixture(scope="module")
-def catalog(paths: dict[str, Path]) -> flight.Catalog:
-    return listed_catalog(paths)
-
-
-@pytest.fixture(scope="module")
-def con(paths: dict[str, Path]) -> Iterator[duckdb.DuckDBPyConnection]:
-    with duckdb_views(paths) as c:
-        yield c
 
 
 BETWEEN = (

@@ -10,13 +10,12 @@ task. Results: each query on the session's two real workers, against DuckDB over
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 import pytest
-from support import duckdb_views, listed_catalog, sorted_table, tpch_test_files, write_halves
+from support import sorted_table, tpch_test_files, write_halves
 
 import flight
 from benchmarks.tpch_queries import TABLES
@@ -47,17 +46,6 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                            "p_name": [f"{'green' if i % 50 == 3 else 'red'} part {i % 7}" for i in range(10_000)]}),
     }
     return write_halves(root, tables, row_group_size=None)
-
-
-@pytest.fixture(scope="module")
-def catalog(paths: dict[str, Path]) -> flight.Catalog:
-    return listed_catalog(paths)
-
-
-@pytest.fixture(scope="module")
-def con(paths: dict[str, Path]) -> Iterator[duckdb.DuckDBPyConnection]:
-    with duckdb_views(paths) as c:
-        yield c
 
 
 def reductions(root: Node) -> list[JoinNode]:

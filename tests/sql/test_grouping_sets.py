@@ -9,13 +9,12 @@ filter that keeps no row, whose grand total is still a row)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 import pytest
-from support import difference, duckdb_views, listed_catalog, write_halves
+from support import difference, write_halves
 
 import flight
 from benchmarks.tpch_queries import duckdb_table
@@ -42,17 +41,6 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "kind": pa.array([f"k{i % 4}" for i in range(20)]),
     })
     return write_halves(root, {"facts": facts, "dim": dim})
-
-
-@pytest.fixture(scope="module")
-def catalog(paths: dict[str, Path]) -> flight.Catalog:
-    return listed_catalog(paths)
-
-
-@pytest.fixture(scope="module")
-def con(paths: dict[str, Path]) -> Iterator[duckdb.DuckDBPyConnection]:
-    with duckdb_views(paths) as c:
-        yield c
 
 
 BY_DIM = ("select region, kind, sum(v) as s, count(v) as n, count(*) as c, avg(f) as a, min(p) as lo, max(p) as hi, sum(p) as sp"

@@ -8,13 +8,12 @@ with the types the text has inlined."""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 import pytest
-from support import difference, duckdb_views, listed_catalog, write_halves
+from support import difference, write_halves
 
 import flight
 from benchmarks.tpch_queries import duckdb_table
@@ -53,17 +52,6 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     })
     dim = pa.table({"dk": pa.array(range(20), pa.int64()), "region": [f"r{i % 3}" for i in range(20)], "kind": [f"k{i % 4}" for i in range(20)]})
     return write_halves(tmp_path_factory.mktemp("ctes"), {"facts": facts, "dim": dim})
-
-
-@pytest.fixture(scope="module")
-def catalog(paths: dict[str, Path]) -> flight.Catalog:
-    return listed_catalog(paths)
-
-
-@pytest.fixture(scope="module")
-def con(paths: dict[str, Path]) -> Iterator[duckdb.DuckDBPyConnection]:
-    with duckdb_views(paths) as c:
-        yield c
 
 
 def names(text: str) -> list[str]:
