@@ -53,6 +53,7 @@ class AggregateNode(Node):
     partial: bool = False
     """Set by the planner on the pre-aggregate a final aggregate merges: workers may compute it per work unit."""
     _schema: pa.Schema = field(init=False, repr=False)
+    _cols: list[tuple[str, list[str], str]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         schema = self.input.schema
@@ -61,18 +62,20 @@ class AggregateNode(Node):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise PlanError(f"aggregate: output names {dupes} appear more than once")
+        types: dict[int, pa.DataType] = {}  # by the expression's id: each is typed once
         for c in self.calls:
             for e in c.expressions():
                 try:
-                    t = output_type(e, schema)
+                    t = types[id(e)] = output_type(e, schema)
                 except PlanError as exc:
                     raise PlanError(f"aggregate {c.name}: {exc}") from exc
                 if e is c.where and t != pa.bool_():
                     raise PlanError(f"aggregate {c.name}: its filter {e!r} is of type {t}, not bool")
+        self._cols = self._columns()  # the calls are fixed once made: their columns are worked out once
         exprs, names_in = self._arguments()
         # What Acero's project makes of the arguments (nullable fields, no metadata), each type
         # bound once per process (output_type), then the aggregate's own answer, remembered too.
-        projected = pa.schema([pa.field(n, output_type(e, schema)) for e, n in zip(exprs, names_in)])
+        projected = pa.schema([pa.field(n, types[id(e)] if id(e) in types else output_type(e, schema)) for e, n in zip(exprs, names_in)])
         try:
             self._schema = aggregate_schema(projected, self.keys, self._calls())
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
@@ -92,14 +95,14 @@ class AggregateNode(Node):
         ]
 
     def _argument_columns(self) -> list[str]:
-        return [arg for arg, _, _ in self._columns()]
+        return [arg for arg, _, _ in self._cols]
 
     def _arguments(self) -> tuple[list[Expr], list[str]]:
         from flight.plan.expr import col
 
         exprs = [col(k) for k in self.keys]
         names = list(self.keys)
-        for c, (arg, orders, where) in zip(self.calls, self._columns()):
+        for c, (arg, orders, where) in zip(self.calls, self._cols):
             pairs = [(c.expr, arg), *((o[0], n) for o, n in zip(c.order, orders)), (c.where, where)]
             for e, name in pairs:
                 if e is not None and name not in names:
@@ -128,7 +131,7 @@ class AggregateNode(Node):
                         order=[plan_pb2.AggregateOrder(column=o, descending=d, nulls_first=nf) for o, (_, d, nf) in zip(orders, call.order)],
                         filter=where,
                     )
-                    for call, (arg, orders, where) in zip(self.calls, self._columns())
+                    for call, (arg, orders, where) in zip(self.calls, self._cols)
                 ],
                 partial=self.partial,
             )

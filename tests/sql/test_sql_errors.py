@@ -79,3 +79,14 @@ def test_nothing_is_read_while_planning(tmp_path: object) -> None:
     assert flight.sql("select id from items", catalog).schema.names == ["id"]
     with pytest.raises(flight.PlanError, match="cannot read the schema"):
         flight.sql("select * from ghost", catalog)
+
+
+def test_a_kept_session_knows_only_the_next_texts_tables() -> None:
+    """Sessions are kept between texts (``frontend._Sessions``): a table an earlier text named is unknown to
+    a text over a catalog without it, and one whose schema changed plans with its new columns."""
+    for _ in range(3):  # a kept session served each of these after the first
+        assert flight.sql("select oid from orders", TABLES).schema.names == ["oid"]
+        with pytest.raises(flight.PlanError, match="unknown table 'orders'"):
+            flight.sql("select oid from orders", {"items": TABLES["items"]})
+        changed = {"orders": pa.table({"oid": ["x"], "note": ["y"]})}
+        assert flight.sql("select oid, note from orders", changed).schema == pa.schema([("oid", pa.string()), ("note", pa.string())])
