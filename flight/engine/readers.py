@@ -286,12 +286,14 @@ def _mapped(path: str) -> tuple[pa.MemoryMappedFile, tuple[str, int, int]]:
         _MAPS[key] = source
         while len(_MAPS) > MAPPED_FILES:
             old, _ = _MAPS.popitem(last=False)  # closed when its last reader lets go
-            _VALIDATED.discard(old)
+            _BATCHES.pop(old, None)
     return source, key
 
 
-_VALIDATED: set[tuple[str, int, int]] = set()
-"""Mapped IPC files whose every batch passed full validation: unchanged, they need no second check."""
+_BATCHES: dict[tuple[str, int, int], list[pa.RecordBatch]] = {}
+"""Mapped IPC files read whole, every batch validated: their batches (views of the map), served again as they
+are while the file is unchanged. Why: each read of a mapped range makes Arrow ask the kernel to read it ahead
+(``madvise``), which walks the page cache: a tenth of a worker's CPU streaming hot files (benchmarks/micro/transport.py)."""
 
 
 def read_ipc(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
@@ -303,24 +305,29 @@ def read_ipc(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
     real = where
     try:
         source, key = _mapped(real)
-        checked = key in _VALIDATED
+        kept = _BATCHES.get(key)
+        if kept is not None:
+            for batch in kept:
+                yield batch.select(ctx.columns) if ctx.columns else batch
+            return
+        read: list[pa.RecordBatch] | None = []
         try:
             reader = pa.ipc.open_file(source)
             batches: Iterable[pa.RecordBatch] = (reader.get_batch(i) for i in range(reader.num_record_batches))
         except pa.ArrowInvalid:
             # Not the file format: an IPC stream, read from a map of its own (streams read sequentially).
-            batches = pa.ipc.open_stream(pa.memory_map(real))
-            checked = False
+            batches, read = pa.ipc.open_stream(pa.memory_map(real)), None
         for batch in batches:
-            if not checked:
-                # IPC readers trust the file: a damaged one (bad offsets, dictionary indices) must fail
-                # here, not crash the kernel that first dereferences it. Parquet's decoder checks itself.
-                batch.validate(full=True)
+            # IPC readers trust the file: a damaged one (bad offsets, dictionary indices) must fail
+            # here, not crash the kernel that first dereferences it. Parquet's decoder checks itself.
+            batch.validate(full=True)
+            if read is not None:
+                read.append(batch)
             yield batch.select(ctx.columns) if ctx.columns else batch
-        if not checked and isinstance(batches, Iterator) and not isinstance(batches, pa.ipc.RecordBatchStreamReader):
+        if read is not None:
             with _MAPS_LOCK:
                 if key in _MAPS:
-                    _VALIDATED.add(key)
+                    _BATCHES[key] = read
     except (OSError, pa.ArrowException) as exc:
         # pyarrow's "Expected to read N metadata bytes" gives away the file's first bytes as N.
         raise _cannot_read("Arrow IPC", unit.path, real, exc) from None

@@ -100,6 +100,21 @@ def test_ipc_and_csv_readers(cluster: flight.LocalCluster, tmp_path: Path) -> No
     assert sorted_table(got_csv).equals(sorted_table(expected))
 
 
+def test_an_ipc_file_read_again_is_its_rows_and_a_changed_one_its_new_rows(cluster: flight.LocalCluster, tmp_path: Path) -> None:
+    """A worker keeps a mapped IPC file's batches once read whole (``readers._BATCHES``): read again, each
+    selection of columns gives the file's rows; rewritten, the file's new rows, not the kept ones."""
+    path = tmp_path / "kept.arrow"
+    first = make_table(900, 0)
+    feather.write_feather(first, path, compression="uncompressed", chunksize=300)
+    for columns in (None, ["id"], ["day", "id"], None):
+        got = flight.DistributedExec(flight.read_ipc([path], columns=columns), cluster.resolver()).to_table()
+        assert sorted_table(got).equals(sorted_table(first if columns is None else first.select(columns)))
+    second = make_table(1300, 5000)
+    feather.write_feather(second, path, compression="uncompressed", chunksize=300)
+    got = flight.DistributedExec(flight.read_ipc([path]), cluster.resolver()).to_table()
+    assert sorted_table(got).equals(sorted_table(second))
+
+
 def test_string_view_is_normalised_at_the_scan(cluster: flight.LocalCluster, tmp_path: Path) -> None:
     t = pa.table({"s": pa.array(["a", "bb", None, "ccc"], pa.string_view()), "n": pa.array([1, 2, 3, 4])})
     path = tmp_path / "views.parquet"
