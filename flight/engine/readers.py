@@ -291,9 +291,8 @@ def _mapped(path: str) -> tuple[pa.MemoryMappedFile, tuple[str, int, int]]:
 
 
 _BATCHES: dict[tuple[str, int, int], list[pa.RecordBatch]] = {}
-"""Mapped IPC files read whole, every batch validated: their batches (views of the map), served again as they
-are while the file is unchanged. Why: each read of a mapped range makes Arrow ask the kernel to read it ahead
-(``madvise``), which walks the page cache: a tenth of a worker's CPU streaming hot files (benchmarks/micro/transport.py)."""
+"""Mapped IPC files read whole, each batch validated: their batches (views of the map), served again while the file
+is unchanged. Why: Arrow's read of a mapped range asks the kernel to read it ahead (``madvise``) every time."""
 
 
 def read_ipc(body: bytes, ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
