@@ -75,7 +75,7 @@ class AggregateNode(Node):
         exprs, names_in = self._arguments()
         # What Acero's project makes of the arguments (nullable fields, no metadata), each type
         # bound once per process (output_type), then the aggregate's own answer, remembered too.
-        projected = pa.schema([pa.field(n, types[id(e)] if id(e) in types else output_type(e, schema)) for e, n in zip(exprs, names_in)])
+        projected = pa.schema([pa.field(n, types.get(id(e)) or output_type(e, schema)) for e, n in zip(exprs, names_in)])
         try:
             self._schema = aggregate_schema(projected, self.keys, self._calls())
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:

@@ -15,8 +15,10 @@ from flight.engine.duck.task import UNITS, DuckTask
 from flight.engine.duck.units import WholeFeed, fragment_scan, unit_fragment
 from flight.engine.pruning import prune_of
 from flight.engine.readers import conform
+from flight.errors import ProtocolError
 from flight.wire._proto import plan_pb2
 from flight.wire.ipc import read_ipc_stream
+from flight.wire.protocol import decode_schema
 
 
 class _Chains:
@@ -385,9 +387,10 @@ def _decimal_cast_to_double(expr: plan_pb2.Expression, schema: pa.Schema) -> str
 
 def _cast_target(ipc_schema: bytes) -> pa.DataType | None:
     try:
-        return pa.ipc.read_schema(pa.py_buffer(ipc_schema)).field(0).type
-    except (pa.ArrowInvalid, IndexError):
+        schema = decode_schema(ipc_schema, "cast.target_type")
+    except ProtocolError:
         return None  # the compile checked it already: not a case to take
+    return schema.field(0).type if len(schema) == 1 else None
 
 
 def _column_of(expr: plan_pb2.Expression, schema: pa.Schema) -> pa.DataType | None:
