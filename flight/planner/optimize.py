@@ -19,7 +19,10 @@ scan) and joins see fewer rows:
   filter ``OR_i (AND of the t_ij that read only that side)``: implied by the
   original (a row it keeps satisfies some disjunct, hence that disjunct's
   terms on each side), so exact. A side gets nothing unless every disjunct
-  has at least one such term.
+  has at least one such term;
+* into a subplan that does work and that two parents share (a CTE planned
+  once), only what all its uses ask: its copies stay equal and are computed
+  once (``push_filters``).
 
 A moved or derived filter carries its origin (``FilterNode.origins``), which
 ``explain()`` prints next to it. Rewrites that need the planner's size
@@ -46,6 +49,7 @@ __all__ = ["conjuncts", "derive_side_filter", "disjuncts", "prune_columns", "pus
 
 _AND = ("and_kleene", "and")
 _OR = ("or_kleene", "or")
+_WORK = (AggregateNode, JoinNode, WindowNode)
 
 # Which sides of a join a filter above it may move onto (the sides whose rows are not null-extended).
 _PUSHABLE_SIDES = {
@@ -152,52 +156,155 @@ class _Pred:
 
 
 def push_filters(node: Node) -> Node:
-    """``node`` with every filter moved as far down as it stays exact (see the module's doc)."""
-    return _push(node, [])
+    """``node`` with every filter moved as far down as it stays exact (see the module's doc).
+
+    A subplan that does work and that two parents share (one node object: a CTE planned once, ``flight.sql.ctes``)
+    stays shared: what goes into it is what all its uses ask (``_into``), and each use keeps the rest above it.
+    Pushed into each use on its own, the copies differed and each was computed: TPC-DS q24's ``ssales`` (an
+    aggregate of 2.9 million joined rows) twice, once for the item colour its main use asks and once whole for the
+    HAVING's average; q31's quarters three times. Spark pushes a CTE's uses' filters the same way (their OR into
+    its definition). Decided outermost first: what reaches a shared subplan inside another depends on what went
+    into the outer one, so each pass decides the shared subplans no undecided one holds, until none is left."""
+    shared = _shared(node)
+    decided: dict[int, list[_Pred]] = {}
+    while True:
+        pusher = _Pusher(set(shared), decided)
+        out = pusher.push(node, [])
+        if not pusher.arrivals:
+            return out
+        inside = {i for o in pusher.arrivals for i in shared[o] if i != o}
+        for o, uses in pusher.arrivals.items():
+            if o not in inside:
+                decided[o] = _into(uses)
 
 
-def _push(node: Node, preds: list[_Pred]) -> Node:
-    """``node`` with ``preds`` (conjuncts over its output) applied to it, as low as they can go."""
-    if isinstance(node, FilterNode):
-        terms = conjuncts(node.predicate)
-        origins = node.origins if len(node.origins) == len(terms) else ("",) * len(terms)
-        return _push(node.input, [_Pred(t, o) for t, o in zip(terms, origins)] + preds)
-    if isinstance(node, ProjectNode):
-        passthrough = {n: c for n, e in node.exprs if (c := e.column_name()) is not None}
-        down = [p for p in preds if p.expr.referenced_fields() <= passthrough.keys()]
-        stay = [p for p in preds if not p.expr.referenced_fields() <= passthrough.keys()]
-        moved = [p.moved(passthrough, "") for p in down]
-        return _filtered(ProjectNode(_push(node.input, moved), node.exprs), stay)
-    if isinstance(node, SortNode) and node.fetch == 0:
-        return SortNode(_push(node.input, preds), node.keys, node.nulls_first, node.fetch)
-    if isinstance(node, UnionNode):
-        return UnionNode([_push(n, list(preds)) for n in node.inputs])
-    if isinstance(node, AggregateNode) and node.keys:
-        keys = set(node.keys)
-        where = f"pushed below {node.label_text or 'Aggregate'}[keys={node.keys}]"
-        down = [p.moved({}, where) for p in preds if p.expr.referenced_fields() <= keys]
-        stay = [p for p in preds if not p.expr.referenced_fields() <= keys]
-        pushed = replace(node, input=_push(node.input, down)) if down else _children_pushed(node)
-        return _filtered(pushed, stay)
-    if isinstance(node, JoinNode):
-        return _push_join(node, preds)
-    return _filtered(_children_pushed(node), preds)
+def _shared(root: Node) -> dict[int, set[int]]:
+    """The subplans of ``root`` under more than one parent that join, aggregate or compute a window (a scan shared is
+    read by each use with its own filters: pushed into each, they skip what that use does not read), each with the
+    ids of the shared ones in it (itself included)."""
+    parents: Counter[int] = Counter()
+    seen: dict[int, Node] = {}
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) not in seen:
+            seen[id(node)] = node
+            for child in node.children():
+                parents[id(child)] += 1
+                stack.append(child)
+    tops = {i for i, n in parents.items() if n > 1 and any(isinstance(d, _WORK) for d in seen[i].walk())}
+    return {i: {id(d) for d in seen[i].walk() if id(d) in tops} for i in tops}
 
 
-def _children_pushed(node: Node) -> Node:
-    """``node`` with the filters inside each of its inputs pushed down (none from above)."""
-    if isinstance(node, (AggregateNode, LimitNode, SortNode, WindowNode, UnnestNode)):
-        return replace(node, input=_push(node.input, []))
-    if isinstance(node, (FilterNode, ProjectNode, UnionNode, JoinNode)):
-        return _push(node, [])
-    return node
+def _key(pred: _Pred) -> bytes:
+    return pred.expr.to_proto().SerializeToString(deterministic=True)
+
+
+def _into(uses: list[list[_Pred]]) -> list[_Pred]:
+    """What goes into a subplan its ``uses`` share, each use asking its conjuncts: those every use asks, and the OR of
+    the rest when each use asks some (a use that asks none takes every row: nothing more goes in)."""
+    keyed = [{_key(p): p for p in use} for use in uses]
+    every = set(keyed[0]).intersection(*keyed[1:])
+    into = [p for k, p in keyed[0].items() if k in every]
+    if len(uses) > 1 and all(k.keys() - every for k in keyed):
+        rest = [_all([p.expr for k, p in use.items() if k not in every]) for use in keyed]
+        unique = {r.to_proto().SerializeToString(deterministic=True): r for r in rest}
+        into.append(_Pred(_any(list(unique.values())), f"the OR of its {len(uses)} uses' filters, pushed into the subplan they share"))
+    return into
+
+
+class _Pusher:
+    """One pass of ``push_filters``: a shared subplan with its filters ``decided`` gets them in each use, under the
+    filters that use asks beyond them: equal copies, which the planner computes once where that is cheaper
+    (``flight.planner.reuse``, ``flight.engine.duck.shared``); one not yet decided gets each use's own, and what
+    reached it is recorded (``arrivals``) for the decision. Each use gets its own nodes: the plan that comes out is
+    a tree, as every later rewrite expects (a rewrite of one use must not change another)."""
+
+    def __init__(self, shared: set[int], decided: dict[int, list[_Pred]]) -> None:
+        self.shared, self.decided = shared, decided
+        self.arrivals: dict[int, list[list[_Pred]]] = {}
+
+    def push(self, node: Node, preds: list[_Pred]) -> Node:
+        """``node`` with ``preds`` (conjuncts over its output) applied to it, as low as they can go."""
+        if id(node) not in self.shared:
+            return self._push(node, preds)
+        into = self.decided.get(id(node))
+        if into is None:
+            self.arrivals.setdefault(id(node), []).append(preds)
+            return self._push(node, preds)
+        below = {_key(p) for p in into}
+        return _filtered(self._push(node, into), [p for p in preds if _key(p) not in below])
+
+    def _push(self, node: Node, preds: list[_Pred]) -> Node:
+        if isinstance(node, FilterNode):
+            terms = conjuncts(node.predicate)
+            origins = node.origins if len(node.origins) == len(terms) else ("",) * len(terms)
+            return self.push(node.input, [_Pred(t, o) for t, o in zip(terms, origins)] + preds)
+        if isinstance(node, ProjectNode):
+            passthrough = {n: c for n, e in node.exprs if (c := e.column_name()) is not None}
+            down = [p for p in preds if p.expr.referenced_fields() <= passthrough.keys()]
+            stay = [p for p in preds if not p.expr.referenced_fields() <= passthrough.keys()]
+            moved = [p.moved(passthrough, "") for p in down]
+            return _filtered(ProjectNode(self.push(node.input, moved), node.exprs), stay)
+        if isinstance(node, SortNode) and node.fetch == 0:
+            return SortNode(self.push(node.input, preds), node.keys, node.nulls_first, node.fetch)
+        if isinstance(node, UnionNode):
+            return UnionNode([self.push(n, list(preds)) for n in node.inputs])
+        if isinstance(node, AggregateNode) and node.keys:
+            keys = set(node.keys)
+            where = f"pushed below {node.label_text or 'Aggregate'}[keys={node.keys}]"
+            down = [p.moved({}, where) for p in preds if p.expr.referenced_fields() <= keys]
+            stay = [p for p in preds if not p.expr.referenced_fields() <= keys]
+            pushed = replace(node, input=self.push(node.input, down)) if down else self.children_pushed(node)
+            return _filtered(pushed, stay)
+        if isinstance(node, JoinNode):
+            return self.push_join(node, preds)
+        return _filtered(self.children_pushed(node), preds)
+
+    def children_pushed(self, node: Node) -> Node:
+        """``node`` with the filters inside each of its inputs pushed down (none from above)."""
+        if isinstance(node, (AggregateNode, LimitNode, SortNode, WindowNode, UnnestNode)):
+            return replace(node, input=self.push(node.input, []))
+        if isinstance(node, (FilterNode, ProjectNode, UnionNode, JoinNode)):
+            return self._push(node, [])
+        return node
+
+    def push_join(self, node: JoinNode, preds: list[_Pred]) -> Node:
+        sides = join_sides(node)
+        allowed = _PUSHABLE_SIDES.get(node.join_type, ())
+        keys = ", ".join(f"{a}={b}" for a, b in zip(node.left_keys, node.right_keys))
+        here = f"HashJoin[{node.join_type}, {keys}]"
+        down: dict[str, list[_Pred]] = {"left": [], "right": []}
+        stay: list[_Pred] = []
+        for p in preds:
+            used = p.expr.referenced_fields()
+            if not used <= sides.keys():
+                stay.append(p)
+                continue
+            read = {sides[n][0] for n in used}
+            names = {n: sides[n][1] for n in used}
+            target = next((s for s in allowed if read <= {s}), None)
+            if target is not None:
+                down[target].append(p.moved(names, f"pushed below {here}"))
+                continue
+            stay.append(p)
+            for side in allowed:
+                mine = {n for n in sides if sides[n][0] == side}
+                derived = derive_side_filter(p.expr, mine)
+                if derived is not None:
+                    rename = {n: sides[n][1] for n in derived.referenced_fields()}
+                    down[side].append(_Pred(rename_fields(derived, rename), f"derived from the OR above {here}"))
+        left = self.push(node.left, down["left"])
+        right = self.push(node.right, down["right"])
+        joined = JoinNode(left, right, node.left_keys, node.right_keys, node.join_type, node.right_suffix, node.strategy, node.filter)
+        return _filtered(joined, stay)
 
 
 def _filtered(node: Node, preds: list[_Pred]) -> Node:
     """``node`` under one filter of ``preds`` (the same conjunct once), or ``node`` itself when there are none."""
     seen: dict[bytes, _Pred] = {}
     for p in preds:
-        seen.setdefault(p.expr.to_proto().SerializeToString(deterministic=True), p)
+        seen.setdefault(_key(p), p)
     unique = list(seen.values())
     if not unique:
         return node
@@ -227,34 +334,3 @@ def join_sides(node: JoinNode) -> dict[str, tuple[str, str]]:
             return {}  # not the layout this knows: move nothing
     counts = Counter(out)
     return {o: p for o, p in zip(out, pairs) if counts[o] == 1}
-
-
-def _push_join(node: JoinNode, preds: list[_Pred]) -> Node:
-    sides = join_sides(node)
-    allowed = _PUSHABLE_SIDES.get(node.join_type, ())
-    keys = ", ".join(f"{a}={b}" for a, b in zip(node.left_keys, node.right_keys))
-    here = f"HashJoin[{node.join_type}, {keys}]"
-    down: dict[str, list[_Pred]] = {"left": [], "right": []}
-    stay: list[_Pred] = []
-    for p in preds:
-        used = p.expr.referenced_fields()
-        if not used <= sides.keys():
-            stay.append(p)
-            continue
-        read = {sides[n][0] for n in used}
-        names = {n: sides[n][1] for n in used}
-        target = next((s for s in allowed if read <= {s}), None)
-        if target is not None:
-            down[target].append(p.moved(names, f"pushed below {here}"))
-            continue
-        stay.append(p)
-        for side in allowed:
-            mine = {n for n in sides if sides[n][0] == side}
-            derived = derive_side_filter(p.expr, mine)
-            if derived is not None:
-                rename = {n: sides[n][1] for n in derived.referenced_fields()}
-                down[side].append(_Pred(rename_fields(derived, rename), f"derived from the OR above {here}"))
-    left = _push(node.left, down["left"])
-    right = _push(node.right, down["right"])
-    joined = JoinNode(left, right, node.left_keys, node.right_keys, node.join_type, node.right_suffix, node.strategy, node.filter)
-    return _filtered(joined, stay)

@@ -68,6 +68,18 @@ def test_the_largest_repeat_is_hoisted_not_its_parts(con: duckdb.DuckDBPyConnect
     assert rows(con, shared) == rows(con, text)
 
 
+def test_a_repeat_inside_a_kept_one_and_outside_it_is_computed_once(con: duckdb.DuckDBPyConnection) -> None:
+    """TPC-DS q47's shape: the CTE read whole by one use and, projected, by two more that meet in a join. The
+    projection is kept for its two uses, and the CTE inside it for it and the whole use: one computation."""
+    part = f'SELECT "g", "s" FROM ({AGG}) AS t WHERE "g" IS NOT NULL'
+    text = (f'SELECT a."g", a."s", b."s" AS "p", c."s" AS "n" FROM (SELECT * FROM ({AGG}) AS t WHERE "s" > 1) AS a '
+            f'JOIN ({part}) AS b ON a."g" = b."g" + 1 JOIN ({part}) AS c ON a."g" = c."g" - 1')
+    shared = share_repeated_subqueries(text)
+    assert shared.count(AGG) == 1 and shared.count(part) == 0, shared
+    assert shared.startswith("WITH __flight_shared_1 AS MATERIALIZED (") and ", __flight_shared_0 AS MATERIALIZED (" in shared, shared
+    assert rows(con, shared) == rows(con, text) and rows(con, text)
+
+
 def test_a_repeated_scan_stays_in_place() -> None:
     text = f'SELECT * FROM ({SCAN}) AS t WHERE "v" > 2 UNION ALL SELECT * FROM ({SCAN}) AS t WHERE "v" < 2'
     assert share_repeated_subqueries(text) == text

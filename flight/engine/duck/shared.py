@@ -12,7 +12,10 @@ The copies are equal texts once the scans' files are filled in (``duck_units.who
 operators over the same files, pruned alike (``flight.planner.prune``), with aliases that do not count
 (``Translator.sub``). So the text itself is searched: each parenthesized ``SELECT``, the largest that
 occur more than once (not inside another chosen one) named once in a ``WITH`` and read where they were.
-Only subqueries that do work worth keeping: an aggregate (``GROUP BY``), or a join or window over more
+A smaller one inside a kept one counts once there, however often that one is used: TPC-DS q47's CTE
+``v1`` (a window over an aggregate) is read whole by the month's row and, projected, by the two rows beside
+it; the projection is kept for the two, and ``v1`` inside it for it and the month's row, so it is computed
+once, where it was twice. Only subqueries that do work worth keeping: an aggregate (``GROUP BY``), or a join or window over more
 than one source; a scan stays in place, where DuckDB pushes each use's own filters and join keys into it.
 And only those that give far fewer rows than they read (``reducing``: DuckDB's own estimates, from
 ``EXPLAIN``): writing and reading a join's every row costs more than joining again. TPC-DS q23 joins all
@@ -52,7 +55,7 @@ def share_repeated_subqueries(text: str, keep: Callable[[str], bool] | None = No
     for start, end in groups:
         spans.setdefault(text[start + 1 : end], []).append((start, end))
     chosen: list[tuple[int, int, int]] = []  # (open, close, index of the WITH item)
-    bodies: list[str] = []
+    bodies: list[str] = []  # each WITH item's body, reading the smaller ones chosen after it
     asked = 0
     for body, where in sorted(spans.items(), key=lambda kv: -len(kv[0])):
         if len(where) < 2 or not _works(body):
@@ -60,12 +63,14 @@ def share_repeated_subqueries(text: str, keep: Callable[[str], bool] | None = No
         joined_once = not _self_joined(text, where, groups)
         free = [s for s in where if not any(a <= s[0] and s[1] <= b for a, b, _ in chosen)
                 and not (joined_once and _joined(text, s, groups))]
-        if len(free) < 2 or asked >= ASKED:
+        inside = sum(b.count(f"({body})") for b in bodies)  # in kept ones, each written once
+        if len(free) + inside < 2 or asked >= ASKED:
             continue
         if keep is not None:
             asked += 1
             if not keep(body):
                 continue
+        bodies = [b.replace(f"({body})", f"(SELECT * FROM {prefix}_{len(bodies)})") for b in bodies]
         chosen += [(a, b, len(bodies)) for a, b in free]
         bodies.append(body)
     if not bodies:
@@ -75,7 +80,8 @@ def share_repeated_subqueries(text: str, keep: Callable[[str], bool] | None = No
         out += [text[last:start], f"(SELECT * FROM {prefix}_{index})"]
         last = end + 1
     out.append(text[last:])
-    items = ", ".join(f"{prefix}_{i} AS MATERIALIZED ({body})" for i, body in enumerate(bodies))
+    # The smaller ones first: a larger one may read them, never the other way round.
+    items = ", ".join(f"{prefix}_{i} AS MATERIALIZED ({bodies[i]})" for i in reversed(range(len(bodies))))
     return f"WITH {items} {''.join(out)}"
 
 
