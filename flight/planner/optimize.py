@@ -216,24 +216,28 @@ def _into(uses: list[list[_Pred]]) -> list[_Pred]:
 class _Pusher:
     """One pass of ``push_filters``: a shared subplan with its filters ``decided`` gets them in each use, under the
     filters that use asks beyond them: equal copies, which the planner computes once where that is cheaper
-    (``flight.planner.reuse``, ``flight.engine.duck.shared``); one not yet decided gets each use's own, and what
-    reached it is recorded (``arrivals``) for the decision. Each use gets its own nodes: the plan that comes out is
-    a tree, as every later rewrite expects (a rewrite of one use must not change another)."""
+    (``flight.planner.reuse``, ``flight.engine.duck.shared``). Each use gets its own nodes (pushed once, copied
+    for the others): the plan that comes out is a tree, as every later rewrite expects (a rewrite of one use must
+    not change another). Of one not yet decided only what reaches it is recorded (``arrivals``), and the pass's
+    plan is not kept: the next decides it."""
 
     def __init__(self, shared: set[int], decided: dict[int, list[_Pred]]) -> None:
         self.shared, self.decided = shared, decided
         self.arrivals: dict[int, list[list[_Pred]]] = {}
+        self.done: dict[int, Node] = {}  # each decided one pushed once; each further use gets a copy
 
     def push(self, node: Node, preds: list[_Pred]) -> Node:
         """``node`` with ``preds`` (conjuncts over its output) applied to it, as low as they can go."""
         if id(node) not in self.shared:
             return self._push(node, preds)
         into = self.decided.get(id(node))
-        if into is None:
+        if into is None:  # this pass only records what reaches it: its result is not the one kept
             self.arrivals.setdefault(id(node), []).append(preds)
-            return self._push(node, preds)
+            return node
+        done = self.done.get(id(node))
+        pushed = self.done.setdefault(id(node), self._push(node, into)) if done is None else _copied(done)
         below = {_key(p) for p in into}
-        return _filtered(self._push(node, into), [p for p in preds if _key(p) not in below])
+        return _filtered(pushed, [p for p in preds if _key(p) not in below])
 
     def _push(self, node: Node, preds: list[_Pred]) -> Node:
         if isinstance(node, FilterNode):
@@ -298,6 +302,17 @@ class _Pusher:
         right = self.push(node.right, down["right"])
         joined = JoinNode(left, right, node.left_keys, node.right_keys, node.join_type, node.right_suffix, node.strategy, node.filter)
         return _filtered(joined, stay)
+
+
+def _copied(node: Node) -> Node:
+    """``node`` with new nodes above its leaves (scans, inputs: never changed, so shared as they were before)."""
+    if isinstance(node, JoinNode):
+        return replace(node, left=_copied(node.left), right=_copied(node.right))
+    if isinstance(node, UnionNode):
+        return UnionNode([_copied(n) for n in node.inputs])
+    if isinstance(node, (FilterNode, ProjectNode, LimitNode, UnnestNode, AggregateNode, SortNode, WindowNode)):
+        return replace(node, input=_copied(node.input))
+    return node
 
 
 def _filtered(node: Node, preds: list[_Pred]) -> Node:
