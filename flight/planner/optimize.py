@@ -36,7 +36,7 @@ uses down into its scans, so a worker reads (and a shuffle moves) only those.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from flight.plan.expr import Expr, call
 from flight.plan.expr_nodes import CallNode
@@ -249,17 +249,17 @@ class _Pusher:
             down = [p for p in preds if p.expr.referenced_fields() <= passthrough.keys()]
             stay = [p for p in preds if not p.expr.referenced_fields() <= passthrough.keys()]
             moved = [p.moved(passthrough, "") for p in down]
-            return _filtered(ProjectNode(self.push(node.input, moved), node.exprs), stay)
+            return _filtered(node.with_inputs(input=self.push(node.input, moved)), stay)
         if isinstance(node, SortNode) and node.fetch == 0:
-            return SortNode(self.push(node.input, preds), node.keys, node.nulls_first, node.fetch)
+            return node.with_inputs(input=self.push(node.input, preds))
         if isinstance(node, UnionNode):
-            return UnionNode([self.push(n, list(preds)) for n in node.inputs])
+            return node.with_inputs(inputs=[self.push(n, list(preds)) for n in node.inputs])
         if isinstance(node, AggregateNode) and node.keys:
             keys = set(node.keys)
             where = f"pushed below {node.label_text or 'Aggregate'}[keys={node.keys}]"
             down = [p.moved({}, where) for p in preds if p.expr.referenced_fields() <= keys]
             stay = [p for p in preds if not p.expr.referenced_fields() <= keys]
-            pushed = replace(node, input=self.push(node.input, down)) if down else self.children_pushed(node)
+            pushed = node.with_inputs(input=self.push(node.input, down)) if down else self.children_pushed(node)
             return _filtered(pushed, stay)
         if isinstance(node, JoinNode):
             return self.push_join(node, preds)
@@ -268,7 +268,7 @@ class _Pusher:
     def children_pushed(self, node: Node) -> Node:
         """``node`` with the filters inside each of its inputs pushed down (none from above)."""
         if isinstance(node, (AggregateNode, LimitNode, SortNode, WindowNode, UnnestNode)):
-            return replace(node, input=self.push(node.input, []))
+            return node.with_inputs(input=self.push(node.input, []))
         if isinstance(node, (FilterNode, ProjectNode, UnionNode, JoinNode)):
             return self._push(node, [])
         return node
@@ -300,18 +300,17 @@ class _Pusher:
                     down[side].append(_Pred(rename_fields(derived, rename), f"derived from the OR above {here}"))
         left = self.push(node.left, down["left"])
         right = self.push(node.right, down["right"])
-        joined = JoinNode(left, right, node.left_keys, node.right_keys, node.join_type, node.right_suffix, node.strategy, node.filter)
-        return _filtered(joined, stay)
+        return _filtered(node.with_inputs(left=left, right=right), stay)
 
 
 def _copied(node: Node) -> Node:
     """``node`` with new nodes above its leaves (scans, inputs: never changed, so shared as they were before)."""
     if isinstance(node, JoinNode):
-        return replace(node, left=_copied(node.left), right=_copied(node.right))
+        return node.with_inputs(left=_copied(node.left), right=_copied(node.right))
     if isinstance(node, UnionNode):
-        return UnionNode([_copied(n) for n in node.inputs])
+        return node.with_inputs(inputs=[_copied(n) for n in node.inputs])
     if isinstance(node, (FilterNode, ProjectNode, LimitNode, UnnestNode, AggregateNode, SortNode, WindowNode)):
-        return replace(node, input=_copied(node.input))
+        return node.with_inputs(input=_copied(node.input))
     return node
 
 

@@ -114,7 +114,7 @@ class _Pruner:
             columns = [c for c in available if c in needed] or available[:1]
             if columns == available:
                 return node
-            return replace(node, columns=columns)
+            return node.reading(columns) if isinstance(node, FeedScanNode) else replace(node, columns=columns)
         return node
 
     def _join(self, node: JoinNode, needed: set[str]) -> Node:

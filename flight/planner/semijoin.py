@@ -22,8 +22,6 @@ which a build side of joins (TPC-DS q14's) cannot afford. A semi join with a con
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from flight.plan.nodes import FeedScanNode, FilterNode, Node, ProjectNode
 from flight.plan.relnodes import JoinNode, SortNode, UnionNode
 from flight.planner.optimize import join_sides
@@ -150,16 +148,11 @@ def _apply(node: Node, semi: JoinNode, keys: list[str]) -> Node:
     return JoinNode(node, semi.right, keys, list(semi.right_keys), semi.join_type, semi.right_suffix, semi.strategy, None)
 
 
-def _join(node: JoinNode, left: Node, right: Node) -> JoinNode:
-    return JoinNode(left, right, list(node.left_keys), list(node.right_keys), node.join_type, node.right_suffix, node.strategy,
-                    node.filter)
+def _join(node: JoinNode, left: Node, right: Node) -> Node:
+    """``node`` over ``left`` and ``right``: its sides with a semi join moved into them, their columns the same."""
+    return node.with_inputs(left=left, right=right)
 
 
 def _with_input(node: Node, child: Node) -> Node:
-    if isinstance(node, FilterNode):
-        return FilterNode(child, node.predicate, node.origins)
-    if isinstance(node, ProjectNode):
-        return ProjectNode(child, node.exprs)
-    if isinstance(node, SortNode):
-        return SortNode(child, node.keys, node.nulls_first, node.fetch)
-    return replace(node, input=child)  # type: ignore[type-var]
+    """``node`` over ``child``: its input with a semi join moved into it, its columns the same."""
+    return node.with_inputs(input=child)
