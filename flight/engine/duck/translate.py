@@ -13,7 +13,6 @@ from flight.engine.duck.sql import Untranslatable, column_list, expression_sql, 
 from flight.engine.duck.sqltext import string_literal
 from flight.engine.duck.task import UNITS, DuckTask
 from flight.engine.duck.units import WholeFeed, fragment_scan, unit_fragment
-from flight.engine.pruning import prune_of
 from flight.engine.readers import conform
 from flight.errors import ProtocolError
 from flight.wire._proto import plan_pb2
@@ -152,7 +151,7 @@ class Translator(_Chains):
             scans = len(self.feeds)
             text = f"SELECT * FROM {self.sub(op.filter.input, f'{here}.input')} WHERE {predicate}"
             if len(self.feeds) > scans and self.feeds[-1].path == f"{here}.input":  # a whole scan right below
-                self.feeds[-1] = dataclasses.replace(self.feeds[-1], prune=prune_of(op.filter, f"{here}.predicate"))  # units pyarrow reads
+                self.feeds[-1] = dataclasses.replace(self.feeds[-1], above=(op.filter, f"{here}.predicate"))  # units pyarrow reads
             return text
         if kind == "project":
             return self.project(op.project, here, schema)

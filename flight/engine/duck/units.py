@@ -12,7 +12,7 @@ import itertools
 import os
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import duckdb
@@ -134,9 +134,13 @@ class WholeFeed:
     scan: plan_pb2.FeedScan
     path: str
     token: str
-    prune: pc.Expression | None = None
-    """The predicate of the filter right above the scan, for pyarrow to skip row groups with when it reads
-    the units (row groups, a store's URIs); DuckDB prunes the files it reads itself."""
+    above: tuple[plan_pb2.Filter, str] | None = None
+    """The filter right above the scan and its field: its predicate is what pyarrow skips row groups with when
+    it reads the units (row groups, a store's URIs), made only then (``pyarrow_prune``); DuckDB prunes the files
+    it reads itself. Made for every scan, it was a twelfth of a TPC-DS task's translation."""
+
+    def pyarrow_prune(self) -> pc.Expression | None:
+        return None if self.above is None else prune_of(*self.above)
 
 
 def whole_feeds(
@@ -187,7 +191,7 @@ def _feed_source(task: DuckTask, cur: duckdb.DuckDBPyConnection, feed: WholeFeed
     """What the query reads for ``feed`` once its units are all here (each appended to ``taken``): its plain
     local files as DuckDB's ``read_parquet([...])`` (appended to ``files``), else a stream pyarrow reads."""
     ctx = ReaderContext(schema=task.schemas[feed.path], columns=list(feed.scan.columns) or None, roots=task.roots,
-                        batch_rows=task.batch_rows, options=dict(feed.scan.reader_options), prune=feed.prune,
+                        batch_rows=task.batch_rows, options=dict(feed.scan.reader_options),
                         scan=getattr(task.inputs, "scan_stats", None), decode_threads=decode_threads())
     feed_id = feed.scan.feed.feed_id
     plain: list[tuple[str, str, str]] = []
@@ -206,7 +210,7 @@ def _feed_source(task: DuckTask, cur: duckdb.DuckDBPyConnection, feed: WholeFeed
         files += plain
         return "read_parquet([" + ", ".join("'" + real.replace("'", "''") + "'" for _, _, real in plain) + "])"
     units = [(w, _file_body(p)) for w, p, _ in plain] + others  # pyarrow reads every unit of this scan (or there are none)
-    name = task.source(ctx.schema, _pyarrow_units(units, ctx))
+    name = task.source(ctx.schema, _pyarrow_units(units, replace(ctx, prune=feed.pyarrow_prune())))
     cur.register(name, task.sources[name])
     return name
 
