@@ -14,7 +14,7 @@ from decimal import Decimal
 
 import pyarrow as pa
 
-__all__ = ["Untranslatable", "cast_to", "column_list", "ident", "literal", "sql_type", "string_literal", "uncast"]
+__all__ = ["Untranslatable", "cast_to", "column_list", "ident", "literal", "named", "sql_type", "string_literal", "uncast"]
 
 
 class Untranslatable(Exception):
@@ -26,6 +26,15 @@ def ident(name: str) -> str:
     if "\x00" in name:
         raise Untranslatable("an identifier holds a NUL character")
     return '"' + name.replace('"', '""') + '"'
+
+
+def named(text: str, name: str) -> str:
+    """``text AS "name"``, or ``text`` alone where it reads that column already (``"x"``, ``j0."x"``): DuckDB
+    parses and binds a stage's text before it runs, and TPC-DS q66's was 36 KB, five times DuckDB's own, mostly
+    ``"x" AS "x"`` (10 ms to parse, 14 to bind; DuckDB's text 3 and 7)."""
+    quoted = ident(name)
+    plain = text == quoted or (text.endswith("." + quoted) and text[: -len(quoted) - 1].isidentifier())
+    return text if plain else f"{text} AS {quoted}"
 
 
 _INTS = {pa.int8(): "TINYINT", pa.int16(): "SMALLINT", pa.int32(): "INTEGER", pa.int64(): "BIGINT",
@@ -106,10 +115,8 @@ def string_literal(text: str) -> str:
 
 
 def cast_to(text: str, t: pa.DataType) -> str:
-    target = sql_type(t)
-    if text.startswith("CAST(") and text.endswith(f" AS {target})"):
-        return text  # already that type
-    return f"CAST({text} AS {target})"
+    """``text`` as type ``t``: cast, unless its outermost operation is that cast already."""
+    return text if uncast(text, t) != text else f"CAST({text} AS {sql_type(t)})"
 
 
 def uncast(text: str, t: pa.DataType) -> str:

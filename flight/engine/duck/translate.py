@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from flight.engine.duck.alike import Alike, alike_key
 from flight.engine.duck.sql import Untranslatable, column_list, expression_sql, ident, sql_type
-from flight.engine.duck.sqltext import string_literal
+from flight.engine.duck.sqltext import cast_to, named, string_literal
 from flight.engine.duck.task import UNITS, DuckTask
 from flight.engine.duck.units import WholeFeed, fragment_scan, unit_fragment
 from flight.engine.readers import conform
@@ -40,7 +40,7 @@ class _Chains:
         leaves: list[str] = []
         conds: list[str] = []
         refs = self._flat(op, path, leaves, conds, itertools.count())
-        picked = ", ".join(f"{ref} AS {ident(out)}" for ref, out in zip(refs, schema.names))
+        picked = ", ".join(named(ref, out) for ref, out in zip(refs, schema.names))
         return f"SELECT {picked} FROM {', '.join(leaves)} WHERE {' AND '.join(conds)}"
 
     def _chain(self, op: plan_pb2.Operator, path: str) -> bool:
@@ -274,9 +274,9 @@ class Translator(_Chains):
         for f in schema:
             text = calls.get(f.name, ident(f.name))
             if f.name not in calls and below.field(f.name).type == f.type:
-                items.append(f"{text} AS {ident(f.name)}")  # a group key as it was: already of its type
+                items.append(named(text, f.name))  # a group key as it was: already of its type
             else:
-                items.append(f"CAST({text} AS {sql_type(f.type)}) AS {ident(f.name)}")
+                items.append(named(cast_to(text, f.type), f.name))
         group = f" GROUP BY {column_list(agg.keys)}" if agg.keys else ""
         return f"SELECT {', '.join(items)} FROM {self.sub(agg.input, f'{here}.input')}{group}"
 
@@ -286,12 +286,12 @@ class Translator(_Chains):
         exact = self.exact_means.get(here, {})
         for i, ne in enumerate(project.exprs):
             if ne.name in exact:  # read only by an average, which takes the DECIMAL itself
-                items.append(f"{ident(exact[ne.name])} AS {ident(ne.name)}")
+                items.append(named(ident(exact[ne.name]), ne.name))
                 continue
             text = expression_sql(ne.expr, child_schema, f"{here}.exprs[{i}].expr")
             target = schema.field(i).type
-            items.append(f"{text} AS {ident(ne.name)}" if _column_of(ne.expr, child_schema) == target else
-                         f"CAST({text} AS {sql_type(target)}) AS {ident(ne.name)}")
+            items.append(named(text, ne.name) if _column_of(ne.expr, child_schema) == target else
+                         named(cast_to(text, target), ne.name))
         return f"SELECT {', '.join(items)} FROM {self.sub(project.input, f'{here}.input')}"
 
     def right_side(self, join: plan_pb2.HashJoin, here: str) -> str:
@@ -323,7 +323,7 @@ class Translator(_Chains):
             sides += [("r", n) for n in right.names]
         if len(sides) != len(schema):
             raise Untranslatable("a join whose output is not its inputs' columns")
-        items = [f"{q}.{ident(n)} AS {ident(out)}" for (q, n), out in zip(sides, schema.names)]
+        items = [named(f"{q}.{ident(n)}", out) for (q, n), out in zip(sides, schema.names)]
         lsub = f"({self.relation(join.left, f'{here}.left')}) AS l"
         rsub = f"{self.right_side(join, here)} AS r"
         return f"SELECT {', '.join(items)} FROM {lsub} {kind} {rsub} ON {on}"
