@@ -68,6 +68,16 @@ def test_the_largest_repeat_is_hoisted_not_its_parts(con: duckdb.DuckDBPyConnect
     assert rows(con, shared) == rows(con, text)
 
 
+def test_a_repeat_meeting_its_own_aggregate_in_a_semi_join_is_computed_once(con: duckdb.DuckDBPyConnection) -> None:
+    """TPC-DS q01's shape: each row of the CTE kept where it passes 1.2 times its group's average, the average's
+    aggregate reading the CTE whole."""
+    avg = f'SELECT "g" AS "h", avg("s") * 0.6 AS "a" FROM ({AGG}) AS t GROUP BY "g"'
+    text = f'SELECT l."g", l."s" FROM ({AGG}) AS l SEMI JOIN ({avg}) AS r ON l."g" = r."h" AND l."s" > r."a"'
+    shared = share_repeated_subqueries(text)
+    assert shared.startswith("WITH __flight_shared_0 AS MATERIALIZED (") and shared.count(AGG) == 1, shared
+    assert rows(con, shared) == rows(con, text) and rows(con, text)
+
+
 def test_a_repeat_inside_a_kept_one_and_outside_it_is_computed_once(con: duckdb.DuckDBPyConnection) -> None:
     """TPC-DS q47's shape: the CTE read whole by one use and, projected, by two more that meet in a join. The
     projection is kept for its two uses, and the CTE inside it for it and the whole use: one computation."""
