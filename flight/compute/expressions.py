@@ -86,7 +86,21 @@ def to_pyarrow(msg: plan_pb2.Expression, field: str = "expr") -> pc.Expression:
     ``field`` is the path of ``msg`` inside its enclosing message; error paths
     extend it (``field.nodes[i]...``). Raises ``ProtocolError`` on anything malformed.
     """
-    return to_pyarrow_nodes(msg, field)[-1]
+    wire = msg.SerializeToString(deterministic=True)
+    if len(wire) <= _DECODED_KEY_BYTES and (known := _DECODED.get(wire)) is not None:
+        return known
+    expr = to_pyarrow_nodes(msg, field)[-1]
+    if len(wire) <= _DECODED_KEY_BYTES:
+        _DECODED.put(wire, expr)
+    return expr
+
+
+_DECODED: Memo[bytes, pc.Expression] = Memo(2048)
+"""Expressions decoded before, by their bytes: decoding checks every node and builds pyarrow's expression, the
+same for the same bytes (errors are not remembered). Every task of a stage, and every run of a query, sends the
+same expressions: decoding them again was a third of compiling a TPC-DS task's plan (py-spy, q66). Small ones
+only (TPC-DS's largest is under 1 KB), and at most 2,048: a peer's expressions cannot grow it past a few MB."""
+_DECODED_KEY_BYTES = 4 << 10
 
 
 def to_pyarrow_nodes(msg: plan_pb2.Expression, field: str = "expr") -> list[pc.Expression]:
@@ -387,8 +401,9 @@ def bound_types(
     Remembered per process: every task of a stage, and every run of a query of the same shape,
     binds the same expressions over the same columns, and each bind runs an Acero plan (about
     0.5 ms, more on a worker whose other tasks hold the GIL; profiled on TPC-H as 1-2 ms of a
-    task's start). Keys are the message's bytes and the schema's IPC bytes (metadata included),
-    so a remembered answer is Acero's own for the same input; only small keys are kept and the
+    task's start). Keys are the message's bytes and the names and types of the columns it reads
+    (pyarrow's type equality: a zone, a precision, an extension type count; the schema's IPC
+    bytes were most of the key's cost), so a remembered answer is Acero's own for the same input; only small keys are kept and the
     entries are bounded (``_BOUND``: a ``Memo``), so a peer's large or many expressions cannot grow it.
     Errors are not remembered: a bad expression is bound, and refused, each time.
     ``msg`` must have been decoded (validated) once already; a hit skips ``decode``.
@@ -396,12 +411,13 @@ def bound_types(
     # Over the columns it reads only: over a wide input, binding each expression over every
     # column would cost columns x expressions, and the answer does not depend on the others.
     used = referenced_fields(msg)
-    schema = pa.schema([f for f in schema if f.name in used])
+    fields = [f for f in schema if f.name in used]
     wire = msg.SerializeToString(deterministic=True)
-    shape = schema.serialize().to_pybytes()
-    key = (tag, wire, shape) if len(wire) + len(shape) <= _BOUND_KEY_BYTES else None
+    shape = tuple((f.name, f.type) for f in fields)  # the types decide the answer: equal types are the same type
+    key = (tag, wire, shape) if len(wire) <= _BOUND_KEY_BYTES and len(shape) <= _BOUND_KEY_FIELDS else None
     if key is not None and (known := _BOUND.get(key)) is not None:
         return list(known)
+    schema = pa.schema(fields)
     exprs = list(decode())
     source = acero.Declaration("table_source", acero.TableSourceNodeOptions(schema.empty_table()))
     project = acero.Declaration("project", acero.ProjectNodeOptions(exprs, [f"n{i}" for i in range(len(exprs))]))
@@ -411,6 +427,7 @@ def bound_types(
     return list(types)
 
 
-_BOUND: Memo[tuple[str, bytes, bytes], tuple[pa.DataType, ...]] = Memo(1024)
+_BOUND: Memo[tuple[str, bytes, tuple[tuple[str, pa.DataType], ...]], tuple[pa.DataType, ...]] = Memo(1024)
 _BOUND_KEY_BYTES = 16 << 10
+_BOUND_KEY_FIELDS = 256
 

@@ -44,7 +44,14 @@ class _Chains:
         return f"SELECT {picked} FROM {', '.join(leaves)} WHERE {' AND '.join(conds)}"
 
     def _chain(self, op: plan_pb2.Operator, path: str) -> bool:
-        """Whether ``op`` (at ``path``) is such an inner join, or picks columns of one."""
+        """Whether ``op`` (at ``path``) is such an inner join, or picks columns of one. Asked again at each level of
+        a join list as ``_flat`` goes down it: remembered per path (a deep list's questions were a fifth of translating it)."""
+        known: dict[str, bool] = self.__dict__.setdefault("_chained", {})
+        if path not in known:
+            known[path] = self._chain_of(op, path)
+        return known[path]
+
+    def _chain_of(self, op: plan_pb2.Operator, path: str) -> bool:
         kind = op.WhichOneof("kind")
         if kind == "project":
             if any(len(e.expr.nodes) != 1 or e.expr.nodes[0].WhichOneof("kind") != "field" for e in op.project.exprs):
@@ -74,8 +81,8 @@ class _Chains:
         return [*left.values(), *right.values()]
 
     def _unique(self, path: str) -> bool:
-        names = self.task.schemas[path].names
-        return len(set(names)) == len(names)
+        schema = self.task.schemas[path]
+        return len({f.name for f in schema}) == len(schema)
 
 
 class Translator(_Chains):
