@@ -129,8 +129,8 @@ class FeedScanNode(Node):
         """This scan reading only ``columns``, some of those it reads, in its order: nothing normalized or checked
         again (pruning made a third of TPC-DS q14's scans anew, and checking each was a sixth of its planning)."""
         out = self.with_inputs(columns=columns)
-        kept = {f.name: f for f in self._schema}
-        out._schema = pa.schema([kept[c] for c in columns])
+        at = {n: i for i, n in enumerate(self._schema.names)}  # names, not fields: a pyarrow field is made per access
+        out._schema = pa.schema([self._schema.field(at[c]) for c in columns])
         return out
 
     def fill_proto(self, op: plan_pb2.Operator) -> Sequence[plan_pb2.Operator]:
