@@ -470,6 +470,12 @@ CORPUS: dict[str, list[str]] = {
         "with s as (select id, x from t where x > 0) select count(x) as c from s union all select sum(x) from s",
         "with s as (select g, count(*) as n from t group by g) select s.g, s.n, u.y from s join u on s.g = u.g "
         "union all select s.g, s.n, t.x from s join t on s.g = t.g",
+        # uses with other filters: what all ask goes in, each keeps the rest (flight.planner.optimize.push_filters)
+        "with s as (select g, x, sum(d) as total from t group by g, x) select g, x, total from s where g = 'a' and x > 0 "
+        "union all select g, x, total from s where g = 'b' and x > 0",
+        "with s as (select g, sum(d) as total from t group by g) select g, total from s where g = 'a' and total > (select avg(total) from s)",
+        # uses meeting in a semi join: a correlated comparison with the CTE's own averages (flight.engine.duck.shared)
+        "with s as (select g, id, sum(x) as sx from t group by g, id) select id from s a where sx > (select avg(sx) from s b where b.g = a.g)",
     ],
     "windows": [
         "select id, row_number() over (order by id) as rn from t",
