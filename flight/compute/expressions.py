@@ -49,7 +49,10 @@ from flight.wire.ipc import read_ipc_stream
 from flight.wire.limits import clip
 from flight.wire.memo import Memo
 
-__all__ = ["MAX_DEPTH", "MAX_NODES", "bind", "bound_types", "ipc_column", "literal_value", "referenced_fields", "to_pyarrow", "to_pyarrow_nodes"]
+__all__ = [
+    "MAX_DEPTH", "MAX_NODES", "bind", "bound_types", "column_types", "ipc_column", "literal_value", "referenced_fields", "to_pyarrow",
+    "to_pyarrow_nodes",
+]
 
 MAX_DEPTH = 1000
 """Deepest expression nesting the decoder accepts, as Acero evaluates it: a leaf is 1 level, a call 1
@@ -411,13 +414,12 @@ def bound_types(
     # Over the columns it reads only: over a wide input, binding each expression over every
     # column would cost columns x expressions, and the answer does not depend on the others.
     used = referenced_fields(msg)
-    fields = [f for f in schema if f.name in used]
     wire = msg.SerializeToString(deterministic=True)
-    shape = tuple((f.name, f.type) for f in fields)  # the types decide the answer: equal types are the same type
+    shape = column_types(schema, used)
     key = (tag, wire, shape) if len(wire) <= _BOUND_KEY_BYTES and len(shape) <= _BOUND_KEY_FIELDS else None
     if key is not None and (known := _BOUND.get(key)) is not None:
         return list(known)
-    schema = pa.schema(fields)
+    schema = pa.schema([f for f in schema if f.name in used])
     exprs = list(decode())
     source = acero.Declaration("table_source", acero.TableSourceNodeOptions(schema.empty_table()))
     project = acero.Declaration("project", acero.ProjectNodeOptions(exprs, [f"n{i}" for i in range(len(exprs))]))
@@ -427,7 +429,18 @@ def bound_types(
     return list(types)
 
 
-_BOUND: Memo[tuple[str, bytes, tuple[tuple[str, pa.DataType], ...]], tuple[pa.DataType, ...]] = Memo(1024)
+def column_types(schema: pa.Schema, names: set[str]) -> tuple[tuple[str, pa.DataType | None], ...]:
+    """Each of ``names`` with its type in ``schema`` (None: not there once), in name order: what an expression's
+    type and text depend on, as a key (the types decide: equal types are the same type). Looked up by name: going
+    through a wide schema's fields makes a pyarrow field per column."""
+    out = []
+    for name in sorted(names):
+        i = schema.get_field_index(name)
+        out.append((name, schema.field(i).type if i >= 0 else None))
+    return tuple(out)
+
+
+_BOUND: Memo[tuple[str, bytes, tuple[tuple[str, pa.DataType | None], ...]], tuple[pa.DataType, ...]] = Memo(1024)
 _BOUND_KEY_BYTES = 16 << 10
 _BOUND_KEY_FIELDS = 256
 

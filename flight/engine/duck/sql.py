@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from flight.compute.expressions import bound_types, literal_value, referenced_fields, to_pyarrow_nodes
+from flight.compute.expressions import bound_types, column_types, literal_value, referenced_fields, to_pyarrow_nodes
 from flight.engine.duck.calls import call_sql, if_else_sql, is_in_sql
 from flight.engine.duck.sqltext import Untranslatable, cast_to, column_list, ident, literal, sql_type
 from flight.wire._proto import plan_pb2
@@ -55,7 +55,7 @@ def expression_sql(
     wire = msg.SerializeToString(deterministic=True)
     if len(wire) > _WRITTEN_KEY_BYTES:
         return _expression_sql(msg, schema, field, qualifier, predicate)
-    key = (wire, tuple(_column_type(schema, n) for n in sorted(referenced_fields(msg))), qualifier, predicate)
+    key = (wire, column_types(schema, referenced_fields(msg)), qualifier, predicate)
     known = _WRITTEN.get(key)
     if known is None:
         known = _expression_sql(msg, schema, field, qualifier, predicate)
@@ -65,12 +65,6 @@ def expression_sql(
 
 _WRITTEN: Memo[tuple[bytes, tuple[tuple[str, pa.DataType | None], ...], str, bool], str] = Memo(2048)
 _WRITTEN_KEY_BYTES = 4 << 10
-
-
-def _column_type(schema: pa.Schema, name: str) -> tuple[str, pa.DataType | None]:
-    """``name`` and its type in ``schema`` (None: not there once, which the translation itself reports)."""
-    i = schema.get_field_index(name)
-    return name, schema.field(i).type if i >= 0 else None
 
 
 def _expression_sql(msg: plan_pb2.Expression, schema: pa.Schema, field: str, qualifier: str, predicate: bool) -> str:
