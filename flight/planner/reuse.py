@@ -75,7 +75,18 @@ def fingerprint(node: Node, feeds: list[FeedPlan], tasks: int, mode: str, keys: 
 
 def repeated_subtrees(root: Node) -> set[int]:
     """The ids of the largest subtrees of ``root`` that occur more than once (equal operators over the
-    same sources) and scan something: each use of a CTE or a view."""
+    same sources) and scan something: each use of a CTE or a view. A new set each call (callers change theirs),
+    worked out once per plan: the planner asks three times."""
+    known = root.__dict__.get(_REPEATED)
+    if known is None:
+        known = root.__dict__[_REPEATED] = frozenset(_repeated(root))
+    return set(known)
+
+
+_REPEATED = "_repeated_subtrees"
+
+
+def _repeated(root: Node) -> set[int]:
     scans = [id(n.feed.inner()) for n in root.walk() if isinstance(n, FeedScanNode)]
     if len(scans) == len(set(scans)):
         return set()  # no source is scanned twice: no subtree that scans can repeat

@@ -19,7 +19,7 @@ import flight
 from benchmarks.tpch_queries import duckdb_table
 from flight.plan.relnodes import AggregateNode, JoinNode
 from flight.planner.optimize import prune_columns, push_filters
-from flight.planner.reuse import subtree_keys
+from flight.planner.reuse import repeated_subtrees, subtree_keys
 from flight.sql.ctes import shared_ctes
 
 JOINED = ("WITH r AS (SELECT k, region, kind, v, p FROM facts JOIN dim ON k = dk WHERE kind <> 'k3') "
@@ -105,6 +105,18 @@ def test_the_uses_of_a_join_are_one_subplan_once_pruned(catalog: flight.Catalog)
     assert len(joins(False)) == 3  # inlined, DataFusion pruned each copy to its own columns
     assert len(joins(True)) == 1
     assert names(JOINED) == ["r"]
+
+
+def test_a_plan_is_pruned_and_searched_for_repeats_once_and_each_caller_gets_its_own_set(catalog: flight.Catalog) -> None:
+    node = push_filters(planned(JOINED, catalog, True).node)
+    pruned = prune_columns(node)
+    assert prune_columns(node) is pruned  # kept on the plan: a node never changes once made
+    assert prune_columns(node, {"region"}) is not pruned  # pruned for fewer columns: worked out, not kept
+    assert prune_columns(node).to_proto() == prune_columns(push_filters(planned(JOINED, catalog, True).node)).to_proto()
+    first = repeated_subtrees(pruned)
+    assert len(first) == 3  # the join under each of the three aggregates
+    first.clear()  # the cutter changes its set as it goes (``_Planner.shared``)
+    assert len(repeated_subtrees(pruned)) == 3
 
 
 def test_an_unplannable_piece_leaves_the_text_its_own_error(catalog: flight.Catalog) -> None:
