@@ -42,7 +42,7 @@ from flight.plan.window import WindowNode
 from flight.planner.colocate import in_range, spread_keys
 from flight.planner.cost import broadcast_pays
 from flight.planner.eager import eager_aggregates
-from flight.planner.frag import Frag, frag_bytes, size_text, smaller
+from flight.planner.frag import Frag, frag_bytes, grown, size_text, smaller
 from flight.planner.inputs import check_inputs_read_once, fix_to_input
 from flight.planner.keysets import reduce_aggregate_inputs
 from flight.planner.literal import literal_join, semi_rows
@@ -129,10 +129,10 @@ class _Planner:
         if isinstance(node, FilterNode):
             f = self.build(node.input)
             rows = None if f.rows is None else f.rows * filter_selectivity(node)
-            return self.wrap(f, FilterNode(f.node, node.predicate, node.origins), rows)
+            return self.wrap(f, grown(node, f.node), rows)
         if isinstance(node, (ProjectNode, UnnestNode)):  # row by row: in its input's tasks
             f = self.build(node.input)
-            return self.wrap(f, replace(node, input=f.node), f.rows)
+            return self.wrap(f, grown(node, f.node), f.rows)
         if isinstance(node, LimitNode):
             return self.limit(node)
         if isinstance(node, SortNode):
@@ -188,7 +188,7 @@ class _Planner:
         provider = node.feed.inner()
         if node.feed.feed_id in self.feed_ids:
             # The same source read twice (a self-join): each read is a feed of its own.
-            node = replace(node, feed=WorkUnitFeed(provider))
+            node = node.with_inputs(feed=WorkUnitFeed(provider))
         self.feed_ids.add(node.feed.feed_id)
         rows = provider.estimated_rows()
         if provider.shared:

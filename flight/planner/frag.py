@@ -6,15 +6,15 @@ without importing it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from flight.plan.nodes import Node
+from flight.plan.nodes import FilterNode, Node, ProjectNode, UnnestNode
 from flight.plan.relnodes import ShuffleReadNode
 from flight.planner.colocate import KeyRanges
 from flight.planner.cost import row_width
 from flight.planner.stages import FeedPlan
 
-__all__ = ["Frag", "frag_bytes", "size_text", "smaller"]
+__all__ = ["Frag", "frag_bytes", "grown", "size_text", "smaller"]
 
 
 @dataclass
@@ -47,3 +47,12 @@ def smaller(left: Frag, right: Frag) -> bool:
 def size_text(f: Frag) -> str:
     size = frag_bytes(f)
     return "?" if f.rows is None or size is None else f"~{f.rows:,.0f} rows, {size / (1 << 20):,.1f} MiB"
+
+
+def grown(node: FilterNode | ProjectNode | UnnestNode, built: Node) -> Node:
+    """A row-by-row ``node`` over ``built``, what its input became in its fragment: when that has the same
+    columns (the input itself, or a read of the stage computing it), the output's types are kept, not worked
+    out again (typing the projections again was a twentieth of planning TPC-DS). Else it is made, and checked, anew."""
+    if built.schema.equals(node.input.schema):
+        return node.with_inputs(input=built)
+    return replace(node, input=built)

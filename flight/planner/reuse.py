@@ -70,7 +70,8 @@ def fingerprint(node: Node, feeds: list[FeedPlan], tasks: int, mode: str, keys: 
     """What makes two cuts the same stage: operators, sources, the stages read, the feed partitions,
     the task count and the output partitioning."""
     shape = repr((sorted((id(f.feed.inner()), f.partitions, f.shared) for f in feeds), tasks, mode, keys))
-    return subtree_keys(node)[id(node)] + shape.encode()
+    known = node.__dict__.get(_KEPT)  # the subtree's own key, once made: walking it again to find that was a tenth of cutting
+    return (known if known is not None else subtree_keys(node)[id(node)]) + shape.encode()
 
 
 def repeated_subtrees(root: Node) -> set[int]:
