@@ -410,7 +410,7 @@ def plan_query(
         raise PlanError("the resolver returned no worker URLs; start workers or check the resolver's source")
     root = root if pushed else push_filters(root)  # sized before the semi joins move: the coordinator sized this root
     small = small_query(root, max_tasks, (options or PlannerOptions()).small_query_bytes)  # a rewrite note, or ""
-    root, semi_notes = push_semi_joins(root)
+    root, semi_notes = push_semi_joins(root, copies=not small and max_tasks > 1)  # one task: none copied across a join
     planner = _Planner(max_tasks := 1 if small else max_tasks, options or PlannerOptions(), colocate)
     planner.rewrites += ([small] if small else []) + semi_notes
     uses = repeated_subtrees(root)

@@ -16,7 +16,8 @@ join whose equality keys pair its keys with the other side's columns, a semi joi
 scan (no join, no union) also lands on that other side, on those columns: every row the join outputs has
 equal values there, so the same rows survive (Q18's lineitem, co-located with the subquery's own aggregate,
 keeps ~4,000 of 60 million rows instead of being shuffled whole). Its build side is then computed twice,
-which a build side of joins (TPC-DS q14's) cannot afford. A semi join with a condition beside its keys
+which a build side of joins (TPC-DS q14's) cannot afford, nor a plan of one task (``copies``), where it only
+reads that scan again: one DuckDB query filters the other side by the join's own build. A semi join with a condition beside its keys
 (``JoinNode.filter``, which reads its build side) stays where it is.
 """
 
@@ -41,17 +42,18 @@ _KEEPS_ROWS_OF = {
 """The sides of a join whose rows reach its output whole and not null-extended: a filter on them commutes with it."""
 
 
-def push_semi_joins(root: Node) -> tuple[Node, list[str]]:
-    """``root`` with every movable semi or anti join as low as it goes; and one note per join moved."""
+def push_semi_joins(root: Node, copies: bool = True) -> tuple[Node, list[str]]:
+    """``root`` with every movable semi or anti join as low as it goes; and one note per join moved. ``copies``:
+    one whose build side is one scan is also copied onto the other side of an inner join it passes."""
     notes: list[str] = []
-    return _Rewrite(notes).node(root), notes
+    return _Rewrite(notes, copies).node(root), notes
 
 
 class _Rewrite:
     """One pass; a subtree used twice (a CTE: ``reuse.repeated_subtrees`` finds it by identity) is rewritten once."""
 
-    def __init__(self, notes: list[str]) -> None:
-        self.notes = notes
+    def __init__(self, notes: list[str], copies: bool) -> None:
+        self.notes, self.copies = notes, copies
         self.done: dict[int, Node] = {}
 
     def node(self, node: Node) -> Node:
@@ -66,7 +68,7 @@ def _rewrite(node: Node, pass_: _Rewrite) -> Node:
     node = _with_children(node, pass_)
     if isinstance(node, JoinNode) and node.join_type in _MOVABLE and node.filter is None:
         where: list[str] = []
-        sunk = _sink(node.left, node, list(node.left_keys), where)
+        sunk = _sink(node.left, node, list(node.left_keys), where, pass_.copies)
         if sunk is not None and where:  # below a project or a filter alone it saves nothing: left where it is
             keys = ", ".join(f"{a}={b}" for a, b in zip(node.left_keys, node.right_keys))
             notes.append(f"HashJoin[{node.join_type}, {keys}] moved below {' and '.join(where)}: it keeps or drops their input's "
@@ -92,7 +94,7 @@ def _with_children(node: Node, pass_: _Rewrite) -> Node:
     return node
 
 
-def _sink(below: Node, semi: JoinNode, keys: list[str], where: list[str]) -> Node | None:
+def _sink(below: Node, semi: JoinNode, keys: list[str], where: list[str], copies: bool) -> Node | None:
     """``below`` with ``semi`` (matching ``keys``, columns of ``below``'s output) applied inside it, as low as it
     goes; None where it cannot go below ``below`` at all (then it stays where it was)."""
     if isinstance(below, ProjectNode):
@@ -100,9 +102,9 @@ def _sink(below: Node, semi: JoinNode, keys: list[str], where: list[str]) -> Nod
         if not all(k in passthrough for k in keys):
             return None
         inner = [passthrough[k] for k in keys]
-        return ProjectNode(_sink(below.input, semi, inner, where) or _apply(below.input, semi, inner), below.exprs)
+        return ProjectNode(_sink(below.input, semi, inner, where, copies) or _apply(below.input, semi, inner), below.exprs)
     if isinstance(below, FilterNode) or (isinstance(below, SortNode) and below.fetch == 0):
-        return _with_input(below, _sink(below.input, semi, keys, where) or _apply(below.input, semi, keys))
+        return _with_input(below, _sink(below.input, semi, keys, where, copies) or _apply(below.input, semi, keys))
     if isinstance(below, JoinNode):
         sides = join_sides(below)
         if not all(k in sides for k in keys):
@@ -113,12 +115,12 @@ def _sink(below: Node, semi: JoinNode, keys: list[str], where: list[str]) -> Nod
         names = [sides[k][1] for k in keys]
         child = below.left if target == "left" else below.right
         where.append(f"HashJoin[{below.join_type}, {', '.join(f'{a}={b}' for a, b in zip(below.left_keys, below.right_keys))}]")
-        moved = _sink(child, semi, names, where) or _apply(child, semi, names)
+        moved = _sink(child, semi, names, where, copies) or _apply(child, semi, names)
         left, right = (moved, below.right) if target == "left" else (below.left, moved)
-        paired = _paired(below, target, names) if _one_scan(semi.right) else None
+        paired = _paired(below, target, names) if copies and _one_scan(semi.right) else None
         if paired is not None:  # the other side's rows meet only rows whose keys equal these: the same filter holds there
             other = below.right if target == "left" else below.left
-            copy = _sink(other, semi, paired, where) or _apply(other, semi, paired)
+            copy = _sink(other, semi, paired, where, copies) or _apply(other, semi, paired)
             left, right = (left, copy) if target == "left" else (copy, right)
             where.append(f"(also onto its other side, on {', '.join(paired)})")
         return _join(below, left, right)

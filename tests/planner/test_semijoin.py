@@ -71,6 +71,18 @@ def test_q18s_in_subquery_lands_on_the_orders_scan(tables: dict[str, Path]) -> N
     assert any("moved below" in r for r in plan.rewrites), plan.rewrites
 
 
+def test_one_task_moves_q18s_in_subquery_but_reads_its_build_side_once(tables: dict[str, Path]) -> None:
+    cat = flight.Catalog({"customer": flight.read_parquet([str(tables["customer"])]), "orders": _q18_orders(tables),
+                          "lineitem": flight.read_parquet([str(tables["lineitem"])])})
+    root, notes = push_semi_joins(push_filters(flight.sql(SQL[18], cat).node), copies=False)
+    assert [s.left_keys[0] for s in semi_joins(root)] == ["o_orderkey"]
+    assert len(notes) == 1 and "other side" not in notes[0], notes
+    for tasks, copies in ((1, 1), (2, 2)):  # split, the copy saves moving lineitem's rows; in one task it only reads
+        plan = plan_query(flight.sql(SQL[18], cat).node, tasks, PlannerOptions(small_query_bytes=0))
+        semis = [n for st in plan.stages for n in semi_joins(st.root) if n.left_keys[0] in ("o_orderkey", "l_orderkey")]
+        assert len(semis) == copies, (tasks, [s.label() for s in semis])
+
+
 def _q18_orders(tables: dict[str, Path]) -> flight.Query:
     """Q18's orders: the test's columns under TPC-H's names."""
     return flight.read_parquet([str(tables["orders"])]).select(
@@ -111,10 +123,11 @@ QUERIES = {
 }
 
 
+@pytest.mark.parametrize("split", [True, False], ids=["staged", "one-task"])
 @pytest.mark.parametrize("name", list(QUERIES))
-def test_moved_semi_and_anti_joins_answer_as_duckdb(name: str, tables: dict[str, Path], cluster: flight.LocalCluster) -> None:
+def test_moved_semi_and_anti_joins_answer_as_duckdb(name: str, split: bool, tables: dict[str, Path], cluster: flight.LocalCluster) -> None:
     text = QUERIES[name]
-    got = flight.DistributedExec(flight.sql(text, catalog(tables)), cluster.urls, **DISTRIBUTED).to_table()
+    got = flight.DistributedExec(flight.sql(text, catalog(tables)), cluster.urls, **(DISTRIBUTED if split else {})).to_table()
     con = duckdb.connect()
     try:
         for table, path in tables.items():
