@@ -8,9 +8,9 @@ operator, before any worker is contacted.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Self
+from typing import Self, TypeVar
 
 import pyarrow as pa
 
@@ -21,6 +21,8 @@ from flight.sources.feed import WorkUnitFeed
 from flight.wire._proto import plan_pb2
 from flight.wire.arrow_types import UNITS_READER, normalize_schema
 from flight.wire.protocol import encode_schema
+
+T = TypeVar("T")
 
 __all__ = [
     "ExchangeInputNode",
@@ -75,6 +77,15 @@ class Node(abc.ABC):
         for f in fields(self):  # type: ignore[arg-type]  # every node is a dataclass
             setattr(out, f.name, inputs[f.name] if f.name in inputs else getattr(self, f.name))
         return out
+
+    def remembered(self, name: str, make: Callable[[], T]) -> T:
+        """What ``make()`` works out about this node, made once and kept on it under ``name``: a node never changes
+        once made (each rewrite makes new ones, and ``with_inputs`` copies only its fields), and the planner asks
+        some questions of one plan several times (its size, its pruning, its repeated subtrees)."""
+        if name in self.__dict__:
+            return self.__dict__[name]
+        made = self.__dict__[name] = make()
+        return made
 
     @abc.abstractmethod
     def label(self) -> str:

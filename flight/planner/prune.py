@@ -29,14 +29,8 @@ def prune_columns(node: Node, needed: set[str] | None = None) -> Node:
     coordinator sizes a query by pruning it (``flight.planner.small.scan_bytes``), and the planner prunes it
     again when no rewrite between changed it (79 of the 99 TPC-DS queries; pruning was a quarter of planning)."""
     if needed is None:
-        kept = node.__dict__.get(_PRUNED)
-        if kept is None:
-            kept = node.__dict__[_PRUNED] = _pruned(node, None)
-        return kept
+        return node.remembered("_pruned", lambda: _pruned(node, None))
     return _pruned(node, needed)
-
-
-_PRUNED = "_pruned"
 
 
 def _pruned(node: Node, needed: set[str] | None) -> Node:

@@ -70,21 +70,15 @@ def fingerprint(node: Node, feeds: list[FeedPlan], tasks: int, mode: str, keys: 
     """What makes two cuts the same stage: operators, sources, the stages read, the feed partitions,
     the task count and the output partitioning."""
     shape = repr((sorted((id(f.feed.inner()), f.partitions, f.shared) for f in feeds), tasks, mode, keys))
-    known = node.__dict__.get(_KEPT)  # the subtree's own key, once made: walking it again to find that was a tenth of cutting
-    return (known if known is not None else subtree_keys(node)[id(node)]) + shape.encode()
+    # The subtree's own key, once made (``subtree_keys`` keeps it): walking the subtree again to find it was a tenth of cutting.
+    return node.remembered(_KEPT, lambda: subtree_keys(node)[id(node)]) + shape.encode()
 
 
 def repeated_subtrees(root: Node) -> set[int]:
     """The ids of the largest subtrees of ``root`` that occur more than once (equal operators over the
     same sources) and scan something: each use of a CTE or a view. A new set each call (callers change theirs),
     worked out once per plan: the planner asks three times."""
-    known = root.__dict__.get(_REPEATED)
-    if known is None:
-        known = root.__dict__[_REPEATED] = frozenset(_repeated(root))
-    return set(known)
-
-
-_REPEATED = "_repeated_subtrees"
+    return set(root.remembered("_repeated_subtrees", lambda: frozenset(_repeated(root))))
 
 
 def _repeated(root: Node) -> set[int]:

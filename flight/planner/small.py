@@ -35,13 +35,7 @@ def scan_bytes(root: Node) -> float | None:
 
     Kept on ``root`` once known (a node never changes once made): the coordinator sizes the plan before it
     asks the planner, which sizes the same plan again (``small_query``); each sizing prunes the whole plan."""
-    if _SIZED in root.__dict__:
-        return root.__dict__[_SIZED]
-    read = root.__dict__[_SIZED] = _scan_bytes(root)
-    return read
-
-
-_SIZED = "_scan_bytes"
+    return root.remembered("_scan_bytes", lambda: _scan_bytes(root))
 
 
 def _scan_bytes(root: Node) -> float | None:
