@@ -23,7 +23,7 @@ import pyarrow as pa
 from flight.engine.acero.pipeline import source_threads
 from flight.engine.confine import ANY_PATH, DataRoots
 from flight.engine.select import compile_task
-from flight.errors import PlanError
+from flight.errors import PlanError, ProtocolError
 from flight.plan.query import Query
 from flight.planner.cut import plan_query
 from flight.planner.stages import PlannerOptions
@@ -82,6 +82,8 @@ class _LocalInputs:
         self.cancelled = threading.Event()
 
     def feed_partitions(self, feed_id: str) -> list[int]:
+        if feed_id not in self._feeds:  # as a worker's task says it (``worker.tasks.Task``)
+            raise ProtocolError(f"the plan scans feed {feed_id!r}, which the task was not given", field="header.feeds")
         return list(range(self._feeds[feed_id][1]))
 
     def inbox(self, feed_id: str, partition: int) -> _Inbox:

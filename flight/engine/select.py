@@ -1,9 +1,10 @@
 """Which engine runs a task: DuckDB where it computes the stage better, Acero otherwise.
 
 Why apart: the selector needs both engines, and neither engine needs the other. The plan is
-compiled for Acero first in every case (that checks and types every operator before anything
-runs); DuckDB then gets the stage if it is worth it (``duck.engine.worth_it``) and its
-translation binds, else the Acero declaration runs. A stage over few rows of other stages
+compiled for Acero first (that checks and types every operator before anything runs), unless the
+worker typed the same plan before (``seen``: then its Acero plan is made only if it runs); DuckDB
+then gets the stage if it is worth it (``duck.engine.worth_it``) and its translation binds, else
+the Acero declaration runs. A stage over few rows of other stages
 runs on Acero (``SMALL_INPUT_ROWS``), and a task whose rows must say their unit runs on
 ``acero.tagged``.
 """
@@ -17,6 +18,7 @@ import pyarrow as pa
 import pyarrow.acero as ac
 
 from flight.compute.relational import DUCKDB_AGGREGATES, handing_off, native_reader
+from flight.engine import seen
 from flight.engine.acero.pipeline import compile_plan
 from flight.engine.acero.tagged import tagged_task
 from flight.engine.confine import DataRoots, worker_roots
@@ -79,14 +81,22 @@ def _compile_task(plan: plan_pb2.StagePlan, env: Env, engine: str | None, tag_un
     if tag_units:
         _tell(env.inputs, "acero")
         return tagged_task(plan, env)
-    # Checks and types every operator (nothing runs yet); the declaration is Acero's plan.
-    decl, schema = compile_plan(plan.root, env, "plan.root")
     from flight.engine.duck import engine as duck  # on first use: ``import flight`` does not load DuckDB
 
     if (engine or duck.settings().engine) == "duckdb" and duck.worth_it(plan.root):
+        key = seen.plan_digest(plan)
+        typed = seen.recall(key)
+        if typed is not None:  # the same plan compiled here before: its types, and no Acero plan unless DuckDB declines
+            seen.check_task(typed, env.inputs)
+            env.schemas.update(typed.schemas)
+            return native_reader(typed.schemas["plan.root"], _duck_or_acero(plan, env, None, key))
+        decl, schema = compile_plan(plan.root, env, "plan.root")
+        seen.remember(key, plan, env.schemas)
         # Translated when first pulled, on the task's own thread: the worker says the task is
         # ready (its schema is known) without waiting for the translation.
-        return native_reader(schema, _duck_or_acero(plan, env, decl))
+        return native_reader(schema, _duck_or_acero(plan, env, decl, key))
+    # Checks and types every operator (nothing runs yet); the declaration is Acero's plan.
+    decl, schema = compile_plan(plan.root, env, "plan.root")
     _tell(env.inputs, "acero")
     return _acero(plan, env, decl)
 
@@ -123,15 +133,20 @@ def _acero(plan: plan_pb2.StagePlan, env: Env, decl: ac.Declaration) -> pa.Recor
     return reader if env.gate is None else env.gate.output(reader)
 
 
-def _duck_or_acero(plan: plan_pb2.StagePlan, env: Env, decl: ac.Declaration) -> Iterator[pa.RecordBatch]:
+def _duck_or_acero(plan: plan_pb2.StagePlan, env: Env, compiled: ac.Declaration | None, key: bytes | None) -> Iterator[pa.RecordBatch]:
+    """``compiled``: the plan's Acero declaration, None when it was typed before (``seen``): made only if Acero runs it.
+    ``key``: the plan's digest (``seen.plan_digest``), which DuckDB's translation is remembered by."""
     from flight.engine.duck import engine as duck
+
+    def decl() -> ac.Declaration:
+        return compiled if compiled is not None else compile_plan(plan.root, env, "plan.root")[0]
 
     # Started here, on the task's thread: the native readers made now are the task's too (no yield in these blocks).
     if duckdb_only(plan.root) is None and env.prefetch(plan.root, SMALL_INPUT_ROWS):
         # Other stages' rows, and few: Acero's run costs less than DuckDB's start (Env.prefetch).
         _tell(env.inputs, "acero")
         with handing_off(env.handoffs):
-            small = _acero(plan, env, decl)
+            small = _acero(plan, env, decl())
         with small:
             yield from small
         return
@@ -140,7 +155,7 @@ def _duck_or_acero(plan: plan_pb2.StagePlan, env: Env, decl: ac.Declaration) -> 
             reader = duck.run_duckdb(
                 plan, env.inputs, env.schemas, env.roots, env.batch_rows, env.delay,
                 lambda scan, field: feed_scan_reader(scan, env, field), env.read_partitions, getattr(env.inputs, "on_cancel", None),
-                wide=env.wide,
+                wide=env.wide, key=key,
             )
         _tell(env.inputs, "duckdb")
     except Untranslatable as exc:
@@ -149,7 +164,7 @@ def _duck_or_acero(plan: plan_pb2.StagePlan, env: Env, decl: ac.Declaration) -> 
                                 field="plan.root") from None
         log.debug("stage plan runs on Acero: %s", clip(exc, 300))
         with handing_off(env.handoffs):
-            reader = _acero(plan, env, decl)
+            reader = _acero(plan, env, decl())
         _tell(env.inputs, "acero")
     except (ProtocolError, UnitReadError):
         raise
@@ -157,7 +172,7 @@ def _duck_or_acero(plan: plan_pb2.StagePlan, env: Env, decl: ac.Declaration) -> 
         # One clipped line, no traceback: the error may quote a huge plan, and formatting it would hold the GIL.
         log.warning("stage plan runs on Acero: the DuckDB translation failed: %s: %s", type(exc).__name__, clip(exc, 300))
         with handing_off(env.handoffs):
-            reader = _acero(plan, env, decl)
+            reader = _acero(plan, env, decl())
         _tell(env.inputs, "acero")
     with reader:
         yield from reader

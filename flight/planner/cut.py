@@ -59,7 +59,6 @@ from flight.planner.small import crowded_moves, crowded_note, small_query, too_m
 from flight.planner.stages import FeedPlan, PlannerOptions, QueryPlan, StageSpec
 from flight.planner.transitive import reduce_join_inputs
 from flight.planner.windows import cut_window
-from flight.sources.feed import WorkUnitFeed
 
 __all__ = ["plan_query"]
 
@@ -186,9 +185,8 @@ class _Planner:
 
     def scan(self, node: FeedScanNode) -> Frag:
         provider = node.feed.inner()
-        if node.feed.feed_id in self.feed_ids:
-            # The same source read twice (a self-join): each read is a feed of its own.
-            node = node.with_inputs(feed=WorkUnitFeed(provider))
+        if node.feed.feed_id in self.feed_ids:  # the same source read again (a self-join): each read is a feed of its own
+            node = node.with_inputs(feed=node.feed.again(self.feed_ids))
         self.feed_ids.add(node.feed.feed_id)
         rows = provider.estimated_rows()
         if provider.shared:

@@ -16,12 +16,13 @@ import abc
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
 
 from flight.wire._proto import plan_pb2, protocol_pb2
+from flight.wire.limits import MAX_ID_CHARS
 
 __all__ = [
     "FeedContext",
@@ -141,6 +142,17 @@ class WorkUnitFeed:
             raise TypeError(f"WorkUnitFeed needs a WorkUnitFeedProvider, not {type(provider).__name__}")
         self._provider = provider
         self.feed_id = feed_id or f"feed-{uuid.uuid4().hex[:12]}"
+
+    def again(self, taken: Collection[str]) -> WorkUnitFeed:
+        """A feed of the same provider for another read of it in one plan (a self-join), its id this one's with
+        the first free ``.2``, ``.3``... not in ``taken``. Named after this one, not drawn at random: the same query
+        planned again sends the same plan, and a worker remembers what it worked out of a plan it saw before
+        (``flight.engine.select``)."""
+        for n in range(2, len(taken) + 3):
+            name = f"{self.feed_id}.{n}"
+            if name not in taken and len(name) <= MAX_ID_CHARS:
+                return WorkUnitFeed(self._provider, name)
+        return WorkUnitFeed(self._provider)
 
     def to_proto(self) -> plan_pb2.WorkUnitFeed:
         """Only the id crosses the wire; the provider stays on the coordinator."""

@@ -35,25 +35,31 @@ Why DuckDB, with the measurements, is in docs/engine.md. How a task runs:
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import hashlib
+import itertools
 import logging
 import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 
 import duckdb
 import pyarrow as pa
 
+from flight.engine import seen
 from flight.engine.confine import DataRoots
+from flight.engine.duck.alike import Alike
 from flight.engine.duck.sql import Untranslatable
 from flight.engine.duck.task import ENGINE_ERRORS, DuckTask, stream
 from flight.engine.duck.translate import Translator
-from flight.engine.duck.units import whole_feeds
+from flight.engine.duck.units import WholeFeed, whole_feeds
 from flight.engine.readers import conform
 from flight.engine.settings import EngineSettings, set_settings, settings
 from flight.wire._proto import plan_pb2
 from flight.wire.limits import clip
+from flight.wire.memo import Memo
 from flight.wire.operators import operators
 
 __all__ = ["EngineSettings", "Untranslatable", "configure", "run_duckdb", "settings", "worth_it"]
@@ -71,6 +77,8 @@ def configure(new: EngineSettings) -> None:
     with _lock:
         set_settings(new)
     close_databases()
+    seen.forget()  # what was worked out under the old settings
+    _TRANSLATED.clear()
 
 
 @atexit.register
@@ -164,17 +172,17 @@ def run_duckdb(
     read_partitions: Callable[[list[tuple[str, bytes]], int, int], Iterator[pa.RecordBatch]],
     on_cancel: Callable[[Callable[[], None]], None] | None = None,
     wide: bool = False,
+    key: bytes | None = None,
 ) -> pa.RecordBatchReader:
     """The task's output stream, computed by DuckDB; ``Untranslatable`` if it cannot be (use Acero).
-    ``wide``: the task is its query's only one (the wide database's, where there is one)."""
+    ``wide``: the task is its query's only one (the wide database's, where there is one). ``key``: the plan's
+    digest (``flight.engine.seen``): a translation that made no source of the task is remembered by it."""
     if not worth_it(plan.root):
         raise Untranslatable("nothing to compute that DuckDB does better: Acero streams it batch by batch")
     task = DuckTask(inputs, schemas, roots, batch_rows, delay, scan_reader, read_partitions, _database(roots, wide))  # type: ignore[arg-type]
     try:
-        # Joined scans (a co-located join's sides) are one query over all of each side's files:
-        # DuckDB then picks the build side and reads every file itself.
-        translator = Translator(task, whole=wide or parquet_scans(plan.root) > 1, query=wide)
-        text = translator.relation(plan.root, "plan.root")
+        translator = _translated(task, plan, wide, key)
+        text = translator.text
         out_schema = schemas["plan.root"]
         if translator.root_fragment is not None:  # the whole stage is one unit fragment: its output is the task's
             reader = pa.RecordBatchReader.from_batches(out_schema, _closing(task, translator.root_fragment))
@@ -202,6 +210,40 @@ def run_duckdb(
     if on_cancel is not None:
         on_cancel(task.interrupt)
     return reader
+
+
+@dataclass(frozen=True)
+class _Translation:
+    """What a translation made: the text, its builds, whole scans and builds' keys (``Translator``), how many
+    names of the task it took; ``root_fragment``: the stage's output when it is one unit fragment (never kept)."""
+
+    text: str
+    builds: list[tuple[str, str]]
+    feeds: list[WholeFeed]
+    alike: dict[str, Alike]
+    names: int
+    root_fragment: Iterator[pa.RecordBatch] | None = None
+
+
+_TRANSLATED: Memo[tuple[bytes, bool], _Translation] = Memo(seen.ENTRIES)
+_TEXT_KEPT = 256 << 10  # the longest text kept (TPC-DS q66's is 30 KiB)
+"""Translations by plan digest and ``wide`` (``flight.engine.seen`` says why): only those that made no source of
+their task (a reader of its own: rows of other stages, map input, a unit fragment's), which are the text alone."""
+
+
+def _translated(task: DuckTask, plan: plan_pb2.StagePlan, wide: bool, key: bytes | None) -> _Translation:
+    known = None if key is None else _TRANSLATED.get((key, wide))
+    if known is not None:
+        task.names = itertools.count(known.names + 1)  # as after the translation: the names it took are the text's
+        return dataclasses.replace(known, builds=list(known.builds), feeds=list(known.feeds), alike=dict(known.alike))
+    # Joined scans (a co-located join's sides) are one query over all of each side's files:
+    # DuckDB then picks the build side and reads every file itself.
+    translator = Translator(task, whole=wide or parquet_scans(plan.root) > 1, query=wide)
+    text = translator.relation(plan.root, "plan.root")
+    made = _Translation(text, translator.builds, translator.feeds, translator.alike, next(task.names), translator.root_fragment)
+    if key is not None and made.root_fragment is None and not task.sources and len(text) + sum(len(b) for _, b in made.builds) <= _TEXT_KEPT:
+        _TRANSLATED.put((key, wide), dataclasses.replace(made, builds=list(made.builds), feeds=list(made.feeds), alike=dict(made.alike)))
+    return made
 
 
 def _bind(cur: duckdb.DuckDBPyConnection, text: str) -> duckdb.DuckDBPyRelation:
