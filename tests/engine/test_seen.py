@@ -109,3 +109,22 @@ def test_a_self_join_planned_again_is_the_same_plan(tmp_path: Path) -> None:
     con = duckdb.connect()
     con.execute(f"CREATE VIEW t AS SELECT * FROM read_parquet([{', '.join(repr(str(p)) for p in files)}])")
     assert [tuple(r.values()) for r in _run(*plans[1]).to_pylist()] == con.sql(text).fetchall()
+
+
+def test_a_read_again_never_takes_a_name_a_plan_already_has() -> None:
+    """A source named ``t`` read three times in a plan that also reads a source named ``t.2``: every read's id differs."""
+
+    class Rows(flight.WorkUnitFeedProvider):
+        def feed(self, partition: int, ctx: flight.FeedContext):  # type: ignore[no-untyped-def]
+            return iter([])
+
+    from flight.sources.feed import WorkUnitFeed
+
+    t = WorkUnitFeed(Rows(), "t")
+    taken = {"t", "t.2"}
+    again = t.again(taken)
+    assert again.feed_id == "t.3" and again.inner() is t.inner()
+    taken.add(again.feed_id)
+    assert t.again(taken).feed_id == "t.4"
+    long = WorkUnitFeed(Rows(), "x" * 128)  # no room for a suffix: an id drawn at random, as before
+    assert long.again({long.feed_id}).feed_id not in {long.feed_id} and len(long.again({long.feed_id}).feed_id) <= 128
