@@ -226,9 +226,10 @@ class _Translation:
 
 
 _TRANSLATED: Memo[tuple[bytes, bool], _Translation] = Memo(seen.ENTRIES)
-_TEXT_KEPT = 256 << 10  # the longest text kept (TPC-DS q66's is 30 KiB)
 """Translations by plan digest and ``wide`` (``flight.engine.seen`` says why): only those that made no source of
 their task (a reader of its own: rows of other stages, map input, a unit fragment's), which are the text alone."""
+_TEXT_KEPT = 256 << 10
+"""The longest text (builds included) kept (TPC-DS q66's is 30 KiB)."""
 
 
 def _translated(task: DuckTask, plan: plan_pb2.StagePlan, wide: bool, key: bytes | None) -> _Translation:
