@@ -29,6 +29,7 @@ from flight.errors import ProtocolError
 from flight.wire._proto import plan_pb2
 from flight.wire.arrow_types import UNITS_READER
 from flight.wire.memo import Memo
+from flight.wire.operators import operators
 
 __all__ = ["ENTRIES", "MAX_FIELDS", "MAX_PLAN_BYTES", "Typed", "check_task", "forget", "plan_digest", "recall", "remember"]
 
@@ -46,8 +47,8 @@ class Typed:
     """A plan's operators' schemas by field path (``Env.schemas``), and its scans' feeds and readers."""
 
     schemas: Mapping[str, pa.Schema]
-    scans: tuple[tuple[str, str, str], ...]
-    """(feed id, reader, field path) of every feed scan."""
+    scans: tuple[tuple[str, str], ...]
+    """(feed id, reader) of every feed scan."""
 
 
 _TYPED: Memo[bytes, Typed] = Memo(ENTRIES)
@@ -67,34 +68,18 @@ def remember(key: bytes | None, plan: plan_pb2.StagePlan, schemas: Mapping[str, 
     """Keep what compiling ``plan`` (of digest ``key``) typed: ``schemas``, each operator's by its path."""
     if key is None or sum(len(schema) for schema in schemas.values()) > MAX_FIELDS:
         return
-    scans: list[tuple[str, str, str]] = []
-    stack = [(plan.root, "plan.root")]
-    while stack:  # the paths compile_plan names its operators by
-        op, path = stack.pop()
-        kind = op.WhichOneof("kind")
-        if kind == "feed_scan":
-            scans.append((op.feed_scan.feed.feed_id, op.feed_scan.reader, f"{path}.feed_scan"))
-        stack.extend(_inputs(op, f"{path}.{kind}"))
-    _TYPED.put(key, Typed(dict(schemas), tuple(scans)))
-
-
-def _inputs(op: plan_pb2.Operator, here: str) -> list[tuple[plan_pb2.Operator, str]]:
-    body = getattr(op, op.WhichOneof("kind") or "")
-    out: list[tuple[plan_pb2.Operator, str]] = []
-    for name in ("input", "left", "right"):
-        if body.DESCRIPTOR.fields_by_name.get(name) is not None and body.HasField(name):
-            out.append((getattr(body, name), f"{here}.{name}"))
-    if "inputs" in body.DESCRIPTOR.fields_by_name:
-        out.extend((child, f"{here}.inputs[{i}]") for i, child in enumerate(body.inputs))
-    return out
+    scans = tuple(
+        (op.feed_scan.feed.feed_id, op.feed_scan.reader) for op in operators(plan.root) if op.WhichOneof("kind") == "feed_scan"
+    )
+    _TYPED.put(key, Typed(dict(schemas), scans))
 
 
 def check_task(typed: Typed, inputs: TaskInputs) -> None:
     """What compiling checks of the task, not of the plan: each scanned feed is the task's, each reader this worker's."""
-    for feed_id, reader, path in typed.scans:
+    for feed_id, reader in typed.scans:
         inputs.feed_partitions(feed_id)  # ProtocolError naming header.feeds when the task was not given it
         if reader != UNITS_READER and get_reader(reader) is None:
-            raise ProtocolError(f"{path}.reader: no reader named {reader!r} on this worker", field=f"{path}.reader")
+            raise ProtocolError(f"plan.root: a scan of feed {feed_id!r} names reader {reader!r}, not on this worker", field="plan.root")
 
 
 def forget() -> None:
