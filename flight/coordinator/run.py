@@ -21,13 +21,12 @@ lost task's undelivered units (``_lost``, ``_replace``).
 
 from __future__ import annotations
 
-import itertools
 import logging
 import queue
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
@@ -37,6 +36,7 @@ from flight.coordinator.context import RunContext
 from flight.coordinator.dispatch import FeedDispatcher, Source
 from flight.coordinator.metrics import QueryMetrics, TaskStats
 from flight.coordinator.opening import Opening
+from flight.coordinator.placement import PLACEMENT, plan_key
 from flight.coordinator.replay import Replay, replay_mode
 from flight.coordinator.resolver import normalize_url
 from flight.coordinator.results import DONE as _DONE
@@ -65,8 +65,6 @@ from flight.wire.protocol import new_secret
 __all__ = ["Run"]
 
 log = logging.getLogger("flight.coordinator.exec")
-
-_ROTATION = itertools.count()  # attempts launched by this process: each starts its stages one worker further on
 
 
 class Run:
@@ -118,7 +116,7 @@ class Run:
         )
         self.started = time.perf_counter()
         self.started_at = time.monotonic()  # the zero of its tasks' time line (``TaskChannel.opened_at``)
-        self.rotation = next(_ROTATION)  # where its stages' first tasks go: one-task queries take turns
+        self._release: Callable[[], None] | None = None  # its count in ``PLACEMENT``, once its tasks are bound
         self.first_batch_s: float | None = None
         self.bound: dict[int, list[str]] = {}  # this attempt's: stage id -> the URL of each task
         context.sink.named(self.query_id, self.secret, self.bound)  # explain() shows the latest execution's
@@ -187,10 +185,12 @@ class Run:
                 raise ResolverError(f"the resolver returned no worker URLs at execution time{lost}")
             self.urls = urls
             counts = {s.stage_id: self._size(s, len(urls)) for s in self.plan.stages}
+            start = PLACEMENT.start(plan_key(self.plan.stages), urls)  # the plan's own workers, unless busier (placement.py)
             for stage in self.plan.stages:
                 # Stages start at different workers, so a small stage does not always land on the first.
-                offset = (stage.stage_id + self.rotation) % len(urls)
+                offset = (stage.stage_id + start) % len(urls)
                 self.bound[stage.stage_id] = [urls[(offset + t) % len(urls)] for t in range(counts[stage.stage_id])]
+            self._release = PLACEMENT.hold(u for bound in self.bound.values() for u in bound)
             self.counts = counts
             if isinstance(self.replay, StageReplay):
                 self.replay.bind()
@@ -394,6 +394,8 @@ class Run:
             if self._finished:
                 return
             self._finished = True
+        if self._release is not None:
+            self._release()
         self.dispatcher.stop()
         if self._timer is not None:
             self._timer.cancel()

@@ -2,7 +2,7 @@
 
 The scans' bytes are estimated from the Parquet footers' row counts and the widths of the columns
 read; at most ``small_query_bytes`` (64 MiB by default), the query is one stage of one task, and
-concurrent small queries take turns over the workers. Answers are compared with DuckDB's.
+a plan run again keeps its worker unless it is busier (``flight.coordinator.placement``). Answers are compared with DuckDB's.
 """
 
 from __future__ import annotations
@@ -154,14 +154,25 @@ def test_a_scan_of_unknown_size_is_never_small(files: dict[str, list[Path]]) -> 
     assert not any(NOTE in r for r in flight.DistributedExec(q, URLS).plan.rewrites)
 
 
-def test_small_queries_answer_as_duckdb_and_take_turns_over_the_workers(cluster: flight.LocalCluster, files: dict[str, list[Path]]) -> None:
+def test_small_queries_answer_as_duckdb_a_plan_run_again_keeps_its_worker_and_runs_at_once_spread(
+    cluster: flight.LocalCluster, files: dict[str, list[Path]]
+) -> None:
+    """The same plan run again goes back to the worker that ran it (its memos and its DuckDB are warm there:
+    ``flight.coordinator.placement``); two of its executions at once take two workers."""
     listed = {name: ", ".join(f"'{p}'" for p in paths) for name, paths in files.items()}
     want = duckdb.sql(f"SELECT name, count(*) AS n, sum(v) AS s FROM read_parquet([{listed['facts']}]) "
                       f"JOIN read_parquet([{listed['dims']}]) ON k = dk GROUP BY name ORDER BY name").arrow().read_all()
-    used = set()
+    query = _query(files)
+    used = []
     for _ in range(4):
-        ex = flight.DistributedExec(_query(files), cluster.urls)
+        ex = flight.DistributedExec(query, cluster.urls)
         assert ex.to_table().to_pylist() == want.to_pylist()
         assert ex.metrics is not None and len(ex.metrics.tasks) == 1
-        used.add(ex.metrics.tasks[0].worker_url)
-    assert len(used) == len(cluster.urls), used  # consecutive small queries do not all land on one worker
+        used.append(ex.metrics.tasks[0].worker_url)
+    assert len(set(used)) == 1, used  # run again, one after the other: the same worker each time
+    first, second = flight.DistributedExec(query, cluster.urls), flight.DistributedExec(query, cluster.urls)
+    readers = [first.execute(), second.execute()]  # both launched before either is read
+    for reader in readers:
+        assert reader.read_all().to_pylist() == want.to_pylist()
+    at_once = {url for ex in (first, second) for urls in ex.bound.values() for url in urls}
+    assert len(at_once) == 2, at_once  # running at once: the second gave way to the idle worker
