@@ -48,13 +48,23 @@ class Gate:
         self._waiting = False  # the reader waits on the plan for its next batch
         self._taken = 0  # bytes the sources took since the reader last came back
         self._closed = False
+        self._held = 0  # sources waiting at the gate now
+
+    @property
+    def held(self) -> int:
+        """How many sources wait at the gate now (what a test waits for, rather than sleeping)."""
+        with self._cond:
+            return self._held
 
     def source(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """``batches``, each taken only when the gate is open."""
         for batch in batches:
             with self._cond:
-                while not (self._closed or self._waiting or self._taken < self.bound):
-                    self._cond.wait(0.5)
+                if not (self._closed or self._waiting or self._taken < self.bound):
+                    self._held += 1
+                    while not (self._closed or self._waiting or self._taken < self.bound):
+                        self._cond.wait(0.5)
+                    self._held -= 1
                 self._taken += batch.nbytes
             yield batch
 

@@ -8,12 +8,12 @@ so the plan closes. The rows are pyarrow's own: what comes out is what went in, 
 from __future__ import annotations
 
 import threading
-import time
 
 import pyarrow as pa
 import pyarrow.acero as ac
 import pyarrow.compute as pc
 import pytest
+from support import wait_until
 
 from flight.engine.gate import Gate, streaming
 from flight.wire._proto import plan_pb2
@@ -38,10 +38,9 @@ def test_a_reader_that_is_away_holds_the_plan_within_the_bound() -> None:
     gate, taken = Gate(bound=10 * BATCH.nbytes), [0]
     out = _plan(gate, 10_000, taken)
     first = out.read_next_batch()
-    time.sleep(0.5)  # the reader is away: the source may take 10 batches' worth more, then waits
+    wait_until(lambda: gate.held == 1, 10.0, "the source to wait at the gate")  # the reader is away: at most the bound more
     held = taken[0]
-    time.sleep(0.5)
-    assert taken[0] == held and held < 200, (held, taken[0])  # what ran while the reader waited, plus the bound
+    assert gate.held == 1 and taken[0] == held and held < 200, (held, taken[0])  # what ran while the reader waited, plus the bound
     rows = first.num_rows + sum(b.num_rows for b in out)  # back again: everything comes through
     assert rows == 10_000 * 1024 and taken[0] == 10_000
 
@@ -56,7 +55,7 @@ def test_a_reader_that_stops_lets_its_waiting_sources_go() -> None:
     gate, taken = Gate(bound=2 * BATCH.nbytes), [0]
     out = _plan(gate, 1_000_000, taken)
     out.read_next_batch()
-    time.sleep(0.3)
+    wait_until(lambda: gate.held == 1, 10.0, "the source to wait at the gate")
     closed = threading.Thread(target=out.close, daemon=True)
     closed.start()
     closed.join(10)
