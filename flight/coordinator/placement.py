@@ -10,7 +10,8 @@ one task per query on two workers of one host, the same SQL text run on the work
 alternately (5 runs each, 21 queries): the worker's DuckDB took 1.068 times this process's time (geomean)
 when the runs took turns over the workers, 1.006 when they all went to one (``docs/engine.md``).
 
-So the start is the plan's own (a hash of its stages' operators, which hold no query id), and a busier
+So the start is the plan's own (its stages' subtree keys, ``flight.planner.reuse``: operators and sources, no
+query id), and a busier
 worker gives way: when the preferred worker has more of this process's executions running than the least
 busy one, the execution starts at the least busy one nearest after it. Two runs of one query at once land
 on two workers; different queries spread by their hash. The choice is this process's view only (another
@@ -24,18 +25,15 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
+from flight.planner.reuse import subtree_key
 from flight.planner.stages import StageSpec
 
 __all__ = ["PLACEMENT", "Placement", "plan_key"]
 
 
 def plan_key(stages: Sequence[StageSpec]) -> bytes:
-    """A digest of the stages' operators (task 0's), equal for equal plans whatever the execution."""
-    digest = hashlib.sha256()
-    for stage in stages:
-        digest.update(stage.root_proto(0).SerializeToString(deterministic=True))
-        digest.update(b"\x00")
-    return digest.digest()
+    """A digest of the stages' subtree keys (kept on their roots), equal for equal plans whatever the execution."""
+    return hashlib.sha256(b"".join(subtree_key(stage.root) for stage in stages)).digest()
 
 
 class Placement:
@@ -67,10 +65,7 @@ class Placement:
                 if released:
                     return
                 released = True
-                self._running.subtract(held)
-                for u in held:
-                    if self._running[u] <= 0:
-                        del self._running[u]
+                self._running -= Counter(held)  # drops the URLs it leaves at 0
 
         return release
 

@@ -31,7 +31,7 @@ from flight.plan.nodes import FeedScanNode, Node
 from flight.planner.stages import FeedPlan, StageSpec
 from flight.wire._proto import plan_pb2
 
-__all__ = ["align_task_counts", "fingerprint", "link_consumers", "repeated_subtrees", "subtree_keys"]
+__all__ = ["align_task_counts", "fingerprint", "link_consumers", "repeated_subtrees", "subtree_key", "subtree_keys"]
 
 
 _KEPT = "_subtree_key"
@@ -66,12 +66,17 @@ def subtree_keys(root: Node) -> dict[int, bytes]:
     return keys
 
 
+def subtree_key(node: Node) -> bytes:
+    """``node``'s own key (``subtree_keys``), kept on it once made."""
+    return node.remembered(_KEPT, lambda: subtree_keys(node)[id(node)])
+
+
 def fingerprint(node: Node, feeds: list[FeedPlan], tasks: int, mode: str, keys: list[str]) -> bytes:
     """What makes two cuts the same stage: operators, sources, the stages read, the feed partitions,
     the task count and the output partitioning."""
     shape = repr((sorted((id(f.feed.inner()), f.partitions, f.shared) for f in feeds), tasks, mode, keys))
     # The subtree's own key, once made (``subtree_keys`` keeps it): walking the subtree again to find it was a tenth of cutting.
-    return node.remembered(_KEPT, lambda: subtree_keys(node)[id(node)]) + shape.encode()
+    return subtree_key(node) + shape.encode()
 
 
 def repeated_subtrees(root: Node) -> set[int]:
