@@ -62,10 +62,11 @@ class Expr:
     ``==`` that returns an ``Expr``. Use ``equals`` for structural equality.
     """
 
-    __slots__ = ("_fields", "_flat", "_node")
+    __slots__ = ("_fields", "_flat", "_node", "_wire")
     _node: Node
     _flat: plan_pb2.Expression | None
     _fields: frozenset[str] | None
+    _wire: bytes | None
     __hash__ = None  # type: ignore[assignment]
 
     def __init__(self, msg: plan_pb2.Expression) -> None:
@@ -78,6 +79,7 @@ class Expr:
         object.__setattr__(self, "_node", unflatten(msg))
         object.__setattr__(self, "_flat", None)
         object.__setattr__(self, "_fields", None)
+        object.__setattr__(self, "_wire", None)
 
     @classmethod
     def _of(cls, node: Node) -> Expr:
@@ -85,6 +87,7 @@ class Expr:
         object.__setattr__(self, "_node", node)
         object.__setattr__(self, "_flat", None)
         object.__setattr__(self, "_fields", None)
+        object.__setattr__(self, "_wire", None)
         return self
 
     def __setattr__(self, name: str, value: object) -> NoReturn:
@@ -118,6 +121,15 @@ class Expr:
             flat = flatten(self._node)
             object.__setattr__(self, "_flat", flat)
         return flat
+
+    def wire(self) -> bytes:
+        """The wire form serialized (deterministically), kept: equal bytes for equal expressions, what the planner
+        keys a projection's subtree by (``flight.planner.reuse``) without building its operator's message."""
+        wire = self._wire
+        if wire is None:
+            wire = self._proto().SerializeToString(deterministic=True)
+            object.__setattr__(self, "_wire", wire)
+        return wire
 
     def equals(self, other: Expr) -> bool:
         """Whether ``other`` is structurally the same expression."""

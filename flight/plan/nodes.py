@@ -25,6 +25,7 @@ from flight.wire.protocol import encode_schema
 T = TypeVar("T")
 
 __all__ = [
+    "OWN_KEY",
     "ExchangeInputNode",
     "FeedScanNode",
     "FilterNode",
@@ -36,7 +37,18 @@ __all__ = [
     "ValuesNode",
 ]
 
+OWN_KEY = "_own_key"
+"""Where a node keeps the hash of its own operator, its inputs left out (``flight.planner.reuse.subtree_keys``):
+a copy over other inputs of the same schemas (``Node.with_inputs``) keeps it, so a rewrite that copies a plan does
+not serialize its operators again (serializing them was a third of planning TPC-DS q14)."""
+_INPUT_FIELDS = frozenset({"input", "left", "right", "inputs"})
+"""The fields that hold a node's inputs: ``with_inputs`` over these alone keeps ``OWN_KEY``."""
 
+
+def _same_provider(name: str, value: object, node: Node) -> bool:
+    """Whether ``value`` for field ``name`` is a scan's feed for another read of the same provider (``feed.again``):
+    a scan's ``OWN_KEY`` names its provider, not its feed id."""
+    return name == "feed" and isinstance(node, FeedScanNode) and isinstance(value, WorkUnitFeed) and value.inner() is node.feed.inner()
 
 
 class Node(abc.ABC):
@@ -72,10 +84,13 @@ class Node(abc.ABC):
         fields its caller keeps its output's types for): its own fields as they are, its output's types not
         worked out again. For rewrites that change what an input holds, never its columns (a filter pushed down,
         a semi join moved, a copy): typing every projection again was most of pushing TPC-DS q14's filters. What
-        was kept about the old subtree (its key) is not kept: the inputs differ."""
+        was kept about the old subtree (its key) is not kept: the inputs differ. Its own operator's key
+        (``OWN_KEY``) is, when only inputs change: its fields are the same objects."""
         out = object.__new__(type(self))
         for f in fields(self):  # type: ignore[arg-type]  # every node is a dataclass
             setattr(out, f.name, inputs[f.name] if f.name in inputs else getattr(self, f.name))
+        if OWN_KEY in self.__dict__ and all(k in _INPUT_FIELDS or _same_provider(k, v, self) for k, v in inputs.items()):
+            out.__dict__[OWN_KEY] = self.__dict__[OWN_KEY]
         return out
 
     def remembered(self, name: str, make: Callable[[], T]) -> T:

@@ -14,26 +14,40 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from flight.plan.nodes import FeedScanNode, FilterNode, InputCallNode, LimitNode, Node, ProjectNode, UnnestNode
+from flight.plan.nodes import OWN_KEY, FeedScanNode, FilterNode, InputCallNode, LimitNode, Node, ProjectNode, UnnestNode
 from flight.plan.relnodes import AggregateNode, JoinNode, SortNode, UnionNode
 from flight.plan.window import WindowNode
 from flight.planner.reuse import subtree_keys
 
-__all__ = ["prune_columns"]
+__all__ = ["prune_columns", "scan_columns"]
 
 
 def prune_columns(node: Node, needed: set[str] | None = None) -> Node:
     """``node`` with every scan reading only the columns above it need (``None``: all of its output).
 
-    Pruned for all of its output, a plan keeps what it was pruned to (a node never changes once made): the
-    coordinator sizes a query by pruning it (``flight.planner.small.scan_bytes``), and the planner prunes it
-    again when no rewrite between changed it (79 of the 99 TPC-DS queries; pruning was a quarter of planning)."""
+    Pruned for all of its output, a plan keeps what it was pruned to (a node never changes once made)."""
     if needed is None:
         return node.remembered("_pruned", lambda: _pruned(node, None))
     return _pruned(node, needed)
 
 
 def _pruned(node: Node, needed: set[str] | None) -> Node:
+    pruner = _gathered(node, needed)
+    pruner.making = True
+    return pruner.prune(node, needed)
+
+
+def scan_columns(node: Node) -> list[tuple[Node, list[str]]]:
+    """Each scan of ``node`` (a ``FeedScanNode`` or an ``InputCallNode``), once for each place it is used, with
+    the columns ``prune_columns(node)`` would have it read: what sizing a plan needs, without making the pruned
+    plan (making it was most of sizing TPC-DS q14, whose rewrites after sizing change the plan the planner prunes)."""
+    pruner = _gathered(node, None)
+    pruner.prune(node, None)
+    return pruner.scans
+
+
+def _gathered(node: Node, needed: set[str] | None) -> _Pruner:
+    """A pruner for ``node`` that knows what each repeated subplan's users need (gathered until nothing grows)."""
     keys = subtree_keys(node)
     counts: dict[bytes, int] = {}
     reached: set[int] = set()
@@ -43,13 +57,22 @@ def _pruned(node: Node, needed: set[str] | None) -> Node:
         (shared if id(n) in reached else reached).add(id(n))
     pruner = _Pruner(keys, {k for k, c in counts.items() if c > 1})
     pruner.shared = shared
-    if pruner.repeated:  # what each repeated subplan's users need, gathered until nothing grows
+    if pruner.repeated:
         while pruner.grew:
             pruner.grew = False
             pruner.seen.clear()
             pruner.prune(node, needed)
-        pruner.gathering = False
-    return pruner.prune(node, needed)
+        pruner.scans.clear()
+    pruner.gathering = False
+    return pruner
+
+
+def _same_operator(made: Node, was: Node) -> bool:
+    """Whether pruning ``was`` to ``made`` left its own operator as it was (``OWN_KEY``: what it writes, its inputs
+    left out): only inputs that lost columns, and, for a projection or a scan, every column kept."""
+    if type(made) is not type(was) or isinstance(was, (FeedScanNode, InputCallNode)):
+        return False
+    return not isinstance(was, ProjectNode) or len(was.exprs) == len(made.exprs)  # type: ignore[attr-defined]
 
 
 class _Pruner:
@@ -62,6 +85,8 @@ class _Pruner:
         self.needs: dict[bytes, set[str]] = {}
         self.seen: set[tuple[bytes, frozenset[str]]] = set()
         self.gathering = True
+        self.making = False  # whether it makes the pruned plan (else it only works out needs and ``scans``)
+        self.scans: list[tuple[Node, list[str]]] = []  # each scan reached, with the columns it keeps
         self.grew = True
         self.shared: set[int] = set()
 
@@ -83,17 +108,24 @@ class _Pruner:
     def _same(self, node: Node, child: Node, was: Node | None = None) -> bool:
         """Whether ``node`` may stay as it is, its input pruned to ``child`` (``was``: that input, by default
         ``node.input``). A node reached twice (a subplan two parents share) is made anew for each: the planner
-        counts and cuts each use apart (``repeated_subtrees``)."""
-        return child is (node.input if was is None else was) and id(node) not in self.shared  # type: ignore[attr-defined]
+        counts and cuts each use apart (``repeated_subtrees``). While only needs are worked out (``making`` off),
+        every node stays."""
+        return not self.making or (child is (node.input if was is None else was) and id(node) not in self.shared)  # type: ignore[attr-defined]
 
     def _prune(self, node: Node, needed: set[str] | None) -> Node:
+        out = self._pruned(node, needed)
+        if out is not node and OWN_KEY in node.__dict__ and _same_operator(out, node):
+            out.__dict__[OWN_KEY] = node.__dict__[OWN_KEY]  # its inputs lost columns, its operator did not change
+        return out
+
+    def _pruned(self, node: Node, needed: set[str] | None) -> Node:
         if needed is None:
             needed = set(node.schema.names)
         if isinstance(node, ProjectNode):
             kept = [(n, e) for n, e in node.exprs if n in needed] or node.exprs[:1]
             used: set[str] = set().union(*(e.referenced_fields() for _, e in kept))
             child = self.prune(node.input, used)
-            return node if self._same(node, child) and len(kept) == len(node.exprs) else node.keeping(child, kept)
+            return node if self._same(node, child) and (not self.making or len(kept) == len(node.exprs)) else node.keeping(child, kept)
         if isinstance(node, FilterNode):
             child = self.prune(node.input, needed | node.predicate.referenced_fields())
             return node if self._same(node, child) else FilterNode(child, node.predicate, node.origins)
@@ -122,7 +154,8 @@ class _Pruner:
         if isinstance(node, (FeedScanNode, InputCallNode)):  # an input (a Spark DataFrame) sends only these
             available = node.schema.names
             columns = [c for c in available if c in needed] or available[:1]
-            if columns == available:
+            self.scans.append((node, columns))
+            if columns == available or not self.making:
                 return node
             return node.reading(columns) if isinstance(node, FeedScanNode) else replace(node, columns=columns)
         return node

@@ -15,11 +15,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
+import pyarrow as pa
+
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, InputCallNode, LimitNode, Node
 from flight.plan.relnodes import AggregateNode, JoinNode, SortNode, UnionNode
 from flight.planner.cost import row_width
 from flight.planner.keysets import estimated_rows
-from flight.planner.optimize import prune_columns
+from flight.planner.prune import scan_columns
 from flight.planner.reuse import repeated_subtrees
 from flight.planner.stages import QueryPlan, StageSpec
 
@@ -34,22 +36,23 @@ def scan_bytes(root: Node) -> float | None:
     read), or None when a scan's rows are not known before it runs (a feed discovered as it goes).
 
     Kept on ``root`` once known (a node never changes once made): the coordinator sizes the plan before it
-    asks the planner, which sizes the same plan again (``small_query``); each sizing prunes the whole plan."""
+    asks the planner, which sizes the same plan again (``small_query``). Sizing works out the columns each scan
+    keeps (``scan_columns``) without making the pruned plan."""
     return root.remembered("_scan_bytes", lambda: _scan_bytes(root))
 
 
 def _scan_bytes(root: Node) -> float | None:
+    if any(isinstance(node, (InputCallNode, ExchangeInputNode)) for node in root.walk()):
+        return None  # rows the client sends while it runs
     total = 0.0
-    for node in prune_columns(root).walk():
-        if isinstance(node, (InputCallNode, ExchangeInputNode)):  # rows the client sends while it runs
-            return None
+    for node, columns in scan_columns(root):  # the columns pruning keeps, without making the pruned plan
         if not isinstance(node, FeedScanNode):
             continue
         estimate = getattr(node.feed.inner(), "estimated_rows", None)
         rows = estimate() if estimate is not None else None
         if rows is None:
             return None
-        total += rows * row_width(node.schema)
+        total += rows * row_width(pa.schema([node.schema.field(c) for c in columns]))
     return total
 
 

@@ -17,8 +17,10 @@ from support import difference, write_halves
 
 import flight
 from benchmarks.tpch_queries import duckdb_table
+from flight.plan.nodes import OWN_KEY, FeedScanNode
 from flight.plan.relnodes import AggregateNode, JoinNode
 from flight.planner.optimize import prune_columns, push_filters
+from flight.planner.prune import scan_columns
 from flight.planner.reuse import repeated_subtrees, subtree_keys
 from flight.sql.ctes import shared_ctes
 
@@ -117,6 +119,26 @@ def test_a_plan_is_pruned_and_searched_for_repeats_once_and_each_caller_gets_its
     assert len(first) == 3  # the join under each of the three aggregates
     first.clear()  # the cutter changes its set as it goes (``_Planner.shared``)
     assert len(repeated_subtrees(pruned)) == 3
+
+
+@pytest.mark.parametrize("name", sorted(STATEMENTS))
+def test_kept_operator_keys_are_the_keys_worked_out_afresh(name: str, catalog: flight.Catalog) -> None:
+    """The copies rewrites and pruning make keep their operators' keys (``OWN_KEY``); a plan keyed through those
+    copies has the keys it gets with nothing kept."""
+    node = prune_columns(push_filters(planned(STATEMENTS[name], catalog, False).node))
+    kept = subtree_keys(node)
+    for n in node.walk():
+        n.__dict__.pop(OWN_KEY, None)
+        n.__dict__.pop("_subtree_key", None)
+    assert subtree_keys(node) == kept
+
+
+@pytest.mark.parametrize("name", sorted(STATEMENTS))
+def test_scan_columns_are_the_columns_the_pruned_plan_reads(name: str, catalog: flight.Catalog) -> None:
+    for share in (False, True):
+        node = push_filters(planned(STATEMENTS[name], catalog, share).node)
+        reads = [(n.feed.inner(), n.schema.names) for n in prune_columns(node).walk() if isinstance(n, FeedScanNode)]
+        assert [(n.feed.inner(), columns) for n, columns in scan_columns(node)] == reads
 
 
 def test_an_unplannable_piece_leaves_the_text_its_own_error(catalog: flight.Catalog) -> None:
