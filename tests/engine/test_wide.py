@@ -41,12 +41,12 @@ def _setting(con: duckdb.DuckDBPyConnection, name: str) -> str:
 
 
 @pytest.mark.skipif(CORES < 2, reason="one core: there is no share smaller than the machine")
-def test_a_whole_query_runs_on_every_core_with_a_quarter_of_the_memory(one_thread_share: None) -> None:
+def test_a_whole_query_runs_on_every_core_with_half_the_memory(one_thread_share: None) -> None:
     assert wide_threads() == CORES
     main, wide = _database(ANY_PATH), _database(ANY_PATH, wide=True)
     assert main is not wide
     assert (_setting(main, "threads"), _setting(wide, "threads")) == ("1", str(CORES))
-    assert (_setting(main, "memory_limit"), _setting(wide, "memory_limit")) == ("3.0 GiB", "1.0 GiB")
+    assert (_setting(main, "memory_limit"), _setting(wide, "memory_limit")) == ("2.0 GiB", "2.0 GiB")
 
 
 def test_with_every_core_already_a_tasks_whole_queries_share_its_database() -> None:

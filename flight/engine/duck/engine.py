@@ -26,7 +26,7 @@ Why DuckDB, with the measurements, is in docs/engine.md. How a task runs:
   share of the cores (``--engine-threads``) is less than the machine's (workers that share it), a
   second, *wide* database runs the tasks that are their query's only one (``TaskOptions.whole_query``)
   on every core; DuckDB's thread count is its database's, not a query's. The memory limit is then
-  split, a quarter to the wide one (``_memory_split``).
+  split, half to the wide one (``_memory_split``).
   File access is limited to the worker's data roots inside DuckDB too (defence in
   depth: every path was already checked by ``ReaderContext.open_path``), extensions
   never load, and the configuration is locked.
@@ -91,14 +91,14 @@ def close_databases() -> None:
 
 
 WIDE_MIN_MEMORY = 256 << 20
-"""The least memory the wide database is given; a worker whose limit's quarter is less has none (a hash
+"""A quarter of the worker's memory limit at least this, or it has no wide database (a hash
 join spilling within 16 MiB ran out of memory: the 64 MB worker of tests/engine/test_engine.py)."""
 
 
 def wide_threads() -> int | None:
     """The wide database's threads: every core this process may use, when a task's share
     (``--engine-threads``) is fewer; None: there is no wide database (whole queries run on the one),
-    also when a quarter of the memory limit is less than ``WIDE_MIN_MEMORY``."""
+    also when a quarter of the memory limit is less than ``WIDE_MIN_MEMORY`` (split in two, neither half would be much)."""
     s = settings()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if not s.threads or s.threads >= cores or (s.memory_limit is not None and s.memory_limit // 4 < WIDE_MIN_MEMORY):
@@ -107,13 +107,14 @@ def wide_threads() -> int | None:
 
 
 def _memory_split(limit: int, wide: bool) -> int:
-    """A database's share of the worker's memory limit: a quarter for the wide one, the rest for the other,
-    when there is a wide one. Why a quarter: its queries are small (at most ``ExecOptions.small_query_bytes``
-    read, 64 MiB by default, or ``one_host_query_bytes``, 1 GiB, on one host), and what they need past it
-    they spill: TPC-H SF 10 on two workers limited to 4 GB, Q11, Q13, Q16 and Q22 one task each, peaked at 1.3 GB."""
+    """A database's share of the worker's memory limit: half for the wide one, half for the other, when there is a
+    wide one. Why half: its queries read up to ``ExecOptions.one_host_query_bytes`` (1 GiB) of columns on one host,
+    and DuckDB's joins over that much need more than a quarter of a 4 GB worker even spilling (TPC-DS q78 at SF 10
+    failed to pin a block in 1 GiB and ran in 2); the other's split tasks each hold a share of a larger query. TPC-H
+    SF 10 on two workers limited to 4 GB, Q11, Q13, Q16 and Q22 one task each, peaked at 1.3 GB."""
     if wide_threads() is None:
         return limit
-    return limit // 4 if wide else limit - limit // 4
+    return limit // 2 if wide else limit - limit // 2
 
 
 def _database(roots: DataRoots, wide: bool = False) -> duckdb.DuckDBPyConnection:
