@@ -48,7 +48,7 @@ from flight.planner.keysets import reduce_aggregate_inputs
 from flight.planner.literal import literal_join, semi_rows
 from flight.planner.notes import describe, join_text, moved_filters, repeatable, strategy_text, why_broadcast, why_shuffle
 from flight.planner.optimize import prune_columns, push_filters
-from flight.planner.place import colocated, grouped_below, grouped_in_place, joined_into_ranges, rotated_for_colocation, split_for_groups
+from flight.planner.place import colocated, grouped_below, grouped_in_place, joined_into_ranges, rotate_joins, split_for_groups
 from flight.planner.ranges import filter_selectivity
 from flight.planner.replicate import replicable, replicate_small_broadcasts, substitute_reads
 from flight.planner.reuse import align_task_counts, fingerprint, link_consumers, repeated_subtrees
@@ -267,10 +267,7 @@ class _Planner:
         merged = AggregateNode(read, node.keys, final, f"Final{label}")
         return self.consumer(ProjectNode(merged, outputs), tasks, rows, [read], hashed=hash_keys or None)  # type: ignore[arg-type]
 
-    def join(self, node: JoinNode) -> Frag:
-        rotated = rotated_for_colocation(self, node)
-        if rotated is not None:
-            return self.build(rotated)
+    def join(self, node: JoinNode) -> Frag:  # rotated for co-location already (``rotate_joins``)
         left, right = self.build(node.left), self.build(node.right)
         rows = max(left.rows or 0.0, right.rows or 0.0) or None
         semi = node.join_type in ("left semi", "left anti")
@@ -418,7 +415,7 @@ def plan_query(
     if max_tasks > 1:  # what they save is rows moved between tasks
         root, notes = reduce_join_inputs(root, planner.options.broadcast_bytes, ctes)
         planner.rewrites.extend(notes)
-        root, notes = eager_aggregates(root)
+        root, notes = eager_aggregates(rotate_joins(root, planner))
         planner.rewrites.extend(notes)
     pruned = push_scalar_comparisons(prune_columns(root), planner.rewrites)  # after pruning: nothing above reads the scalar
     crowded = not planner.options.one_stage and too_many_sources(pruned)

@@ -150,9 +150,22 @@ def _sunk(agg: AggregateNode) -> tuple[Node, AggregateNode] | None:
 
 
 def _sink(node: Node, needed: set[str], args: set[str], pre: list[AggCall], placed: list[AggregateNode]) -> Node | None:
-    """``node`` (a join) with the pre-aggregate placed as deep as it may go on the side ``args`` come from."""
+    """``node`` (a join) with the pre-aggregate placed as deep as it may go on the side ``args`` come from.
+    A projection that only selects columns is passed through: above the pre-aggregate it passes the partial
+    columns on in place of the columns ``args`` names (the SQL front end selects columns between joins)."""
+    if isinstance(node, ProjectNode) and _selected(node) is not node:
+        below = _sink(node.input, needed, args, pre, placed)  # it selects: the columns are named alike below
+        if below is None:
+            return None
+        kept = [(n, e) for n, e in node.exprs if n in below.schema.names]
+        return ProjectNode(below, [*kept, *((c.name, col(c.name)) for c in pre if c.name not in dict(kept))])
     if not isinstance(node, JoinNode) or node.join_type not in ("inner", "left outer"):
         return None
+    if node.filter is not None:  # its condition reads columns the pre-aggregate must keep, and no argument
+        used = node.filter.referenced_fields()
+        if used & args:
+            return None
+        needed = needed | used
     left_names, right_names = set(node.left.schema.names), set(node.right.schema.names)
     if left_names & right_names:
         return None
@@ -162,7 +175,7 @@ def _sink(node: Node, needed: set[str], args: set[str], pre: list[AggCall], plac
         side, other, keys, names = node.right, node.left, node.right_keys, right_names
     else:
         return None
-    if not isinstance(side, JoinNode):
+    if not isinstance(_selected(side), JoinNode):
         return None  # never onto a scan: the join beside it may keep few of its rows
     need = (needed & names) | set(keys)
     deeper = _sink(side, need, args, pre, placed)
@@ -175,11 +188,18 @@ def _sink(node: Node, needed: set[str], args: set[str], pre: list[AggCall], plac
     return replace(node, left=deeper) if side is node.left else replace(node, right=deeper)
 
 
+def _selected(node: Node) -> Node:
+    """``node`` under the projections that only select its columns."""
+    while isinstance(node, ProjectNode) and all(e.column_name() == n for n, e in node.exprs):
+        node = node.input
+    return node
+
+
 def _lookup(node: Node) -> bool:
     """Whether ``node`` only reads and joins (inner or left outer): it filters nothing, so a row
     joined with it on its keys is not dropped for a reason the pre-aggregate could have seen."""
     if isinstance(node, ProjectNode):
         return _lookup(node.input)
     if isinstance(node, JoinNode):
-        return node.join_type in ("inner", "left outer") and _lookup(node.left) and _lookup(node.right)
+        return node.join_type in ("inner", "left outer") and node.filter is None and _lookup(node.left) and _lookup(node.right)
     return not node.children()

@@ -306,3 +306,17 @@ def test_a_repeated_subquery_grouped_in_place_is_computed_once_and_broadcast_to_
     assert any("computed once and broadcast to each use" in r for r in ex.plan.rewrites), ex.plan.rewrites
     assert any("co-located" in r and "ok" in r and "lk" in r for r in ex.plan.rewrites), ex.plan.rewrites  # the join, in place
     assert _rows(ex.to_table()) == _rows(_duck(tables).sql(text).to_arrow_table())
+
+
+def test_an_aggregate_over_a_rotated_join_is_pre_aggregated_in_the_co_located_stage(
+    cluster: flight.LocalCluster, tables: dict[str, list[Path]]
+) -> None:
+    """TPC-H Q10's shape in SQL: a lookup ``d`` joined to ``o``, then ``l`` on ``o``'s key, summed by ``d``'s
+    columns. The rotation comes before eager aggregation (``place.rotate_joins``), so the sum sinks, through the
+    projections the SQL front end puts between joins, onto the co-located ``o ⋈ l``; the rows match DuckDB's."""
+    sql = ("SELECT p, region, sum(qty) AS q, count(qty) AS c FROM d JOIN o ON p = prio JOIN l ON ok = lk "
+           "WHERE qty > 5 GROUP BY p, region ORDER BY p")
+    ex = flight.DistributedExec(flight.sql(sql, _catalog(tables)), cluster.urls, small_query_bytes=0)
+    assert ex.to_table().to_pylist() == _duck(tables).sql(sql).arrow().read_all().to_pylist()
+    assert any("joins reordered" in r for r in ex.plan.rewrites), ex.plan.rewrites
+    assert any("pre-aggregated by ['prio']" in r for r in ex.plan.rewrites), ex.plan.rewrites
