@@ -183,9 +183,20 @@ def _sink(node: Node, needed: set[str], args: set[str], pre: list[AggCall], plac
         if not _lookup(other):
             return None
         group = [n for n in side.schema.names if n in need]
+        below = _selected(side)
+        assert isinstance(below, JoinNode)
+        if not _one_sided(below, group):
+            return None  # grouped by both sides' columns, about every joined row is a group (TPC-H Q5's customer and supplier)
         deeper = AggregateNode(side, group, list(pre), "EagerAggregate", partial=True)
         placed.append(deeper)
     return replace(node, left=deeper) if side is node.left else replace(node, right=deeper)
+
+
+def _one_sided(join: JoinNode, group: list[str]) -> bool:
+    """Whether ``group`` names columns of one of ``join``'s inputs only, a join key standing for its partner (equal
+    values): grouped so, there are at most as many groups as that input has rows."""
+    lefts, rights = set(join.left.schema.names), set(join.right.schema.names)
+    return all(g in lefts or g in join.right_keys for g in group) or all(g in rights or g in join.left_keys for g in group)
 
 
 def _selected(node: Node) -> Node:
