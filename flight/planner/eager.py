@@ -26,7 +26,10 @@ hash two long strings per row. Summed by ``o_custkey`` first, right above the li
 join, a third as many rows meet customer (one task's query: 47 -> 12 ms in DuckDB alone). The
 pre-aggregate is grouped by every column of its side that something above reads (the group
 keys, the keys of the joins above), so each of its rows stands for rows that met the same rows
-above, and the aggregate merges the partials as above. It is ``partial``: the planner leaves it
+above, and the aggregate merges the partials as above. Projections that only select columns (the SQL
+front end puts one between each pair of joins) are passed through, and the pre-aggregate is made
+only where it is grouped by one input's columns of the join it sits on (a join key stands for its
+partner): grouped by both, about every joined row is a group. It is ``partial``: the planner leaves it
 in the tasks of the join below it, never shuffles for it, and a key may come out of several
 tasks; the merge above counts each once per row it meets, as the original did. It never goes
 onto a side that is a scan (the join beside it may filter most of its rows away: TPC-H Q5's
