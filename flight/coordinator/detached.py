@@ -23,7 +23,7 @@ from flight.errors import TaskCancelledError
 from flight.plan.nodes import InputCallNode
 from flight.wire._proto import protocol_pb2
 
-__all__ = ["DetachedQuery", "HeadPartition", "InputTarget", "StageProgress", "TaskProgress"]
+__all__ = ["DetachedQuery", "HeadPartition", "InputTarget", "StageProgress", "TaskProgress", "stage_progress"]
 
 
 @dataclass(frozen=True)
@@ -164,27 +164,7 @@ class DetachedQuery:
 
     def progress(self) -> list[StageProgress]:
         """Every stage of the current attempt, children first, with its tasks' states (a live view)."""
-        out = []
-        for stage in self._run.plan.stages:
-            tasks = tuple(self._task(channel) for channel in self._run.by_stage.get(stage.stage_id, []))
-            out.append(StageProgress(stage.stage_id, tuple(stage.consumers), stage.output_mode, tasks, stage.output_rows, stage.output_bytes))
-        return out
-
-    def _task(self, channel: TaskChannel) -> TaskProgress:
-        m = channel.metrics
-        state = "running"
-        if channel.error is not None:
-            state = "failed"
-        elif channel.finished.is_set() or channel.done.is_set():
-            state = "finished" if m is not None else "ended"
-        made = (m.rows_out, m.bytes_out, m.elapsed_nanos / 1e9, m.bytes_spilled) if m is not None else (0, 0, 0.0, 0)
-        since = self._run.started_at
-
-        def at(t: float | None) -> float | None:
-            return None if t is None else round(max(0.0, t - since), 4)
-
-        return TaskProgress(channel.url, state, *made, opened=at(channel.opened_at), ready=at(channel.ready_at),
-                            finished=at(channel.finished_at))
+        return stage_progress(self._run)
 
     def feeds(self) -> list[FeedProgress]:
         """Each work-unit feed's units found, sent and taken so far, and its lag (a live view)."""
@@ -223,3 +203,30 @@ class DetachedQuery:
         if self.retain:
             self.release()
         self.close()
+
+
+def stage_progress(run: Run) -> list[StageProgress]:
+    """Every stage of ``run``, children first, with its tasks' states (a live view: ``DetachedQuery.progress``,
+    ``DistributedExec.progress``)."""
+    out = []
+    for stage in run.plan.stages:
+        tasks = tuple(_task(run, channel) for channel in run.by_stage.get(stage.stage_id, []))
+        out.append(StageProgress(stage.stage_id, tuple(stage.consumers), stage.output_mode, tasks, stage.output_rows, stage.output_bytes))
+    return out
+
+
+def _task(run: Run, channel: TaskChannel) -> TaskProgress:
+    m = channel.metrics
+    state = "running"
+    if channel.error is not None:
+        state = "failed"
+    elif channel.finished.is_set() or channel.done.is_set():
+        state = "finished" if m is not None else "ended"
+    made = (m.rows_out, m.bytes_out, m.elapsed_nanos / 1e9, m.bytes_spilled) if m is not None else (0, 0, 0.0, 0)
+    since = run.started_at
+
+    def at(t: float | None) -> float | None:
+        return None if t is None else round(max(0.0, t - since), 4)
+
+    return TaskProgress(channel.url, state, *made, opened=at(channel.opened_at), ready=at(channel.ready_at),
+                        finished=at(channel.finished_at))

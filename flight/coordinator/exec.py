@@ -18,7 +18,7 @@ import pyarrow as pa
 from flight.config import ExecOptions
 from flight.coordinator.adaptive import run_side
 from flight.coordinator.context import RunContext
-from flight.coordinator.detached import DetachedQuery, HeadPartition
+from flight.coordinator.detached import DetachedQuery, HeadPartition, StageProgress, stage_progress
 from flight.coordinator.explain import explain_plan
 from flight.coordinator.metrics import QueryMetrics
 from flight.coordinator.progress import StageBars
@@ -90,6 +90,7 @@ class DistributedExec:
         self.query_secret: bytes | None = None  # of the latest execute(): what its tickets and a cancel must carry
         self.bound: dict[int, list[str]] = {}  # stage id -> the URL of each task, once executed
         self.attempts: list[Attempt] = []  # of the latest execute(): the attempts a lost worker failed
+        self._latest: weakref.ref[_Attempts] | None = None  # the latest execute()'s attempts, while its reader lives
 
     def _plan(self, urls: list[str], options: PlannerOptions) -> QueryPlan:
         """The query's stages; on workers that share one host, one task on all its cores where the split would
@@ -181,6 +182,7 @@ class DistributedExec:
         refuse_unsent_inputs(self.plan.stages, "DistributedExec.execute")
         plan, options = self._adapted(self.options)
         attempts = _Attempts(self, plan, options)
+        self._latest = weakref.ref(attempts)  # weak: the reader keeps them, and they keep this instance
         bars = StageBars(lambda: attempts.run).start() if (self.options.progress if progress is None else progress) else None
         try:
             first = attempts.open()
@@ -193,6 +195,14 @@ class DistributedExec:
         # A reader dropped before it was read (or read to the end) must not leave the tasks running.
         weakref.finalize(reader, attempts.abandon)
         return reader
+
+    def progress(self) -> list[StageProgress]:
+        """The latest ``execute()``'s stages (its current attempt), children first, with each task's state, rows
+        and bytes so far (a live view, as ``DetachedQuery.progress``); empty before it opened its tasks. Kept
+        weakly: once its reader and its tasks' threads are gone, it is empty again (``metrics`` has what they did)."""
+        attempts = None if self._latest is None else self._latest()
+        run = None if attempts is None else attempts.run
+        return [] if run is None else stage_progress(run)
 
     def start_detached(self, retain: float = 0.0, *, sends_inputs: bool = False) -> DetachedQuery:
         """Start the query, leaving its head outputs for others to read with DoGet.

@@ -49,3 +49,18 @@ def test_without_rich_progress_is_refused_clearly(cluster: flight.LocalCluster, 
     monkeypatch.setattr(builtins, "__import__", no_rich)
     with pytest.raises(flight.PlanError, match=r"progress bars need rich: pip install 'flight-exec\[progress\]'"):
         flight.DistributedExec(flight.read_parquet(parquet_files), cluster.urls).execute(progress=True)
+
+
+def test_progress_is_a_live_view_of_the_latest_execute(cluster: flight.LocalCluster, parquet_files: list[Path]) -> None:
+    """``DistributedExec.progress()``: nothing before ``execute()``; while its reader lives, each stage with its
+    tasks, all finished once the rows are read, their rows out adding up to what the head received."""
+    query = flight.read_parquet(parquet_files).aggregate(["name"], n=flight.agg.count_all())
+    ex = flight.DistributedExec(query, cluster.urls, small_query_bytes=0)
+    assert ex.progress() == []
+    reader = ex.execute()
+    table = reader.read_all()
+    stages = ex.progress()
+    assert [s.stage_id for s in stages] == [s.stage_id for s in ex.plan.stages]
+    assert all(s.done == len(s.tasks) > 0 and all(t.state == "finished" for t in s.tasks) for s in stages), stages
+    head = stages[-1]
+    assert head.consumers == () and sum(t.rows_out for t in head.tasks) == table.num_rows
