@@ -33,7 +33,7 @@ partner): grouped by both, about every joined row is a group. It is ``partial``:
 in the tasks of the join below it, never shuffles for it, and a key may come out of several
 tasks; the merge above counts each once per row it meets, as the original did. It never goes
 onto a side that is a scan (the join beside it may filter most of its rows away: TPC-H Q5's
-lineitem meets one region's suppliers), nor beside a filtered side.
+lineitem meets one region's suppliers), nor below a join, at any level, whose other side filters.
 """
 
 from __future__ import annotations
@@ -180,11 +180,11 @@ def _sink(node: Node, needed: set[str], args: set[str], pre: list[AggCall], plac
         return None
     if not isinstance(_selected(side), JoinNode):
         return None  # never onto a scan: the join beside it may keep few of its rows
+    if not _lookup(other):
+        return None  # nor below a join that drops rows (TPC-H Q5's region): the rows aggregated would be dropped after
     need = (needed & names) | set(keys)
     deeper = _sink(side, need, args, pre, placed)
     if deeper is None:
-        if not _lookup(other):
-            return None
         group = [n for n in side.schema.names if n in need]
         below = _selected(side)
         assert isinstance(below, JoinNode)
