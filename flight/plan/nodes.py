@@ -302,6 +302,10 @@ class ProjectNode(Node):
             raise PlanError(f"select: column names {dupes} appear more than once")
         self._schema = pa.schema([pa.field(n, _typed(e, self.input.schema, "select")) for n, e in self.exprs])
 
+    def selects(self) -> bool:
+        """Whether it only selects columns of its input, each under its own name (no expression, no rename)."""
+        return all(e.column_name() == n for n, e in self.exprs)
+
     def keeping(self, child: Node, kept: list[tuple[str, Expr]]) -> ProjectNode:
         """This projection with only ``kept`` (some of its expressions), over ``child``: this input pruned, whose
         columns the kept expressions read have their types still. Their types are then known, not checked again:

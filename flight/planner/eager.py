@@ -204,7 +204,7 @@ def _one_sided(join: JoinNode, group: list[str]) -> bool:
 
 def _selected(node: Node) -> Node:
     """``node`` under the projections that only select its columns."""
-    while isinstance(node, ProjectNode) and all(e.column_name() == n for n, e in node.exprs):
+    while isinstance(node, ProjectNode) and node.selects():
         node = node.input
     return node
 

@@ -268,7 +268,7 @@ def rotated_for_colocation(planner: Planner, node: JoinNode) -> Node | None:
     returned lines were broadcast into customer's tasks. Rotated, orders ⋈ lineitem runs in place
     by order key and customer (small) is read beside it."""
     inner = node.left
-    if isinstance(inner, ProjectNode) and all(e.column_name() == n for n, e in inner.exprs):
+    if isinstance(inner, ProjectNode) and inner.selects():
         inner = inner.input  # a column selection: the rotated join keeps every column, then selects
     if not planner.colocate or planner.max_tasks < 2 or node.join_type != "inner" or node.filter is not None:
         return None
@@ -327,7 +327,7 @@ def grouped_below(node: Node) -> AggregateNode | None:
             return None if node.partial else node
         if isinstance(node, FilterNode):
             node = node.input
-        elif isinstance(node, ProjectNode) and all(e.column_name() == n for n, e in node.exprs):
+        elif isinstance(node, ProjectNode) and node.selects():
             node = node.input
         else:
             return None
