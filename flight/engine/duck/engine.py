@@ -51,6 +51,7 @@ import pyarrow as pa
 from flight.engine import seen
 from flight.engine.confine import DataRoots
 from flight.engine.duck.alike import Alike
+from flight.engine.duck.keyfilter import KeyFilter
 from flight.engine.duck.sql import Untranslatable
 from flight.engine.duck.task import ENGINE_ERRORS, DuckTask, stream
 from flight.engine.duck.translate import Translator
@@ -191,6 +192,8 @@ def run_duckdb(
             bound = text
             for name, build in reversed(translator.builds):  # outer builds first: their text names inner ones
                 bound = bound.replace(name, f"({build})")
+            for kept in translator.kept:  # a broadcast's keys a scan keeps: decided once the broadcast is here
+                bound = bound.replace(kept.placeholder, "TRUE")
             stand_ins: dict[str, pa.Schema] = {}  # bound over empty stand-ins; the files are known when the units are
             for feed in translator.feeds:
                 name = f"__flight_source_{next(task.names)}"
@@ -201,7 +204,7 @@ def run_duckdb(
                 cur.register(name, source)
             if translator.feeds:
                 _check_binds(task, cur, bound, stand_ins)
-                batches = whole_feeds(task, cur, translator.feeds, translator.builds, text, out_schema, translator.alike)
+                batches = whole_feeds(task, cur, translator.feeds, translator.builds, text, out_schema, translator.alike, translator.kept)
             else:
                 batches = _results(task, _bind(cur, bound), out_schema)
             reader = pa.RecordBatchReader.from_batches(out_schema, _closing(task, batches))
@@ -224,6 +227,8 @@ class _Translation:
     alike: dict[str, Alike]
     names: int
     root_fragment: Iterator[pa.RecordBatch] | None = None
+    kept: list[KeyFilter] = dataclasses.field(default_factory=list)
+    """Scans that may keep a broadcast build's keys (``flight.engine.duck.keyfilter``); never kept (they read a source)."""
 
 
 _TRANSLATED: Memo[tuple[bytes, bool], _Translation] = Memo(seen.ENTRIES)
@@ -242,7 +247,8 @@ def _translated(task: DuckTask, plan: plan_pb2.StagePlan, wide: bool, key: bytes
     # DuckDB then picks the build side and reads every file itself.
     translator = Translator(task, whole=wide or parquet_scans(plan.root) > 1, query=wide)
     text = translator.relation(plan.root, "plan.root")
-    made = _Translation(text, translator.builds, translator.feeds, translator.alike, next(task.names), translator.root_fragment)
+    made = _Translation(text, translator.builds, translator.feeds, translator.alike, next(task.names), translator.root_fragment,
+                        list(translator.key_filters.values()))
     if key is not None and made.root_fragment is None and not task.sources and len(text) + sum(len(b) for _, b in made.builds) <= _TEXT_KEPT:
         _TRANSLATED.put((key, wide), dataclasses.replace(made, builds=list(made.builds), feeds=list(made.feeds), alike=dict(made.alike)))
     return made

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 from flight.engine.duck.alike import Alike, alike_key
+from flight.engine.duck.keyfilter import KeyFilter, build_source, mark_scan
 from flight.engine.duck.sql import Untranslatable, column_list, expression_sql, ident, sql_type
 from flight.engine.duck.sqltext import cast_to, named, string_literal
 from flight.engine.duck.task import UNITS, DuckTask
@@ -106,6 +107,7 @@ class Translator(_Chains):
         """The builds' keys: one alike to an earlier build is not made again (``flight.engine.duck.alike``)."""
         self.exact_means: dict[str, dict[str, str]] = {}
         """By a projection's path: its columns an average reads as the DECIMAL column they cast (``decimal_means``)."""
+        self.key_filters: dict[str, KeyFilter] = {}  # by a whole scan's path: a broadcast's keys it may keep (keyfilter.py)
 
     def sub(self, op: plan_pb2.Operator, path: str) -> str:
         """``op`` as a FROM item: a parenthesised query with an alias. Always ``t``: nothing names it (each
@@ -115,7 +117,8 @@ class Translator(_Chains):
     def relation(self, op: plan_pb2.Operator, path: str) -> str:
         if self.whole:
             if op.WhichOneof("kind") == "feed_scan" and op.feed_scan.reader == "parquet":
-                return self.whole_scan(op.feed_scan, path)
+                text, kept = self.whole_scan(op.feed_scan, path), self.key_filters.get(path)
+                return text if kept is None else f"SELECT * FROM ({text}) AS t WHERE {kept.placeholder}"
             return self.operator(op, path)
         if fragment_scan(op, path) is None:
             if op.WhichOneof("kind") == "aggregate":
@@ -317,10 +320,8 @@ class Translator(_Chains):
     def join(self, join: plan_pb2.HashJoin, here: str, schema: pa.Schema) -> str:
         left = self.task.schemas[f"{here}.left"]
         right = self.task.schemas[f"{here}.right"]
-        kind = {
-            "inner": "JOIN", "left outer": "LEFT JOIN", "right outer": "RIGHT JOIN", "full outer": "FULL JOIN",
-            "left semi": "SEMI JOIN", "left anti": "ANTI JOIN",
-        }[join.join_type]
+        kind = {"inner": "JOIN", "left outer": "LEFT JOIN", "right outer": "RIGHT JOIN", "full outer": "FULL JOIN",
+                "left semi": "SEMI JOIN", "left anti": "ANTI JOIN"}[join.join_type]
         on = " AND ".join(f"l.{ident(a)} = r.{ident(b)}" for a, b in zip(join.left_keys, join.right_keys))
         if join.HasField("filter"):  # the sides' names differ (checked): unqualified names are unambiguous
             both = pa.schema([*left, *right])
@@ -331,8 +332,11 @@ class Translator(_Chains):
         if len(sides) != len(schema):
             raise Untranslatable("a join whose output is not its inputs' columns")
         items = [named(f"{q}.{ident(n)}", out) for (q, n), out in zip(sides, schema.names)]
+        kept = mark_scan(join, here, self.task.schemas, self.key_filters, self.task.names) if self.whole and not self.query else None
         lsub = f"({self.relation(join.left, f'{here}.left')}) AS l"
         rsub = f"{self.right_side(join, here)} AS r"
+        if kept is not None:
+            kept.source = build_source(rsub) or ""
         return f"SELECT {', '.join(items)} FROM {lsub} {kind} {rsub} ON {on}"
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -21,6 +21,8 @@ import pyarrow.compute as pc
 
 from flight.engine.decode import decode_threads
 from flight.engine.duck.alike import Alike, share_alike_builds
+from flight.engine.duck.keyfilter import KeyFilter
+from flight.engine.duck.keyfilter import resolve as resolve_key_filters
 from flight.engine.duck.shared import reducing, share_repeated_subqueries
 from flight.engine.duck.task import ENGINE_ERRORS, UNITS, DuckTask, Statement, error_kind, stream
 from flight.engine.pruning import prune_of
@@ -151,6 +153,7 @@ def whole_feeds(
     text: str,
     schema: pa.Schema,
     alike: Mapping[str, Alike] | None = None,
+    kept: Sequence[KeyFilter] = (),
 ) -> Iterator[pa.RecordBatch]:
     """The stage's query once every scan's units have arrived, each scan reading all its files.
 
@@ -163,11 +166,19 @@ def whole_feeds(
     files: list[tuple[str, str, str]] = []
     sources: dict[str, str] = {}
     text, builds = _tables_of_sources(task, cur, text, builds)
+    scan_files: dict[str, list[str]] = {}
     for feed in feeds:
+        before = len(files)
         source = _feed_source(task, cur, feed, taken, files)
+        scan_files[feed.path] = [real for _, _, real in files[before:]]
         text = text.replace(feed.token, source)
         builds = [(n, b.replace(feed.token, source)) for n, b in builds]
         sources[feed.token] = source
+    if kept:
+        try:
+            text, builds = resolve_key_filters(cur, kept, scan_files, text, builds)
+        except ENGINE_ERRORS as exc:
+            raise task.failure(exc) from None
     builds, text = share_alike_builds(builds, text, alike or {}, sources)  # a CTE's uses under other names, built once
     text = share_repeated_subqueries(text, reducing(cur))  # the copies of a CTE's or a grouping set's input, computed once
     try:
