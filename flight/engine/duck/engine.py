@@ -244,8 +244,8 @@ def _translated(task: DuckTask, plan: plan_pb2.StagePlan, wide: bool, key: bytes
         task.names = itertools.count(known.names + 1)  # as after the translation: the names it took are the text's
         return dataclasses.replace(known, builds=list(known.builds), feeds=list(known.feeds), alike=dict(known.alike))
     # Joined scans (a co-located join's sides) are one query over all of each side's files:
-    # DuckDB then picks the build side and reads every file itself.
-    translator = Translator(task, whole=wide or parquet_scans(plan.root) > 1, query=wide)
+    # DuckDB then picks the build side and reads every file itself. So is a whole aggregate (``merges_units``).
+    translator = Translator(task, whole=wide or parquet_scans(plan.root) > 1 or merges_units(plan.root), query=wide)
     text = translator.relation(plan.root, "plan.root")
     made = _Translation(text, translator.builds, translator.feeds, translator.alike, next(task.names), translator.root_fragment,
                         list(translator.key_filters.values()))
@@ -299,6 +299,18 @@ _BOUND_MAX = 4096
 def parquet_scans(root: plan_pb2.Operator) -> int:
     """How many Parquet feed scans the stage has."""
     return sum(1 for op in operators(root) if op.WhichOneof("kind") == "feed_scan" and op.feed_scan.reader == "parquet")
+
+
+def merges_units(root: plan_pb2.Operator) -> bool:
+    """Whether the stage has a whole (not partial) aggregate and a Parquet scan: it then reads the task's files as one
+    query, which aggregates once, instead of a partial aggregate per work unit merged after (``local_partial``).
+
+    Why: an aggregate runs whole in a task when its rows are all there (one task, or each task a key range of the
+    files), and it gives no row before its last unit either way. Where units hold different keys, as key ranges
+    do, the per-unit partials reduce nothing across units, and every group crossed into Arrow to be hashed again:
+    TPC-H Q18's ``l_orderkey`` groups with ``sum(l_quantity) > 300`` at SF 10, 7.5 million groups a task on two
+    one-core hosts, took 2.3 to 2.9 s a task, against 1.4 to 1.9 s for DuckDB's own query over the same files."""
+    return parquet_scans(root) > 0 and any(op.WhichOneof("kind") == "aggregate" and not op.aggregate.partial for op in operators(root))
 
 
 def worth_it(root: plan_pb2.Operator) -> bool:
