@@ -72,3 +72,9 @@ def test_queries_whose_broadcast_keys_may_filter_a_scan_answer_as_duckdb(two_hos
         oracle.sql(f"create view {t} as select * from read_parquet({[str(p) for p in files[t]]})")
     got = flight.DistributedExec(flight.sql(SQL[q], catalog), two_hosts.urls, **SPLIT).to_table()
     assert compare(got, decimals_as_numbers(oracle.sql(SQL[q]).to_arrow_table()), ORDERED.get(q)) is None
+
+
+def test_a_scan_whose_footers_cannot_be_read_is_not_filtered(tmp_path: Path) -> None:
+    path = tmp_path / "broken.parquet"
+    path.write_bytes(b"not parquet at all")
+    assert _resolved(1, str(path)) == "SELECT * FROM x WHERE TRUE"

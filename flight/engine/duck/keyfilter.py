@@ -130,6 +130,6 @@ def _key_bound(paths: Sequence[str], column: str) -> int | None:
                     return None
                 low = stats.min if low is None else min(low, stats.min)
                 high = stats.max if high is None else max(high, stats.max)
-    except (OSError, pa.ArrowException):
+    except (OSError, ValueError, pa.ArrowException):  # unreadable footers or statistics: the scan is not filtered
         return None
     return None if low is None or high is None else int(high) - int(low) + 1
