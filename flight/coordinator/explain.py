@@ -101,6 +101,7 @@ def _stage(ex: Explained, stage: StageSpec, urls: list[str], metrics: dict) -> l
                 + (f"; {scan}" if (scan := m.describe_scan()) else "")
             )
         lines.append(line)
+        lines += [f"    note: {n}" for n in (metrics[key].notes if key in metrics else ())]
     lines += _output(ex, stage, metrics)
     lines += _accounting(ex, stage, metrics)
     lines += ["  " + line for line in stage.root.explain_lines()]

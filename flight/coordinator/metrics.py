@@ -65,6 +65,8 @@ class TaskStats:
     scan_bytes_skipped: int = 0
     inputs: tuple[tuple[int, int], ...] = ()
     """(stage id, rows) read from each stage below, every stream checked by its trailers (protocol §17)."""
+    notes: tuple[str, ...] = ()
+    """What the task's engine decided from what it received (``TaskMetrics.notes``: a broadcast's keys kept by a scan)."""
 
     def describe_scan(self) -> str:
         """``row groups 2/100 read (1.2 of 80.0 MB)``, or "" when its readers read no row group."""
@@ -93,6 +95,7 @@ class TaskStats:
             m.scan.bytes_read,
             m.scan.bytes_skipped,
             tuple((i.stage_id, i.rows) for i in m.inputs[:64]),  # a peer's list: a plan reads few stages
+            tuple(clip(n, 300) for n in m.notes[:16]),  # a peer's words, shown by explain(): few and short
         )
 
 

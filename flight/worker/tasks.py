@@ -72,6 +72,7 @@ class Task:
         self.unavailable: tuple[str, str] | None = None  # (worker, why) when a worker it needs is gone: DoGet says UNAVAILABLE
         self._on_cancel: list[Callable[[], None]] = []
         self.engine = ""  # what computes the task, set by the pipeline once it starts (metrics)
+        self.notes: list[str] = []  # what its engine decided at run time (flight.engine.duck.keyfilter), for explain()
         self.scan_stats = ScanStats()  # its Parquet readers' row groups read and skipped (metrics)
         self.error: BaseException | None = None  # what stopped the task from outside (bad frame)
         self.failure: Exception | None = None  # the Flight error the exchange ends with
@@ -238,6 +239,7 @@ class Task:
             elapsed_nanos=int((time.perf_counter() - self.started) * 1e9),
             feeds=[inbox.metrics() for inbox in self.inboxes.values()],
             engine=self.engine,
+            notes=self.notes,
             scan=self.scan_stats.to_proto(),
             bytes_spilled=self.output.spilled_bytes if self.output is not None else 0,
             inputs=[protocol_pb2.StageRows(stage_id=s, rows=r, batches=b) for s, (r, b) in sorted(self.read_from.items())],

@@ -3,7 +3,7 @@
 ``resolve`` is checked on real Parquet footers and a real DuckDB table: the filter where the build holds few of
 the keys the footers allow, ``TRUE`` where it holds most. The queries whose co-located stages get it (TPC-H Q3:
 customers of one segment, broadcast above orders ⋈ lineitem; Q7: every customer, so no filter) run on two
-workers on their own addresses and answer as DuckDB does.
+workers on their own addresses and answer as DuckDB does; each task's decision reaches explain().
 """
 
 from __future__ import annotations
@@ -37,9 +37,10 @@ def _resolved(keys: int, path: str) -> str:
     cur.execute(f"CREATE TEMP TABLE __flight_source_3_table AS SELECT range + 1 AS c_custkey FROM range({keys})")
     kept = KeyFilter("__flight_keys_1__", "plan.root.scan", "o_custkey", build_source("(SELECT * FROM __flight_source_3) AS r") or "",
                      "c_custkey")
-    text, builds = resolve(cur, [kept], {"plan.root.scan": [path]}, "SELECT * FROM x WHERE __flight_keys_1__",
-                           [("b", "SELECT 1 WHERE __flight_keys_1__")])
+    text, builds, notes = resolve(cur, [kept], {"plan.root.scan": [path]}, "SELECT * FROM x WHERE __flight_keys_1__",
+                                  [("b", "SELECT 1 WHERE __flight_keys_1__")])
     assert builds[0][1] == text.replace("SELECT * FROM x", "SELECT 1")
+    assert len(notes) == 1 and notes[0].startswith("'o_custkey' " + ("kept" if "IN" in text else "not kept"))
     return text
 
 
@@ -70,8 +71,15 @@ def test_queries_whose_broadcast_keys_may_filter_a_scan_answer_as_duckdb(two_hos
     oracle = duckdb.connect()
     for t in TABLES:
         oracle.sql(f"create view {t} as select * from read_parquet({[str(p) for p in files[t]]})")
-    got = flight.DistributedExec(flight.sql(SQL[q], catalog), two_hosts.urls, **SPLIT).to_table()
+    ex = flight.DistributedExec(flight.sql(SQL[q], catalog), two_hosts.urls, **SPLIT)
+    got = ex.to_table()
     assert compare(got, decimals_as_numbers(oracle.sql(SQL[q]).to_arrow_table()), ORDERED.get(q)) is None
+    notes = [n for t in ex.metrics.tasks for n in t.notes]  # explain(analyze=True) prints them under each task
+    if q == 3:  # a fifth of the customers (one market segment), broadcast above orders ⋈ lineitem: orders keeps their keys
+        assert len(notes) == 2 and all(n.startswith("'o_custkey' kept to a broadcast's 'c_custkey' keys") for n in notes)
+        assert "    note: 'o_custkey' kept to a broadcast's 'c_custkey' keys" in ex.explain(analyze=True)
+    else:  # every customer, or no such join: nothing kept
+        assert not [n for n in notes if " kept " in n and "not kept" not in n]
 
 
 def test_a_scan_whose_footers_cannot_be_read_is_not_filtered(tmp_path: Path) -> None:

@@ -98,20 +98,28 @@ def build_source(right_text: str) -> str | None:
 
 
 def resolve(cur: duckdb.DuckDBPyConnection, filters: Sequence[KeyFilter], files: Mapping[str, list[str]],
-            text: str, builds: list[tuple[str, str]]) -> tuple[str, list[tuple[str, str]]]:
-    """The query and its builds with each placeholder made the filter or ``TRUE`` (see the module docstring).
-    ``files``: each whole scan's local Parquet files by its path (a scan of other units is not filtered)."""
+            text: str, builds: list[tuple[str, str]]) -> tuple[str, list[tuple[str, str]], list[str]]:
+    """The query and its builds with each placeholder made the filter or ``TRUE`` (see the module docstring), and
+    what was decided, in words (``TaskMetrics.notes``: explain() shows them). ``files``: each whole scan's local
+    Parquet files by its path (a scan of other units is not filtered)."""
+    notes = []
     for f in filters:
         condition = "TRUE"
         bound = _key_bound(files.get(f.scan_path, []), f.column)
-        if bound is not None and f.source:
+        if bound is None or not f.source:
+            notes.append(f"{f.column!r} not kept to a broadcast's {f.build_key!r} keys: no integer bound in its footers")
+        else:
             table = f"{f.source}_table"
-            rows = cur.execute(f"SELECT count(*) FROM {table}").fetchall()  # all: the cursor then has no open result
-            if rows and rows[0][0] <= KEEPS * bound:
+            found = cur.execute(f"SELECT count(*) FROM {table}").fetchall()  # all: the cursor then has no open result
+            rows = int(found[0][0]) if found else bound
+            kept = rows <= KEEPS * bound
+            if kept:
                 condition = f"{ident(f.column)} IN (SELECT {ident(f.build_key)} FROM {table})"
+            notes.append(f"{f.column!r} {'kept' if kept else 'not kept'} to a broadcast's {f.build_key!r} keys: {rows:,} rows "
+                         f"against {bound:,} values its footers allow")
         text = text.replace(f.placeholder, condition)
         builds = [(n, b.replace(f.placeholder, condition)) for n, b in builds]
-    return text, builds
+    return text, builds, notes
 
 
 def _key_bound(paths: Sequence[str], column: str) -> int | None:

@@ -176,7 +176,8 @@ def whole_feeds(
         sources[feed.token] = source
     if kept:
         try:
-            text, builds = resolve_key_filters(cur, kept, scan_files, text, builds)
+            text, builds, notes = resolve_key_filters(cur, kept, scan_files, text, builds)
+            getattr(task.inputs, "notes", []).extend(notes)
         except ENGINE_ERRORS as exc:
             raise task.failure(exc) from None
     builds, text = share_alike_builds(builds, text, alike or {}, sources)  # a CTE's uses under other names, built once

@@ -844,6 +844,7 @@ class TaskMetrics(_message.Message):
     BYTES_SPILLED_FIELD_NUMBER: _builtins.int
     INPUTS_FIELD_NUMBER: _builtins.int
     SENT_FIELD_NUMBER: _builtins.int
+    NOTES_FIELD_NUMBER: _builtins.int
     worker_url: _builtins.str
     rows_out: _builtins.int
     batches_out: _builtins.int
@@ -876,6 +877,12 @@ class TaskMetrics(_message.Message):
     def sent(self) -> Global___StreamTrailer:
         """A map stage's output on its exchange: what the worker sent, for the reader to check (section 17)."""
 
+    @_builtins.property
+    def notes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """What the task's engine decided from what it received (a broadcast's keys kept by a scan below another join,
+        or not: docs/engine.md), in words for explain(); a coordinator keeps at most 16, each clipped (older workers send none).
+        """
+
     def __init__(
         self,
         *,
@@ -894,10 +901,11 @@ class TaskMetrics(_message.Message):
         bytes_spilled: _builtins.int = ...,
         inputs: _abc.Iterable[Global___StageRows] | None = ...,
         sent: Global___StreamTrailer | None = ...,
+        notes: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["scan", b"scan", "sent", b"sent", "stage_key", b"stage_key"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches_out", b"batches_out", "bytes_in", b"bytes_in", "bytes_in_local", b"bytes_in_local", "bytes_out", b"bytes_out", "bytes_spilled", b"bytes_spilled", "elapsed_nanos", b"elapsed_nanos", "engine", b"engine", "feeds", b"feeds", "inputs", b"inputs", "rows_in", b"rows_in", "rows_out", b"rows_out", "scan", b"scan", "sent", b"sent", "stage_key", b"stage_key", "worker_url", b"worker_url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches_out", b"batches_out", "bytes_in", b"bytes_in", "bytes_in_local", b"bytes_in_local", "bytes_out", b"bytes_out", "bytes_spilled", b"bytes_spilled", "elapsed_nanos", b"elapsed_nanos", "engine", b"engine", "feeds", b"feeds", "inputs", b"inputs", "notes", b"notes", "rows_in", b"rows_in", "rows_out", b"rows_out", "scan", b"scan", "sent", b"sent", "stage_key", b"stage_key", "worker_url", b"worker_url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
