@@ -10,7 +10,8 @@ The translator (``flight.engine.duck.translate``) marks such a scan with a place
 (``KeyFilter``); once the stage's inputs are tables (``flight.engine.duck.units``), ``resolve`` makes it the
 semi-join filter where the build holds at most half the keys the scan's footers allow (``max - min + 1`` of an
 integer column), and ``TRUE`` elsewhere: a build of every customer (TPC-H Q5, Q7, Q8) filters nothing, and its
-second hash table cost more than the first (Q7 took 1.8 times as long).
+second hash table cost more than the first (Q7 took 1.8 times as long). A join side whose text holds a placeholder
+is never taken for a copy of another (``flight.engine.duck.alike``): its rows may be fewer.
 """
 
 from __future__ import annotations

@@ -313,7 +313,7 @@ class Translator(_Chains):
         name = f"__flight_whole_build_{next(self.task.names)}__"
         self.builds.append((name, text))
         key = alike_key(join.right, {f.scan.feed.feed_id: f.token for f in self.feeds})
-        if key is not None:
+        if key is not None and "__flight_keys_" not in text:  # a scan in it may keep a broadcast's keys: not a copy
             self.alike[name] = Alike(key, tuple(self.task.schemas[f"{here}.right"].names))
         return name
 
