@@ -18,7 +18,7 @@ from flight.sources.statistics import FileRange, as_number
 from flight.sources.storage import Location, open_input, parse_location, process_filesystems
 from flight.wire._proto import plan_pb2
 
-__all__ = ["FileGroups", "FileListProvider", "ListingProvider"]
+__all__ = ["FileGroups", "FileListProvider", "ListingProvider", "footer_range"]
 
 
 class FileListProvider(WorkUnitFeedProvider):
@@ -62,7 +62,7 @@ class FileListProvider(WorkUnitFeedProvider):
         """The least and greatest value of column ``name`` over every row group (``ranges.as_number``
         values), from the Parquet footers; None when a footer lacks them or they are not numbers."""
         if name not in self._ranges:
-            self._ranges[name] = _column_range(self.paths, name)
+            self._ranges[name] = footer_range(self.paths, name)
         return self._ranges[name]
 
     def key_ranges(self, name: str) -> list[FileRange] | None:
@@ -135,7 +135,9 @@ def splits(split_row_groups: bool | int, size: int) -> bool:
     return size > split_row_groups
 
 
-def _column_range(paths: list[str], name: str) -> tuple[float, float] | None:
+def footer_range(paths: list[str], name: str) -> tuple[float, float] | None:
+    """The least and greatest value of column ``name`` over the files' row groups (``ranges.as_number`` values), from
+    their footers (remembered with them: ``footer_derived``); None when one lacks them or cannot be read."""
     found = [f for f in _file_ranges(paths, name) or [] if f.rows > 0]
     if not found:
         return None

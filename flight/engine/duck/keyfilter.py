@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from flight.engine.duck.sqltext import ident
+from flight.sources.providers import footer_range
 from flight.wire._proto import plan_pb2
 
 __all__ = ["KEEPS", "KeyFilter", "build_source", "key_source", "mark_scan", "resolve"]
@@ -123,22 +123,9 @@ def resolve(cur: duckdb.DuckDBPyConnection, filters: Sequence[KeyFilter], files:
     return text, builds, notes
 
 
-def _key_bound(paths: Sequence[str], column: str) -> int | None:
-    """``max - min + 1`` of an integer column over the files' row group statistics, or None when any lacks them."""
-    low = high = None
-    try:
-        for path in paths:
-            meta = pq.read_metadata(path)
-            paths = [meta.schema.column(i).path for i in range(meta.num_columns)]
-            if column not in paths:
-                return None
-            index = paths.index(column)
-            for g in range(meta.num_row_groups):
-                stats = meta.row_group(g).column(index).statistics
-                if stats is None or not stats.has_min_max or not isinstance(stats.min, int):
-                    return None
-                low = stats.min if low is None else min(low, stats.min)
-                high = stats.max if high is None else max(high, stats.max)
-    except (OSError, ValueError, pa.ArrowException):  # unreadable footers or statistics: the scan is not filtered
+def _key_bound(paths: list[str], column: str) -> int | None:
+    """``max - min + 1`` of an integer column over the files' footers, or None when they do not bound it."""
+    found = footer_range(paths, column)
+    if found is None or not all(float(x).is_integer() and abs(x) <= 2**53 for x in found):
         return None
-    return None if low is None or high is None else int(high) - int(low) + 1
+    return int(found[1]) - int(found[0]) + 1
