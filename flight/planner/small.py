@@ -20,6 +20,7 @@ import pyarrow as pa
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, InputCallNode, LimitNode, Node
 from flight.plan.relnodes import AggregateNode, JoinNode, SortNode, UnionNode
 from flight.planner.cost import row_width
+from flight.planner.groups import group_bound
 from flight.planner.keysets import estimated_rows
 from flight.planner.prune import scan_columns
 from flight.planner.reuse import repeated_subtrees
@@ -94,9 +95,14 @@ def reads_twice(root: Node) -> bool:
 
 
 def many_groups(root: Node) -> bool:
-    """Whether ``root`` aggregates ``SPLIT_GROUPS`` or more groups, or an unknown number (estimated)."""
-    groups = [estimated_rows(n) for n in root.walk() if isinstance(n, AggregateNode) and n.keys]
-    return any(g is None or g >= SPLIT_GROUPS for g in groups)
+    """Whether ``root`` aggregates ``SPLIT_GROUPS`` or more groups, or an unknown number (estimated, and no more
+    than what its keys can hold: ``flight.planner.groups``)."""
+    for node in root.walk():
+        if isinstance(node, AggregateNode) and node.keys:
+            known = [g for g in (estimated_rows(node), group_bound(node)) if g is not None]
+            if not known or min(known) >= SPLIT_GROUPS:
+                return True
+    return False
 
 
 def hands_off(plan: QueryPlan) -> bool:

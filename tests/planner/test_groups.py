@@ -1,0 +1,114 @@
+"""How many groups an aggregate can make (``flight.planner.groups``): bounds from what its keys can hold.
+
+Each bound is checked against the true number of groups, counted by DuckDB over the same files (a bound
+below it would be wrong), and for tightness where the data gives one: a dimension's rows, a footer's range.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import flight
+import flight.coordinator.exec as exec_module
+from flight.plan.relnodes import AggregateNode
+from flight.planner import small
+from flight.planner.groups import distinct_bound, group_bound
+from flight.planner.optimize import push_filters
+
+FACTS = 20_000
+URLS = ["grpc://127.0.0.1:1", "grpc://127.0.0.1:2"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]:
+    root = tmp_path_factory.mktemp("groups")
+    day = dt.date(2020, 1, 1)
+    facts = pa.table({
+        "k": pa.array([i % 500 for i in range(FACTS)], pa.int64()),
+        "v": pa.array(range(FACTS), pa.int64()),
+        "d": pa.array([day + dt.timedelta(days=i % 900) for i in range(FACTS)], pa.date32()),
+        "note": pa.array([f"note {i % 77}" for i in range(FACTS)]),
+    })
+    dims = pa.table({"dk": pa.array(range(500), pa.int64()), "name": pa.array([f"name {i % 13}" for i in range(500)])})
+    out: dict[str, list[Path]] = {"facts": [], "dims": []}
+    for name, table, parts in (("facts", facts, 4), ("dims", dims, 2)):
+        for i in range(parts):
+            path = root / f"{name}{i}.parquet"
+            pq.write_table(table.slice(i * table.num_rows // parts, table.num_rows // parts), path)
+            out[name].append(path)
+    return out
+
+
+def _catalog(files: dict[str, list[Path]]) -> flight.Catalog:
+    return flight.Catalog({name: flight.read_parquet(paths) for name, paths in files.items()})
+
+
+def _aggregate(text: str, files: dict[str, list[Path]]) -> AggregateNode:
+    root = push_filters(flight.sql(text, _catalog(files)).node)
+    found = [n for n in root.walk() if isinstance(n, AggregateNode) and n.keys]
+    assert len(found) == 1, root.explain_lines()
+    return found[0]
+
+
+def _true_groups(text: str, files: dict[str, list[Path]]) -> int:
+    con = duckdb.connect()
+    for name, paths in files.items():
+        con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({[str(p) for p in paths]})")
+    return len(con.execute(text).fetchall())
+
+
+@pytest.mark.parametrize(
+    ("text", "at_most"),
+    [
+        # A dimension's name after a join: at most the dimension's rows (and a null), not a tenth of the facts.
+        ("SELECT name, count(*) FROM facts JOIN dims ON k = dk GROUP BY name", 501),
+        # An integer key: the width of its footers' range (0..499) and a null.
+        ("SELECT k, sum(v) FROM facts GROUP BY k", 501),
+        # A function of one date column: no more values than the column's range of days (900) and a null.
+        ("SELECT extract(year FROM d) AS y, count(*) FROM facts GROUP BY extract(year FROM d)", 901),
+        # Two keys multiply; a filter keeps no more values than it reads.
+        ("SELECT k, name, count(*) FROM facts JOIN dims ON k = dk WHERE v > 100 GROUP BY k, name", 501 * 501),
+        # A string of the facts: their rows bound it.
+        ("SELECT note, count(*) FROM facts GROUP BY note", FACTS + 1),
+        # The null-extended side of an outer join holds one value more: the null.
+        ("SELECT name, count(*) FROM facts LEFT JOIN dims ON k = dk GROUP BY name", 502),
+    ],
+)
+def test_the_bound_holds_every_group_and_is_what_the_keys_allow(files: dict[str, list[Path]], text: str, at_most: float) -> None:
+    bound = group_bound(_aggregate(text, files))
+    assert bound is not None and bound <= at_most
+    assert bound >= _true_groups(text, files)
+
+
+def test_a_key_computed_from_two_columns_is_not_bounded(files: dict[str, list[Path]]) -> None:
+    node = _aggregate("SELECT k + v AS s, count(*) FROM facts GROUP BY k + v", files)
+    assert group_bound(node) is None
+    assert distinct_bound(node.input, node.keys[0]) is None
+
+
+def test_a_query_grouping_by_few_values_is_planned_once_on_one_host(files: dict[str, list[Path]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-host rule plans a query's split only to see whether it hands rows off, and only when it may aggregate
+    many groups: a tenth of 20,000 rows is past a threshold of 1,000, the 501 names the dimension holds are not."""
+    monkeypatch.setattr(small, "SPLIT_GROUPS", 1_000)
+    calls: list[int] = []
+    real = exec_module.plan_query
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(int(args[1]))  # type: ignore[call-overload]
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(exec_module, "plan_query", counted)
+    options = {"small_query_bytes": 1, "one_host_query_bytes": 1 << 30}
+    few = flight.sql("SELECT name, count(*) AS n FROM facts JOIN dims ON k = dk GROUP BY name", _catalog(files))
+    flight.DistributedExec(few, URLS, **options)
+    assert calls == [1]
+    calls.clear()
+    many = flight.sql("SELECT v, count(*) AS n FROM facts JOIN dims ON k = dk GROUP BY v", _catalog(files))
+    flight.DistributedExec(many, URLS, **options)
+    assert calls[0] == 2  # 20,000 values of v may be many groups: the split is planned first
