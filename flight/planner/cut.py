@@ -43,6 +43,7 @@ from flight.planner.colocate import in_range, spread_keys
 from flight.planner.cost import broadcast_pays
 from flight.planner.eager import eager_aggregates
 from flight.planner.frag import Frag, frag_bytes, grown, size_text, smaller
+from flight.planner.groups import aggregate_rows
 from flight.planner.inputs import check_inputs_read_once, fix_to_input
 from flight.planner.keysets import reduce_aggregate_inputs
 from flight.planner.literal import literal_join, semi_rows
@@ -220,7 +221,7 @@ class _Planner:
         if node.keys and inner is not None and set(node.keys) <= set(inner.keys):
             self.hash_on[id(inner)] = list(node.keys)  # shuffle it on these: this aggregate then needs none
         f = self.build(node.input)
-        rows = 1.0 if not node.keys else (None if f.rows is None else max(1.0, f.rows * 0.1))
+        rows = aggregate_rows(node, f.rows, f.tasks)
         if f.tasks == 1 or node.partial:  # partial: a sunk pre-aggregate (flight.planner.eager), merged above
             return self.wrap(f, AggregateNode(f.node, node.keys, node.calls, node.label_text, partial=node.partial), rows)
         if node.keys and f.hashed and set(f.hashed) <= set(node.keys):  # every group is whole in one task already
@@ -262,7 +263,8 @@ class _Planner:
             else:
                 outputs.append((c.name, col(part(c.function, c.expr))))
         label = node.label_text or "Aggregate"
-        pre = self.wrap(f, AggregateNode(f.node, node.keys, partial, f"Partial{label}", partial=True), f.rows)
+        pre_node = AggregateNode(f.node, node.keys, partial, f"Partial{label}", partial=True)
+        pre = self.wrap(f, pre_node, aggregate_rows(node, f.rows, f.tasks, partial=True))
         read = self.cut(pre, mode, hash_keys)
         merged = AggregateNode(read, node.keys, final, f"Final{label}")
         return self.consumer(ProjectNode(merged, outputs), tasks, rows, [read], hashed=hash_keys or None)  # type: ignore[arg-type]

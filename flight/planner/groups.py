@@ -19,10 +19,29 @@ from flight.plan.nodes import FeedScanNode, FilterNode, LimitNode, Node, Project
 from flight.plan.relnodes import AggregateNode, JoinNode, SortNode, UnionNode
 from flight.planner.optimize import join_sides
 
-__all__ = ["distinct_bound", "group_bound"]
+__all__ = ["GUESS", "aggregate_rows", "distinct_bound", "group_bound"]
 
 VOLATILE = frozenset({"random", "uuid"})
 """Functions whose value is not one per input value: an expression calling one is bounded by nothing."""
+
+
+GUESS = 0.1
+"""The textbook guess of an aggregate's groups, as a share of its input's rows, where nothing better is known."""
+
+
+def aggregate_rows(node: AggregateNode, input_rows: float | None, tasks: int = 1, partial: bool = False) -> float | None:
+    """The rows ``node`` gives from ``input_rows``: the least of ``GUESS`` of them and its keys' bound; with
+    ``partial`` (the split's pre-aggregate, run by each of ``tasks`` on its own rows) its input's rows, or each
+    task's groups if fewer. None when neither is known. (An aggregate sunk below a join, ``node.partial``, is
+    guessed as a whole one is: it groups by the join's keys too.)"""
+    if not node.keys:
+        return float(tasks) if partial else 1.0
+    bound = group_bound(node)
+    if bound is not None and partial:
+        bound *= tasks
+    guess = input_rows if partial or input_rows is None else max(1.0, input_rows * GUESS)
+    known = [r for r in (guess, bound) if r is not None]
+    return min(known) if known else None
 
 
 def group_bound(node: AggregateNode) -> float | None:

@@ -31,6 +31,7 @@ from flight.plan.nodes import FeedScanNode, FilterNode, Node, ProjectNode
 from flight.plan.relnodes import AggregateNode, JoinNode, UnionNode
 from flight.planner.cost import row_width
 from flight.planner.eager import map_children
+from flight.planner.groups import aggregate_rows
 from flight.planner.notes import join_text, repeatable
 from flight.planner.optimize import join_sides
 from flight.planner.ranges import filter_selectivity
@@ -192,8 +193,7 @@ def estimated_rows(node: Node) -> float | None:
     if isinstance(node, ProjectNode):
         return estimated_rows(node.input)
     if isinstance(node, AggregateNode):
-        rows = estimated_rows(node.input)
-        return 1.0 if not node.keys else (None if rows is None else max(1.0, rows * 0.1))
+        return aggregate_rows(node, estimated_rows(node.input))
     if isinstance(node, JoinNode):
         left, right = estimated_rows(node.left), estimated_rows(node.right)
         if node.join_type in ("left semi", "left anti"):

@@ -18,7 +18,7 @@ import flight
 import flight.coordinator.exec as exec_module
 from flight.plan.relnodes import AggregateNode
 from flight.planner import small
-from flight.planner.groups import distinct_bound, group_bound
+from flight.planner.groups import GUESS, aggregate_rows, distinct_bound, group_bound
 from flight.planner.optimize import push_filters
 
 FACTS = 20_000
@@ -84,6 +84,21 @@ def test_the_bound_holds_every_group_and_is_what_the_keys_allow(files: dict[str,
     bound = group_bound(_aggregate(text, files))
     assert bound is not None and bound <= at_most
     assert bound >= _true_groups(text, files)
+
+
+def test_estimates_take_the_least_of_the_guess_and_the_bound(files: dict[str, list[Path]]) -> None:
+    """A whole aggregate: a tenth of its input or its keys' bound; the split's partial one, run by each task on its
+    own rows: its input, or every task's groups; an unknown input leaves the bound."""
+    node = _aggregate("SELECT name, count(*) FROM facts JOIN dims ON k = dk GROUP BY name", files)
+    bound = group_bound(node)
+    assert bound is not None
+    assert aggregate_rows(node, 1_000_000.0) == bound
+    assert aggregate_rows(node, 1_000.0) == 1_000.0 * GUESS
+    assert aggregate_rows(node, 1_000_000.0, tasks=4, partial=True) == 4 * bound
+    assert aggregate_rows(node, 100.0, tasks=4, partial=True) == 100.0
+    assert aggregate_rows(node, None) == bound
+    unbounded = _aggregate("SELECT k + v AS s, count(*) FROM facts GROUP BY k + v", files)
+    assert aggregate_rows(unbounded, None) is None and aggregate_rows(unbounded, 50.0) == 5.0
 
 
 def test_a_key_computed_from_two_columns_is_not_bounded(files: dict[str, list[Path]]) -> None:
