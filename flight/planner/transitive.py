@@ -13,16 +13,29 @@ Trino's dynamic filters reach the same scans at run time.
 Exact: the join keeps only rows whose key equals the filtered table's key through a chain of inner
 joins (``_bounding`` follows it), so the semi join drops only rows the join would drop.
 
-Applied to an inner join's side that is one scan (under filters and projects: the semi join lands at
-the scan) when the bounding table is reached from the other side's key through another join's key
-equality (one the key only passes through from is that join's own input, which it filters already),
-is filtered (an unfiltered table bounds nothing a foreign key does not), is estimated at least
-``RATIO`` times smaller than the scan side and small enough to broadcast, and reads repeatable sources
-(it is read a second time for this). Only for plans of more than one task: one task moves nothing.
+Applied to an inner join's side at the scan its key comes from (under filters and projects, and through
+the inner joins and semi joins' left sides of that side: the semi join lands right above the scan, deep in
+the side if need be) when the bounding table is reached from the other side's key through another join's
+key equality (one the key only passes through from is that join's own input, which it filters already),
+is filtered (an unfiltered table bounds nothing a foreign key does not), is estimated at least ``RATIO``
+times smaller than the scan and small enough to broadcast, and reads repeatable sources (it is read a
+second time for this). A scan whose key a semi join bounds already is left alone. Only for plans of more
+than one task: one task moves nothing.
+
+A reduction can make a table filtered that bounds another join's key, so the walk runs again (at most
+``PASSES`` times) while it finds more: TPC-H Q5's region (``ASIA``) bounds nation's region key, nation's
+keys then bound supplier's and, through ``c_nationkey = s_nationkey``, customer's, whose 1.5 million rows
+at SF 10 were broadcast whole to meet lineitem where a fifth of them could match (a task's query 1.13 ->
+0.95 s in DuckDB alone with that fifth). Below another join of its side, a scan is reduced only when its key
+meets no join on the way (there the other side bounds it soon anyway: TPC-H Q9's lineitem and part, 11%
+slower with both), and it stays reduced only when it is large (``LARGE_ROWS``): a small one (a dimension)
+is read in place by every task, and a semi join made it a stage of its own (TPC-H Q7's supplier, 1.16 ->
+1.73 s); its reduction served only to bound a larger scan's key, and is taken out again once the walks end.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pyarrow as pa
@@ -36,31 +49,136 @@ from flight.planner.keysets import estimated_rows, filtered, smallest_source
 from flight.planner.notes import join_text, repeatable
 from flight.planner.optimize import join_sides
 
-__all__ = ["RATIO", "reduce_join_inputs"]
+__all__ = ["DEEP_RATIO", "LARGE_ROWS", "PASSES", "RATIO", "reduce_join_inputs"]
 
 RATIO = 10.0
 """How much smaller (in rows) the bounding table must be estimated than the scan side."""
+
+PASSES = 4
+"""The most walks over the plan: each may find the reductions the one before made possible."""
+
+DEEP_RATIO = 100.0
+"""As ``RATIO``, for a scan below another join of its side: the joins between may meet the bound anyway (TPC-H Q21's
+lineitem, co-located with orders once its joins are rotated, was cut off from that by a reduction with orders'
+keys at 13 times fewer rows)."""
+
+LARGE_ROWS = 500_000
+"""A scan below another join of its side stays reduced only when estimated at least this many rows (module doc)."""
 
 
 def reduce_join_inputs(root: Node, max_bytes: float, keep: set[int] | None = None) -> tuple[Node, list[str]]:
     """``root`` with each inner join's scan side reading only the keys a filtered table beneath the other side
     can match (module doc). ``keep``: ids of nodes left as they are (a CTE's uses, ``keysets``)."""
-    notes: list[str] = []
-    kept = keep or set()
+    reducer = _Reducer(max_bytes, keep or set())
+    for _ in range(PASSES):
+        found = len(reducer.made)
+        root = reducer.walk(root)
+        if len(reducer.made) == found:
+            break
+    root = reducer.cleaned(root)
+    return root, [note for note, kept in reducer.made.values() if kept]
 
-    def walk(node: Node) -> Node:
-        if id(node) in kept:
+
+class _Reducer:
+    """One plan's reductions: ``made`` holds each semi join it made (by id) with its note, and whether it stays."""
+
+    def __init__(self, max_bytes: float, keep: set[int]) -> None:
+        self.max_bytes, self.keep = max_bytes, keep
+        self.made: dict[int, tuple[str, bool]] = {}
+
+    def walk(self, node: Node) -> Node:
+        if id(node) in self.keep or id(node) in self.made:
             return node
-        node = map_children(node, walk)
+        node = map_children(node, self.walk)
         if not isinstance(node, JoinNode) or node.join_type != "inner" or node.filter is not None:
             return node
-        left = _reduced(node.left, node.left_keys, node.right, node.right_keys, max_bytes, notes, node)
+        left = self.reduced(node.left, node.left_keys, node.right, node.right_keys, node)
         if left is not None:
             node = replace(node, left=left)
-        right = _reduced(node.right, node.right_keys, node.left, node.left_keys, max_bytes, notes, node)
+        right = self.reduced(node.right, node.right_keys, node.left, node.left_keys, node)
         return node if right is None else replace(node, right=right)
 
-    return walk(root), notes
+    def cleaned(self, node: Node) -> Node:
+        """``node`` without the reductions that served only to bound others (their semi joins' left sides instead)."""
+        if id(node) in self.made:
+            return node if self.made[id(node)][1] else node.left  # type: ignore[attr-defined]
+        return map_children(node, self.cleaned)
+
+    def reduced(self, side: Node, keys: list[str], other: Node, other_keys: list[str], join: JoinNode) -> Node | None:
+        """``side`` with the scan one of ``keys`` comes from semi-joined with the smallest filtered table beneath
+        ``other``'s joins bounding that key, or None."""
+        for key, other_key in zip(keys, other_keys):
+
+            def bounded(scan: Node, column: str, beside: Node | None, other_key: str = other_key, key: str = key) -> Node | None:
+                rows = estimated_rows(scan)
+                joined = beside is not None
+                if rows is None or (joined and rows >= LARGE_ROWS and (estimated_rows(beside) or 0.0) < rows):  # type: ignore[arg-type]
+                    return None  # a large scan below a join it is the larger side of: it stays where it is read
+                # The other side itself bounds a scan below another join of this side: that join has not met it yet.
+                found = [(n, c) for n, c in _bounding(other, other_key, hopped=joined) if filtered(n)]
+                best = smallest_source(found, scan.schema.field(column).type)
+                if best is None:
+                    return None
+                small, source, bound = best
+                stays = not joined or rows >= LARGE_ROWS  # a small one's reduction only bounds others' (module doc)
+                if joined and stays and not any(isinstance(n, JoinNode) for n in source.walk()):
+                    return None  # a plain filtered table: the stage's engine joins it in the order it likes (TPC-DS q72)
+                ratio = DEEP_RATIO if joined and stays else RATIO
+                if small * ratio > rows or small * row_width(pa.schema([source.schema.field(bound)])) > self.max_bytes or not repeatable(source):
+                    return None
+                keys_only = ProjectNode(source, [(bound, col(bound))])
+                where = " (below a join of its side)" if joined else ""
+                note = (f"{join_text(join)}: its side {scan.label().split('[')[0]}{where} (~{rows:,.0f} rows) reads only the "
+                        f"{bound!r} values of a filtered {source.label().split('[')[0]} beneath the other side (~{small:,.0f} rows), "
+                        f"which {key!r} equals through the joins")
+                made = JoinNode(scan, keys_only, [column], [bound], "left semi")
+                self.made[id(made)] = note, stays
+                return made
+
+            made = self.at_scan(side, key, bounded)
+            if made is not None:
+                return made
+        return None
+
+    def at_scan(self, node: Node, key: str, make: Callable[[Node, str, Node | None], Node | None], beside: Node | None = None) -> Node | None:
+        """``node`` with ``make(scan side, column, beside)`` in place of the scan side that ``key`` comes from
+        (through projections, filters, inner joins and semi joins' left sides: each drops the rows the reduction
+        drops and keeps the column's values), or None: the key is computed, crosses another kind of join, meets
+        a join with a filtered table below ``node``'s top (``_met``), or the scan was reduced already. ``beside``:
+        the other input of the inner join nearest the scan on the way (None: no inner join lies between). Only the
+        path the key takes is rebuilt: a subplan used twice keeps its other use."""
+        if id(node) in self.made:
+            return None
+        if _scan_side(node):
+            return make(node, key, beside)
+        if isinstance(node, FilterNode):
+            inner = self.at_scan(node.input, key, make, beside)
+            return None if inner is None else replace(node, input=inner)
+        if isinstance(node, ProjectNode):
+            source = dict(node.exprs).get(key)
+            name = None if source is None else source.column_name()
+            inner = None if name is None else self.at_scan(node.input, name, make, beside)
+            return None if inner is None else replace(node, input=inner)
+        if isinstance(node, JoinNode) and node.join_type in ("inner", "left semi"):
+            where = join_sides(node).get(key)
+            if where is None or (node.join_type == "left semi" and where[1] in node.left_keys) or _met(node, *where):
+                return None  # computed, bounded by that semi join already, or met by a filtered table there
+            side, name = where
+            near = (node.right if side == "left" else node.left) if node.join_type == "inner" else beside
+            inner = self.at_scan(node.left if side == "left" else node.right, name, make, near)
+            if inner is None:
+                return None
+            return replace(node, left=inner) if side == "left" else replace(node, right=inner)
+        return None
+
+
+def _met(join: JoinNode, side: str, name: str) -> bool:
+    """Whether ``name`` of ``join``'s ``side`` is a key ``join`` equates with a filtered table's (a scan under its
+    filters) on its other side: that bounds the column there (TPC-H Q9's lineitem meets part), and a reduction
+    below would repeat it."""
+    keys, other, other_keys = ((join.left_keys, join.right, join.right_keys) if side == "left"
+                               else (join.right_keys, join.left, join.left_keys))
+    return name in keys and any(filtered(n) and _scan_side(n) for n, _ in _bounding(other, other_keys[keys.index(name)], True))
 
 
 def _scan_side(node: Node) -> bool:
@@ -91,26 +209,3 @@ def _bounding(node: Node, column: str, hopped: bool = False) -> list[tuple[Node,
         if name in keys:  # the rows kept have equal keys on both sides
             out += _bounding(other, other_keys[keys.index(name)], True)
     return out
-
-
-def _reduced(
-    side: Node, keys: list[str], other: Node, other_keys: list[str], max_bytes: float, notes: list[str], join: JoinNode
-) -> Node | None:
-    """``side`` semi-joined with the smallest filtered table beneath ``other``'s joins bounding a key, or None."""
-    rows = estimated_rows(side)
-    if rows is None or not _scan_side(side):
-        return None
-    for key, other_key in zip(keys, other_keys):
-        found = [(n, c) for n, c in _bounding(other, other_key) if filtered(n)]
-        best = smallest_source(found, side.schema.field(key).type)
-        if best is None:
-            continue
-        small, source, column = best
-        if small * RATIO > rows or small * row_width(pa.schema([source.schema.field(column)])) > max_bytes or not repeatable(source):
-            continue
-        keys_only = ProjectNode(source, [(column, col(column))])
-        notes.append(f"{join_text(join)}: its side {side.label().split('[')[0]} (~{rows:,.0f} rows) reads only the {column!r} "
-                     f"values of a filtered {source.label().split('[')[0]} beneath the other side (~{small:,.0f} rows), "
-                     f"which {key!r} equals through the joins")
-        return JoinNode(side, keys_only, [key], [column], "left semi")
-    return None
