@@ -13,24 +13,26 @@ Trino's dynamic filters reach the same scans at run time.
 Exact: the join keeps only rows whose key equals the filtered table's key through a chain of inner
 joins (``_bounding`` follows it), so the semi join drops only rows the join would drop.
 
-Applied to an inner join's side at the scan its key comes from (under filters and projects, and through
-the inner joins and semi joins' left sides of that side: the semi join lands right above the scan, deep in
-the side if need be) when the bounding table is reached from the other side's key through another join's
-key equality (one the key only passes through from is that join's own input, which it filters already),
-is filtered (an unfiltered table bounds nothing a foreign key does not), is estimated at least ``RATIO``
-times smaller than the scan and small enough to broadcast, and reads repeatable sources (it is read a
-second time for this). A scan whose key a semi join bounds already is left alone. Only for plans of more
-than one task: one task moves nothing.
+Applied to an inner join's side (a condition beside its keys, if any, only drops more rows) at the scan its
+key comes from (under filters and projects, and through the inner joins and semi joins' left sides of that
+side: the semi join lands right above the scan, deep in the side if need be) when the bounding table is
+reached from the other side's key through another join's key equality (one the key only passes through from is
+that join's own input, which it filters already), is filtered (an unfiltered table bounds nothing a foreign
+key does not), is estimated at least ``RATIO`` times smaller than the scan and small enough to broadcast, and
+reads repeatable sources (it is read a second time for this). A scan whose key a semi join bounds already is
+left alone. Only for plans of more than one task: one task moves nothing.
 
 A reduction can make a table filtered that bounds another join's key, so the walk runs again (at most
-``PASSES`` times) while it finds more: TPC-H Q5's region (``ASIA``) bounds nation's region key, nation's
-keys then bound supplier's and, through ``c_nationkey = s_nationkey``, customer's, whose 1.5 million rows
-at SF 10 were broadcast whole to meet lineitem where a fifth of them could match (a task's query 1.13 ->
-0.95 s in DuckDB alone with that fifth). Below another join of its side, a scan is reduced only when its key
-meets no join on the way (there the other side bounds it soon anyway: TPC-H Q9's lineitem and part, 11%
-slower with both), and it stays reduced only when it is large (``LARGE_ROWS``): a small one (a dimension)
-is read in place by every task, and a semi join made it a stage of its own (TPC-H Q7's supplier, 1.16 ->
-1.73 s); its reduction served only to bound a larger scan's key, and is taken out again once the walks end.
+``PASSES`` times) while it finds more: TPC-H Q5's region (``ASIA``) bounds nation's region key, nation's keys
+then bound supplier's and, through ``c_nationkey = s_nationkey``, customer's, whose 1.5 million rows at SF 10
+were broadcast whole to meet lineitem where a fifth of them could match (a task's query 1.13 -> 0.95 s in
+DuckDB alone with that fifth). Below another join of its side, a scan is reduced only when its key meets no
+join on the way (there the other side bounds it soon anyway: TPC-H Q9's lineitem and part, 11% slower with
+both), bounded by a table derived through joins or a plain filtered one of a few rows (``FEW_KEYS``: TPC-H
+Q7's two nations; TPC-DS q72's 720 household profiles were 1.5 times as long), and it stays reduced only when
+it is large (``LARGE_ROWS``): a small one (a dimension) is read in place by every task, and a semi join made
+it a stage of its own (TPC-H Q7's supplier, 1.16 -> 1.73 s); its reduction served only to bound a larger
+scan's key, and is taken out again once the walks end.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from flight.planner.keysets import estimated_rows, filtered, smallest_source
 from flight.planner.notes import join_text, repeatable
 from flight.planner.optimize import join_sides
 
-__all__ = ["DEEP_RATIO", "LARGE_ROWS", "PASSES", "RATIO", "reduce_join_inputs"]
+__all__ = ["DEEP_RATIO", "FEW_KEYS", "LARGE_ROWS", "PASSES", "RATIO", "reduce_join_inputs"]
 
 RATIO = 10.0
 """How much smaller (in rows) the bounding table must be estimated than the scan side."""
@@ -61,6 +63,9 @@ DEEP_RATIO = 100.0
 """As ``RATIO``, for a scan below another join of its side: the joins between may meet the bound anyway (TPC-H Q21's
 lineitem, co-located with orders once its joins are rotated, was cut off from that by a reduction with orders'
 keys at 13 times fewer rows)."""
+
+FEW_KEYS = 100
+"""A plain filtered table bounds a large scan below another join only when estimated at most this many rows."""
 
 LARGE_ROWS = 500_000
 """A scan below another join of its side stays reduced only when estimated at least this many rows (module doc)."""
@@ -90,8 +95,8 @@ class _Reducer:
         if id(node) in self.keep or id(node) in self.made:
             return node
         node = map_children(node, self.walk)
-        if not isinstance(node, JoinNode) or node.join_type != "inner" or node.filter is not None:
-            return node
+        if not isinstance(node, JoinNode) or node.join_type != "inner":
+            return node  # an inner join's condition beside its keys only drops more rows: the keys still bound
         left = self.reduced(node.left, node.left_keys, node.right, node.right_keys, node)
         if left is not None:
             node = replace(node, left=left)
@@ -121,7 +126,7 @@ class _Reducer:
                     return None
                 small, source, bound = best
                 stays = not joined or rows >= LARGE_ROWS  # a small one's reduction only bounds others' (module doc)
-                if joined and stays and not any(isinstance(n, JoinNode) for n in source.walk()):
+                if joined and stays and small > FEW_KEYS and not any(isinstance(n, JoinNode) for n in source.walk()):
                     return None  # a plain filtered table: the stage's engine joins it in the order it likes (TPC-DS q72)
                 ratio = DEEP_RATIO if joined and stays else RATIO
                 if small * ratio > rows or small * row_width(pa.schema([source.schema.field(bound)])) > self.max_bytes or not repeatable(source):
