@@ -11,8 +11,8 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from support import write_parts
 
 import flight
 import flight.coordinator.exec as exec_module
@@ -36,13 +36,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]:
         "note": pa.array([f"note {i % 77}" for i in range(FACTS)]),
     })
     dims = pa.table({"dk": pa.array(range(500), pa.int64()), "name": pa.array([f"name {i % 13}" for i in range(500)])})
-    out: dict[str, list[Path]] = {"facts": [], "dims": []}
-    for name, table, parts in (("facts", facts, 4), ("dims", dims, 2)):
-        for i in range(parts):
-            path = root / f"{name}{i}.parquet"
-            pq.write_table(table.slice(i * table.num_rows // parts, table.num_rows // parts), path)
-            out[name].append(path)
-    return out
+    return {"facts": write_parts(facts, root, "facts", 4), "dims": write_parts(dims, root, "dims", 2)}
 
 
 def _catalog(files: dict[str, list[Path]]) -> flight.Catalog:
