@@ -40,7 +40,7 @@ MICRO = {
     "cancel": "an ADBC client that cancels, closes or is killed mid-statement: seconds until no worker runs a task, cancel_max_s",
     "memory_bound": "a worker with --memory-limit 1GB under hostile clients: peak RSS beside its own accounting, memory_over_limit_mb",
     "concurrency": "soak: 200 mixed TPC-H SF 0.1 queries at once on 2 workers, each checked against DuckDB: concurrency_exact, worker_peak_rss_mb",
-    "scaleout": "TPC-H SF 10 on N workers as N hosts (own address, own cores) vs DuckDB on one host's cores and on all: scaleout_speedup_geomean",
+    "scaleout": "TPC-H (or --suite tpcds) SF 10 on N workers as N hosts (own address, own cores) vs DuckDB on one host's cores and on all: scaleout_speedup_geomean",
 }
 DEFAULT = ("transport", "feed", "skew", "slow_discovery")
 """What ``flight-bench micro`` runs without names (``overhead`` takes minutes at SF1; name it)."""
