@@ -285,7 +285,7 @@ def read_parquet(
     *,
     schema: pa.Schema | None = None,
     columns: Sequence[str] | None = None,
-    split_row_groups: bool | int = False,
+    split_row_groups: bool | int | None = None,
     pattern: str = "*.parquet",
 ) -> Query:
     """Parquet files: a list of paths or URIs; a prefix (``s3://bucket/events/``, a directory),
@@ -294,13 +294,16 @@ def read_parquet(
 
     ``split_row_groups``: one unit per row group (from each file's footer, read by the
     coordinator) rather than per file; a number of bytes splits only the larger files
-    (``split_row_groups=256 << 20``)."""
+    (``split_row_groups=256 << 20``); ``False``: every file whole. By default a list of files
+    fewer than the query's tasks (a table written as one file) is cut into runs of row groups,
+    one per task, when it holds a million rows or more (``FileListProvider.may_cut``); a
+    prefix's files stay whole."""
     if isinstance(paths, WorkUnitFeedProvider):
         if schema is None:
             raise PlanError("read_parquet(provider) needs schema=: files are only discovered at run time")
         return from_feed(paths, "parquet", schema, columns=columns)
     if isinstance(paths, (str, os.PathLike)) and _is_prefix(os.fspath(paths)):
-        listing = ListingProvider(os.fspath(paths), pattern, split_row_groups=split_row_groups)
+        listing = ListingProvider(os.fspath(paths), pattern, split_row_groups=split_row_groups or False)
         if schema is None:
             first = listing.first()
             if first is None:

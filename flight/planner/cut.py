@@ -17,9 +17,10 @@ must cross workers:
 * sort → sort (with fetch for a top-k) in every task, then one task merges; limit → a local limit in every task, then the final limit in one task;
 * union → every input shuffled round-robin into the union's tasks; a CTE used twice → one stage (``reuse``).
 
-A fragment that already runs in one task needs none of that: with one worker the whole query is one stage.
-Leaf stages are sized from their feeds (a shared-queue feed by a ``TaskEstimator`` at execution), upper stages
-from the rows estimated to reach them; never more tasks than workers.
+A fragment that already runs in one task needs none of that: with one worker the whole query is one stage. Leaf
+stages are sized from their feeds (a shared-queue feed by a ``TaskEstimator`` at execution; Parquet files fewer than
+the workers cut into runs of row groups, ``FileListProvider.may_cut``), upper stages from the rows estimated to
+reach them; never more tasks than workers.
 
 Before that, ``flight.planner.optimize`` pushes filters down to the scans, ``flight.planner.semijoin``
 moves semi and anti joins below the joins they filter, and the columns nobody reads are pruned;
@@ -60,6 +61,7 @@ from flight.planner.small import crowded_moves, crowded_note, small_query, too_m
 from flight.planner.stages import FeedPlan, PlannerOptions, QueryPlan, StageSpec
 from flight.planner.transitive import reduce_join_inputs
 from flight.planner.windows import cut_window
+from flight.sources.providers import FileListProvider
 
 __all__ = ["plan_query"]
 
@@ -195,6 +197,9 @@ class _Planner:
         declared = provider.partitions()
         if declared is not None and declared < 1:
             raise PlanError(f"feed {node.feed.feed_id!r}: partitions() returned {declared}; it must be at least 1")
+        if declared is not None and declared < self.max_tasks and isinstance(provider, FileListProvider) and provider.may_cut():
+            declared = None  # as many partitions as tasks: the feed cuts its files into runs of row groups
+            self.rewrites.append(f"scan of {node.feed.feed_id}: {len(provider.paths)} Parquet file(s) cut into runs of row groups, one per task")
         tasks = min(self.max_tasks, declared) if declared is not None else self.max_tasks
         parts = 1 if self.max_tasks == 1 and provider.dealt else declared or tasks  # one task: one partition will do
         return Frag(node, tasks, rows, [FeedPlan(node.feed, parts)], leaf=True)
@@ -382,13 +387,7 @@ class _Planner:
         frags = [self.build(n) for n in node.inputs]
         rows = None if any(f.rows is None for f in frags) else sum(f.rows or 0.0 for f in frags)
         if all(f.tasks == 1 for f in frags):
-            return Frag(
-                UnionNode([f.node for f in frags]),
-                1,
-                rows,
-                [fp for f in frags for fp in f.feeds],
-                [r for f in frags for r in f.reads],
-            )
+            return Frag(UnionNode([f.node for f in frags]), 1, rows, [fp for f in frags for fp in f.feeds], [r for f in frags for r in f.reads])
         tasks = max(f.tasks for f in frags)
         reads = [self.cut(f, "round_robin") for f in frags]
         return self.consumer(UnionNode(list(reads)), tasks, rows, reads)

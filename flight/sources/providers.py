@@ -18,7 +18,7 @@ from flight.sources.statistics import FileRange, as_number
 from flight.sources.storage import Location, open_input, parse_location, process_filesystems
 from flight.wire._proto import plan_pb2
 
-__all__ = ["FileGroups", "FileListProvider", "ListingProvider", "footer_range"]
+__all__ = ["CUT_ROWS", "FileGroups", "FileListProvider", "ListingProvider", "footer_range", "runs"]
 
 
 class FileListProvider(WorkUnitFeedProvider):
@@ -26,28 +26,50 @@ class FileListProvider(WorkUnitFeedProvider):
 
     With ``split_row_groups`` a Parquet file becomes one unit per row group,
     so a few large files still spread over many tasks; given a number of bytes, only the files
-    larger than that are split (``splits``). Repeatable: a second read lists the same files.
+    larger than that are split (``splits``); ``False`` keeps every file whole. By default (``None``)
+    the files are cut only when they are fewer than the feed's partitions and hold at least
+    ``CUT_ROWS`` rows: each file of several row groups becomes one run of row groups per partition
+    (``runs``), balanced by rows, so that one large file (a table written as one file) is read by
+    every task instead of one. Repeatable: a second read lists the same files.
     """
 
     repeatable = True
     dealt = True
 
     def __init__(
-        self, paths: Sequence[str | os.PathLike[str]], *, split_row_groups: bool | int = False, partitions: int | None = None
+        self, paths: Sequence[str | os.PathLike[str]], *, split_row_groups: bool | int | None = None,
+        partitions: int | None = None
     ) -> None:
         self.paths = [os.fspath(p) for p in paths]
         self.split_row_groups = split_row_groups
         self._partitions = partitions
         self._rows: float | None = None
+        self._cuts: bool | None = None
         self._ranges: dict[str, tuple[float, float] | None] = {}
         self._file_ranges: dict[str, list[FileRange] | None] = {}
 
     def partitions(self) -> int | None:
         """As asked, else one per file: a task with no file to read would only cost a task's start
-        (with ``split_row_groups`` the units are not known before the footers are read: as many as tasks)."""
+        (with ``split_row_groups`` the units are not known before the footers are read: as many as tasks).
+        The planner gives files it may cut (``may_cut``) more partitions than files, up to a task each."""
         if self._partitions is not None or self.split_row_groups:
             return self._partitions
         return max(1, len(self.paths))
+
+    def may_cut(self) -> bool:
+        """Whether these files are cut into runs of row groups when they are fewer than the feed's partitions:
+        by default (``split_row_groups=None``, no ``partitions``), Parquet files of at least ``CUT_ROWS`` rows in
+        all, one of them of several row groups (from the footers, read once)."""
+        if self.split_row_groups is not None or self._partitions is not None:
+            return False
+        if self._cuts is None:
+            rows = self.estimated_rows()
+            try:
+                self._cuts = rows is not None and rows >= CUT_ROWS and any(
+                    parquet_metadata(p).num_row_groups > 1 for p in self.paths)
+            except (OSError, pa.ArrowException, FlightExecError):
+                self._cuts = False  # a file that cannot be read fails the query where it is read, with its name
+        return self._cuts
 
     def estimated_rows(self) -> float | None:
         """From the Parquet footers (read once); unknown for other formats."""
@@ -91,9 +113,10 @@ class FileListProvider(WorkUnitFeedProvider):
             yield file_unit(path)
 
     def feed(self, partition: int, ctx: FeedContext) -> Iterator[plan_pb2.FileUnit]:
+        cut = len(self.paths) < ctx.partitions and self.may_cut()
         i = 0
         for path in self.paths:
-            for unit in self.file_units(path):
+            for unit in (runs(path, ctx.partitions) if cut else self.file_units(path)):
                 if i % ctx.partitions == partition:
                     yield unit
                 i += 1
@@ -124,6 +147,28 @@ class FileGroups(WorkUnitFeedProvider):
     def feed(self, partition: int, ctx: FeedContext) -> Iterator[plan_pb2.FileUnit]:
         for path in self.groups[partition]:
             yield from self.files.file_units(path)
+
+
+CUT_ROWS = 1_000_000
+"""Rows a default file list holds at least for its files to be cut when they are fewer than its partitions: below
+it one task reads them in a few tens of milliseconds, less than another task costs."""
+
+
+def runs(path: str, parts: int) -> Iterator[plan_pb2.FileUnit]:
+    """The units of one file cut into at most ``parts`` runs of consecutive row groups, as even in rows as the
+    row groups allow (a worker's DuckDB reads a run as a range of the file's row numbers)."""
+    meta = parquet_metadata(path)
+    groups = meta.num_row_groups
+    if groups <= 1 or parts <= 1:
+        yield file_unit(path)
+        return
+    rows = [meta.row_group(g).num_rows for g in range(groups)]
+    total, start, seen, cuts = max(1, sum(rows)), 0, 0, 1
+    for g, n in enumerate(rows):
+        seen += n
+        if g == groups - 1 or (cuts < parts and seen * parts >= cuts * total):
+            yield file_unit(path, range(start, g + 1))
+            start, cuts = g + 1, cuts + 1
 
 
 def splits(split_row_groups: bool | int, size: int) -> bool:

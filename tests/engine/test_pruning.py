@@ -7,6 +7,7 @@ own filtering of the file, and the row groups read come from the tasks' metrics
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -51,13 +52,27 @@ def test_a_selective_filter_on_a_sorted_file_reads_under_a_tenth_of_its_row_grou
     assert f"row groups {read}/" in ex.explain(analyze=True) or split  # per task when the units are split
 
 
-def test_an_aggregate_over_a_filtered_scan_of_row_group_units_prunes_too(sorted_file: Path, cluster: flight.LocalCluster) -> None:
+class _Scattered(flight.WorkUnitFeedProvider):
+    """Units of two row groups that are not one run (``g`` and ``g + 50``): DuckDB cannot read them as a range of
+    the file's row numbers, so pyarrow reads them for the fragment DuckDB runs."""
+
+    dealt = True
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def feed(self, partition: int, ctx: flight.FeedContext) -> Iterator[flight.WorkUnit]:
+        for g in range(partition, GROUPS // 2, ctx.partitions):
+            yield flight.file_unit(self.path, [g, g + GROUPS // 2])
+
+
+def _filtered_total(scan: flight.Query) -> flight.Query:
+    return scan.filter(flight.col("k") < 4_000).aggregate([], n=flight.agg.count_all(), total=flight.agg.sum("v"))
+
+
+def test_an_aggregate_over_a_filtered_scan_of_scattered_row_groups_prunes_too(sorted_file: Path, cluster: flight.LocalCluster) -> None:
     # Not a streaming scan: DuckDB runs the fragment, pyarrow reads the row-group units for it.
-    q = (
-        flight.read_parquet([sorted_file], split_row_groups=True)
-        .filter(flight.col("k") < 4_000)
-        .aggregate([], n=flight.agg.count_all(), total=flight.agg.sum("v"))
-    )
+    q = _filtered_total(flight.read_parquet(_Scattered(sorted_file), schema=pq.read_schema(sorted_file)))
     for small in (0, 64 << 20):  # split over the workers, or one task reading all its units in one query
         ex = flight.DistributedExec(q, cluster.urls, small_query_bytes=small)
         got = ex.to_table()
@@ -65,6 +80,17 @@ def test_an_aggregate_over_a_filtered_scan_of_row_group_units_prunes_too(sorted_
         assert ex.metrics is not None and {t.engine for t in ex.metrics.tasks if t.rows_in == 0} == {"duckdb"}
         read, skipped = row_groups(ex)
         assert read == 2 and skipped == GROUPS - 2, small
+
+
+def test_an_aggregate_over_runs_of_row_groups_is_read_by_duckdb(sorted_file: Path, cluster: flight.LocalCluster) -> None:
+    # One row group a unit is a run: DuckDB reads it as a range of the file's row numbers (and skips row groups by
+    # the filter itself, counted by no reader of ours), in both ways a stage runs its units.
+    q = _filtered_total(flight.read_parquet([sorted_file], split_row_groups=True))
+    for small in (0, 64 << 20):
+        ex = flight.DistributedExec(q, cluster.urls, small_query_bytes=small)
+        assert ex.to_table().to_pylist() == [{"n": 4_000, "total": 3 * sum(range(4_000))}]
+        assert ex.metrics is not None and {t.engine for t in ex.metrics.tasks if t.rows_in == 0} == {"duckdb"}
+        assert row_groups(ex) == (0, 0), small
 
 
 def test_pruning_can_be_turned_off_and_never_changes_the_answer(sorted_file: Path, cluster: flight.LocalCluster) -> None:

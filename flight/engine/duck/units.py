@@ -23,17 +23,13 @@ from flight.engine.decode import decode_threads
 from flight.engine.duck.alike import Alike, share_alike_builds
 from flight.engine.duck.keyfilter import KeyFilter
 from flight.engine.duck.keyfilter import resolve as resolve_key_filters
+from flight.engine.duck.pieces import Plain, duck_source, plain_file
 from flight.engine.duck.shared import reducing, share_repeated_subqueries
 from flight.engine.duck.task import ENGINE_ERRORS, UNITS, DuckTask, Statement, error_kind, stream
 from flight.engine.pruning import prune_of
 from flight.engine.readers import PathRefused, ReaderContext, UnitReadError, conform, read_parquet
 from flight.wire._proto import plan_pb2
 from flight.wire.operators import operators
-
-_GLOB = frozenset("*?[{")
-"""Characters DuckDB reads as a glob in a file name: such files are read by pyarrow."""
-
-
 
 _PER_UNIT_JOINS = ("inner", "left outer", "left semi", "left anti")
 """Joins that distribute over a union of left pieces: (L1 ∪ L2) ⋈ R = (L1 ⋈ R) ∪ (L2 ⋈ R)."""
@@ -110,19 +106,25 @@ def unit_fragment(
                 raise task.failure(exc) from None
     count = itertools.count()
     for got in _unit_batches(task, feed_id):
-        files: list[tuple[str, str, str]] = []
+        files: list[Plain] = []
+        others: list[tuple[str, bytes]] = []
         for partition, unit in got:
             where = f"work unit {next(count)} of feed {feed_id!r} partition {partition}"
-            path, real = _unit_file(unit.body, ctx, where)
+            path, real, rows = _unit_file(unit.body, ctx, where)
             if real:
-                files.append((where, path, real))
-                continue
-            try:  # row groups (or an odd file name): pyarrow reads the unit, DuckDB runs the fragment
-                yield from _pyarrow_unit(task, cur, unit.body, ctx, text, schema, where)
+                files.append(Plain(where, path, real, rows, unit.body))
+            else:  # row groups not in one run (or an odd file name): pyarrow reads the unit, DuckDB runs the fragment
+                others.append((where, unit.body))
+        listed = duck_source(files) if files else None
+        if files and listed is None:  # runs of too many files for one query
+            others += [(f.where, f.body) for f in files]
+        for where, body in others:
+            try:
+                yield from _pyarrow_unit(task, cur, body, ctx, text, schema, where)
             except UnitReadError as exc:
                 raise type(exc)(f"{where}: {exc}") from None
-        if files:
-            yield from _files(task, cur, files, text, schema)
+        if listed is not None:
+            yield from _files(task, cur, files, listed, text, schema)
         task.delay(len(got))
         for _, unit in got:
             unit.done()
@@ -163,14 +165,14 @@ def whole_feeds(
     files does not hold the feed back.
     """
     taken: list[Any] = []
-    files: list[tuple[str, str, str]] = []
+    files: list[Plain] = []
     sources: dict[str, str] = {}
     text, builds = _tables_of_sources(task, cur, text, builds)
     scan_files: dict[str, list[str]] = {}
     for feed in feeds:
         before = len(files)
         source = _feed_source(task, cur, feed, taken, files)
-        scan_files[feed.path] = [real for _, _, real in files[before:]]
+        scan_files[feed.path] = [f.real for f in files[before:]]
         text = text.replace(feed.token, source)
         builds = [(n, b.replace(feed.token, source)) for n, b in builds]
         sources[feed.token] = source
@@ -199,29 +201,31 @@ def whole_feeds(
 
 
 def _feed_source(task: DuckTask, cur: duckdb.DuckDBPyConnection, feed: WholeFeed, taken: list[Any],
-                 files: list[tuple[str, str, str]]) -> str:
+                 files: list[Plain]) -> str:
     """What the query reads for ``feed`` once its units are all here (each appended to ``taken``): its plain
-    local files as DuckDB's ``read_parquet([...])`` (appended to ``files``), else a stream pyarrow reads."""
+    local files and runs of row groups as DuckDB reads them (``duck_source``; appended to ``files``), else a
+    stream pyarrow reads."""
     ctx = ReaderContext(schema=task.schemas[feed.path], columns=list(feed.scan.columns) or None, roots=task.roots,
                         batch_rows=task.batch_rows, options=dict(feed.scan.reader_options),
                         scan=getattr(task.inputs, "scan_stats", None), decode_threads=decode_threads())
     feed_id = feed.scan.feed.feed_id
-    plain: list[tuple[str, str, str]] = []
+    plain: list[Plain] = []
     others: list[tuple[str, bytes]] = []
     count = itertools.count()
     for got in _unit_batches(task, feed_id):
         for partition, unit in got:
             where = f"work unit {next(count)} of feed {feed_id!r} partition {partition}"
-            path, real = _unit_file(unit.body, ctx, where)
+            path, real, rows = _unit_file(unit.body, ctx, where)
             if real:
-                plain.append((where, path, real))
+                plain.append(Plain(where, path, real, rows, unit.body))
             else:
                 others.append((where, unit.body))
             taken.append(unit)
-    if plain and not others:
+    source = duck_source(plain) if plain and not others else None
+    if source is not None:
         files += plain
-        return "read_parquet([" + ", ".join("'" + real.replace("'", "''") + "'" for _, _, real in plain) + "])"
-    units = [(w, _file_body(p)) for w, p, _ in plain] + others  # pyarrow reads every unit of this scan (or there are none)
+        return source
+    units = [(f.where, f.body) for f in plain] + others  # pyarrow reads every unit of this scan (or there are none)
     name = task.source(ctx.schema, _pyarrow_units(units, replace(ctx, prune=feed.pyarrow_prune())))
     cur.register(name, task.sources[name])
     return name
@@ -246,10 +250,6 @@ def _tables_of_sources(
     return text, builds
 
 
-def _file_body(path: str) -> bytes:
-    return plan_pb2.FileUnit(path=path).SerializeToString()
-
-
 def _pyarrow_units(units: list[tuple[str, bytes]], ctx: ReaderContext) -> Iterator[pa.RecordBatch]:
     for where, body in units:
         try:
@@ -259,14 +259,14 @@ def _pyarrow_units(units: list[tuple[str, bytes]], ctx: ReaderContext) -> Iterat
             raise type(exc)(f"{where}: {exc}") from None
 
 
-def _blame(cur: duckdb.DuckDBPyConnection, files: list[tuple[str, str, str]], exc: BaseException) -> None:
+def _blame(cur: duckdb.DuckDBPyConnection, files: list[Plain], exc: BaseException) -> None:
     """Raise ``UnitReadError`` naming the first of ``files`` DuckDB cannot read, if one is."""
-    for where, path, real in files:
-        quoted = "'" + real.replace("'", "''") + "'"
+    for f in files:
+        quoted = "'" + f.real.replace("'", "''") + "'"
         try:
             cur.execute(f"SELECT count(*) FROM read_parquet({quoted})")
         except ENGINE_ERRORS as one:
-            raise UnitReadError(f"{where}: cannot read Parquet file {path!r}: {_why(one, real)}") from None
+            raise UnitReadError(f"{f.where}: cannot read Parquet file {f.path!r}: {_why(one, f.real)}") from None
 
 
 def _unit_batches(task: DuckTask, feed_id: str) -> Iterator[list[tuple[int, Any]]]:
@@ -294,49 +294,33 @@ UNITS_PER_QUERY = 64
 """Most work units one fragment query reads."""
 
 
-def _unit_file(body: bytes, ctx: ReaderContext, where: str) -> tuple[str, str]:
-    """``_plain_file``, a refused path named by the unit it came in (``where``)."""
+def _unit_file(body: bytes, ctx: ReaderContext, where: str) -> tuple[str, str, tuple[int, int] | None]:
+    """``plain_file``, a refused path named by the unit it came in (``where``)."""
     try:
-        return _plain_file(body, ctx)
+        return plain_file(body, ctx)
     except PathRefused as exc:
         raise PathRefused(f"{where}: {exc}") from None
 
 
-def _plain_file(body: bytes, ctx: ReaderContext) -> tuple[str, str]:
-    """The unit's path and the real path DuckDB may read it at; ``""`` as the real path when pyarrow
-    must read it (row groups, a glob character, or not a FileUnit: its reader says so in its words)."""
-    unit = plan_pb2.FileUnit()
-    try:
-        unit.ParseFromString(body)
-    except Exception:  # noqa: BLE001 - DecodeError
-        return "", ""
-    if not unit.path:
-        return "", ""
-    real = ctx.open_path(unit.path)
-    if unit.row_groups or _GLOB & set(real) or "\x00" in real or "://" in real:  # a URI: pyarrow.fs reads it
-        return unit.path, ""
-    return unit.path, real
-
-
 def _files(
-    task: DuckTask, cur: duckdb.DuckDBPyConnection, files: list[tuple[str, str, str]], text: str, schema: pa.Schema
+    task: DuckTask, cur: duckdb.DuckDBPyConnection, files: list[Plain], source: str, text: str, schema: pa.Schema
 ) -> Iterator[pa.RecordBatch]:
-    """The fragment over whole Parquet files, one query; a failure names the file that causes it."""
-    source = "read_parquet([" + ", ".join("'" + real.replace("'", "''") + "'" for _, _, real in files) + "])"
+    """The fragment over ``files`` (whole Parquet files and runs of row groups, read as ``source``), one query; a
+    failure names the file that causes it."""
     try:
         for batch in stream(Statement(cur, text.replace(UNITS, source)), task.batch_rows):
             if batch.num_rows:
-                yield conform(batch, schema, files[0][0] if len(files) == 1 else "a fragment's output")
+                yield conform(batch, schema, files[0].where if len(files) == 1 else "a fragment's output")
     except ENGINE_ERRORS as exc:
         if task.error is not None or error_kind(exc) in ("interrupt", "memory"):
             raise task.failure(exc) from None
-        for where, path, real in files:  # which file? (the task fails either way: nothing is read twice)
+        for f in files:  # which file? (the task fails either way: nothing is read twice)
             try:
-                quoted = "'" + real.replace("'", "''") + "'"
+                quoted = "'" + f.real.replace("'", "''") + "'"
                 cur.execute(f"SELECT count(*) FROM ({text.replace(UNITS, f'read_parquet({quoted})')})")
             except ENGINE_ERRORS as one:
-                raise UnitReadError(f"{where}: cannot read Parquet file {path!r}: {_why(one, real)}") from None
-        raise UnitReadError(f"cannot read Parquet files {[p for _, p, _ in files]}: {_why(exc, files[0][2])}") from None
+                raise UnitReadError(f"{f.where}: cannot read Parquet file {f.path!r}: {_why(one, f.real)}") from None
+        raise UnitReadError(f"cannot read Parquet files {[f.path for f in files]}: {_why(exc, files[0].real)}") from None
 
 
 def _pyarrow_unit(
