@@ -103,6 +103,12 @@ class ExecOptions:
     at most this many bytes also runs as one task, on all of the host's cores, unless it computes a CTE twice
     or its split only gathers co-located work over many groups (``DistributedExec._plan``; docs/queries.md,
     "Small queries"; 0: never, and never when ``small_query_bytes`` is 0)."""
+    cut_file_rows: int = 0
+    """A scan of Parquet files fewer than its tasks, holding at least this many rows (one of them of several row
+    groups: a table written as one file), gets a task per worker, each reading a run of the files' row groups
+    (``FileListProvider.may_cut``; docs/feeds.md). 0: never (the default, until TPC-DS's plans across hosts gain
+    from it: docs/queries.md, "Tables in one file"); ``1_000_000`` is a good value for scans.
+    Without it such a scan is one task, whatever the workers."""
     adaptive_bytes: int = 8 << 20
     """A join side whose size only a guess gives (a filter on an aggregate's output), where the guess would
     shuffle the other side, runs first; if its rows come to at most this many bytes, the query is planned

@@ -77,6 +77,7 @@ class DistributedExec:
         planner_options = PlannerOptions(
             broadcast_bytes=self.options.broadcast_bytes, rows_per_task=self.options.rows_per_task,
             replicate_rows=self.options.replicate_rows, small_query_bytes=self.options.small_query_bytes,
+            cut_file_rows=self.options.cut_file_rows,
         )
         urls = self.resolver.get_urls()
         self._planner_options = planner_options

@@ -296,8 +296,8 @@ def read_parquet(
     coordinator) rather than per file; a number of bytes splits only the larger files
     (``split_row_groups=256 << 20``); ``False``: every file whole. By default a list of files
     fewer than the query's tasks (a table written as one file) is cut into runs of row groups,
-    one per task, when it holds a million rows or more (``FileListProvider.may_cut``); a
-    prefix's files stay whole."""
+    one per task, when ``ExecOptions.cut_file_rows`` allows (off by default); a prefix's files
+    stay whole."""
     if isinstance(paths, WorkUnitFeedProvider):
         if schema is None:
             raise PlanError("read_parquet(provider) needs schema=: files are only discovered at run time")

@@ -18,8 +18,8 @@ must cross workers:
 * union → every input shuffled round-robin into the union's tasks; a CTE used twice → one stage (``reuse``).
 
 A fragment that already runs in one task needs none of that: with one worker the whole query is one stage. Leaf
-stages are sized from their feeds (a shared-queue feed by a ``TaskEstimator`` at execution; Parquet files fewer than
-the workers cut into runs of row groups, ``FileListProvider.may_cut``), upper stages from the rows estimated to
+stages are sized from their feeds (a shared-queue feed by a ``TaskEstimator`` at execution; with ``cut_file_rows``,
+Parquet files fewer than the workers cut into runs of row groups), upper stages from the rows estimated to
 reach them; never more tasks than workers.
 
 Before that, ``flight.planner.optimize`` pushes filters down to the scans, ``flight.planner.semijoin``
@@ -43,7 +43,7 @@ from flight.plan.window import WindowNode
 from flight.planner.colocate import in_range, spread_keys
 from flight.planner.cost import broadcast_pays
 from flight.planner.eager import eager_aggregates
-from flight.planner.frag import Frag, frag_bytes, grown, size_text, smaller
+from flight.planner.frag import Frag, frag_bytes, grown, size_text, smaller, union_in_place
 from flight.planner.groups import aggregate_rows
 from flight.planner.inputs import check_inputs_read_once, fix_to_input
 from flight.planner.keysets import reduce_aggregate_inputs
@@ -197,9 +197,10 @@ class _Planner:
         declared = provider.partitions()
         if declared is not None and declared < 1:
             raise PlanError(f"feed {node.feed.feed_id!r}: partitions() returned {declared}; it must be at least 1")
-        if declared is not None and declared < self.max_tasks and isinstance(provider, FileListProvider) and provider.may_cut():
-            declared = None  # as many partitions as tasks: the feed cuts its files into runs of row groups
-            self.rewrites.append(f"scan of {node.feed.feed_id}: {len(provider.paths)} Parquet file(s) cut into runs of row groups, one per task")
+        if isinstance(provider, FileListProvider) and declared is not None and declared < self.max_tasks:
+            if provider.may_cut(self.options.cut_file_rows):  # as many partitions as tasks: the feed cuts its files
+                declared = None
+                self.rewrites.append(f"scan of {node.feed.feed_id}: {len(provider.paths)} Parquet file(s) cut into runs of row groups, one per task")
         tasks = min(self.max_tasks, declared) if declared is not None else self.max_tasks
         parts = 1 if self.max_tasks == 1 and provider.dealt else declared or tasks  # one task: one partition will do
         return Frag(node, tasks, rows, [FeedPlan(node.feed, parts)], leaf=True)
@@ -388,9 +389,11 @@ class _Planner:
         rows = None if any(f.rows is None for f in frags) else sum(f.rows or 0.0 for f in frags)
         if all(f.tasks == 1 for f in frags):
             return Frag(UnionNode([f.node for f in frags]), 1, rows, [fp for f in frags for fp in f.feeds], [r for f in frags for r in f.reads])
-        tasks = max(f.tasks for f in frags)
+        merged = union_in_place(frags, rows) if not any(isinstance(n, InputCallNode) for n in node.walk()) else None
+        if merged is not None:
+            return merged
         reads = [self.cut(f, "round_robin") for f in frags]
-        return self.consumer(UnionNode(list(reads)), tasks, rows, reads)
+        return self.consumer(UnionNode(list(reads)), max(f.tasks for f in frags), rows, reads)
 
 
 _SWAPPED = {"inner": "inner", "left outer": "right outer", "right outer": "left outer", "full outer": "full outer"}

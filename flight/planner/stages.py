@@ -34,6 +34,9 @@ class PlannerOptions:
     task of that stage instead (``flight.planner.replicate``)."""
     small_query_bytes: int = 0
     """A query whose scans are estimated to read at most this many bytes is planned as one task (0: never)."""
+    cut_file_rows: int = 0
+    """Parquet files fewer than a scan's tasks, of at least this many rows, are cut into a run of row groups
+    per task (``FileListProvider.may_cut``; 0: never)."""
     one_stage: bool = False
     """Plan the query as one stage whatever it holds (``run_local``): a subplan it repeats is computed at each use
     even where its sources would crowd one task (``flight.planner.small.too_many_sources``)."""

@@ -18,7 +18,7 @@ from flight.sources.statistics import FileRange, as_number
 from flight.sources.storage import Location, open_input, parse_location, process_filesystems
 from flight.wire._proto import plan_pb2
 
-__all__ = ["CUT_ROWS", "FileGroups", "FileListProvider", "ListingProvider", "footer_range", "runs"]
+__all__ = ["FileGroups", "FileListProvider", "ListingProvider", "footer_range", "runs"]
 
 
 class FileListProvider(WorkUnitFeedProvider):
@@ -27,10 +27,10 @@ class FileListProvider(WorkUnitFeedProvider):
     With ``split_row_groups`` a Parquet file becomes one unit per row group,
     so a few large files still spread over many tasks; given a number of bytes, only the files
     larger than that are split (``splits``); ``False`` keeps every file whole. By default (``None``)
-    the files are cut only when they are fewer than the feed's partitions and hold at least
-    ``CUT_ROWS`` rows: each file of several row groups becomes one run of row groups per partition
-    (``runs``), balanced by rows, so that one large file (a table written as one file) is read by
-    every task instead of one. Repeatable: a second read lists the same files.
+    the files are cut only when the planner gives the feed more partitions than files
+    (``ExecOptions.cut_file_rows``, ``may_cut``): each file of several row groups becomes one run of row
+    groups per partition (``runs``), balanced by rows, so that one large file (a table written as one file)
+    is read by every task instead of one. Repeatable: a second read lists the same files.
     """
 
     repeatable = True
@@ -44,7 +44,7 @@ class FileListProvider(WorkUnitFeedProvider):
         self.split_row_groups = split_row_groups
         self._partitions = partitions
         self._rows: float | None = None
-        self._cuts: bool | None = None
+        self._groups: bool | None = None
         self._ranges: dict[str, tuple[float, float] | None] = {}
         self._file_ranges: dict[str, list[FileRange] | None] = {}
 
@@ -56,20 +56,21 @@ class FileListProvider(WorkUnitFeedProvider):
             return self._partitions
         return max(1, len(self.paths))
 
-    def may_cut(self) -> bool:
-        """Whether these files are cut into runs of row groups when they are fewer than the feed's partitions:
-        by default (``split_row_groups=None``, no ``partitions``), Parquet files of at least ``CUT_ROWS`` rows in
-        all, one of them of several row groups (from the footers, read once)."""
-        if self.split_row_groups is not None or self._partitions is not None:
+    def may_cut(self, min_rows: int) -> bool:
+        """Whether these files may be cut into runs of row groups (the planner then gives the feed a partition per
+        task, more than files): by default (``split_row_groups=None``, no ``partitions``), Parquet files of at
+        least ``min_rows`` rows in all (0: never), one of them of several row groups (from the footers, read once)."""
+        if self.split_row_groups is not None or self._partitions is not None or min_rows <= 0:
             return False
-        if self._cuts is None:
-            rows = self.estimated_rows()
+        rows = self.estimated_rows()
+        if rows is None or rows < min_rows:
+            return False
+        if self._groups is None:
             try:
-                self._cuts = rows is not None and rows >= CUT_ROWS and any(
-                    parquet_metadata(p).num_row_groups > 1 for p in self.paths)
+                self._groups = any(parquet_metadata(p).num_row_groups > 1 for p in self.paths)
             except (OSError, pa.ArrowException, FlightExecError):
-                self._cuts = False  # a file that cannot be read fails the query where it is read, with its name
-        return self._cuts
+                self._groups = False  # a file that cannot be read fails the query where it is read, with its name
+        return self._groups
 
     def estimated_rows(self) -> float | None:
         """From the Parquet footers (read once); unknown for other formats."""
@@ -113,7 +114,7 @@ class FileListProvider(WorkUnitFeedProvider):
             yield file_unit(path)
 
     def feed(self, partition: int, ctx: FeedContext) -> Iterator[plan_pb2.FileUnit]:
-        cut = len(self.paths) < ctx.partitions and self.may_cut()
+        cut = self.split_row_groups is None and self._partitions is None and len(self.paths) < ctx.partitions
         i = 0
         for path in self.paths:
             for unit in (runs(path, ctx.partitions) if cut else self.file_units(path)):
@@ -147,11 +148,6 @@ class FileGroups(WorkUnitFeedProvider):
     def feed(self, partition: int, ctx: FeedContext) -> Iterator[plan_pb2.FileUnit]:
         for path in self.groups[partition]:
             yield from self.files.file_units(path)
-
-
-CUT_ROWS = 1_000_000
-"""Rows a default file list holds at least for its files to be cut when they are fewer than its partitions: below
-it one task reads them in a few tens of milliseconds, less than another task costs."""
 
 
 def runs(path: str, parts: int) -> Iterator[plan_pb2.FileUnit]:

@@ -1,9 +1,9 @@
 """Runs of row groups read by DuckDB as ranges of a file's row numbers (``flight.engine.duck.pieces``).
 
 Without sockets: which units DuckDB reads and the rows its source text reads, against pyarrow reading the same
-row groups. With real workers: a table written as one file is cut into a run per task (two tasks, one unit
-each), and a split of more files than one query reads as ranges goes to pyarrow; answers against DuckDB's over
-the whole file.
+row groups. With real workers: a table written as one file is cut into a run per task with ``cut_file_rows``
+(two tasks, one unit each; one task without it), and a split of more files than one query reads as ranges goes
+to pyarrow; answers against DuckDB's over the whole file.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import flight
 from flight.engine.confine import DataRoots
 from flight.engine.duck.pieces import MAX_RUN_FILES, Plain, duck_source, plain_file
 from flight.engine.readers import PathRefused, ReaderContext
-from flight.sources.providers import CUT_ROWS
 
+CUT_ROWS = 1_000_000
 GROUP_ROWS = CUT_ROWS // 8
 
 
@@ -75,7 +75,7 @@ def test_runs_of_too_many_files_are_left_to_pyarrow(tmp_path: Path) -> None:
 def test_a_table_in_one_file_is_read_by_every_task(one_file: Path, cluster: flight.LocalCluster) -> None:
     text = "SELECT g, count(*) AS n, sum(k) AS total FROM t WHERE k % 3 = 0 GROUP BY g ORDER BY g"
     q = flight.sql(text, flight.Catalog({"t": flight.read_parquet([one_file])}))
-    ex = flight.DistributedExec(q, cluster.urls, one_host_query_bytes=0, small_query_bytes=0)
+    ex = flight.DistributedExec(q, cluster.urls, one_host_query_bytes=0, small_query_bytes=0, cut_file_rows=CUT_ROWS)
     got = ex.to_table()
     want = duckdb.sql(text.replace(" t ", f" '{one_file}' ")).fetchall()
     assert [tuple(r.values()) for r in got.to_pylist()] == want
@@ -83,6 +83,9 @@ def test_a_table_in_one_file_is_read_by_every_task(one_file: Path, cluster: flig
     assert ex.metrics is not None
     leaves = [t for t in ex.metrics.tasks if t.feeds]
     assert len(leaves) == 2 and all(sum(f.units for f in t.feeds) == 1 and t.engine == "duckdb" for t in leaves)  # a run each
+    whole = flight.DistributedExec(q, cluster.urls, one_host_query_bytes=0, small_query_bytes=0)  # the default: no cut
+    assert whole.to_table().equals(got) and "cut into runs" not in whole.explain()
+    assert whole.metrics is not None and len([t for t in whole.metrics.tasks if t.feeds]) == 1
 
 
 def test_a_split_of_many_files_is_read_whatever_reads_it(tmp_path: Path, cluster: flight.LocalCluster) -> None:

@@ -1,7 +1,9 @@
-"""Few large Parquet files cut into runs of row groups, one per task (``FileListProvider.may_cut``, ``runs``).
+"""Few large Parquet files cut into runs of row groups, one per task (``ExecOptions.cut_file_rows``,
+``FileListProvider.may_cut``, ``runs``).
 
-Without sockets: which files are cut, into which runs, and when a list is left whole. The workers' side (DuckDB
-reading a run as a range of row numbers) is in tests/engine/test_duck_runs.py.
+Without sockets: which lists may be cut, into which runs a feed of more partitions than files cuts them, and
+when a list is left whole. The workers' side (DuckDB reading a run as a range of row numbers) and the planner's
+(a task per worker) are in tests/engine/test_duck_runs.py.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import pytest
 
 import flight
 from flight import FeedContext, FileListProvider
-from flight.sources.providers import CUT_ROWS, runs
+from flight.sources.providers import runs
+
+CUT_ROWS = 1_000_000
 
 
 def _write(path: Path, rows: int, group_rows: int) -> Path:
@@ -39,7 +43,7 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_one_large_file_is_cut_into_one_run_per_partition(big: Path) -> None:
     provider = FileListProvider([big])
-    assert provider.may_cut() and provider.partitions() == 1  # the planner gives it a partition per task
+    assert provider.may_cut(CUT_ROWS) and provider.partitions() == 1  # the planner may give it a partition per task
     assert _units(provider, 2) == [[("big.parquet", [0, 1, 2, 3, 4])], [("big.parquet", [5, 6, 7, 8, 9])]]
     three = _units(provider, 3)
     assert [len(groups) for part in three for _, groups in part] == [4, 3, 3]
@@ -66,21 +70,23 @@ def test_files_are_cut_only_when_fewer_than_the_partitions(big: Path, tmp_path: 
         (name, g) for name in ("big.parquet", "other.parquet") for g in range(10))
 
 
-def test_small_tables_and_one_row_group_files_stay_whole(tmp_path: Path) -> None:
+def test_small_tables_and_one_row_group_files_may_not_be_cut(tmp_path: Path) -> None:
     small = FileListProvider([_write(tmp_path / "small.parquet", CUT_ROWS - 1, 1000)])
     one_group = FileListProvider([_write(tmp_path / "one.parquet", CUT_ROWS, CUT_ROWS)])
-    for provider in (small, one_group):
-        assert not provider.may_cut()
-        assert _units(provider, 4) == [[(Path(provider.paths[0]).name, [])], [], [], []]
+    assert not small.may_cut(CUT_ROWS) and small.may_cut(CUT_ROWS - 1)
+    assert not one_group.may_cut(CUT_ROWS) and not one_group.may_cut(1)
+    assert _units(one_group, 4) == [[("one.parquet", [])], [], [], []]  # one row group: one unit whatever the partitions
 
 
 def test_an_explicit_choice_turns_the_cut_off(big: Path) -> None:
+    assert not FileListProvider([big]).may_cut(0)  # the option's default
     for provider in (FileListProvider([big], split_row_groups=False), FileListProvider([big], partitions=1)):
-        assert not provider.may_cut()
-    assert flight.read_parquet([big], split_row_groups=False).node.feed.inner().may_cut() is False  # type: ignore[attr-defined]
+        assert not provider.may_cut(CUT_ROWS)
+        assert all(groups == [] for part in _units(provider, 3) for _, groups in part)  # whole, whatever the partitions
+    assert flight.read_parquet([big], split_row_groups=False).node.feed.inner().may_cut(CUT_ROWS) is False  # type: ignore[attr-defined]
 
 
 def test_a_file_that_cannot_be_read_is_not_cut_here(tmp_path: Path) -> None:
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"not parquet")
-    assert not FileListProvider([bad]).may_cut()  # the task that reads it says what is wrong, with its name
+    assert not FileListProvider([bad]).may_cut(1)  # the task that reads it says what is wrong, with its name
