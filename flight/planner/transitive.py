@@ -117,7 +117,9 @@ class _Reducer:
             def bounded(scan: Node, column: str, beside: Node | None, other_key: str = other_key, key: str = key) -> Node | None:
                 rows = estimated_rows(scan)
                 joined = beside is not None
-                if rows is None or (joined and rows >= LARGE_ROWS and (estimated_rows(beside) or 0.0) < rows):  # type: ignore[arg-type]
+                moved = joined and self.shuffled(beside)  # type: ignore[arg-type]
+                larger = joined and rows is not None and rows >= LARGE_ROWS and (estimated_rows(beside) or 0.0) < rows  # type: ignore[arg-type]
+                if rows is None or (larger and not moved):
                     return None  # a large scan below a join it is the larger side of: it stays where it is read
                 # The other side itself bounds a scan below another join of this side: that join has not met it yet.
                 found = [(n, c) for n, c in _bounding(other, other_key, hopped=joined) if filtered(n)]
@@ -126,7 +128,10 @@ class _Reducer:
                     return None
                 small, source, bound = best
                 stays = not joined or rows >= LARGE_ROWS  # a small one's reduction only bounds others' (module doc)
-                if joined and stays and small > FEW_KEYS and not any(isinstance(n, JoinNode) for n in source.walk()):
+                plain = not any(isinstance(n, JoinNode) for n in source.walk())
+                if larger and not plain:
+                    return None  # past the rule above only by a plain dimension (a star's: TPC-DS q17's dates)
+                if joined and stays and small > FEW_KEYS and plain and not moved:
                     return None  # a plain filtered table: the stage's engine joins it in the order it likes (TPC-DS q72)
                 ratio = DEEP_RATIO if joined and stays else RATIO
                 if small * ratio > rows or small * row_width(pa.schema([source.schema.field(bound)])) > self.max_bytes or not repeatable(source):
@@ -144,6 +149,12 @@ class _Reducer:
             if made is not None:
                 return made
         return None
+
+    def shuffled(self, beside: Node) -> bool:
+        """Whether the join beside a scan is estimated too large to broadcast: then the scan's rows are shuffled to
+        meet it (unless co-located), and a bound that drops them is worth more than the order of the joins."""
+        rows = estimated_rows(beside)
+        return rows is not None and rows * row_width(beside.schema) > self.max_bytes
 
     def at_scan(self, node: Node, key: str, make: Callable[[Node, str, Node | None], Node | None], beside: Node | None = None) -> Node | None:
         """``node`` with ``make(scan side, column, beside)`` in place of the scan side that ``key`` comes from

@@ -137,3 +137,39 @@ def test_results_match_duckdb(cluster: flight.LocalCluster, catalog: flight.Cata
     got = flight.DistributedExec(flight.sql(text, catalog), cluster.urls, **SPLIT).to_table()
     want = con.sql(text).to_arrow_table()
     assert sorted_table(got).to_pylist() == sorted_table(want.cast(got.schema)).to_pylist()
+
+
+def _star(monkeypatch: pytest.MonkeyPatch) -> tuple[flight.Catalog, str, dict[str, Path]]:
+    """TPC-DS q17 at the TPC-DS tests' scale, with its fact tables counting as large and any ratio enough."""
+    from tpcds_support import tables as tpcds_tables
+    from tpcds_support import texts as tpcds_texts
+
+    monkeypatch.setattr(transitive, "LARGE_ROWS", 1_000)
+    monkeypatch.setattr(transitive, "DEEP_RATIO", 1.0)
+    paths = tpcds_tables()
+    return flight.Catalog({t: flight.read_parquet([str(p)]) for t, p in paths.items()}), tpcds_texts()[17], paths
+
+
+def test_a_star_schemas_facts_read_only_their_dates_before_a_shuffled_join(monkeypatch: pytest.MonkeyPatch) -> None:
+    # store_sales meets store_returns, then catalog_sales, by keys too many to broadcast; each fact's date is bounded
+    # by a filtered date_dim only after those joins. Where they shuffle, each fact reads only its dates first.
+    catalog, text, _ = _star(monkeypatch)
+    root, notes = reduce_join_inputs(push_filters(flight.sql(text, catalog).node), 100 << 10)  # a date_dim key column, not a fact
+    assert [n.left_keys[0] for n in _main_reductions(root)] == ["ss_sold_date_sk"], notes  # the others' dates: too many here
+    assert len(notes) == 1 and "reads only the 'd_date_sk' values" in notes[0] and "(below a join of its side)" in notes[0]
+    # Where the fact beside could be broadcast, the larger fact stays as read: its join meets the dates in one query.
+    root, notes = reduce_join_inputs(push_filters(flight.sql(text, catalog).node), 1 << 40)
+    assert "ss_sold_date_sk" not in [n.left_keys[0] for n in _main_reductions(root)], notes
+
+
+def test_the_star_schemas_answer_with_the_reductions_matches_duckdb(monkeypatch: pytest.MonkeyPatch) -> None:
+    catalog, text, paths = _star(monkeypatch)
+    with flight.LocalCluster(2, data_roots=[next(iter(paths.values())).parent]) as cluster:
+        ex = flight.DistributedExec(flight.sql(text, catalog), cluster.urls, broadcast_bytes=100 << 10, **SPLIT)
+        got = ex.to_table()
+    assert any("reads only the 'd_date_sk' values" in r for r in ex.plan.rewrites), ex.plan.rewrites
+    con = duckdb.connect()
+    for t, p in paths.items():
+        con.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet('{p}')")
+    want = con.sql(text).to_arrow_table()
+    assert sorted(map(str, got.to_pylist())) == sorted(map(str, want.cast(got.schema).to_pylist()))
