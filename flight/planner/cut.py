@@ -15,7 +15,8 @@ must cross workers:
   Parquet files clustered by the key runs in place, task t reading key range t
   of both sides (``flight.planner.colocate``);
 * sort → sort (with fetch for a top-k) in every task, then one task merges; limit → a local limit in every task, then the final limit in one task;
-* union → every input shuffled round-robin into the union's tasks; a CTE used twice → one stage (``reuse``).
+* union → in place where each input gives its rows in the union's tasks (``frag.union_in_place``), else every input
+  shuffled round-robin into them; a CTE used twice → one stage (``reuse``).
 
 A fragment that already runs in one task needs none of that: with one worker the whole query is one stage. Leaf
 stages are sized from their feeds (a shared-queue feed by a ``TaskEstimator`` at execution; with ``cut_file_rows``,
@@ -50,7 +51,7 @@ from flight.planner.keysets import reduce_aggregate_inputs
 from flight.planner.literal import literal_join, semi_rows
 from flight.planner.notes import describe, join_text, moved_filters, repeatable, strategy_text, why_broadcast, why_shuffle
 from flight.planner.optimize import prune_columns, push_filters
-from flight.planner.place import colocated, grouped_below, grouped_in_place, joined_into_ranges, rotate_joins, split_for_groups
+from flight.planner.place import colocated, could_colocate, grouped_below, grouped_in_place, joined_into_ranges, rotate_joins, split_for_groups
 from flight.planner.ranges import filter_selectivity
 from flight.planner.replicate import replicable, replicate_small_broadcasts, substitute_reads
 from flight.planner.reuse import align_task_counts, fingerprint, link_consumers, repeated_subtrees
@@ -417,7 +418,7 @@ def plan_query(
     root, notes = reduce_aggregate_inputs(root, planner.options.broadcast_bytes, ctes)
     planner.rewrites.extend(notes)
     if max_tasks > 1:  # what they save is rows moved between tasks
-        root, notes = reduce_join_inputs(root, planner.options.broadcast_bytes, ctes)
+        root, notes = reduce_join_inputs(root, planner.options.broadcast_bytes, ctes, lambda j: could_colocate(planner, j))
         planner.rewrites.extend(notes)
         root, notes = eager_aggregates(rotate_joins(root, planner))
         planner.rewrites.extend(notes)

@@ -49,7 +49,8 @@ class Planner(Protocol):
     def swapped(self, node: JoinNode, left: Node, right: Node, strategy: str, lf: Frag, rf: Frag) -> Node: ...
 
 __all__ = [
-    "colocated", "grouped_below", "grouped_in_place", "joined_into_ranges", "rotate_joins", "rotated_for_colocation", "split_for_groups",
+    "colocated", "could_colocate", "grouped_below", "grouped_in_place", "joined_into_ranges", "rotate_joins", "rotated_for_colocation",
+    "split_for_groups",
 ]
 
 _Side = tuple[Frag, FeedScanNode, str, list[FileRange]]
@@ -257,6 +258,13 @@ def _could_colocate(planner: Planner, left: Node, right: Node, lkey: str, rkey: 
         sides.append(side)
     points = split_points(sides[0][3] + sides[1][3], planner.max_tasks)
     return points is not None and rereads_pay([s[3] for s in sides], points)
+
+
+def could_colocate(planner: Planner, join: JoinNode) -> bool:
+    """Whether the cutter would co-locate ``join`` as it is (an inner join of two scan-only sides clustered on its
+    first keys): its sides' rows then meet where they are read."""
+    return (planner.colocate and planner.max_tasks > 1 and join.join_type == "inner"
+            and _could_colocate(planner, join.left, join.right, join.left_keys[0], join.right_keys[0]))
 
 
 def rotated_for_colocation(planner: Planner, node: JoinNode) -> Node | None:

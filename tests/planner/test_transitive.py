@@ -27,6 +27,7 @@ from flight.plan.relnodes import JoinNode
 from flight.planner import transitive
 from flight.planner.cut import plan_query
 from flight.planner.optimize import push_filters
+from flight.planner.stages import PlannerOptions
 from flight.planner.transitive import reduce_join_inputs
 
 SPLIT = {"small_query_bytes": 0, "one_host_query_bytes": 0}
@@ -173,3 +174,41 @@ def test_the_star_schemas_answer_with_the_reductions_matches_duckdb(monkeypatch:
         con.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet('{p}')")
     want = con.sql(text).to_arrow_table()
     assert sorted(map(str, got.to_pylist())) == sorted(map(str, want.cast(got.schema).to_pylist()))
+
+
+def _sales(root: Path, returns_sorted: bool) -> flight.Catalog:
+    """``sales`` 40,000 rows and ``returns`` 20,000, sorted by ticket (``returns`` shuffled unless ``returns_sorted``),
+    and 1,000 dates; two files each: sales meets returns by ticket, and its dates are filtered above that join."""
+    n = 40_000
+    tickets = [i // 2 for i in range(n)]
+    sales = pa.table({"s_ticket": pa.array(tickets, pa.int64()), "s_date": pa.array([i % 1000 for i in range(n)], pa.int64()),
+                      "s_amount": pa.array([float(i % 97) for i in range(n)])})
+    returned = list(range(0, n // 2)) if returns_sorted else [(i * 7919) % (n // 2) for i in range(n // 2)]
+    returns = pa.table({"r_ticket": pa.array(returned, pa.int64()), "r_qty": pa.array([i % 5 for i in range(n // 2)], pa.int64())})
+    dates = pa.table({"d": pa.array(range(1000), pa.int64()), "year": pa.array([2000 + d // 200 for d in range(1000)], pa.int64())})
+    paths = write_halves(root, {"sales": sales, "returns": returns, "dates": dates}, row_group_size=2_000)
+    return flight.Catalog({t: flight.read_parquet(sorted(str(p) for p in d.iterdir())) for t, d in paths.items()})
+
+
+SALES = """select year, sum(s_amount * r_qty) as total from sales, returns, dates
+           where s_ticket = r_ticket and s_date = d and year = 2001 group by year"""
+
+
+@pytest.mark.parametrize("returns_sorted", [False, True], ids=["shuffled", "co-located"])
+def test_a_fact_reads_only_its_dates_before_a_shuffle_not_before_a_co_located_join(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cluster: flight.LocalCluster, returns_sorted: bool
+) -> None:
+    monkeypatch.setattr(transitive, "LARGE_ROWS", 1_000)
+    monkeypatch.setattr(transitive, "DEEP_RATIO", 1.0)
+    catalog = _sales(tmp_path, returns_sorted)
+    options = {"broadcast_bytes": 64 << 10}  # returns (~320 KB) is shuffled or co-located, never broadcast
+    plan = plan_query(flight.sql(SALES, catalog).node, 2, PlannerOptions(**options))
+    reduced = [r for r in plan.rewrites if "reads only the 'd' values" in r]
+    co_located = any("co-located" in n for s in plan.stages for n in s.notes)
+    assert co_located == returns_sorted, plan.rewrites
+    assert bool(reduced) != returns_sorted, plan.rewrites  # sales moves to meet returns: it reads its year's dates first
+    got = flight.DistributedExec(flight.sql(SALES, catalog), cluster.urls, **options, **SPLIT).to_table()
+    con = duckdb.connect()
+    for t in ("sales", "returns", "dates"):
+        con.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet('{tmp_path / t}/*.parquet')")
+    assert got.to_pylist() == [dict(zip(("year", "total"), row)) for row in con.sql(SALES).fetchall()]
