@@ -26,9 +26,9 @@ def _figures(out: str) -> dict[str, float]:
 
 def test_tpch_scaleout_checks_every_answer(capsys: pytest.CaptureFixture[str]) -> None:
     tpch_test_files(0.01)  # made here, or the test is skipped saying why
-    assert scaleout.main(["--sf", "0.01", "--queries", "3,18", "--runs", "1"]) == 0
+    assert scaleout.main(["--sf", "0.01", "--queries", "18", "--runs", "1"]) == 0
     out = capsys.readouterr().out
-    assert "answers: 2/2 equal DuckDB's" in out
+    assert "answers: 1/1 equal DuckDB's" in out
     assert re.search(r"^\s+Q18\s", out, re.M)
     figures = _figures(out)
     assert {"scaleout_speedup_geomean", "scaleout_vs_duckdb_all_cores"} <= figures.keys()
@@ -47,7 +47,7 @@ def test_tpcds_scaleout_checks_every_answer(capsys: pytest.CaptureFixture[str]) 
 
 def test_bytes_moved_at_more_workers_are_counted(capsys: pytest.CaptureFixture[str]) -> None:
     tpcds_tables()
-    assert scaleout.main(["--suite", "tpcds", "--sf", f"{TPCDS_SF:g}", "--queries", "14", "--bytes-at", "3"]) == 0
+    assert scaleout.main(["--suite", "tpcds", "--sf", f"{TPCDS_SF:g}", "--queries", "3", "--bytes-at", "3"]) == 0
     assert "scaleout_tpcds_bytes_moved_mb_at_3:" in capsys.readouterr().out
 
 

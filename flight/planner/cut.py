@@ -20,8 +20,7 @@ must cross workers:
 
 A fragment that already runs in one task needs none of that: with one worker the whole query is one stage. Leaf
 stages are sized from their feeds (a shared-queue feed by a ``TaskEstimator`` at execution; with ``cut_file_rows``,
-Parquet files fewer than the workers cut into runs of row groups), upper stages from the rows estimated to
-reach them; never more tasks than workers.
+Parquet files fewer than the workers cut into runs of row groups), upper stages by their rows; at most a task a worker.
 
 Before that, ``flight.planner.optimize`` pushes filters down to the scans, ``flight.planner.semijoin``
 moves semi and anti joins below the joins they filter, and the columns nobody reads are pruned;
@@ -42,7 +41,7 @@ from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, Input
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, ShuffleReadNode, SortNode, UnionNode
 from flight.plan.window import WindowNode
 from flight.planner.colocate import in_range, spread_keys
-from flight.planner.cost import broadcast_pays
+from flight.planner.cost import LARGE_BROADCAST, broadcast_copies, broadcast_pays
 from flight.planner.eager import eager_aggregates
 from flight.planner.frag import Frag, frag_bytes, grown, size_text, smaller, union_in_place
 from flight.planner.groups import aggregate_rows
@@ -335,14 +334,15 @@ class _Planner:
         return self.consumer(merged, tasks, out_rows, [lread, rread], hashed)
 
     def may_broadcast(self, small: Frag, probe: Frag) -> bool:
-        """Whether ``small`` may be broadcast into ``probe``'s tasks: estimated below ``broadcast_bytes`` and no
-        larger than ``probe``, and its copies to the other tasks move no more than a shuffle of ``probe`` would
-        (at two tasks the same; at more, unless the copies are few bytes, or files each task will read in place,
-        ``replicate_small_broadcasts``, which move nothing)."""
+        """Whether ``small`` may be broadcast into ``probe``'s tasks: no larger than ``probe``, below ``broadcast_bytes``
+        and its copies moving no more than a shuffle of ``probe`` (unless few bytes, or files each task reads in place:
+        ``replicate_small_broadcasts``), or up to ``LARGE_BROADCAST`` times that, its copies a tenth of ``probe``."""
         size, other = frag_bytes(small), frag_bytes(probe)
         probe_bytes = float("inf") if other is None else other
-        if size is None or size > min(self.options.broadcast_bytes, probe_bytes):
+        if size is None or size > probe_bytes:
             return False
+        if size > self.options.broadcast_bytes:  # one whose copies are a tenth of the other side still pays
+            return size <= LARGE_BROADCAST * self.options.broadcast_bytes and broadcast_copies(size, probe.tasks) * 10 <= probe_bytes
         return broadcast_pays(size, probe.tasks, probe_bytes) or (
             bool(probe.feeds) and replicable(small.node, small.feeds, small.reads, self.options.replicate_rows))
 

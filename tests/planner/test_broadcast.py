@@ -137,3 +137,17 @@ def test_an_aggregate_by_the_shuffle_key_stays_in_place_after_a_broadcast_join(
         "group by big_key order by big_key"
     ).to_arrow_table()
     assert ex.to_table().sort_by("big_key").to_pylist() == want.to_pylist()
+
+
+def test_a_side_over_broadcast_bytes_is_still_broadcast_when_its_copies_are_a_tenth_of_the_other(
+    sides: tuple[flight.Query, flight.Query],
+) -> None:
+    """~6.4 MB of ``big`` against ``small`` filtered to a tenth (~0.3 MB), with broadcast_bytes of 0.1 MB: the
+    filtered side is over the limit, but one copy is a twentieth of shuffling ``big`` (``cost.LARGE_BROADCAST``);
+    whole (~3.2 MB, past four times the limit) it is shuffled."""
+    big, small = sides
+    limit = 100 << 10
+    for kept, want in ((20_000, "broadcast"), (200_000, "shuffle")):
+        q = big.join(small.filter(flight.col("small_value") < kept), left_on="big_key", right_on="small_key")
+        plan = plan_query(q.node, 2, PlannerOptions(replicate_rows=0, broadcast_bytes=limit))
+        assert [n.strategy for s in plan.stages for n in s.root.walk() if isinstance(n, JoinNode)] == [want], plan.rewrites
