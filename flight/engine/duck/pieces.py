@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import pyarrow as pa
 
+from flight.engine.duck.sqltext import string_literal
 from flight.engine.readers import ReaderContext
 from flight.errors import FlightExecError
 from flight.sources.footers import parquet_metadata
@@ -75,10 +76,6 @@ def _run_rows(real: str, groups: list[int]) -> tuple[int, int] | None:
     return start, start + sum(meta.row_group(g).num_rows for g in groups)
 
 
-def _quoted(real: str) -> str:
-    return "'" + real.replace("'", "''") + "'"
-
-
 MAX_RUN_FILES = 32
 """Most files of one query read as ranges of row numbers (one ``read_parquet`` each, in a ``UNION ALL``): past it
 pyarrow reads the scan's units (a split of very many files into row groups, ``split_row_groups=True``)."""
@@ -93,7 +90,7 @@ def duck_source(files: Sequence[Plain]) -> str | None:
     for f in files:
         if f.rows is not None:
             ranges.setdefault(f.real, []).append(f.rows)
-    listed = "read_parquet([" + ", ".join(_quoted(r) for r in whole) + "])"
+    listed = "read_parquet([" + ", ".join(string_literal(r) for r in whole) + "])"
     if not ranges:
         return listed
     if len(ranges) > MAX_RUN_FILES:
@@ -101,7 +98,7 @@ def duck_source(files: Sequence[Plain]) -> str | None:
     parts = [f"SELECT * FROM {listed}"] if whole else []
     for real, spans in ranges.items():
         kept = " OR ".join(f"(file_row_number >= {a} AND file_row_number < {b})" for a, b in _merged(spans))
-        parts.append(f"SELECT * EXCLUDE (file_row_number) FROM read_parquet({_quoted(real)}, file_row_number = true) WHERE {kept}")
+        parts.append(f"SELECT * EXCLUDE (file_row_number) FROM read_parquet({string_literal(real)}, file_row_number = true) WHERE {kept}")
     return "(" + " UNION ALL BY NAME ".join(parts) + ")"
 
 

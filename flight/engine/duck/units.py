@@ -25,6 +25,7 @@ from flight.engine.duck.keyfilter import KeyFilter
 from flight.engine.duck.keyfilter import resolve as resolve_key_filters
 from flight.engine.duck.pieces import Plain, duck_source, plain_file
 from flight.engine.duck.shared import reducing, share_repeated_subqueries
+from flight.engine.duck.sqltext import string_literal
 from flight.engine.duck.task import ENGINE_ERRORS, UNITS, DuckTask, Statement, error_kind, stream
 from flight.engine.pruning import prune_of
 from flight.engine.readers import PathRefused, ReaderContext, UnitReadError, conform, read_parquet
@@ -262,7 +263,7 @@ def _pyarrow_units(units: list[tuple[str, bytes]], ctx: ReaderContext) -> Iterat
 def _blame(cur: duckdb.DuckDBPyConnection, files: list[Plain], exc: BaseException) -> None:
     """Raise ``UnitReadError`` naming the first of ``files`` DuckDB cannot read, if one is."""
     for f in files:
-        quoted = "'" + f.real.replace("'", "''") + "'"
+        quoted = string_literal(f.real)  # a plain file's name holds no NUL
         try:
             cur.execute(f"SELECT count(*) FROM read_parquet({quoted})")
         except ENGINE_ERRORS as one:
@@ -316,7 +317,7 @@ def _files(
             raise task.failure(exc) from None
         for f in files:  # which file? (the task fails either way: nothing is read twice)
             try:
-                quoted = "'" + f.real.replace("'", "''") + "'"
+                quoted = string_literal(f.real)  # a plain file's name holds no NUL
                 cur.execute(f"SELECT count(*) FROM ({text.replace(UNITS, f'read_parquet({quoted})')})")
             except ENGINE_ERRORS as one:
                 raise UnitReadError(f"{f.where}: cannot read Parquet file {f.path!r}: {_why(one, f.real)}") from None
