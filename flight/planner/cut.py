@@ -30,7 +30,6 @@ moves semi and anti joins below the joins they filter, and the columns nobody re
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import pyarrow as pa
 
@@ -41,8 +40,9 @@ from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, Input
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, ShuffleReadNode, SortNode, UnionNode
 from flight.plan.window import WindowNode
 from flight.planner.colocate import in_range, spread_keys
-from flight.planner.cost import LARGE_BROADCAST, broadcast_copies, broadcast_pays
+from flight.planner.cost import LARGE_BROADCAST, broadcast_copies, broadcast_pays, selectivity
 from flight.planner.eager import eager_aggregates
+from flight.planner.finish import finished_in_each_task
 from flight.planner.frag import Frag, frag_bytes, grown, size_text, smaller, union_in_place
 from flight.planner.groups import aggregate_rows
 from flight.planner.inputs import check_inputs_read_once, fix_to_input
@@ -52,7 +52,7 @@ from flight.planner.notes import describe, join_text, moved_filters, repeatable,
 from flight.planner.optimize import prune_columns, push_filters
 from flight.planner.place import colocated, could_colocate, grouped_below, grouped_in_place, joined_into_ranges, rotate_joins, split_for_groups
 from flight.planner.ranges import filter_selectivity
-from flight.planner.replicate import replicable, replicate_small_broadcasts, substitute_reads
+from flight.planner.replicate import replicable, replicate_small_broadcasts
 from flight.planner.reuse import align_task_counts, fingerprint, link_consumers, repeated_subtrees
 from flight.planner.scalar import push_scalar_comparisons
 from flight.planner.semibuild import distinct_keys, reduced, reduces
@@ -75,6 +75,7 @@ class _Planner:
         self.feed_ids: set[str] = set()
         self.rewrites: list[str] = []
         self.made: dict[bytes, int] = {}  # stage ids by fingerprint (flight.planner.reuse)
+        self.finished: dict[bytes, int] = {}  # partial-aggregate stages broadcast for each reader to finish (``finish``)
         self.once: dict[bytes, ShuffleReadNode] = {}  # a repeated subplan grouped in place, broadcast to each use
         self.repeated: set[int] = set()  # ids of the nodes each use of a CTE starts at
         self.crowded = False  # one task would hold too many sources (small.too_many_sources): every repeat is a stage
@@ -278,6 +279,8 @@ class _Planner:
     def join(self, node: JoinNode) -> Frag:  # rotated for co-location already (``rotate_joins``)
         left, right = self.build(node.left), self.build(node.right)
         rows = max(left.rows or 0.0, right.rows or 0.0) or None
+        if node.join_type == "inner" and node.filter is not None and right.rows == 1 and left.rows is not None:
+            rows = left.rows * selectivity(node.filter.to_proto())  # a comparison with a scalar subquery: a filter
         semi = node.join_type in ("left semi", "left anti")
         out_rows = semi_rows(node, left, right, self.max_tasks > 1) if semi else rows  # at most its left rows
         swappable = node.join_type in _SWAPPED and not set(left.node.schema.names) & set(right.node.schema.names)
@@ -305,7 +308,7 @@ class _Planner:
             if distinct is not None:
                 self.rewrites.append(f"{join_text(node)}: the build side is reduced to its distinct keys {node.right_keys} before it is broadcast")
             self.rewrites.append(strategy_text(node, "broadcast", size_text(right), size_text(left), left.tasks, why_broadcast(right, left)))
-            finished = self.finished_in_each_task(right)
+            finished = finished_in_each_task(self, right)
             reads = finished.reads if finished is not None else [self.cut(right, "broadcast")]
             build = finished.node if finished is not None else reads[0]
             merged = JoinNode(left.node, build, node.left_keys, node.right_keys, node.join_type, node.right_suffix, "broadcast", node.filter)
@@ -345,28 +348,6 @@ class _Planner:
             return size <= LARGE_BROADCAST * self.options.broadcast_bytes and broadcast_copies(size, probe.tasks) * 10 <= probe_bytes
         return broadcast_pays(size, probe.tasks, probe_bytes) or (
             bool(probe.feeds) and replicable(small.node, small.feeds, small.reads, self.options.replicate_rows))
-
-    def finished_in_each_task(self, f: Frag) -> Frag | None:
-        """A one-task final aggregate of gathered partial aggregates (a scalar subquery's), to be
-        broadcast: instead its producers broadcast their partials and every reading task finishes
-        it (a few rows each), one stage and one hop fewer before the reader's query (TPC-H Q11,
-        Q15, Q22). None for anything else."""
-        if f.tasks != 1 or f.feeds or not f.reads or f.rows is None or f.rows > 1:
-            return None
-        if not all(isinstance(n, (ProjectNode, FilterNode, AggregateNode, ShuffleReadNode)) for n in f.node.walk()):
-            return None
-        producers = [self.stages[r.stage_id] for r in f.reads]
-        if any(r.mode != "gather" or not (isinstance(p.root, AggregateNode) and p.root.partial and not p.root.keys)
-               for r, p in zip(f.reads, producers)):
-            return None
-        inline: dict[int, Node] = {}
-        for r, p in zip(f.reads, producers):
-            p.output_mode = "broadcast"
-            self.made = {k: v for k, v in self.made.items() if v != r.stage_id}  # no other use may read it as gathered
-            inline[r.stage_id] = replace(r, mode="broadcast")
-        self.rewrites.append(f"the global aggregate over stage(s) {sorted(inline)} is finished by each task reading it: "
-                             "their partial rows are broadcast, not gathered into a stage of its own")
-        return Frag(substitute_reads(f.node, inline), 1, f.rows, [], list(inline.values()))  # type: ignore[arg-type]
 
     def swapped(
         self, node: JoinNode, left: Node, right: Node, strategy: str, lf: Frag, rf: Frag, left_read: Node | None = None

@@ -45,14 +45,13 @@ from flight.plan.relnodes import AggregateNode, JoinNode, SortNode, UnionNode
 from flight.plan.window import WindowNode
 from flight.planner.prune import prune_columns
 
-__all__ = ["conjuncts", "derive_side_filter", "disjuncts", "prune_columns", "push_filters", "rename_fields"]
+__all__ = ["PUSHABLE_SIDES", "conjuncts", "derive_side_filter", "disjuncts", "prune_columns", "push_filters", "rename_fields"]
 
 _AND = ("and_kleene", "and")
 _OR = ("or_kleene", "or")
 _WORK = (AggregateNode, JoinNode, WindowNode)
 
-# Which sides of a join a filter above it may move onto (the sides whose rows are not null-extended).
-_PUSHABLE_SIDES = {
+PUSHABLE_SIDES = {
     "inner": ("left", "right"),
     "left outer": ("left",),
     "right outer": ("right",),
@@ -62,6 +61,8 @@ _PUSHABLE_SIDES = {
     "right semi": ("right",),
     "right anti": ("right",),
 }
+"""Which sides of a join a filter above it may move onto: those whose rows reach its output whole and not
+null-extended (a filter on them commutes with the join)."""
 
 
 # ------------------------------------------------------------ expressions
@@ -275,7 +276,7 @@ class _Pusher:
 
     def push_join(self, node: JoinNode, preds: list[_Pred]) -> Node:
         sides = join_sides(node)
-        allowed = _PUSHABLE_SIDES.get(node.join_type, ())
+        allowed = PUSHABLE_SIDES.get(node.join_type, ())
         keys = ", ".join(f"{a}={b}" for a, b in zip(node.left_keys, node.right_keys))
         here = f"HashJoin[{node.join_type}, {keys}]"
         down: dict[str, list[_Pred]] = {"left": [], "right": []}

@@ -6,13 +6,17 @@ has no keys to push), above every other join of the query. TPC-DS q54 so joined 
 rows with customers, addresses, stores and every date before a date was compared: the three months'
 rows were known only at the top. Moved below those joins, onto the subplan the compared column comes
 from (date_dim, 73 thousand rows), the comparison keeps 90 dates, and the join with them keeps the sales
-of those months before anything else joins them. Trino and DuckDB push such comparisons likewise.
+of those months before anything else joins them. TPC-H Q22 compares customers' balances with their average
+above the anti join that keeps those without orders: below it, the anti join's probe side is 190,000
+customers instead of 420,000, small enough that its orders are first cut to those customers
+(``flight.planner.semibuild``). Trino and DuckDB push such comparisons likewise.
 
 Exact: an inner join with a one-row side on a constant keeps a row of the other side where the condition
 holds (with that row's values), and inner joins, filters and projections commute with such a filter.
 Applied where the one-row side is an aggregate without keys (under projections and filters), the
-condition reads that side and columns of one subplan below the join (through inner joins, filters and
-projections that pass the columns on), and the projection above the join reads none of the one-row
+condition reads that side and columns of one subplan below the join (through filters, projections that
+pass the columns on, and the sides of joins whose rows reach their output whole: both of an inner join, the
+kept side of a semi or anti join, the preserved side of an outer join), and the projection above the join reads none of the one-row
 side's columns. The one-row side's columns are renamed apart, so nothing below can clash with them.
 """
 
@@ -27,7 +31,7 @@ from flight.plan.nodes import FilterNode, Node, ProjectNode
 from flight.plan.relnodes import AggregateNode, JoinNode
 from flight.planner.eager import map_children
 from flight.planner.notes import join_text
-from flight.planner.optimize import join_sides, rename_fields
+from flight.planner.optimize import PUSHABLE_SIDES, join_sides, rename_fields
 
 __all__ = ["push_scalar_comparisons"]
 
@@ -91,7 +95,9 @@ def _moved(project: ProjectNode, join: JoinNode, fresh: Iterator[int], notes: li
 
 def _place(node: Node, names: dict[str, str], attach: Callable[[Node, dict[str, str]], Node]) -> tuple[Node, Node]:
     """``node`` with the comparison attached as deep as the columns (``names``: the left input's name ->
-    ``node``'s) reach through inner joins, filters and projections; (the subplan it landed on, the new node)."""
+    ``node``'s) reach through filters, projections and the sides of joins whose rows reach the output whole
+    (``PUSHABLE_SIDES``: both of an inner join, the kept side of a semi or anti join, the preserved side of an
+    outer join); (the subplan it landed on, the new node)."""
     if isinstance(node, ProjectNode):
         passed = {m: _through(node, c) for m, c in names.items()}
         inner = {m: c for m, c in passed.items() if c is not None}
@@ -101,11 +107,12 @@ def _place(node: Node, names: dict[str, str], attach: Callable[[Node, dict[str, 
     elif isinstance(node, FilterNode):
         where, placed = _place(node.input, names, attach)
         return where, replace(node, input=placed)
-    elif isinstance(node, JoinNode) and node.join_type == "inner":
+    elif isinstance(node, JoinNode):
         sides = join_sides(node)
         found = [sides.get(c) for c in names.values()]
-        if all(f is not None for f in found) and len({f[0] for f in found if f}) == 1:
-            side = found[0][0]  # type: ignore[index]
+        one_side = {f[0] for f in found if f}
+        if all(f is not None for f in found) and len(one_side) == 1 and one_side <= set(PUSHABLE_SIDES[node.join_type]):
+            side = one_side.pop()
             inner = {m: sides[c][1] for m, c in names.items()}
             if side == "left":
                 where, placed = _place(node.left, inner, attach)

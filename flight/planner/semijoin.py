@@ -25,21 +25,11 @@ from __future__ import annotations
 
 from flight.plan.nodes import FeedScanNode, FilterNode, Node, ProjectNode
 from flight.plan.relnodes import JoinNode, SortNode, UnionNode
-from flight.planner.optimize import join_sides
+from flight.planner.optimize import PUSHABLE_SIDES, join_sides
 
 __all__ = ["push_semi_joins"]
 
 _MOVABLE = ("left semi", "left anti")
-_KEEPS_ROWS_OF = {
-    "inner": ("left", "right"),
-    "left outer": ("left",),
-    "right outer": ("right",),
-    "left semi": ("left",),
-    "left anti": ("left",),
-    "right semi": ("right",),
-    "right anti": ("right",),
-}
-"""The sides of a join whose rows reach its output whole and not null-extended: a filter on them commutes with it."""
 
 
 def push_semi_joins(root: Node, copies: bool = True) -> tuple[Node, list[str]]:
@@ -110,7 +100,7 @@ def _sink(below: Node, semi: JoinNode, keys: list[str], where: list[str], copies
         if not all(k in sides for k in keys):
             return None
         side = {sides[k][0] for k in keys}
-        if len(side) != 1 or (target := side.pop()) not in _KEEPS_ROWS_OF.get(below.join_type, ()):
+        if len(side) != 1 or (target := side.pop()) not in PUSHABLE_SIDES.get(below.join_type, ()):
             return None
         names = [sides[k][1] for k in keys]
         child = below.left if target == "left" else below.right
