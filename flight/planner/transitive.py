@@ -20,7 +20,10 @@ reached from the other side's key through another join's key equality (one the k
 that join's own input, which it filters already), is filtered (an unfiltered table bounds nothing a foreign
 key does not), is estimated at least ``RATIO`` times smaller than the scan and small enough to broadcast, and
 reads repeatable sources (it is read a second time for this). A scan whose key a semi join bounds already is
-left alone. Only for plans of more than one task: one task moves nothing.
+left alone on that key; each of its other keys a filtered table bounds adds a semi join beneath (TPC-DS q72's
+catalog_sales, bounded by its household profiles and by its dates of one year, meets inventory by item: reduced
+by the profiles alone it carried four years of sales into that join, 34.7 s at SF 10 on two hosts; by both, 1.9 s).
+Only for plans of more than one task: one task moves nothing.
 
 A reduction can make a table filtered that bounds another join's key, so the walk runs again (at most
 ``PASSES`` times) while it finds more: TPC-H Q5's region (``ASIA``) bounds nation's region key, nation's keys
@@ -181,8 +184,14 @@ class _Reducer:
         a join with a filtered table below ``node``'s top (``_met``), or the scan was reduced already. ``beside``:
         the other input of the inner join nearest the scan on the way, ``near`` (None: no inner join lies between). Only the
         path the key takes is rebuilt: a subplan used twice keeps its other use."""
-        if id(node) in self.made:
-            return None
+        if id(node) in self.made:  # a scan reduced on another key already: reduced on this one too, beneath
+            assert isinstance(node, JoinNode)
+            inner = None if key in node.left_keys else self.at_scan(node.left, key, make, beside, near)
+            if inner is None:
+                return None
+            stacked = replace(node, left=inner)
+            self.made[id(stacked)] = self.made.pop(id(node))
+            return stacked
         if _scan_side(node):
             return make(node, key, beside, near)
         if isinstance(node, FilterNode):
