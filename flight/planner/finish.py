@@ -52,8 +52,8 @@ def finished_in_each_task(planner: Cutter, f: Frag) -> Frag | None:
     for r, p in sorted(zip(f.reads, producers), key=lambda rp: -rp[0].stage_id):  # the newest first: it may be dropped
         key = keys.get(r.stage_id)
         earlier = planner.finished.get(key) if key is not None else None
-        if key is not None and earlier is not None and r.stage_id == len(planner.stages) - 1:
-            planner.stages.pop()  # made just now for this read, and equal to one already broadcast
+        if key is not None and earlier is not None and r.stage_id == len(planner.stages) - 1 and not p.reads:
+            planner.stages.pop()  # made just now for this read (reading no stage: none is left unread), equal to one broadcast
             del planner.made[key]
             inline[r.stage_id] = replace(r, stage_id=earlier, mode="broadcast")
             planner.rewrites.append(f"stage {earlier} is computed once and read again (the same scalar subquery twice)")
