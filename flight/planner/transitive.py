@@ -14,8 +14,8 @@ Exact: the join keeps only rows whose key equals the filtered table's key throug
 joins (``_bounding`` follows it), so the semi join drops only rows the join would drop.
 
 Applied to an inner join's side (a condition beside its keys, if any, only drops more rows) at the scan its
-key comes from (under filters and projects, and through the inner joins and semi joins' left sides of that
-side: the semi join lands right above the scan, deep in the side if need be) when the bounding table is
+key comes from (under filters and projects, and through the inner joins, semi joins' left sides and left outer
+joins' preserved sides of that side: the semi join lands right above the scan, deep in the side if need be) when the bounding table is
 reached from the other side's key through another join's key equality (one the key only passes through from is
 that join's own input, which it filters already), is filtered (an unfiltered table bounds nothing a foreign
 key does not), is estimated at least ``RATIO`` times smaller than the scan and small enough to broadcast, and
@@ -36,6 +36,14 @@ Q7's two nations; TPC-DS q72's 720 household profiles were 1.5 times as long), a
 it is large (``LARGE_ROWS``): a small one (a dimension) is read in place by every task, and a semi join made
 it a stage of its own (TPC-H Q7's supplier, 1.16 -> 1.73 s); its reduction served only to bound a larger
 scan's key, and is taken out again once the walks end.
+
+A subplan the query repeats (a CTE's uses, a ROLLUP's input) has its own joins reduced, alike in every use so
+it stays one subplan; a join outside it reduces nothing inside. TPC-DS q80 left-joins store_sales with
+store_returns (too large to broadcast), then with 30 days' dates, in its ROLLUP's repeated input: all of
+store_sales was shuffled to meet its returns (3.7 GB at SF 10 on two hosts, 13.2 s); reduced by those dates
+(and its items and promotions) first, 525 MB and 3.5 s. A left outer join's preserved side is reduced only
+where the join is surely shuffled (its other side over ``LARGE_BROADCAST`` times ``broadcast_bytes``): a
+broadcast keeps that side's rows in place, and its reduction was a stage more (TPC-DS q40 0.08 -> 0.12 s).
 
 Where the join beside such a scan is estimated too large to broadcast (``shuffled``: the scan's rows will be
 shuffled to meet it, unless co-located), a plain filtered table bounds the scan whatever its size and whichever
@@ -58,7 +66,7 @@ import pyarrow as pa
 from flight.plan.expr import col
 from flight.plan.nodes import FeedScanNode, FilterNode, Node, ProjectNode
 from flight.plan.relnodes import JoinNode
-from flight.planner.cost import row_width
+from flight.planner.cost import LARGE_BROADCAST, row_width
 from flight.planner.eager import map_children
 from flight.planner.keysets import estimated_rows, filtered, smallest_source
 from flight.planner.notes import join_text, repeatable
@@ -108,7 +116,7 @@ class _Reducer:
         self.made: dict[int, tuple[str, bool]] = {}
 
     def walk(self, node: Node) -> Node:
-        if id(node) in self.keep or id(node) in self.made:
+        if id(node) in self.made:
             return node
         node = map_children(node, self.walk)
         if not isinstance(node, JoinNode) or node.join_type != "inner":
@@ -172,7 +180,8 @@ class _Reducer:
         join not co-located: then the scan's rows are shuffled to meet it, and a bound that drops them is worth more
         than the order of the joins."""
         rows = estimated_rows(beside)
-        if rows is None or rows * row_width(beside.schema) <= self.max_bytes:
+        outer = near is not None and near.join_type == "left outer"  # its preserved side stays put unless surely shuffled
+        if rows is None or rows * row_width(beside.schema) <= self.max_bytes * (LARGE_BROADCAST if outer else 1):
             return False
         return near is None or self.colocated is None or not self.colocated(near)
 
@@ -202,14 +211,16 @@ class _Reducer:
             name = None if source is None else source.column_name()
             inner = None if name is None else self.at_scan(node.input, name, make, beside, near)
             return None if inner is None else replace(node, input=inner)
-        if isinstance(node, JoinNode) and node.join_type in ("inner", "left semi"):
+        if isinstance(node, JoinNode) and node.join_type in ("inner", "left semi", "left outer"):
             where = join_sides(node).get(key)
             if where is None or (node.join_type == "left semi" and where[1] in node.left_keys) or _met(node, *where):
                 return None  # computed, bounded by that semi join already, or met by a filtered table there
             side, name = where
-            inner_join = node.join_type == "inner"
-            other = (node.right if side == "left" else node.left) if inner_join else beside
-            inner = self.at_scan(node.left if side == "left" else node.right, name, make, other, node if inner_join else near)
+            if node.join_type == "left outer" and side != "left":
+                return None  # a null-extended side: its rows are not dropped with their key
+            joined = node.join_type != "left semi"
+            other = (node.right if side == "left" else node.left) if joined else beside
+            inner = self.at_scan(node.left if side == "left" else node.right, name, make, other, node if joined else near)
             if inner is None:
                 return None
             return replace(node, left=inner) if side == "left" else replace(node, right=inner)
