@@ -76,6 +76,7 @@ class _Planner:
         self.rewrites: list[str] = []
         self.made: dict[bytes, int] = {}  # stage ids by fingerprint (flight.planner.reuse)
         self.finished: dict[bytes, int] = {}  # partial-aggregate stages broadcast for each reader to finish (``finish``)
+        self.reused: set[int] = set()  # stages a cut handed out again (read by more than one use)
         self.once: dict[bytes, ShuffleReadNode] = {}  # a repeated subplan grouped in place, broadcast to each use
         self.repeated: set[int] = set()  # ids of the nodes each use of a CTE starts at
         self.crowded = False  # one task would hold too many sources (small.too_many_sources): every repeat is a stage
@@ -91,6 +92,7 @@ class _Planner:
         small = mode == "broadcast" and replicable(frag.node, frag.feeds, frag.reads, self.options.replicate_rows)
         same = None if frag.ranges or mode == "head" or small else fingerprint(frag.node, frag.feeds, frag.tasks, mode, keys or [])
         if same in self.made:  # the same subplan again (a CTE used twice): read the stage it made
+            self.reused.add(self.made[same])
             self.rewrites.append(f"stage {self.made[same]} is computed once and read again (the same subplan twice)")
             return ShuffleReadNode(self.made[same], frag.node.schema, read_mode)
         stage_id = len(self.stages)

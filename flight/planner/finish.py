@@ -9,7 +9,9 @@ The same subquery read twice (a probe side read a second time to reduce a semi j
 ``flight.planner.semibuild``: TPC-H Q22's ``c_acctbal > (SELECT avg(...))``) is one stage: the second
 use's partial stage, equal to the first's, is dropped and the first's broadcast read instead. Computed
 twice, the two stages ran at once on each core, before everything else (Q22 at SF 10 on two one-core
-hosts: two 185 ms stages).
+hosts: two 185 ms stages). Only a stage made for that read alone is dropped: one a cut handed to another use
+too (``reused``: a union's branch reading the same average gathered) stays, or that use would read whatever
+stage took its id next.
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ __all__ = ["finished_in_each_task"]
 
 class Cutter(Protocol):
     """What this needs of the cutter: its stages, their fingerprints (``made``), those already finished in
-    each task (``finished``), and its notes."""
+    each task (``finished``), those handed out to more than one use (``reused``), and its notes."""
 
     stages: list[StageSpec]
     made: dict[bytes, int]
     finished: dict[bytes, int]
+    reused: set[int]
     rewrites: list[str]
 
 
@@ -52,8 +55,11 @@ def finished_in_each_task(planner: Cutter, f: Frag) -> Frag | None:
     for r, p in sorted(zip(f.reads, producers), key=lambda rp: -rp[0].stage_id):  # the newest first: it may be dropped
         key = keys.get(r.stage_id)
         earlier = planner.finished.get(key) if key is not None else None
-        if key is not None and earlier is not None and r.stage_id == len(planner.stages) - 1 and not p.reads:
-            planner.stages.pop()  # made just now for this read (reading no stage: none is left unread), equal to one broadcast
+        if (key is not None and earlier is not None and r.stage_id == len(planner.stages) - 1 and not p.reads
+                and r.stage_id not in planner.reused):
+            # Made just now for this read alone (no other use was handed it; it reads no stage, so none is left
+            # unread), and equal to one already broadcast.
+            planner.stages.pop()
             del planner.made[key]
             inline[r.stage_id] = replace(r, stage_id=earlier, mode="broadcast")
             planner.rewrites.append(f"stage {earlier} is computed once and read again (the same scalar subquery twice)")

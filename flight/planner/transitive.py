@@ -129,8 +129,12 @@ class _Reducer:
 
     def cleaned(self, node: Node) -> Node:
         """``node`` without the reductions that served only to bound others (their semi joins' left sides instead)."""
-        if id(node) in self.made:
-            return node if self.made[id(node)][1] else node.left  # type: ignore[attr-defined]
+        if id(node) in self.made:  # a reduction, maybe stacked on others: each one decided on its own
+            assert isinstance(node, JoinNode)
+            inner = self.cleaned(node.left)
+            if not self.made[id(node)][1]:
+                return inner
+            return node if inner is node.left else replace(node, left=inner)
         return map_children(node, self.cleaned)
 
     def reduced(self, side: Node, keys: list[str], other: Node, other_keys: list[str], join: JoinNode) -> Node | None:

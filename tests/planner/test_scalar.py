@@ -109,6 +109,23 @@ def test_a_subquery_read_twice_is_one_stage(catalog: flight.Catalog) -> None:
     assert len(readers) == 2  # the reducer's read of the customers and the anti join's
 
 
+SHARED = (  # the average's partial stage: finished in each reader by branch a, read gathered by branch b, then c's again
+    "select 'a' as w, count(*) as n from facts where v > (select avg(v) from facts)"
+    " union all select 'b', avg(v) from facts"
+    " union all select 'c', avg(k) from facts where v < (select avg(v) from facts)"
+)
+
+
+def test_a_stage_another_use_reads_is_not_dropped_for_an_equal_broadcast_one(
+    catalog: flight.Catalog, con: duckdb.DuckDBPyConnection, cluster: flight.LocalCluster
+) -> None:
+    """Branch c's partial average equals branch a's (broadcast), but the stage it was handed is branch b's, read
+    gathered: dropped, b read c's stage (an answer of c's for b's row)."""
+    got = flight.DistributedExec(flight.sql(SHARED, catalog), cluster.urls, small_query_bytes=0).to_table()
+    why = difference(got, duckdb_table(con, SHARED), ordered=False)
+    assert why is None, why
+
+
 @pytest.mark.parametrize("name", sorted(MOVED) + sorted(KEPT))
 @pytest.mark.parametrize("spread", ["shuffled", "broadcast"])
 def test_answers_on_workers_match_duckdb(
