@@ -17,7 +17,7 @@ from flight.planner.colocate import distinct_bound
 from flight.planner.cost import row_width
 from flight.planner.frag import Frag, size_text
 from flight.planner.notes import join_text, repeatable
-from flight.planner.stages import PlannerOptions
+from flight.planner.stages import PlannerOptions, StageSpec
 
 __all__ = ["DISTINCT_FRACTION", "REDUCE_RATIO", "distinct_keys", "reduced", "reduces"]
 
@@ -36,6 +36,7 @@ class Builder(Protocol):
 
     options: PlannerOptions
     rewrites: list[str]
+    stages: list[StageSpec]
 
     def build(self, node: Node) -> Frag: ...
 
@@ -54,9 +55,14 @@ def reduces(planner: Builder, node: JoinNode, left: Frag, right: Frag) -> bool:
     estimated at least ``REDUCE_RATIO`` times the probe side's rows, those are small enough to
     broadcast, and its feeds are repeatable (the second read must see the rows the first does).
     A probe side that reads stages reads them again, so only broadcasts (a scalar subquery's
-    one row, made once: ``flight.planner.finish``), never a shuffle's partitions.
+    partial rows, made once: ``flight.planner.finish``), never a shuffle's partitions, and from
+    at most two tasks: each reading task finishes the aggregate in the order the partial rows
+    arrive, and floating-point sums of three or more in another order may differ in the last
+    bit (a row exactly between would pass one read and not the other); two add alike either way.
     """
-    if left.rows is None or right.rows is None or any(r.mode != "broadcast" for r in left.reads) or right.tasks == 1:
+    if left.rows is None or right.rows is None or right.tasks == 1:
+        return False
+    if any(r.mode != "broadcast" or planner.stages[r.stage_id].task_count > 2 for r in left.reads):
         return False
     keys = min(right.rows, distinct_bound(node.right, node.right_keys) or right.rows)
     keys_bytes = left.rows * row_width(pa.schema([left.node.schema.field(k) for k in node.left_keys]))
