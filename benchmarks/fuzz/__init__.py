@@ -77,7 +77,7 @@ directory are filled in when the case runs).
     FUZZ_MEMDIAG=1 python -m benchmarks.fuzz_worker --worker-arg=--extension=benchmarks.memdiag   # where a large idle sample's memory is
 
 Memory: the fuzzer reads the RSS of the worker it started (``VmRSS`` in /proc/PID/status).
-What it measures is what the worker *keeps*: every RSS_EVERY (100) cases, and at the end, it
+What it measures is what the worker *keeps*: every ``--rss-every`` (100) cases, and at the end, it
 waits until the worker runs no task and its RSS stops falling, and takes that idle RSS. The
 baseline is the idle RSS after its first RSS_WARMUP (20) cases, which load the engines, open
 DuckDB and start the thread pools every later case reuses; a worker swapped for a fresh one

@@ -15,7 +15,7 @@ from pathlib import Path
 from benchmarks.fuzz.cases import Case
 from benchmarks.fuzz.fuzzer import Fuzzer
 from benchmarks.fuzz.generator import FAMILIES, RESOURCE_FAMILIES, Generator
-from benchmarks.fuzz.settings import CASE_TIMEOUT, DEFAULT_CASES, HEALTH_TIMEOUT, LOOPBACK_URL, PROTOCOL
+from benchmarks.fuzz.settings import CASE_TIMEOUT, DEFAULT_CASES, HEALTH_TIMEOUT, LOOPBACK_URL, PROTOCOL, RSS_EVERY
 from benchmarks.fuzz.tally import log
 from benchmarks.fuzz.verdicts import clean_message
 
@@ -91,6 +91,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--check-seeds", action="store_true", help="run every unmutated seed once; exit 1 unless all run cleanly")
     p.add_argument("--rss-limit-mb", type=float, metavar="MIB",
                    help="exit 1 when the worker's RSS grew more than this past its baseline (a worker this fuzzer starts)")
+    p.add_argument("--rss-every", type=int, default=RSS_EVERY, metavar="N",
+                   help="cases between two settled (idle) RSS samples; each waits for the worker to go idle and its RSS "
+                        "to stop falling, a few seconds (default: %(default)s)")
     return p
 
 

@@ -61,7 +61,7 @@ class Fuzzer:
         self.last_seconds = 0.0
         self.first_case: int | None = None  # the first case the current worker ran
         self.check_alone = not args.replay
-        self.rss = RssWatch()
+        self.rss = RssWatch(getattr(args, "rss_every", RSS_EVERY))
 
     def __enter__(self) -> Self:
         write_data_files(self.data_dir)
@@ -273,7 +273,7 @@ class Fuzzer:
                 + (f" ({t.rss_worst})" if t.rss_worst else ""))
             log(f"worker RSS peak while a case held memory: +{self.rss.peak_mb:.0f} MiB ({self.rss.peak_note})")
             if self.rss.samples:
-                log(f"worker RSS when idle, every {RSS_EVERY} cases (case: MiB): "
+                log(f"worker RSS when idle, every {self.rss.every} cases (case: MiB): "
                     + ", ".join(f"{i}: {kb / 1024:.0f}" for i, kb in self.rss.samples))
         for mode, count in sorted(t.modes.items(), key=lambda kv: (-kv[1], kv[0])):
             log(f"{count:5d} x {mode[0]} / {mode[1]} / {mode[2]}")

@@ -95,7 +95,8 @@ class RssWatch:
     A worker swapped for a fresh one (a crash, a hang, too many threads) gets a baseline of its own.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, every: int = RSS_EVERY) -> None:
+        self.every = max(1, every)
         self.pid = 0
         self.cases = 0
         self.base_kb = 0
@@ -138,7 +139,7 @@ class RssWatch:
         if not self.base_kb:
             tally.rss_growth_mb = tally.rss_growth_mb or 0.0
             return
-        if self.cases % RSS_EVERY and not last:
+        if self.cases % self.every and not last:
             return
         settled = self.settled_kb(worker, idle)
         self.samples.append((case.index, settled))

@@ -77,6 +77,10 @@ def _task_flags(p: argparse.ArgumentParser, d: WorkerOptions) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     p.add_argument("--port", type=int, default=50051, help="port to bind; 0 picks a free one (default: %(default)s)")
     p.add_argument("--grace", type=float, default=d.grace, help="seconds running tasks get on SIGTERM (default: %(default)s)")
+    p.add_argument(
+        "--get-wait", type=float, default=d.get_wait,
+        help="seconds a read (DoGet, input call, shuffle read) of a task not yet here waits for it before NOT_FOUND (default: %(default)s)",
+    )
     p.add_argument("--feed-window", type=int, default=d.feed_window, help="default credit window per feed partition")
     p.add_argument("--output-buffer-mb", type=int, default=d.output_buffer_bytes >> 20, help="default output buffer per task, MiB")
     p.add_argument(
@@ -315,6 +319,7 @@ def _options(args: argparse.Namespace, roots: DataRoots, spill_dir: Path) -> Wor
         feed_window=args.feed_window,
         output_buffer_bytes=args.output_buffer_mb << 20,
         grace=args.grace,
+        get_wait=max(0.0, args.get_wait),
         unit_delay_ms=args.unit_delay_ms,
         max_tasks=args.max_tasks,
         source_threads=args.source_threads,

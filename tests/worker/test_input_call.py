@@ -118,7 +118,7 @@ def _frame(**kw: object) -> bytes:
 
 @pytest.fixture(scope="module")
 def one() -> Iterator[flight.LocalCluster]:
-    with flight.LocalCluster(1) as c:
+    with flight.LocalCluster(1, worker_args=["--get-wait", "2"]) as c:  # a read of an absent task: NOT_FOUND in 2 s, not 10
         yield c
 
 
@@ -210,7 +210,7 @@ def test_an_input_cut_short_or_of_another_schema_fails_the_task_never_a_short_re
 
 def test_an_input_call_for_a_task_that_is_not_there_is_not_found(one: flight.LocalCluster) -> None:
     url = one.urls[0]
-    header = _header(_plan())  # never opened: the worker waits its --get-wait (10 s), then says so
+    header = _header(_plan())  # never opened: the worker waits its --get-wait (2 s here), then says so
     info = error_info_of(_raw_call(url, [_frame(attach=protocol_pb2.InputAttach(stage_key=header.stage_key, query_secret=SECRET))]))  # type: ignore[arg-type]
     assert info is not None and info.code == CODE.Value("ERROR_CODE_NOT_FOUND") and info.field == "app_metadata.attach.stage_key", info
 

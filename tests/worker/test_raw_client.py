@@ -198,9 +198,10 @@ def _first_line(proc: subprocess.Popen[bytes], timeout: float) -> bytes:
     return buf.split(b"\n", 1)[0].rstrip(b"\r")
 
 
-def start_worker(workdir: Path, data_root: Path | None = None) -> Worker:
+def start_worker(workdir: Path, data_root: Path | None = None, extra: Sequence[str] = ()) -> Worker:
     log = workdir / "worker.log"
     roots = ["--data-root", str(data_root)] if data_root is not None else []
+    roots += list(extra)
     with open(log, "wb") as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-m", "flight.worker", "--host", "127.0.0.1", "--port", "0", *roots],
@@ -985,8 +986,12 @@ def test_a_doget_of_a_task_the_worker_never_had_says_so(P: Protos, client: fl.Fl
     assert (ended.code, ended.never_here) == (P.enum("ErrorCode", "ERROR_CODE_NOT_FOUND"), False), ended
     assert "it finished" in ended.message
     other = P.StageKey(query_id=uuid.uuid4().hex[:16], stage_id=0, task_number=0)
-    with pytest.raises(fl.FlightServerError) as raised:  # after the worker's --get-wait (it might still arrive)
-        read_doget(P, client, P.Ticket(stage_key=other, partition_start=0, partition_end=1, query_secret=SECRET))
+    quick = start_worker(tmp_path, extra=["--get-wait", "1"])  # the shared worker's 10 s would be this test's whole time
+    try:
+        with fl.connect(quick.url) as short, pytest.raises(fl.FlightServerError) as raised:  # after --get-wait (it might still arrive)
+            read_doget(P, short, P.Ticket(stage_key=other, partition_start=0, partition_end=1, query_secret=SECRET))
+    finally:
+        stop_worker(quick.proc)
     never = error_info(P, raised.value)
     assert (never.code, never.never_here, never.field) == (P.enum("ErrorCode", "ERROR_CODE_NOT_FOUND"), True, "ticket.stage_key"), never
     assert "it is not running here" in never.message
