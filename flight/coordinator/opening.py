@@ -10,11 +10,13 @@ the ``info`` action), then:
   workers are busy with other queries. Tasks are opened again worker by worker in sorted URL
   order, the next worker's only once every task on this one was admitted, retried after a backoff
   when a worker refuses (docs/architecture.md, "Capacity");
-* **it does not** (TPC-DS q14 on one worker: 69 source threads of 64): however long it waited, it
-  would never be admitted whole. The tasks are opened in turns (``waves.Waves`` decides, ``_Turns``
-  carries it out): a stage once the stages it reads were admitted, while the query's open tasks
-  on a worker hold at most its threads; each task is sent its units as soon as it is admitted,
-  and gives its threads back on the worker when it made all its output. Every stage keeps its
+* **it does not** (TPC-DS q14 on one worker: 69 source threads of 64; or across two hosts with its
+  files cut: 131 tasks a worker reserving 3.6 GB of a 2 GB memory budget even with 1 MiB output
+  buffers): however long it waited, it would never be admitted whole. The tasks are opened in turns
+  (``waves.Waves`` decides, ``_Turns`` carries it out): a stage once the stages it reads were admitted,
+  while the query's open tasks on a worker hold at most its threads and its memory budget; each task
+  is sent its units as soon as it is admitted, and gives its threads (and its memory but its output
+  buffer) back on the worker when it made all its output. Every stage keeps its
   output (memory, then spill) so that a producer finishes before its readers start. A worker that
   refuses one of them as busy gets it again after a backoff, alone: the tasks admitted meanwhile
   need nothing more to finish. ``Run.launch`` returns once every task was admitted (the head's
@@ -39,7 +41,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from flight.coordinator.budget import fitted_buffer
+from flight.coordinator.budget import fitted_buffer, usable_budget
 from flight.coordinator.channel import TaskChannel
 from flight.coordinator.waves import TaskId, TaskNeed, Waves
 from flight.engine.acero.pipeline import source_threads
@@ -47,6 +49,7 @@ from flight.errors import FlightExecError, InvalidTaskError, PlanError, TaskFail
 from flight.threads import spawn
 from flight.wire._proto import plan_pb2, protocol_pb2
 from flight.wire.clients import ClientPool
+from flight.wire.limits import MAX_OUTPUT_BUFFER_BYTES, task_reserve
 from flight.wire.protocol import format_stage_key, make_stage_key
 
 if TYPE_CHECKING:
@@ -54,6 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Opening", "worker_loads", "worker_threads"]
 
+_MIB = 1 << 20
 log = logging.getLogger("flight.coordinator.exec")
 
 _BACKOFF_S = 0.05
@@ -227,6 +231,11 @@ class Opening:
             log.info("query %s: opened with %d MiB output buffers: %s", run.query_id, buffer >> 20, "; ".join(why))
             run.options = replace(run.options, output_buffer_bytes=buffer)
 
+    def _buffer(self, url: str) -> int:
+        """The output buffer a task on ``url`` is opened with: the query's, else that worker's default."""
+        load = self._loads.get(url)
+        return self.run.options.output_buffer_bytes or (load.output_buffer_bytes if load is not None else 0) or MAX_OUTPUT_BUFFER_BYTES
+
     def _rename(self, attempt: int) -> None:
         """A fresh query id for an admission retry: task keys are never reused on a worker."""
         run = self.run
@@ -248,19 +257,28 @@ class Opening:
         run.dispatcher.clear_slots()
 
     def _waves(self, counts: dict[int, int]) -> Waves | None:
-        """The turns to open the tasks in, when together they need more source threads than their workers
-        have (None: they fit, and the workers are only busy). Refuses a task that can never fit."""
+        """The turns to open the tasks in, when together they need more source threads or memory than their
+        workers have (None: they fit, and the workers are only busy). Refuses a task that can never fit."""
         run = self.run
         plan = run.plan
-        needs = [
-            TaskNeed(s.stage_id, t, run.bound[s.stage_id][t], source_threads(plan_pb2.StagePlan(root=s.root_proto(t))))
-            for s in plan.stages
-            for t in range(counts[s.stage_id])
-        ]
+        needs = []
+        for s in plan.stages:
+            for t in range(counts[s.stage_id]):
+                url = run.bound[s.stage_id][t]
+                threads = source_threads(plan_pb2.StagePlan(root=s.root_proto(t)))
+                buffer = self._buffer(url)
+                needs.append(TaskNeed(s.stage_id, t, url, threads, task_reserve(buffer, threads), task_reserve(buffer, 0)))
         capacity = dict(self._threads)  # the rest asked for: one ``info`` each, all at once
         unknown = sorted({n.url for n in needs} - set(capacity))
         capacity.update(worker_threads(run.clients, unknown, min(_INFO_TIMEOUT_S, run.options.connect_timeout)))
-        waves = Waves({s.stage_id: s.children for s in plan.stages}, needs, capacity)
+        budget = {url: usable_budget(load) for url, load in self._loads.items()}
+        waves = Waves({s.stage_id: s.children for s in plan.stages}, needs, capacity, budget)
+        for url, need in sorted(waves.starved().items()):
+            raise PlanError(
+                f"the query's tasks on worker {url} need {need // _MIB} MiB of its memory budget of {budget[url] // _MIB} MiB "
+                "even opened in turns (the outputs they keep for their readers, and the largest task): give the workers "
+                "more memory, or run the query on more workers"
+            )
         for n in waves.too_large():
             key = format_stage_key(make_stage_key(run.query_id, n.stage, n.task))
             raise InvalidTaskError(
@@ -271,9 +289,12 @@ class Opening:
             )
         if waves.fits():
             return None
-        over = ", ".join(f"{u}: {t} of {waves.capacity[u]}" for u, t in sorted(waves.totals().items()) if t > waves.capacity.get(u, t))
+        over = ", ".join([
+            *(f"{u}: {t} of {waves.capacity[u]} source threads" for u, t in sorted(waves.totals().items()) if t > waves.capacity.get(u, t)),
+            *(f"{u}: {m // _MIB} of {waves.budget[u] // _MIB} MiB" for u, m in sorted(waves.memory_totals().items()) if m > waves.budget.get(u, m)),
+        ])
         if run.fed:
-            raise PlanError(f"the query's stages together need more source threads than their workers have ({over}), and a "
+            raise PlanError(f"the query's stages together need more source threads or memory than their workers have ({over}), and a "
                             "query whose rows another process sends must run all its stages at once; give it more workers")
         run.keep_outputs = True  # a producer finishes, whether or not its readers were admitted yet
         # The head's outputs are kept too, whether or not the head stage alone fits, so that every admitted
@@ -288,10 +309,10 @@ class Opening:
         if run.retain or not run.detached:
             run.keep_head = True
         elif not waves.fits(plan.head.stage_id):
-            raise PlanError(f"the head stage's tasks together need more source threads than their workers have "
+            raise PlanError(f"the head stage's tasks together need more source threads or memory than their workers have "
                             f"({waves.totals(plan.head.stage_id)}); a detached query's head tasks must run at once: "
                             "start it with retain, or give it more workers")
-        log.info("query %s: its tasks need more source threads than their workers have (%s): opened in turns", run.query_id, over)
+        log.info("query %s: its tasks need more source threads or memory than their workers have (%s): opened in turns", run.query_id, over)
         return waves
 
 

@@ -1,24 +1,30 @@
-"""Opening a query's tasks in turns when together they need more source threads than their workers have.
+"""Opening a query's tasks in turns when together they need more source threads or memory than their workers have.
 
 Why: a worker admits a task only when it can give the task a thread for each of its blocking sources
-(``worker/admission.py``), and a query's stages normally all start at once, their rows streaming
+(``worker/admission.py``) and its memory (its output buffer and 8 MiB per source thread, within the
+worker's memory budget), and a query's stages normally all start at once, their rows streaming
 between them. When the tasks bound to one worker need more source threads together than that worker
-has (TPC-DS q14 on one worker: a producer of 61 and the head of 8, of 64), they can never all be
-admitted: whichever comes first holds its threads while it waits for the other, and nothing moves
-until the worker's queue wait runs out.
+has (TPC-DS q14 on one worker: a producer of 61 and the head of 8, of 64), or more memory than its
+budget even with the smallest output buffers (q14 across two hosts with its files cut: 131 tasks a
+worker, 3.6 GB against 2 GB), they can never all be admitted: whichever comes first holds what it
+was given while it waits for the other, and nothing moves until the worker's queue wait runs out.
 
 The rule here, a decision apart from I/O (``opening.py`` carries it out):
 
 * a task is opened only once every task of the stages it reads was admitted, so an admitted task
   never waits for one that is not (each stage below the head keeps its output, memory then spill,
   so a producer finishes whether or not its readers run yet);
-* and only while the threads of the query's open tasks on its worker, its own included, stay within
-  what the worker has; a task gives its threads back once it made all its output (``Admission.computed``
-  on the worker, its ``finished`` frame here).
+* and only while the threads and the memory of the query's open tasks on its worker, its own included,
+  stay within what the worker has; a task gives its threads back once it made all its output
+  (``Admission.computed`` on the worker, its ``finished`` frame here), and its memory but its output
+  buffer (``keeps``: what its kept output may hold in memory until its readers drained it; counted
+  here until the query ends, which is never less than the worker counts).
 
 So every admitted task can finish, and when none of the query's tasks holds threads on a worker,
 the first task not yet opened (its producers all admitted and finished) fits there whatever it
-needs, as long as it fits the worker at all (``too_large``, refused before anything runs).
+needs, as long as it fits the worker at all (``too_large``, refused before anything runs), and the
+outputs kept there leave room for it (``starved``, refused too). A task that alone reserves more
+than a worker's budget is counted as the whole budget (the worker clamps it so, and runs it alone).
 When the whole plan fits (``fits``), it is opened at once, as before.
 """
 
@@ -35,12 +41,15 @@ TaskId = tuple[int, int]
 
 @dataclass(frozen=True)
 class TaskNeed:
-    """One task: where it is bound, and the source threads its worker reserves for it."""
+    """One task: where it is bound, the source threads and memory its worker reserves for it, and the memory it
+    still holds once it made all its output (its output buffer, for readers not yet admitted)."""
 
     stage: int
     task: int
     url: str
     threads: int
+    memory: int = 0
+    keeps: int = 0
 
     @property
     def id(self) -> TaskId:
@@ -52,19 +61,25 @@ class Waves:
 
     ``reads``: each stage's id -> the stages it reads, children before their consumers (the plan's
     order, which is the order tasks are opened in); ``tasks``: every task's need; ``capacity``: each
-    worker's source threads (a worker missing from it is taken to have room for anything).
+    worker's source threads, ``budget``: each worker's memory budget, bytes (a worker missing from either is
+    taken to have room for anything).
     """
 
-    def __init__(self, reads: Mapping[int, Sequence[int]], tasks: Sequence[TaskNeed], capacity: Mapping[str, int]) -> None:
+    def __init__(
+        self, reads: Mapping[int, Sequence[int]], tasks: Sequence[TaskNeed], capacity: Mapping[str, int],
+        budget: Mapping[str, int] | None = None,
+    ) -> None:
         self.reads = {stage: tuple(children) for stage, children in reads.items()}
         rank = {stage: i for i, stage in enumerate(self.reads)}
         self.tasks = sorted(tasks, key=lambda n: (rank[n.stage], n.task))
         self.by_id = {n.id: n for n in self.tasks}
         self.capacity = dict(capacity)
+        self.budget = {url: b for url, b in (budget or {}).items() if b > 0}
         self._left: dict[int, int] = {}  # stage -> its tasks not yet admitted
         for n in self.tasks:
             self._left[n.stage] = self._left.get(n.stage, 0) + 1
         self.held: dict[str, int] = {}  # url -> threads of the open tasks there that have not made their output
+        self.reserved: dict[str, int] = {}  # url -> memory of the open tasks there (their kept outputs' once made)
         self.opened: set[TaskId] = set()
         self.admitted: set[TaskId] = set()
         self.computed: set[TaskId] = set()
@@ -75,6 +90,24 @@ class Waves:
         """The tasks that need more source threads than their worker has at all: they can never run."""
         return [n for n in self.tasks if n.url in self.capacity and n.threads > self.capacity[n.url]]
 
+    def starved(self) -> dict[str, int]:
+        """The workers where the outputs this query's tasks keep (``keeps``), beside its largest task, exceed the
+        memory budget: turns could not reach the last tasks there. Each worker's total need, bytes."""
+        out: dict[str, int] = {}
+        for url, budget in self.budget.items():
+            here = [n for n in self.tasks if n.url == url]
+            if here and sum(n.keeps for n in here) + max(self._memory(n) for n in here) > budget:
+                out[url] = sum(n.keeps for n in here) + max(self._memory(n) for n in here)
+        return out
+
+    def memory_totals(self, stage: int | None = None) -> dict[str, int]:
+        """The memory the plan's tasks (or ``stage``'s) reserve together, per worker, bytes."""
+        out: dict[str, int] = {}
+        for n in self.tasks:
+            if stage is None or n.stage == stage:
+                out[n.url] = out.get(n.url, 0) + self._memory(n)
+        return out
+
     def totals(self, stage: int | None = None) -> dict[str, int]:
         """The source threads the plan's tasks (or ``stage``'s) need together, per worker."""
         out: dict[str, int] = {}
@@ -84,8 +117,18 @@ class Waves:
         return out
 
     def fits(self, stage: int | None = None) -> bool:
-        """Whether every task (of ``stage``) may hold its threads at once: then nothing needs turns (among them)."""
-        return all(total <= self.capacity.get(url, total) for url, total in self.totals(stage).items())
+        """Whether every task (of ``stage``) may hold its threads and memory at once: then nothing needs turns (among them)."""
+        threads = all(total <= self.capacity.get(url, total) for url, total in self.totals(stage).items())
+        tasks = {n.url: 0 for n in self.tasks if stage is None or n.stage == stage}
+        for n in self.tasks:
+            if stage is None or n.stage == stage:
+                tasks[n.url] += 1
+        memory = all(total <= self.budget.get(url, total) or tasks[url] == 1 for url, total in self.memory_totals(stage).items())
+        return threads and memory
+
+    def _memory(self, n: TaskNeed) -> int:
+        """What ``n`` reserves on its worker: at most the worker's whole budget (the worker clamps it so)."""
+        return min(n.memory, self.budget.get(n.url, n.memory))
 
     # ------------------------------------------------------------ events
 
@@ -95,10 +138,13 @@ class Waves:
         for n in self.tasks:
             if n.id in self.opened or any(self._left[child] for child in self.reads[n.stage]):
                 continue
-            held = self.held.get(n.url, 0)
+            held, reserved = self.held.get(n.url, 0), self.reserved.get(n.url, 0)
             if n.url in self.capacity and held + n.threads > self.capacity[n.url]:
                 continue
+            if n.url in self.budget and reserved + self._memory(n) > self.budget[n.url]:
+                continue
             self.held[n.url] = held + n.threads
+            self.reserved[n.url] = reserved + self._memory(n)
             self.opened.add(n.id)
             out.append(n)
         return out
@@ -111,11 +157,13 @@ class Waves:
         return self.next()
 
     def compute(self, task: TaskId) -> list[TaskNeed]:
-        """``task`` made all its output: its worker gave its threads back; the tasks that may open now."""
+        """``task`` made all its output: its worker gave its threads back, and its memory but what its output
+        keeps; the tasks that may open now."""
         if task in self.admitted and task not in self.computed:
             self.computed.add(task)
             n = self.by_id[task]
             self.held[n.url] -= n.threads
+            self.reserved[n.url] -= self._memory(n) - min(n.keeps, self._memory(n))
         return self.next()
 
     @property

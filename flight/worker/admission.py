@@ -377,6 +377,7 @@ class Admission:
                 source_threads_max=self.capacity.threads,
                 reserved_bytes=self._memory,
                 memory_budget=self.capacity.memory,
+                client_memory_budget=min(self.capacity.client_budget, self.capacity.memory),
                 queued_tasks=self._waiting,
                 kept_outputs=len(self._kept),
                 kept_bytes=sum(need.memory for need, _ in self._kept.values()),

@@ -1,10 +1,11 @@
 """Opening a query's tasks in turns (``coordinator/waves.py``), the decision alone: no workers, no sockets.
 
-When the tasks bound to one worker need more source threads together than it has, ``Waves`` says which
-to open when. Hand-written cases (TPC-DS q14 on one worker, tasks that can never fit) and hypothesis's
-random stage graphs, workers, needs and event orders check the rules: a worker's open tasks never hold
-more threads than it has, a task opens only once every task of the stages it reads was admitted, and
-whatever the order of the workers' answers, every task is opened and admitted in the end.
+When the tasks bound to one worker need more source threads or memory together than it has, ``Waves`` says
+which to open when. Hand-written cases (TPC-DS q14 on one worker, q14's memory across two hosts, tasks that can
+never fit) and hypothesis's random stage graphs, workers, needs and event orders check the rules: a worker's
+open tasks never hold more threads or memory than it has (its kept outputs counted), a task opens only once
+every task of the stages it reads was admitted, and whatever the order of the workers' answers, every task is
+opened and admitted in the end.
 """
 
 from __future__ import annotations
@@ -61,6 +62,42 @@ def test_each_worker_is_counted_on_its_own() -> None:
     assert ids(waves.compute((0, 1))) == [(1, 0)]
 
 
+MIB = 1 << 20
+
+
+def test_tasks_over_a_workers_memory_budget_open_in_turns_and_keep_their_output_buffer() -> None:
+    # Threads are plenty; memory is not: three producers of 40 MiB on a 100 MiB budget, each keeping 1 MiB once made.
+    needs = [TaskNeed(0, t, W1, 1, 40 * MIB, MIB) for t in range(3)] + [TaskNeed(1, 0, W1, 3, 30 * MIB, MIB)]
+    waves = Waves({0: [], 1: [0]}, needs, {W1: 64}, {W1: 100 * MIB})
+    assert not waves.fits() and waves.totals() == {W1: 6} and waves.memory_totals() == {W1: 150 * MIB}
+    assert waves.starved() == {}
+    assert ids(waves.next()) == [(0, 0), (0, 1)]  # 80 MiB; a third would be 120
+    waves.admit((0, 0))
+    assert waves.admit((0, 1)) == []
+    assert ids(waves.compute((0, 0))) == [(0, 2)]  # its 40 MiB back but the 1 its output keeps: 1 + 40 + 40
+    assert waves.admit((0, 2)) == []  # every producer admitted, but 81 + 30 > 100
+    assert ids(waves.compute((0, 1))) == [(1, 0)]  # 1 + 1 + 40 + 30
+    assert waves.reserved == {W1: 72 * MIB}
+    assert waves.admit((1, 0)) == [] and waves.done
+
+
+def test_a_task_alone_over_the_budget_counts_as_the_whole_budget_and_kept_outputs_can_starve_it() -> None:
+    # The worker clamps a task's reservation to its budget and runs it alone: it opens once nothing else is held.
+    waves = Waves({0: [], 1: [0]}, [TaskNeed(0, 0, W1, 1, 10 * MIB, 0), TaskNeed(1, 0, W1, 1, 500 * MIB, 0)], {W1: 64}, {W1: 100 * MIB})
+    assert waves.starved() == {} and not waves.fits()
+    assert ids(waves.next()) == [(0, 0)]
+    assert waves.admit((0, 0)) == []
+    assert ids(waves.compute((0, 0))) == [(1, 0)]
+    # Kept outputs that stay in memory until the query ends leave it no room: refused before anything opens.
+    kept = Waves({0: [], 1: [0]}, [TaskNeed(0, 0, W1, 1, 10 * MIB, MIB), TaskNeed(1, 0, W1, 1, 500 * MIB, 0)], {W1: 64}, {W1: 100 * MIB})
+    assert kept.starved() == {W1: 101 * MIB}
+
+
+def test_one_task_on_a_worker_fits_its_memory_whatever_it_reserves() -> None:
+    waves = Waves({0: []}, [TaskNeed(0, 0, W1, 1, 500 * MIB, MIB), TaskNeed(0, 1, W2, 1, 10 * MIB, MIB)], {}, {W1: 100 * MIB, W2: 100 * MIB})
+    assert waves.fits()
+
+
 def test_events_of_tasks_not_opened_or_said_twice_change_nothing() -> None:
     waves = Waves({0: [], 1: [0]}, [TaskNeed(0, 0, W1, 3), TaskNeed(1, 0, W1, 3)], {W1: 4})
     assert ids(waves.next()) == [(0, 0)]
@@ -81,6 +118,7 @@ class Plan:
     reads: dict[int, list[int]]
     needs: list[TaskNeed]
     capacity: dict[str, int]
+    budget: dict[str, int]
 
 
 @st.composite
@@ -89,20 +127,23 @@ def plans(draw: st.DrawFn) -> Plan:
     its worker has (a task that could never fit is refused before anything opens)."""
     workers = [W1, W2, W3][: draw(st.integers(1, 3))]
     capacity = {w: draw(st.integers(1, 12)) for w in workers}
+    budget = {w: draw(st.integers(20, 200)) for w in workers}  # memory, in units of a kept output buffer (1)
     stages = draw(st.integers(1, 6))
     reads = {s: sorted(set(draw(st.lists(st.integers(0, s - 1), max_size=3)))) if s else [] for s in range(stages)}
     needs = [
-        TaskNeed(s, t, url := draw(st.sampled_from(workers)), draw(st.integers(0, capacity[url])))
+        TaskNeed(s, t, url := draw(st.sampled_from(workers)), draw(st.integers(0, capacity[url])), draw(st.integers(1, 100)), 1)
         for s in range(stages)
         for t in range(draw(st.integers(1, 3)))
     ]
-    return Plan(reads, needs, capacity)
+    return Plan(reads, needs, capacity, budget)
 
 
 @settings(max_examples=300, deadline=None)
 @given(plan=plans(), data=st.data())
-def test_any_order_of_answers_opens_every_task_within_each_workers_threads(plan: Plan, data: st.DataObject) -> None:
-    waves = Waves(plan.reads, plan.needs, plan.capacity)
+def test_any_order_of_answers_opens_every_task_within_each_workers_threads_and_memory(plan: Plan, data: st.DataObject) -> None:
+    waves = Waves(plan.reads, plan.needs, plan.capacity, plan.budget)
+    if waves.starved():  # refused before anything opens (opening.py): kept outputs would leave a task no room
+        return
     by_id = {n.id: n for n in plan.needs}
     opened: list[TaskId] = []
     admitted: set[TaskId] = set()
@@ -117,6 +158,10 @@ def test_any_order_of_answers_opens_every_task_within_each_workers_threads(plan:
         for url, cap in plan.capacity.items():  # a worker's open tasks hold at most its threads
             held = sum(by_id[t].threads for t in opened if t not in computed and by_id[t].url == url)
             assert held <= cap, f"{url}: {held} of {cap}"
+        for url, budget in plan.budget.items():  # and at most its memory, a task counted as at most the whole budget
+            here = [by_id[t] for t in opened if by_id[t].url == url]
+            reserved = sum(n.keeps if n.id in computed else min(n.memory, budget) for n in here)
+            assert reserved <= budget, f"{url}: {reserved} of {budget} reserved"
 
     opens(waves.next())
     while True:

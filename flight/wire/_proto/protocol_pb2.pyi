@@ -614,6 +614,7 @@ class LoadInfo(_message.Message):
     KEPT_OUTPUTS_FIELD_NUMBER: _builtins.int
     KEPT_BYTES_FIELD_NUMBER: _builtins.int
     OUTPUT_BUFFER_BYTES_FIELD_NUMBER: _builtins.int
+    CLIENT_MEMORY_BUDGET_FIELD_NUMBER: _builtins.int
     running_tasks: _builtins.int
     buffered_bytes: _builtins.int
     source_threads: _builtins.int
@@ -634,6 +635,10 @@ class LoadInfo(_message.Message):
     """The output buffer a task gets when its options name none (--output-buffer-mb): with it a coordinator
     sums what its tasks reserve here (buffer + 8 MiB per source thread) against memory_budget.
     """
+    client_memory_budget: _builtins.int
+    """What one identity may reserve of memory_budget (--memory-budget-per-client-mb; 0: all of it): a coordinator
+    fits its query's tasks within the smaller of the two.
+    """
     def __init__(
         self,
         *,
@@ -647,10 +652,11 @@ class LoadInfo(_message.Message):
         kept_outputs: _builtins.int = ...,
         kept_bytes: _builtins.int = ...,
         output_buffer_bytes: _builtins.int = ...,
+        client_memory_budget: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffered_bytes", b"buffered_bytes", "kept_bytes", b"kept_bytes", "kept_outputs", b"kept_outputs", "memory_budget", b"memory_budget", "output_buffer_bytes", b"output_buffer_bytes", "queued_tasks", b"queued_tasks", "reserved_bytes", b"reserved_bytes", "running_tasks", b"running_tasks", "source_threads", b"source_threads", "source_threads_max", b"source_threads_max"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffered_bytes", b"buffered_bytes", "client_memory_budget", b"client_memory_budget", "kept_bytes", b"kept_bytes", "kept_outputs", b"kept_outputs", "memory_budget", b"memory_budget", "output_buffer_bytes", b"output_buffer_bytes", "queued_tasks", b"queued_tasks", "reserved_bytes", b"reserved_bytes", "running_tasks", b"running_tasks", "source_threads", b"source_threads", "source_threads_max", b"source_threads_max"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
