@@ -60,7 +60,7 @@ def test_two_thousand_hostile_cases_leave_the_worker_within_200_mb_of_its_baseli
 
     Time: the cases take ~80 s (floods and hoarders ~45 of them); each settled sample waits ~7 s for the
     worker to go idle and its RSS to stop falling: with a sample every 100 cases the test took 218 s in CI,
-    every 250 155 s (2026-12-05; worst idle sample +131 MiB). Measured on a 2-core machine with this seed: 145 s, and the worst idle sample +143 and +178 MiB over a
+    every 250 155 s, every 400 131 s (2026-12-05, here; worst idle sample +131 MiB). Measured on a 2-core machine with this seed: 145 s, and the worst idle sample +143 and +178 MiB over a
     ~206 MiB baseline (floods and hoarders take about 1 s each, the other cases 30 ms), since the worker
     takes Arrow's jemalloc pool (flight/worker/memory.py); with mimalloc, which keeps a thread's freed
     pages in that thread's heap, it was +295 (and +584 with another fuzzer running). Before an idle
