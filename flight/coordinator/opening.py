@@ -13,7 +13,7 @@ the ``info`` action), then:
 * **it does not** (TPC-DS q14 on one worker: 69 source threads of 64; or across two hosts with its
   files cut: 131 tasks a worker reserving 3.6 GB of a 2 GB memory budget even with 1 MiB output
   buffers): however long it waited, it would never be admitted whole. The tasks are opened in turns
-  (``waves.Waves`` decides, ``_Turns`` carries it out): a stage once the stages it reads were admitted,
+  (``waves.Waves`` decides, ``Turns`` carries it out): a stage once the stages it reads were admitted,
   while the query's open tasks on a worker hold at most its threads and its memory budget; each task
   is sent its units as soon as it is admitted, and gives its threads (and its memory but its output
   buffer) back on the worker when it made all its output. Every stage keeps its
@@ -43,9 +43,10 @@ import pyarrow.flight as fl
 
 from flight.coordinator.budget import fitted_buffer, usable_budget
 from flight.coordinator.channel import TaskChannel
-from flight.coordinator.waves import TaskId, TaskNeed, Waves
+from flight.coordinator.turns import BACKOFF_S, MAX_BACKOFF_S, Turns
+from flight.coordinator.waves import TaskNeed, Waves
 from flight.engine.acero.pipeline import source_threads
-from flight.errors import FlightExecError, InvalidTaskError, PlanError, TaskFailedError, WorkerBusyError, WorkerUnavailableError
+from flight.errors import FlightExecError, InvalidTaskError, PlanError, WorkerBusyError
 from flight.threads import spawn
 from flight.wire._proto import plan_pb2, protocol_pb2
 from flight.wire.clients import ClientPool
@@ -60,13 +61,8 @@ __all__ = ["Opening", "worker_loads", "worker_threads"]
 _MIB = 1 << 20
 log = logging.getLogger("flight.coordinator.exec")
 
-_BACKOFF_S = 0.05
-_MAX_BACKOFF_S = 1.0
-"""Retrying tasks that busy workers refused: jittered exponential backoff between these."""
 _INFO_TIMEOUT_S = 2.0
 """How long the ``info`` action of one worker is waited for (at most ``connect_timeout``)."""
-_POLL_S = 0.25
-"""The longest the turns' driver sleeps without news: how soon it sees the query fail or a backoff end."""
 
 
 def worker_loads(clients: ClientPool, urls: list[str], timeout: float) -> dict[str, protocol_pb2.LoadInfo]:
@@ -108,7 +104,7 @@ class Opening:
 
     def __init__(self, run: Run) -> None:
         self.run = run
-        self.turns: _Turns | None = None
+        self.turns: Turns | None = None
         self.turned = False
         self._threads: dict[str, int] = {}  # source threads of the workers that said they queued a task (``LoadInfo``)
         self._loads: dict[str, protocol_pb2.LoadInfo] = {}  # what those workers said (``budget.fitted_buffer`` reads it)
@@ -125,7 +121,7 @@ class Opening:
         waves = self._waves(counts)
         if waves is not None:
             self.turned = True
-            self.turns = _Turns(run, waves, counts)
+            self.turns = Turns(run, waves, counts)
             try:
                 self.turns.open_all()
             finally:
@@ -183,7 +179,7 @@ class Opening:
         scratch, under a fresh query id (task keys are never reused on a worker).
         """
         run = self.run
-        backoff = _BACKOFF_S
+        backoff = BACKOFF_S
         attempt = 1
         while True:
             for stage in run.plan.stages:
@@ -215,7 +211,7 @@ class Opening:
             log.debug("query %s: %s; retrying in %.2fs", run.query_id, busy, backoff)
             if run.failed.wait(backoff * random.uniform(0.5, 1.0)):
                 raise run.error or busy
-            backoff = min(backoff * 2, _MAX_BACKOFF_S)
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
             self._rename(attempt)
 
     def _fit_memory(self, counts: dict[int, int]) -> None:
@@ -261,24 +257,7 @@ class Opening:
         workers have (None: they fit, and the workers are only busy). Refuses a task that can never fit."""
         run = self.run
         plan = run.plan
-        needs = []
-        for s in plan.stages:
-            for t in range(counts[s.stage_id]):
-                url = run.bound[s.stage_id][t]
-                threads = source_threads(plan_pb2.StagePlan(root=s.root_proto(t)))
-                buffer = self._buffer(url)
-                needs.append(TaskNeed(s.stage_id, t, url, threads, task_reserve(buffer, threads), task_reserve(buffer, 0)))
-        capacity = dict(self._threads)  # the rest asked for: one ``info`` each, all at once
-        unknown = sorted({n.url for n in needs} - set(capacity))
-        capacity.update(worker_threads(run.clients, unknown, min(_INFO_TIMEOUT_S, run.options.connect_timeout)))
-        budget = {url: usable_budget(load) for url, load in self._loads.items()}
-        waves = Waves({s.stage_id: s.children for s in plan.stages}, needs, capacity, budget)
-        for url, need in sorted(waves.starved().items()):
-            raise PlanError(
-                f"the query's tasks on worker {url} need {need // _MIB} MiB of its memory budget of {budget[url] // _MIB} MiB "
-                "even opened in turns (the outputs they keep for their readers, and the largest task): give the workers "
-                "more memory, or run the query on more workers"
-            )
+        waves = self._plan_waves(counts)
         for n in waves.too_large():
             key = format_stage_key(make_stage_key(run.query_id, n.stage, n.task))
             raise InvalidTaskError(
@@ -293,9 +272,16 @@ class Opening:
             *(f"{u}: {t} of {waves.capacity[u]} source threads" for u, t in sorted(waves.totals().items()) if t > waves.capacity.get(u, t)),
             *(f"{u}: {m // _MIB} of {waves.budget[u] // _MIB} MiB" for u, m in sorted(waves.memory_totals().items()) if m > waves.budget.get(u, m)),
         ])
+        for url, need in sorted(waves.starved().items()):
+            raise PlanError(
+                f"the query's tasks on worker {url} cannot run even in turns: one of them needs {need // _MIB} MiB beside the "
+                f"outputs the others keep for their readers, and {self._budget_words(url, waves.budget[url])}: give the workers "
+                "more memory, or run the query on more workers"
+            )
         if run.fed:
             raise PlanError(f"the query's stages together need more source threads or memory than their workers have ({over}), and a "
-                            "query whose rows another process sends must run all its stages at once; give it more workers")
+                            "query whose rows another process sends must run all its stages at once: give the workers more "
+                            "memory or source threads, or give it more workers")
         run.keep_outputs = True  # a producer finishes, whether or not its readers were admitted yet
         # The head's outputs are kept too, whether or not the head stage alone fits, so that every admitted
         # task finishes with nobody reading it: the head is read only once every task was admitted, and a
@@ -303,164 +289,41 @@ class Opening:
         # Its own query's other head tasks fit beside it; another query's, opened in turns on the same
         # workers, may not, and each query would wait for the other's threads.
         # Not a detached query's head read once by others: that query ends when its outputs were read,
-        # which a worker never says of a kept output (``drained``). Its head tasks must fit together
-        # (else it needs ``retain``); one admitted early may hold its threads until read, which another
-        # query in turns waits out as busy after ``admission_wait`` at worst.
+        # which a worker never says of a kept output (``drained``). Its head tasks must fit together, beside
+        # the buffers the stages below keep (else it needs ``retain``); one admitted early may hold its threads
+        # until read, which another query in turns waits out as busy after ``admission_wait`` at worst.
         if run.retain or not run.detached:
             run.keep_head = True
-        elif not waves.fits(plan.head.stage_id):
-            raise PlanError(f"the head stage's tasks together need more source threads or memory than their workers have "
-                            f"({waves.totals(plan.head.stage_id)}); a detached query's head tasks must run at once: "
+        elif not waves.head_fits(plan.head.stage_id):
+            head = plan.head.stage_id
+            raise PlanError(f"the head stage's tasks together need more than their workers have (source threads "
+                            f"{waves.totals(head)}, MiB {({u: m // _MIB for u, m in waves.memory_totals(head).items()})}, beside "
+                            "the buffers the stages below keep); a detached query's head tasks must run at once: "
                             "start it with retain, or give it more workers")
         log.info("query %s: its tasks need more source threads or memory than their workers have (%s): opened in turns", run.query_id, over)
         return waves
 
-
-class _Turns:
-    """The I/O around ``waves.Waves`` for one attempt: opens the tasks it names, tells it what the workers said.
-
-    One driver thread (the launching one) makes every decision; the channels' reader threads only
-    record that a task finished and wake it.
-    """
-
-    def __init__(self, run: Run, waves: Waves, counts: dict[int, int]) -> None:
-        self.run = run
-        self.waves = waves
-        self.counts = counts
-        self._cond = threading.Condition()
-        self._news = 0  # wake-ups so far (ready, finished, an error): none is lost between two looks
-        self._seen = 0
-        self._computed: list[TaskId] = []
-        self._pending: dict[TaskId, TaskChannel] = {}  # opened, not admitted yet
-        self._running: dict[TaskId, TaskChannel] = {}  # admitted, no finished frame yet
-        self._since: dict[TaskId, float] = {}  # when each task was first opened: the admission wait counts from it
-        self._backoff: dict[TaskId, float] = {}
-        self._again: dict[TaskId, float] = {}  # refused as busy: when to open it again
-
-    def wake(self) -> None:
-        with self._cond:
-            self._news += 1
-            self._cond.notify_all()
-
-    def finished(self, channel: TaskChannel) -> None:
-        """A task made all its output: its worker gave its source threads back."""
-        key = channel.header.stage_key
-        with self._cond:
-            self._computed.append((key.stage_id, key.task_number))
-            self._news += 1
-            self._cond.notify_all()
-
-    def open_all(self) -> None:
-        """Open every task in turns; returns once each was admitted (raises if one cannot be)."""
+    def _plan_waves(self, counts: dict[int, int]) -> Waves:
+        """Every task's need, and what each worker has for the query: its source threads, and its memory budget
+        (the identity's, when smaller) less what it keeps for other queries (their retained outputs stay)."""
         run = self.run
-        run.dispatcher.start_sending()  # each task is sent its units once admitted (``TaskReady``)
-        todo = self.waves.next()
-        while True:
-            for need in todo:
-                self._open(need)
-            if self.waves.done:
-                break
-            with self._cond:
-                if self._news == self._seen:
-                    self._cond.wait(self._sleep())
-                self._seen = self._news
-                computed, self._computed = self._computed, []
-            if run.failed.is_set():
-                raise run.error or TaskFailedError("the query failed while its tasks were opened in turns")
-            todo = self._admitted()  # before the finishes: a task's ready frame comes before its finished frame
-            for task in computed:
-                self._running.pop(task, None)
-                todo += self.waves.compute(task)
-            self._ended()
-            self._open_again()
-        for channels in run.by_stage.values():
-            channels.sort(key=lambda c: c.header.stage_key.task_number)
+        needs = []
+        for s in run.plan.stages:
+            for t in range(counts[s.stage_id]):
+                url = run.bound[s.stage_id][t]
+                threads = source_threads(plan_pb2.StagePlan(root=s.root_proto(t)))
+                buffer = self._buffer(url)
+                needs.append(TaskNeed(s.stage_id, t, url, threads, task_reserve(buffer, threads), task_reserve(buffer, 0)))
+        capacity = dict(self._threads)  # the rest asked for: one ``info`` each, all at once
+        unknown = sorted({n.url for n in needs} - set(capacity))
+        capacity.update(worker_threads(run.clients, unknown, min(_INFO_TIMEOUT_S, run.options.connect_timeout)))
+        budget = {url: max(1, usable_budget(load) - load.kept_bytes) for url, load in self._loads.items() if usable_budget(load)}
+        return Waves({s.stage_id: s.children for s in run.plan.stages}, needs, capacity, budget)
 
-    def _sleep(self) -> float:
-        now = time.monotonic()
-        return max(0.0, min([_POLL_S, *(at - now for at in self._again.values())]))
-
-    def _open(self, need: TaskNeed) -> None:
-        run = self.run
-        channel = run.add_task(run.plan.stage(need.stage), need.task, self.counts, late=True)
-        self._since[need.id] = time.monotonic()
-        self._backoff[need.id] = _BACKOFF_S
-        self._pending[need.id] = channel
-        channel.open(run.clients.get(channel.url))
-
-    def _admitted(self) -> list[TaskNeed]:
-        """The pending tasks admitted since the last look, told to the feeds and the turns; the tasks that may open now.
-        A busy refusal is opened again after a backoff; a worker that does not answer fails the attempt."""
-        run, now, out = self.run, time.monotonic(), []
-        for task, channel in list(self._pending.items()):
-            if channel.ready.is_set():
-                del self._pending[task]
-                self._running[task] = channel
-                run.dispatcher.task_ready(channel)
-                out += self.waves.admit(task)
-            elif task in self._again:
-                continue
-            elif isinstance(channel.error, WorkerBusyError):
-                self._refused(task, channel, now)
-            elif channel.error is not None or channel.done.is_set():
-                raise channel.error or TaskFailedError(
-                    "the worker closed the exchange without accepting the task", worker_url=channel.url, stage_key=channel.key
-                )
-            elif not channel.queued.is_set() and now - (channel.opened_at or now) > run.options.connect_timeout:
-                raise WorkerUnavailableError(
-                    f"worker {channel.url} did not accept task {channel.key} within {run.options.connect_timeout:g}s",
-                    worker_url=channel.url,
-                    stage_key=channel.key,
-                )
-            elif now - self._since[task] > run.options.admission_wait:
-                raise WorkerBusyError(
-                    f"worker {channel.url} kept task {channel.key} waiting for capacity for {now - self._since[task]:.1f}s "
-                    f"(ExecOptions.admission_wait)",
-                    worker_url=channel.url,
-                    stage_key=channel.key,
-                )
-        return out
-
-    def _ended(self) -> None:
-        """An admitted task whose exchange ended or failed before its finished frame fails the attempt: its
-        threads would never be given back here, and the tasks waiting for them would wait for nothing.
-        (Its error fails the query on its own, ``Run.channel_error``; this does not rely on it.)"""
-        for channel in self._running.values():
-            if channel.metrics is None and (channel.error is not None or channel.done.is_set()):
-                raise TaskFailedError(
-                    "the task was admitted, then ended before it made all its output (no finished frame) while the "
-                    f"query's tasks were opened in turns: {channel.error or 'its exchange ended'}",
-                    worker_url=channel.url,
-                    stage_key=channel.key,
-                )
-
-    def _refused(self, task: TaskId, channel: TaskChannel, now: float) -> None:
-        waited, backoff = now - self._since[task], self._backoff[task]
-        if waited + backoff > self.run.options.admission_wait:
-            raise WorkerBusyError(
-                f"worker {channel.url} kept task {channel.key} waiting for capacity for {waited:.1f}s: {channel.error}",
-                worker_url=channel.url,
-                stage_key=channel.key,
-            )
-        log.debug("query %s: task %s refused as busy; opened again in %.2fs", self.run.query_id, channel.key, backoff)
-        self._again[task] = now + backoff * random.uniform(0.5, 1.0)
-        self._backoff[task] = min(backoff * 2, _MAX_BACKOFF_S)
-
-    def _open_again(self) -> None:
-        """Tasks refused as busy whose backoff ended: a new call with the same header (a refused key never ran)."""
-        run, now = self.run, time.monotonic()
-        for task, at in list(self._again.items()):
-            if at > now:
-                continue
-            del self._again[task]
-            old = self._pending[task]
-            old.detach()
-            old.finish()
-            channel = run.make_channel(old.header)
-            with run.lock:
-                run.channels[run.channels.index(old)] = channel
-                stage = run.by_stage[task[0]]
-                stage[stage.index(old)] = channel
-            run.dispatcher.reopen(channel)
-            self._pending[task] = channel
-            channel.open(run.clients.get(channel.url))
+    def _budget_words(self, url: str, left: int) -> str:
+        """What the query may reserve on ``url``, in words: which budget, and what other queries keep there."""
+        load = self._loads[url]
+        which = ("the memory one identity may reserve there (--memory-budget-per-client-mb)"
+                 if load.client_memory_budget and load.client_memory_budget < load.memory_budget else "its memory budget")
+        kept = f", less {load.kept_bytes // _MIB} MiB other queries keep there," if load.kept_bytes else ""
+        return f"{which}{kept} is {left // _MIB} MiB"

@@ -91,14 +91,29 @@ class Waves:
         return [n for n in self.tasks if n.url in self.capacity and n.threads > self.capacity[n.url]]
 
     def starved(self) -> dict[str, int]:
-        """The workers where the outputs this query's tasks keep (``keeps``), beside its largest task, exceed the
-        memory budget: turns could not reach the last tasks there. Each worker's total need, bytes."""
+        """The workers where some task would find no room even opened last: the outputs the query's other tasks
+        there keep (``keeps``, held until the query ends) beside its own reservation exceed the memory budget.
+        Each such worker's largest need, bytes (only asked when the plan does not fit at once)."""
         out: dict[str, int] = {}
         for url, budget in self.budget.items():
             here = [n for n in self.tasks if n.url == url]
-            if here and sum(n.keeps for n in here) + max(self._memory(n) for n in here) > budget:
-                out[url] = sum(n.keeps for n in here) + max(self._memory(n) for n in here)
+            if not here:
+                continue
+            kept = sum(self._kept(n) for n in here)
+            need = max(kept - self._kept(n) + self._memory(n) for n in here)
+            if need > budget:
+                out[url] = need
         return out
+
+    def head_fits(self, head: int) -> bool:
+        """Whether the head stage's tasks fit at once once every other task made its output (its threads given back,
+        its kept output's buffer not): a detached query's head must run whole before anyone reads it."""
+        threads = all(total <= self.capacity.get(url, total) for url, total in self.totals(head).items())
+        memory = {url: 0 for url in self.budget}
+        for n in self.tasks:
+            if n.url in memory:
+                memory[n.url] += self._memory(n) if n.stage == head else self._kept(n)
+        return threads and all(total <= self.budget[url] for url, total in memory.items())
 
     def memory_totals(self, stage: int | None = None) -> dict[str, int]:
         """The memory the plan's tasks (or ``stage``'s) reserve together, per worker, bytes."""
@@ -129,6 +144,10 @@ class Waves:
     def _memory(self, n: TaskNeed) -> int:
         """What ``n`` reserves on its worker: at most the worker's whole budget (the worker clamps it so)."""
         return min(n.memory, self.budget.get(n.url, n.memory))
+
+    def _kept(self, n: TaskNeed) -> int:
+        """What ``n`` still holds once it made its output."""
+        return min(n.keeps, self._memory(n))
 
     # ------------------------------------------------------------ events
 
@@ -163,7 +182,7 @@ class Waves:
             self.computed.add(task)
             n = self.by_id[task]
             self.held[n.url] -= n.threads
-            self.reserved[n.url] -= self._memory(n) - min(n.keeps, self._memory(n))
+            self.reserved[n.url] -= self._memory(n) - self._kept(n)
         return self.next()
 
     @property

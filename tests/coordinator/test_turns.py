@@ -27,7 +27,8 @@ from support import read_in_thread, running_tasks, tpch_test_files, wait_until
 import flight
 from benchmarks.tpch_queries import ORDERED, compare, duckdb_answer, duckdb_connection, query
 from flight import col, lit
-from flight.coordinator.opening import Opening, _Turns, worker_threads
+from flight.coordinator.opening import Opening, worker_threads
+from flight.coordinator.turns import Turns
 from flight.dev.testing import SLEEP_SCHEMA, sleep_unit, waiting_query
 from flight.errors import InvalidTaskError, TaskFailedError
 from flight.wire._proto import protocol_pb2
@@ -217,7 +218,7 @@ def test_a_busy_refusal_is_retried_by_the_opening_only_for_a_task_not_admitted_y
 
 def test_an_admitted_task_that_ends_without_its_finished_frame_fails_the_turns_naming_it() -> None:
     # Its threads would never be given back: the tasks waiting for them must not wait for nothing.
-    turns = _Turns.__new__(_Turns)
+    turns = Turns.__new__(Turns)
     done = threading.Event()
     running = SimpleNamespace(metrics=None, error=None, done=done, url="grpc://w1:1", key="q.1/0/1")
     turns._running = {(0, 1): running}  # type: ignore[dict-item]

@@ -16,6 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flight.coordinator.waves import TaskId, TaskNeed, Waves
+from flight.worker.admission import Admission
+from flight.worker.capacity import Capacity, Need
 
 W1, W2, W3 = "grpc://a:1", "grpc://b:1", "grpc://c:1"
 
@@ -95,7 +97,24 @@ def test_a_task_alone_over_the_budget_counts_as_the_whole_budget_and_kept_output
 
 def test_one_task_on_a_worker_fits_its_memory_whatever_it_reserves() -> None:
     waves = Waves({0: []}, [TaskNeed(0, 0, W1, 1, 500 * MIB, MIB), TaskNeed(0, 1, W2, 1, 10 * MIB, MIB)], {}, {W1: 100 * MIB, W2: 100 * MIB})
-    assert waves.fits()
+    assert waves.fits() and waves.starved() == {}
+
+
+def test_a_task_is_starved_only_by_what_the_others_keep_not_by_its_own_buffer() -> None:
+    # Two tasks of 20 MiB on 40 MiB: they fit at once. Opened in turns, the second needs 20 beside the first's 12 kept.
+    two = Waves({0: [], 1: [0]}, [TaskNeed(0, 0, W1, 1, 20 * MIB, 12 * MIB), TaskNeed(1, 0, W1, 1, 20 * MIB, 12 * MIB)], {}, {W1: 40 * MIB})
+    assert two.fits() and two.starved() == {}
+    three = Waves({0: [], 1: [0]}, [TaskNeed(0, t, W1, 1, 30 * MIB, 12 * MIB) for t in range(2)] + [TaskNeed(1, 0, W1, 1, 20 * MIB, 0)],
+                  {}, {W1: 40 * MIB})
+    assert not three.fits() and three.starved() == {W1: 44 * MIB}  # the head's 20 beside two kept 12s (the largest need)
+
+
+def test_a_detached_head_must_fit_beside_the_buffers_the_stages_below_keep() -> None:
+    # 80 producers keep 1 MiB each; three head tasks of 9 MiB: 27 + 80 > 100, although the head alone fits.
+    needs = [TaskNeed(0, t, W1, 0, 2 * MIB, MIB) for t in range(80)] + [TaskNeed(1, t, W1, 1, 9 * MIB, MIB) for t in range(3)]
+    waves = Waves({0: [], 1: [0]}, needs, {W1: 64}, {W1: 100 * MIB})
+    assert waves.fits(1) and not waves.head_fits(1)
+    assert Waves({0: [], 1: [0]}, needs[:60] + needs[80:], {W1: 64}, {W1: 100 * MIB}).head_fits(1)
 
 
 def test_events_of_tasks_not_opened_or_said_twice_change_nothing() -> None:
@@ -143,6 +162,7 @@ def plans(draw: st.DrawFn) -> Plan:
 def test_any_order_of_answers_opens_every_task_within_each_workers_threads_and_memory(plan: Plan, data: st.DataObject) -> None:
     waves = Waves(plan.reads, plan.needs, plan.capacity, plan.budget)
     if waves.starved():  # refused before anything opens (opening.py): kept outputs would leave a task no room
+        assert not waves.fits(), "a plan that fits at once was taken for starved"
         return
     by_id = {n.id: n for n in plan.needs}
     opened: list[TaskId] = []
@@ -178,3 +198,32 @@ def test_any_order_of_answers_opens_every_task_within_each_workers_threads_and_m
             opens(waves.compute(task))
     assert sorted(opened) == sorted(by_id), f"never opened: {sorted(set(by_id) - set(opened))}"
     assert waves.done and waves.waiting() == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(plan=plans(), data=st.data())
+def test_every_task_opened_in_turns_is_admitted_at_once_by_a_real_admission(plan: Plan, data: st.DataObject) -> None:
+    # The worker's own accounting (flight.worker.admission), fed the decisions: none waits, every task runs.
+    waves = Waves(plan.reads, plan.needs, plan.capacity, plan.budget)
+    if waves.starved():
+        return
+    by_id = {n.id: n for n in plan.needs}
+    workers = {url: Admission(Capacity(tasks=10_000, threads=plan.capacity[url], memory=plan.budget[url])) for url in plan.capacity}
+    running: list[TaskId] = []
+
+    def opens(news: list[TaskNeed]) -> None:  # each opened task is admitted there and then (queue 0: never waits)
+        queue = list(news)
+        while queue:
+            n = queue.pop(0)
+            refusal = workers[n.url].admit(f"{n.id}", Need(n.threads, n.memory))
+            assert refusal is None, f"{n.id} on {n.url}: {refusal.reason}"
+            running.append(n.id)
+            queue += waves.admit(n.id)
+
+    opens(waves.next())
+    while running:
+        task = running.pop(data.draw(st.integers(0, len(running) - 1)))
+        n = by_id[task]
+        workers[n.url].computed(f"{task}", n.keeps, kept=True)  # its output kept for its readers: its buffer stays
+        opens(waves.compute(task))
+    assert waves.done
