@@ -59,7 +59,9 @@ REDUCED = {
 }
 KEPT = {
     "right outer keeps every group": "select dk, s from dim right join (select k, sum(v) as s from facts group by k) f on f.k = dim.dk and tag = 'x'",
-    "full outer keeps every group": "select dk, s from (select * from dim where tag = 'x') d full join (select k, sum(v) as s from facts group by k) f on f.k = d.dk",
+    "full outer keeps every group": (
+        "select dk, s from (select * from dim where tag = 'x') d full join (select k, sum(v) as s from facts group by k) f on f.k = d.dk"
+    ),
     "the other side is as large": "select g.k, s from facts g join (select k, sum(v) as s from facts group by k) f on f.k = g.k where g.v > 3",
     "no aggregate (the cutter reduces a semi join)": "select dk from dim where tag = 'x' and exists (select 1 from facts where k = dk and v > 99)",
     "the join key is not a group key": "select dk, s from dim join (select max(k) as m, sum(v) as s from facts) f on f.m = dim.dk where tag = 'x'",
