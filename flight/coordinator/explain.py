@@ -44,6 +44,9 @@ def explain_plan(ex: Explained, analyze: bool) -> str:
         lines.append(f"Recovered from losing workers ({len(replayed)} task(s) replaced, their units replayed):")
         lines += [f"  - {a.describe()}" for a in replayed]
     if ex.metrics is not None:
+        if ex.metrics.notes:
+            lines.append("Opening:")
+            lines += [f"  - {n}" for n in ex.metrics.notes]
         lines.append(ex.metrics.summary())
     return "\n".join(lines)
 

@@ -106,6 +106,8 @@ class QueryMetrics:
     first_batch_s: float | None
     tasks: list[TaskStats]
     feeds: list[PartitionStats]
+    notes: tuple[str, ...] = ()
+    """How its tasks were opened when not all at once as asked: smaller output buffers, turns (``opening.py``)."""
 
     @property
     def rows(self) -> int:

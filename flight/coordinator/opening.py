@@ -225,6 +225,7 @@ class Opening:
         buffer, why = fitted_buffer(tasks, self._loads, run.options.output_buffer_bytes)
         if buffer != run.options.output_buffer_bytes:
             log.info("query %s: opened with %d MiB output buffers: %s", run.query_id, buffer >> 20, "; ".join(why))
+            run.opening_notes.append(f"output buffers of {buffer >> 20} MiB: {'; '.join(why)}")
             run.options = replace(run.options, output_buffer_bytes=buffer)
 
     def _buffer(self, url: str) -> int:
@@ -301,6 +302,8 @@ class Opening:
                             "the buffers the stages below keep); a detached query's head tasks must run at once: "
                             "start it with retain, or give it more workers")
         log.info("query %s: its tasks need more source threads or memory than their workers have (%s): opened in turns", run.query_id, over)
+        run.opening_notes.append(f"opened in turns, a stage once those it reads were admitted: together its tasks need more "
+                                 f"source threads or memory than their workers have ({over})")
         return waves
 
     def _plan_waves(self, counts: dict[int, int]) -> Waves:

@@ -101,6 +101,7 @@ class Run:
         # Outputs kept (memory, then spill) for re-reads: below the head (a lost task's readers run again), the head's for others.
         self.keep_outputs = self.staged or self.fed
         self.keep_head = retain
+        self.opening_notes: list[str] = []  # how its tasks were opened, when not all at once as asked (explain(analyze=True))
         self.opening = Opening(self)  # all at once, in the global order, or in turns (opening.py)
         self.tagged = mode == "units"
         self.counts: dict[int, int] = {}
@@ -407,6 +408,7 @@ class Run:
             first_batch_s=self.first_batch_s,
             tasks=[TaskStats.from_proto(c.metrics, c.url) for c in self.channels if c.metrics is not None],
             feeds=self.dispatcher.stats,
+            notes=tuple(self.opening_notes),
         ))
         if self.error is not None and not isinstance(self.error, FlightExecError):
             log.debug("query %s failed in user code: %r", self.query_id, self.error)

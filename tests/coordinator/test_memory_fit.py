@@ -88,8 +88,11 @@ def test_a_query_past_a_workers_budget_even_with_the_smallest_buffers_is_opened_
         want = duckdb_table(con, SQL[n])
     finally:
         con.close()
+    ex = flight.DistributedExec(flight.sql(SQL[n], catalog), tight.urls, **SHUFFLED)
     with caplog.at_level(logging.INFO, logger="flight.coordinator.exec"):
-        got = flight.DistributedExec(flight.sql(SQL[n], catalog), tight.urls, **SHUFFLED).to_table()
+        got = ex.to_table()
     assert compare(got, decimals_as_numbers(want), ORDERED.get(n)) is None, f"TPC-H Q{n} differs from DuckDB"
     said = [r.getMessage() for r in caplog.records]
     assert any("opened in turns" in m and "of 40 MiB" in m for m in said), said
+    shown = ex.explain(analyze=True).split("Opening:\n", 1)[-1]  # and explain() says how it was opened, and why
+    assert shown.startswith("  - output buffers of 1 MiB: ") and "\n  - opened in turns" in shown and "of 40 MiB" in shown, shown[:2000]
