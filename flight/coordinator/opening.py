@@ -320,7 +320,7 @@ class Opening:
         capacity = dict(self._threads)  # the rest asked for: one ``info`` each, all at once
         unknown = sorted({n.url for n in needs} - set(capacity))
         capacity.update(worker_threads(run.clients, unknown, min(_INFO_TIMEOUT_S, run.options.connect_timeout)))
-        budget = {url: max(1, usable_budget(load) - load.kept_bytes) for url, load in self._loads.items() if usable_budget(load)}
+        budget = {url: max(1, usable - load.kept_bytes) for url, load in self._loads.items() if (usable := usable_budget(load))}
         return Waves({s.stage_id: s.children for s in run.plan.stages}, needs, capacity, budget)
 
     def _budget_words(self, url: str, left: int) -> str:

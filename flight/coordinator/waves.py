@@ -30,6 +30,7 @@ When the whole plan fits (``fits``), it is opened at once, as before.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -134,10 +135,7 @@ class Waves:
     def fits(self, stage: int | None = None) -> bool:
         """Whether every task (of ``stage``) may hold its threads and memory at once: then nothing needs turns (among them)."""
         threads = all(total <= self.capacity.get(url, total) for url, total in self.totals(stage).items())
-        tasks = {n.url: 0 for n in self.tasks if stage is None or n.stage == stage}
-        for n in self.tasks:
-            if stage is None or n.stage == stage:
-                tasks[n.url] += 1
+        tasks = Counter(n.url for n in self.tasks if stage is None or n.stage == stage)
         memory = all(total <= self.budget.get(url, total) or tasks[url] == 1 for url, total in self.memory_totals(stage).items())
         return threads and memory
 

@@ -59,3 +59,13 @@ def test_a_secured_workers_budget_per_identity_is_the_one_that_counts() -> None:
     assert "128 MiB" in why[0], why
     assert usable_budget(protocol_pb2.LoadInfo(memory_budget=256 * MIB)) == 256 * MIB  # an older worker says no per-identity budget
     assert usable_budget(protocol_pb2.LoadInfo()) == 0
+
+
+def test_a_workers_budgets_of_any_size_give_a_usable_one() -> None:
+    # A worker's LoadInfo is a peer's word: any uint64 there gives a budget within what it said, never more.
+    for budget, client in ((256 * MIB, 0), (256 * MIB, 1), (256 * MIB, 2**64 - 1), (0, 128 * MIB), (2**64 - 1, 2**64 - 1)):
+        got = usable_budget(protocol_pb2.LoadInfo(memory_budget=budget, client_memory_budget=client))
+        assert got == min(b for b in (budget, client) if b), (budget, client, got)
+    # A one-byte budget: every task's reservation counts as the whole of it, so they open one by one (or are refused).
+    buffer, why = fitted_buffer([("w1", 1)] * 3, {"w1": protocol_pb2.LoadInfo(memory_budget=256 * MIB, client_memory_budget=1)}, 0)
+    assert buffer == MIN_OUTPUT_BUFFER_BYTES and "opened in turns" in why[0], why

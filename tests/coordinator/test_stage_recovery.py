@@ -93,7 +93,8 @@ def test_a_producer_dropped_at_one_loss_runs_again_when_a_later_loss_needs_its_o
         thread, out = read_in_thread(reader)
         stage1 = ex.bound[1][0]
         only_stage0 = next(u for u in ex.bound[0] if u != stage1)
-        time.sleep(2.0)  # the small side (stages 0 and 1) finished; the head still scans
+        # The small side finished (its output kept for the head's readers); the head still scans (4.5 s a task).
+        wait_until(lambda: all(t.state == "finished" for t in ex.progress()[0].tasks), timeout=30, what="the small side to finish")
         cluster.processes[cluster.urls.index(only_stage0)].send_signal(signal.SIGKILL)
         wait_until(lambda: len(ex.attempts) > 0, timeout=30, what="the first loss's reruns")
         time.sleep(0.5)
