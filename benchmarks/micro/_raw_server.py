@@ -1,13 +1,15 @@
 """The baseline of ``transport.py``: a plain pyarrow Flight server, nothing of flight-exec.
 
-Usage: ``python benchmarks/micro/_raw_server.py FILE.arrow...``. It memory-maps
+Usage: ``python benchmarks/micro/_raw_server.py [--tls CERT KEY] FILE.arrow...``. It memory-maps
 the Arrow IPC files (as flight-exec's workers do), prints
 ``raw-server listening on grpc://HOST:PORT`` once it accepts calls, and serves
 ``DoGet`` with a JSON ticket ``{"shard": i, "shards": n, "compression": c}``:
 the batches of files ``i, i+n, i+2n, ...`` (the round-robin that flight-exec's
 ``FileListProvider`` uses), IPC-compressed with ``c``. The stream is written by
 pyarrow's C++ ``RecordBatchStream``, so this is the transport at its fastest.
-It stops when its stdin closes, so it never outlives the benchmark.
+It stops when its stdin closes, so it never outlives the benchmark. With ``--tls`` it serves
+``grpc+tls://`` with that certificate and key (PEM files): TLS at pyarrow's own cost, the
+baseline of a secured flight-exec.
 """
 
 from __future__ import annotations
@@ -22,8 +24,12 @@ import pyarrow.flight as fl
 class RawServer(fl.FlightServerBase):
     """Serves shards of a fixed list of memory-mapped Arrow IPC files."""
 
-    def __init__(self, files: list[str]) -> None:
-        super().__init__("grpc://127.0.0.1:0")
+    def __init__(self, files: list[str], tls: tuple[bytes, bytes] | None = None) -> None:
+        if tls is None:
+            super().__init__("grpc://127.0.0.1:0")
+        else:
+            super().__init__("grpc+tls://127.0.0.1:0", tls_certificates=[fl.CertKeyPair(*tls)])
+        self.scheme = "grpc" if tls is None else "grpc+tls"
         self.tables = [pa.ipc.open_file(pa.memory_map(f)).read_all() for f in files]
 
     def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.FlightDataStream:
@@ -34,9 +40,14 @@ class RawServer(fl.FlightServerBase):
         return fl.RecordBatchStream(table, options=pa.ipc.IpcWriteOptions(compression=codec))
 
 
-def main(files: list[str]) -> None:
-    server = RawServer(files)
-    print(f"raw-server listening on grpc://127.0.0.1:{server.port}", flush=True)
+def main(args: list[str]) -> None:
+    tls = None
+    if args[:1] == ["--tls"]:
+        with open(args[1], "rb") as cert, open(args[2], "rb") as key:
+            tls = (cert.read(), key.read())
+        args = args[3:]
+    server = RawServer(args, tls)
+    print(f"raw-server listening on {server.scheme}://127.0.0.1:{server.port}", flush=True)
     try:
         sys.stdin.read()  # EOF: the benchmark is done (or died)
     finally:

@@ -19,7 +19,10 @@ flight-exec's task set-up is part of what it pays. The last line is
 With ``--secure`` a second cluster runs beside the first, with TLS and a bearer
 token (``LocalCluster(secure=True)``), in the same alternation; it adds the line
 ``transport_ratio_secure: X`` (secured flight-exec / the same plaintext raw
-server): the cost of TLS + auth on transport.
+server): the cost of TLS + auth on transport. The raw server runs a second time
+with TLS beside it, so that TLS's own price on these cores shows apart from
+flight-exec's: ``transport_ratio_raw_tls`` (raw with TLS / raw plaintext: the most a
+secured flight-exec could reach) and ``transport_ratio_secure_vs_raw_tls``.
 
 With ``--no-checksum-too`` a third side runs the same cluster with the stream trailers' checksum
 off (``ExecOptions.stream_checksums=False``, docs/protocol.md section 17), interleaved with the
@@ -92,9 +95,11 @@ def ipc_files(sf: float) -> list[Path]:
 
 
 @contextmanager
-def raw_server(files: list[Path], timeout: float = 30.0) -> Iterator[str]:
-    """Start ``_raw_server.py`` on ``files``; yield its URL; closing its stdin stops it."""
-    proc = subprocess.Popen([sys.executable, str(RAW_SERVER), *map(str, files)],
+def raw_server(files: list[Path], timeout: float = 30.0, tls: tuple[Path, Path] | None = None) -> Iterator[str]:
+    """Start ``_raw_server.py`` on ``files`` (with ``tls``: its certificate and key files); yield its URL;
+    closing its stdin stops it."""
+    tls_args = ["--tls", str(tls[0]), str(tls[1])] if tls else []
+    proc = subprocess.Popen([sys.executable, str(RAW_SERVER), *tls_args, *map(str, files)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdin is not None
@@ -131,9 +136,9 @@ def run_flight_exec(
     return rows, nbytes
 
 
-def run_raw(url: str, streams: int, compression: str) -> tuple[int, int]:
-    """(rows, Arrow bytes) of ``streams`` concurrent DoGets, one shard each, from one client."""
-    client = fl.FlightClient(url)
+def run_raw(url: str, streams: int, compression: str, ca: bytes | None = None) -> tuple[int, int]:
+    """(rows, Arrow bytes) of ``streams`` concurrent DoGets, one shard each, from one client (``ca``: the TLS root)."""
+    client = fl.FlightClient(url, tls_root_certs=ca) if ca else fl.FlightClient(url)
     totals = [(0, 0)] * streams
     errors: list[BaseException] = []
 
@@ -185,54 +190,65 @@ def main(argv: list[str] | None = None) -> int:
     print(f"data: lineitem SF {args.sf:g}, {len(COLUMNS)} columns, {rows:,} rows, "
           f"{size / 1e6:.0f} MB in Arrow memory, {len(files)} IPC files; compression {args.compression}")
 
-    fe_times: list[float] = []
-    sec_times: list[float] = []
-    off_times: list[float] = []
-    raw_times: list[float] = []
     log(f"starting LocalCluster({args.workers}){' twice (plain and secure)' if args.secure else ''} and the raw server")
     data_roots = sorted({str(f.parent) for f in files})
+    times: dict[str, list[float]] = {}
     with contextlib.ExitStack() as stack:
         cluster = stack.enter_context(flight.LocalCluster(args.workers, data_roots=data_roots))
-        secure = stack.enter_context(flight.LocalCluster(args.workers, data_roots=data_roots, secure=True)) if args.secure else None
         raw_url = stack.enter_context(raw_server(files))
-        fe = lambda: run_flight_exec(cluster.urls, files, args.compression)  # noqa: E731
-        raw = lambda: run_raw(raw_url, args.workers, args.compression)  # noqa: E731
-        sec = (lambda: run_flight_exec(secure.urls, files, args.compression, secure.security)) if secure else None
-        off = (lambda: run_flight_exec(cluster.urls, files, args.compression, checksums=False)) if args.no_checksum_too else None
-        timed(fe, rows, "flight-exec")  # warm-up: page cache, connections, imports
-        timed(raw, rows, "raw")
-        if sec is not None:
-            timed(sec, rows, "flight-exec secure")
+        sides: dict[str, Callable[[], tuple[int, int]]] = {
+            "flight-exec": lambda: run_flight_exec(cluster.urls, files, args.compression),
+            "raw": lambda: run_raw(raw_url, args.workers, args.compression),
+        }
+        if args.secure:
+            secure = stack.enter_context(flight.LocalCluster(args.workers, data_roots=data_roots, secure=True))
+            tls_url, ca = stack.enter_context(raw_tls_server(files))
+            sides["secure"] = lambda: run_flight_exec(secure.urls, files, args.compression, secure.security)
+            sides["raw tls"] = lambda: run_raw(tls_url, args.workers, args.compression, ca)
+        if args.no_checksum_too:
+            sides["without checksum"] = lambda: run_flight_exec(cluster.urls, files, args.compression, checksums=False)
+        for name, side in sides.items():
+            timed(side, rows, name)  # warm-up: page cache, connections, imports
         for i in range(args.runs):
-            t_fe, _ = timed(fe, rows, "flight-exec")
-            t_raw, _ = timed(raw, rows, "raw")
-            fe_times.append(t_fe)
-            raw_times.append(t_raw)
-            extra = ""
-            if sec is not None:
-                t_sec, _ = timed(sec, rows, "flight-exec secure")
-                sec_times.append(t_sec)
-                extra = f", secure {t_sec:.3f}s"
-            if off is not None:
-                t_off, _ = timed(off, rows, "flight-exec without checksum")
-                off_times.append(t_off)
-                extra += f", without checksum {t_off:.3f}s"
-            log(f"run {i + 1}/{args.runs}: flight-exec {t_fe:.3f}s, raw {t_raw:.3f}s{extra}")
-
-    fe_mbs = size / 1e6 / statistics.median(fe_times)
-    raw_mbs = size / 1e6 / statistics.median(raw_times)
-    print(f"flight-exec: {fe_mbs:8.0f} MB/s  (median {statistics.median(fe_times):.3f}s of {args.runs})")
-    if sec_times:
-        sec_mbs = size / 1e6 / statistics.median(sec_times)
-        print(f"secure:      {sec_mbs:8.0f} MB/s  (median {statistics.median(sec_times):.3f}s of {args.runs}; TLS + token)")
-    print(f"raw flight:  {raw_mbs:8.0f} MB/s  (median {statistics.median(raw_times):.3f}s of {args.runs})")
-    print(f"transport_ratio: {fe_mbs / raw_mbs:.2f}")
-    if sec_times:
-        print(f"transport_ratio_secure: {sec_mbs / raw_mbs:.2f}")
-    if off_times:
-        off_mbs = size / 1e6 / statistics.median(off_times)
-        print(f"transport_ratio_no_checksum: {off_mbs / raw_mbs:.2f}")
+            for name, side in sides.items():
+                times.setdefault(name, []).append(timed(side, rows, name)[0])
+            log(f"run {i + 1}/{args.runs}: " + ", ".join(f"{name} {t[-1]:.3f}s" for name, t in times.items()))
+    report(times, size, args.runs)
     return 0
+
+
+def report(times: dict[str, list[float]], size: int, runs: int) -> None:
+    """Throughputs, then the ratios (``transport_ratio`` first: the line the runner reads)."""
+    mbs = {name: size / 1e6 / statistics.median(t) for name, t in times.items()}
+    notes = {"secure": "; TLS + token", "raw tls": "; pyarrow alone, TLS"}
+    for name, t in times.items():
+        print(f"{name + ':':17s} {mbs[name]:8.0f} MB/s  (median {statistics.median(t):.3f}s of {runs}{notes.get(name, '')})")
+    print(f"transport_ratio: {mbs['flight-exec'] / mbs['raw']:.2f}")
+    if "secure" in mbs:
+        print(f"transport_ratio_secure: {mbs['secure'] / mbs['raw']:.2f}")
+        # TLS's own price on these cores: the most a secured flight-exec could reach against plaintext.
+        print(f"transport_ratio_raw_tls: {mbs['raw tls'] / mbs['raw']:.2f}")
+        print(f"transport_ratio_secure_vs_raw_tls: {mbs['secure'] / mbs['raw tls']:.2f}")
+    if "without checksum" in mbs:
+        print(f"transport_ratio_no_checksum: {mbs['without checksum'] / mbs['raw']:.2f}")
+
+
+@contextmanager
+def raw_tls_server(files: list[Path]) -> Iterator[tuple[str, bytes]]:
+    """The raw server with TLS, a throw-away certificate for 127.0.0.1 (``trustme``, as ``LocalCluster(secure=True)``);
+    yields its URL and the CA to trust."""
+    import tempfile
+
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    with tempfile.TemporaryDirectory() as d:
+        cert_file, key_file = Path(d) / "cert.pem", Path(d) / "key.pem"
+        cert_file.write_bytes(b"".join(blob.bytes() for blob in cert.cert_chain_pems))
+        key_file.write_bytes(cert.private_key_pem.bytes())
+        with raw_server(files, tls=(cert_file, key_file)) as url:
+            yield url, ca.cert_pem.bytes()
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ from flight.errors import (
     WorkerError,
     WorkerUnavailableError,
 )
+from flight.heap import keep_receive_buffers
 from flight.plan.nodes import InputCallNode
 from flight.planner.stages import StageSpec
 from flight.threads import spawn
@@ -83,6 +84,7 @@ class Run:
         self.secret = new_secret()  # in every header and ticket: the query id alone opens nothing
         self.retries = 0
         self.clients = shared_pool(self.options.security)
+        keep_receive_buffers()  # once per process: glibc keeps freed receive buffers (flight/heap.py)
         self.results: queue.Queue[object] = queue.Queue(maxsize=max(1, self.options.result_queue_batches))
         self.error: BaseException | None = None
         self.failed = threading.Event()

@@ -49,8 +49,6 @@ pool (mimalloc), and the idle release above is what bounds it.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 import logging
 import os
@@ -60,6 +58,7 @@ from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
+from flight.heap import glibc, leave_alone, release
 from flight.threads import retire_idle
 
 __all__ = [
@@ -104,21 +103,13 @@ def _thread_count() -> int:
         return 0
 
 
-def _libc() -> ctypes.CDLL | None:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim, libc.mallopt  # noqa: B018 - glibc has both; another libc may not
-        return libc
-    except (OSError, AttributeError):
-        return None
-
-
-_LIBC = _libc()
+_LIBC = glibc()
 
 
 def limit_malloc_arenas() -> None:
     """Cap glibc's heap arenas (before the process starts its threads: arenas are made per thread),
     and fix its mmap threshold at ``MMAP_THRESHOLD`` bytes."""
+    leave_alone()  # a worker's heap is set here, not by flight.heap's settings for a coordinator
     if _LIBC is not None and not _LIBC.mallopt(_M_ARENA_MAX, MALLOC_ARENAS):
         log.debug("mallopt(M_ARENA_MAX) was refused")
     if _LIBC is not None and not _LIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD):
@@ -174,8 +165,7 @@ def release_idle_memory(busy: Callable[[], bool] = lambda: False) -> None:
         pa.set_io_thread_count(io_threads)
     gc.collect()
     pa.default_memory_pool().release_unused()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
+    release()
 
 
 def resident_bytes() -> int:
@@ -197,5 +187,4 @@ def trim_busy_memory() -> None:
     watchdog calls it when the worker is past its limit (``--memory-limit``), at most every few
     seconds: it walks the heap, which costs milliseconds (ctypes lets the interpreter run meanwhile)."""
     pa.default_memory_pool().release_unused()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
+    release()
