@@ -18,8 +18,9 @@ buffers. The price: a process that read results keeps up to ``TRIM_THRESHOLD`` o
 glibc arena it read them on (the coordinator reads on a few pool threads) until it allocates
 again or calls ``malloc_trim(0)`` (``release()``). Nothing changes where the user chose glibc's
 settings already (``MALLOC_*_`` variables, ``glibc.malloc`` tunables), where
-``FLIGHT_EXEC_HEAP=default`` says to leave them, in a worker (it sets its own at start,
-``flight.worker.memory``), or on another libc.
+``FLIGHT_EXEC_HEAP=default`` says to leave them, or on another libc. A worker sets the same
+thresholds itself at start (``flight.worker.memory``): its shuffle reads are the same receive
+buffers.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import logging
 import os
 import threading
 
-__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "glibc", "keep_receive_buffers", "leave_alone", "release"]
+__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "glibc", "keep_receive_buffers", "leave_alone", "release", "set_thresholds"]
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +77,17 @@ def keep_receive_buffers() -> bool:
         if _decided:
             return False
         _decided = True
-        if _LIBC is None or _user_chose():
-            return False
-        ok = bool(_LIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(_LIBC.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
-        if not ok:
-            log.debug("glibc refused the heap thresholds: keeping its defaults")
-        return ok
+        return not _user_chose() and set_thresholds()
+
+
+def set_thresholds() -> bool:
+    """Fix glibc's mmap and trim thresholds at ``MMAP_THRESHOLD`` and ``TRIM_THRESHOLD`` now; whether glibc took both."""
+    if _LIBC is None:
+        return False
+    ok = bool(_LIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(_LIBC.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    if not ok:
+        log.debug("glibc refused the heap thresholds: keeping its defaults")
+    return ok
 
 
 def leave_alone() -> None:

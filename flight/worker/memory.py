@@ -22,7 +22,7 @@ thread goes back to its arena at once (only small blocks wait in a per-thread ca
 ``--seed 20261122``: the worst idle sample +295 MiB over the baseline with mimalloc, +143 (and
 +178 with pages purged at once, ``jemalloc_set_decay_ms(0)``: not taken, it costs page faults
 while busy) with jemalloc. It also caps glibc at ``MALLOC_ARENAS`` arenas and fixes its mmap
-threshold (``MMAP_THRESHOLD``) before its threads start (a worker's allocations are few and
+and trim thresholds (``HEAP_THRESHOLDS``) before its threads start (a worker's allocations are few and
 large: Arrow and DuckDB have allocators of their own), and, once it becomes idle
 (``release_idle_memory``, run by the watchdog within a second): ends the idle threads of
 ``flight.threads`` and of Arrow's I/O pool (shrunk to one thread until they are gone, then given
@@ -58,11 +58,11 @@ from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
-from flight.heap import glibc, leave_alone, release
+from flight.heap import MMAP_THRESHOLD, TRIM_THRESHOLD, glibc, leave_alone, release, set_thresholds
 from flight.threads import retire_idle
 
 __all__ = [
-    "MALLOC_ARENAS", "WORKER_ENV", "limit_malloc_arenas", "reexec_with_arrow_pool", "release_idle_memory", "resident_bytes",
+    "HEAP_THRESHOLDS", "MALLOC_ARENAS", "WORKER_ENV", "limit_malloc_arenas", "reexec_with_arrow_pool", "release_idle_memory", "resident_bytes",
     "trim_busy_memory", "use_jemalloc",
 ]
 
@@ -71,14 +71,16 @@ log = logging.getLogger(__name__)
 MALLOC_ARENAS = 2
 """glibc heap arenas a worker may have (``M_ARENA_MAX``); glibc's default is 8 per core."""
 _M_ARENA_MAX = -8  # glibc's mallopt parameter number
-_M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD = 1 << 20
-"""Blocks from this size up are mapped on their own and unmapped when freed. glibc's default
-starts at 128 KiB but rises to the size of each mapped block freed (up to 32 MiB), after which a
-flood's 1 MiB work units (Python bytes) came from the heap and stayed: the 2,000-case fuzz run's
-worst idle sample, after an output flood of 320 such units, was +300 MiB; fixed here, +70. At
-256 KiB a deep expression's many mid-sized blocks were mapped one by one, and a worker missed
-its 5 s health check."""
+HEAP_THRESHOLDS = (MMAP_THRESHOLD, TRIM_THRESHOLD)
+"""glibc's mmap and trim thresholds, fixed at start (``flight.heap.set_thresholds``): a worker's shuffle reads
+are gRPC receive buffers of a few MB, which then come from the heap and are reused, where with an mmap
+threshold of 1 MiB each was mapped, faulted in and unmapped. A/B on TPC-H SF 10 across two one-core hosts
+(Q9, Q10, Q13, Q18, Q21, two rounds of two runs each, 2026-12-05): 1.1-3.9 % faster each, every query in
+both rounds. The 1 MiB threshold came from the fuzz run (a flood's 1 MiB work units came from the heap and
+stayed: +300 MiB at one idle sample; the idle release trims the heaps since, ``release_idle_memory``):
+the 2,000-case run with seed 20261122 kept +144 MiB at its worst idle sample with these thresholds, +147
+with 1 MiB, the same day. At 256 KiB a deep expression's many mid-sized blocks were mapped one by one, and
+a worker missed its 5 s health check."""
 SETTLE_S = 1.0
 """How long an idle worker waits for its idle threads to end before it collects their memory."""
 
@@ -108,12 +110,11 @@ _LIBC = glibc()
 
 def limit_malloc_arenas() -> None:
     """Cap glibc's heap arenas (before the process starts its threads: arenas are made per thread),
-    and fix its mmap threshold at ``MMAP_THRESHOLD`` bytes."""
+    and fix its mmap and trim thresholds (``HEAP_THRESHOLDS``)."""
     leave_alone()  # a worker's heap is set here, not by flight.heap's settings for a coordinator
     if _LIBC is not None and not _LIBC.mallopt(_M_ARENA_MAX, MALLOC_ARENAS):
         log.debug("mallopt(M_ARENA_MAX) was refused")
-    if _LIBC is not None and not _LIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD):
-        log.debug("mallopt(M_MMAP_THRESHOLD) was refused")
+    set_thresholds()
 
 
 ARROW_POOL_VARIABLE = "ARROW_DEFAULT_MEMORY_POOL"
