@@ -14,9 +14,10 @@ same bursts made dropping a task's protobuf header trim the heap too.
 
 So the first query a process coordinates sets a fixed trim threshold (``TRIM_THRESHOLD``) and
 mmap threshold (``MMAP_THRESHOLD``): a free top of heap up to that size stays for the next
-buffers. The price: a process that read results keeps up to ``TRIM_THRESHOLD`` of free heap per
-glibc arena it read them on (the coordinator reads on a few pool threads) until it allocates
-again or calls ``malloc_trim(0)`` (``release()``). Nothing changes where the user chose glibc's
+buffers. What is kept so is handed back once the process coordinates nothing for ``IDLE_TRIM_S``
+(``busy``/``idle`` around each query, a daemon thread that calls ``malloc_trim(0)``): a process
+between two queries of a busy client keeps its buffers, an idle one (a notebook, a
+``flight-coordinator`` between its clients' queries) holds no more than glibc's defaults would. Nothing changes where the user chose glibc's
 settings already (``MALLOC_*_`` variables, ``glibc.malloc`` tunables), where
 ``FLIGHT_EXEC_HEAP=default`` says to leave them, or on another libc. A worker sets the same
 thresholds itself at start (``flight.worker.memory``): its shuffle reads are the same receive
@@ -30,8 +31,13 @@ import ctypes.util
 import logging
 import os
 import threading
+import time
+import weakref
 
-__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "glibc", "keep_receive_buffers", "leave_alone", "release", "set_thresholds"]
+__all__ = [
+    "IDLE_TRIM_S", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "busy", "glibc", "idle", "keep_receive_buffers", "leave_alone", "release",
+    "set_thresholds",
+]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +48,9 @@ held units of a few files each."""
 MMAP_THRESHOLD = 32 << 20
 """Blocks from this size up are mapped on their own (glibc's largest dynamic threshold): a batch's receive buffer,
 a few MB, comes from the heap and is reused."""
+IDLE_TRIM_S = 2.0
+"""How long a process that keeps freed buffers must coordinate nothing before they are handed back (and how often it
+looks): longer than the gap between a busy client's queries."""
 OPT_OUT = "FLIGHT_EXEC_HEAP"
 """``FLIGHT_EXEC_HEAP=default`` leaves glibc's heap as it is."""
 
@@ -63,6 +72,10 @@ def glibc() -> ctypes.CDLL | None:
 _LIBC = glibc()
 _lock = threading.Lock()
 _decided = False
+_kept = False  # the thresholds are ours: what they keep is handed back when idle
+_active: weakref.WeakSet[object] = weakref.WeakSet()  # queries running (a query dropped unfinished leaves with its object)
+_changed = 0.0  # when a query last started or ended
+_used = False  # a query ran since the heaps were last trimmed
 
 
 def _user_chose() -> bool:
@@ -77,7 +90,40 @@ def keep_receive_buffers() -> bool:
         if _decided:
             return False
         _decided = True
-        return not _user_chose() and set_thresholds()
+        global _kept
+        _kept = not _user_chose() and set_thresholds()
+        if _kept:
+            threading.Thread(target=_trim_when_idle, name="flight-heap-trim", daemon=True).start()
+        return _kept
+
+
+def busy(query: object) -> None:
+    """``query`` (any object that lives as long as it runs) started: the heaps are in use."""
+    global _changed, _used
+    with _lock:
+        _active.add(query)
+        _changed, _used = time.monotonic(), True
+
+
+def idle(query: object) -> None:
+    """``query`` ended (calling it again, or for a query never started, does nothing)."""
+    global _changed
+    with _lock:
+        if query in _active:
+            _active.discard(query)
+            _changed = time.monotonic()
+
+
+def _trim_when_idle() -> None:
+    global _used
+    while True:
+        time.sleep(IDLE_TRIM_S)
+        with _lock:
+            due = _used and not _active and time.monotonic() - _changed >= IDLE_TRIM_S
+            if due:
+                _used = False
+        if due:
+            release()
 
 
 def set_thresholds() -> bool:

@@ -61,6 +61,42 @@ def test_the_first_query_a_process_runs_sets_them() -> None:
     assert _probe("query") == {"first": False, "second": False, "kept": True}
 
 
+IDLE_PROBE = r"""
+import ctypes, json, os, sys, time
+import flight.heap as heap
+heap.IDLE_TRIM_S = 0.2
+assert heap.keep_receive_buffers()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+class Query: pass
+running, other = Query(), Query()
+heap.busy(running)
+heap.busy(other)
+size = 16 << 20
+block = libc.malloc(size)
+ctypes.memset(block, 1, size)
+held = rss()
+libc.free(block)
+heap.idle(running)
+time.sleep(1.0)
+kept_while_one_runs = held - rss() < size // 2
+heap.idle(other)
+time.sleep(1.0)
+print(json.dumps({"kept_while_one_runs": kept_while_one_runs, "kept_once_idle": held - rss() < size // 2}))
+"""
+
+
+def test_what_is_kept_is_handed_back_once_no_query_runs() -> None:
+    """While one query still runs the freed block stays; once none has run for ``IDLE_TRIM_S`` it leaves."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", "FLIGHT_EXEC_HEAP")}
+    done = subprocess.run([sys.executable, "-c", IDLE_PROBE], env=clean, capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(done.stdout) == {"kept_while_one_runs": True, "kept_once_idle": False}
+
+
 def test_without_the_thresholds_glibc_hands_the_block_back_at_once() -> None:
     """The baseline the first test differs from: the same probe, told to leave glibc's defaults."""
     assert _probe(FLIGHT_EXEC_HEAP="default") == {"first": False, "second": False, "kept": False}

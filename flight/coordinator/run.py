@@ -53,7 +53,7 @@ from flight.errors import (
     WorkerError,
     WorkerUnavailableError,
 )
-from flight.heap import keep_receive_buffers
+from flight.heap import busy, idle, keep_receive_buffers
 from flight.plan.nodes import InputCallNode
 from flight.planner.stages import StageSpec
 from flight.threads import spawn
@@ -85,6 +85,7 @@ class Run:
         self.retries = 0
         self.clients = shared_pool(self.options.security)
         keep_receive_buffers()  # once per process: glibc keeps freed receive buffers (flight/heap.py)
+        busy(self)  # until _finish (or until this attempt is dropped): the kept buffers stay while queries run
         self.results: queue.Queue[object] = queue.Queue(maxsize=max(1, self.options.result_queue_batches))
         self.error: BaseException | None = None
         self.failed = threading.Event()
@@ -397,6 +398,7 @@ class Run:
             if self._finished:
                 return
             self._finished = True
+        idle(self)
         if self._release is not None:
             self._release()
         self.dispatcher.stop()
