@@ -12,16 +12,21 @@ lineitem from two workers) the coordinator spent 195 ms of CPU a run against the
 reader's 133, most of the difference in page faults under the copy and in ``madvise``; the
 same bursts made dropping a task's protobuf header trim the heap too.
 
-So the first query a process coordinates sets a fixed trim threshold (``TRIM_THRESHOLD``) and
-mmap threshold (``MMAP_THRESHOLD``): a free top of heap up to that size stays for the next
-buffers. What is kept so is handed back once the process coordinates nothing for ``IDLE_TRIM_S``
-(``busy``/``idle`` around each query, a daemon thread that calls ``malloc_trim(0)``): a process
-between two queries of a busy client keeps its buffers, an idle one (a notebook, a
-``flight-coordinator`` between its clients' queries) holds no more than glibc's defaults would. Nothing changes where the user chose glibc's
-settings already (``MALLOC_*_`` variables, ``glibc.malloc`` tunables), where
-``FLIGHT_EXEC_HEAP=default`` says to leave them, or on another libc. A worker sets the same
-thresholds itself at start (``flight.worker.memory``): its shuffle reads are the same receive
-buffers.
+So while a process reads the results of a query it coordinates (``busy``, from ``Run``; a
+detached query, whose results others read, does not count), glibc's trim threshold is
+``TRIM_THRESHOLD`` and its mmap threshold ``MMAP_THRESHOLD``: a free top of heap up to that size
+stays for the next buffers, up to ``TRIM_THRESHOLD`` per glibc arena (the coordinator reads on a
+few pool threads, each with an arena). Once no such query has run for ``IDLE_TRIM_S`` (a daemon
+thread looks every ``IDLE_TRIM_S``: 2-4 s after the last one ended), what is kept is handed back
+(``malloc_trim(0)``) and both thresholds go back to glibc's initial 128 KiB (fixed: glibc's
+adjustment of them as blocks are freed stays off once set). So a process between two queries of a
+busy client keeps its buffers, and an idle one (a notebook) has glibc's initial settings.
+
+Left alone: a process whose user chose glibc's settings (any ``MALLOC_*`` variable, a
+``glibc.malloc`` tunable), one started with ``FLIGHT_EXEC_HEAP=default``, another libc. A worker
+(flight-exec's own daemon) sets the same thresholds itself at start, whatever its environment
+says (``flight.worker.memory``): its shuffle reads are the same receive buffers, and it hands
+memory back whenever it goes idle.
 """
 
 from __future__ import annotations
@@ -35,28 +40,28 @@ import time
 import weakref
 
 __all__ = [
-    "IDLE_TRIM_S", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "busy", "glibc", "idle", "keep_receive_buffers", "leave_alone", "release",
-    "set_thresholds",
+    "DEFAULT_THRESHOLD", "IDLE_TRIM_S", "MMAP_THRESHOLD", "OPT_OUT", "TRIM_THRESHOLD", "busy", "busy_queries", "glibc", "idle",
+    "leave_alone", "release", "set_thresholds",
 ]
 
 log = logging.getLogger(__name__)
 
 TRIM_THRESHOLD = 128 << 20
-"""Free bytes at a heap's top that glibc keeps rather than hands back (its default: 128 KiB, rising with freed mapped
-blocks). Measured on the transport benchmark, 64 MiB and 512 MiB gave the same; 128 MiB leaves room for two streams'
-held units of a few files each."""
+"""Free bytes at a heap's top that glibc keeps rather than hands back while queries run. Measured on the transport
+benchmark, 64 MiB and 512 MiB gave the same; 128 MiB leaves room for two streams' held units of a few files each."""
 MMAP_THRESHOLD = 32 << 20
 """Blocks from this size up are mapped on their own (glibc's largest dynamic threshold): a batch's receive buffer,
 a few MB, comes from the heap and is reused."""
+DEFAULT_THRESHOLD = 128 << 10
+"""glibc's initial trim and mmap thresholds: what an idle process goes back to."""
 IDLE_TRIM_S = 2.0
-"""How long a process that keeps freed buffers must coordinate nothing before they are handed back (and how often it
-looks): longer than the gap between a busy client's queries."""
+"""How long a process must read no query's results before what it keeps is handed back (and how often it looks):
+longer than the gap between a busy client's queries."""
 OPT_OUT = "FLIGHT_EXEC_HEAP"
 """``FLIGHT_EXEC_HEAP=default`` leaves glibc's heap as it is."""
 
 _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers
 _M_MMAP_THRESHOLD = -3
-_USER_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX")
 
 
 def glibc() -> ctypes.CDLL | None:
@@ -70,80 +75,107 @@ def glibc() -> ctypes.CDLL | None:
 
 
 _LIBC = glibc()
-_lock = threading.Lock()
-_decided = False
-_kept = False  # the thresholds are ours: what they keep is handed back when idle
-_active: weakref.WeakSet[object] = weakref.WeakSet()  # queries running (a query dropped unfinished leaves with its object)
-_changed = 0.0  # when a query last started or ended
-_used = False  # a query ran since the heaps were last trimmed
 
 
 def _user_chose() -> bool:
-    return (os.environ.get(OPT_OUT, "").lower() == "default" or any(v in os.environ for v in _USER_SETTINGS)
+    return (os.environ.get(OPT_OUT, "").lower() == "default" or any(k.startswith("MALLOC_") for k in os.environ)
             or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""))
 
 
-def keep_receive_buffers() -> bool:
-    """Set the thresholds above, once per process (later calls do nothing); whether they were set."""
-    global _decided
-    with _lock:
-        if _decided:
-            return False
-        _decided = True
-        global _kept
-        _kept = not _user_chose() and set_thresholds()
-        if _kept:
-            threading.Thread(target=_trim_when_idle, name="flight-heap-trim", daemon=True).start()
-        return _kept
-
-
-def busy(query: object) -> None:
-    """``query`` (any object that lives as long as it runs) started: the heaps are in use."""
-    global _changed, _used
-    with _lock:
-        _active.add(query)
-        _changed, _used = time.monotonic(), True
-
-
-def idle(query: object) -> None:
-    """``query`` ended (calling it again, or for a query never started, does nothing)."""
-    global _changed
-    with _lock:
-        if query in _active:
-            _active.discard(query)
-            _changed = time.monotonic()
-
-
-def _trim_when_idle() -> None:
-    global _used
-    while True:
-        time.sleep(IDLE_TRIM_S)
-        with _lock:
-            due = _used and not _active and time.monotonic() - _changed >= IDLE_TRIM_S
-            if due:
-                _used = False
-        if due:
-            release()
-
-
-def set_thresholds() -> bool:
-    """Fix glibc's mmap and trim thresholds at ``MMAP_THRESHOLD`` and ``TRIM_THRESHOLD`` now; whether glibc took both."""
+def set_thresholds(mmap: int = MMAP_THRESHOLD, trim: int = TRIM_THRESHOLD) -> bool:
+    """Fix glibc's mmap and trim thresholds now; whether glibc took both."""
     if _LIBC is None:
         return False
-    ok = bool(_LIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(_LIBC.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    ok = bool(_LIBC.mallopt(_M_MMAP_THRESHOLD, mmap)) and bool(_LIBC.mallopt(_M_TRIM_THRESHOLD, trim))
     if not ok:
-        log.debug("glibc refused the heap thresholds: keeping its defaults")
+        log.debug("glibc refused the heap thresholds %d and %d", mmap, trim)
     return ok
-
-
-def leave_alone() -> None:
-    """This process sets glibc's heap itself (a worker does, at start): ``keep_receive_buffers`` does nothing here."""
-    global _decided
-    with _lock:
-        _decided = True
 
 
 def release() -> None:
     """Hand every free page of glibc's heaps back to the system now (``malloc_trim(0)``); nothing on another libc."""
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
+
+
+class _Heap:
+    """The process's queries that read results, and whether the thresholds are raised for them.
+
+    An ``RLock``: a garbage collection that runs while it is held (any allocation may start one) can finalize
+    an abandoned result reader, whose ``Run`` then calls ``idle`` on the same thread."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.allowed: bool | None = None  # None: not decided yet (at the first busy)
+        self.raised = False  # the thresholds are ours now
+        self.active: weakref.WeakSet[object] = weakref.WeakSet()  # a query dropped unfinished leaves with its object
+        self.changed = 0.0  # when a query last started or ended
+        self.trimmer: threading.Thread | None = None
+
+    def busy(self, query: object) -> None:
+        with self.lock:
+            if self.allowed is None:
+                self.allowed = _LIBC is not None and not _user_chose()
+            if not self.allowed:
+                return
+            self.active.add(query)
+            self.changed = time.monotonic()
+            if not self.raised:
+                self.raised = set_thresholds()
+            if self.trimmer is None:
+                self.trimmer = threading.Thread(target=self.trim_when_idle, name="flight-heap-trim", daemon=True)
+                self.trimmer.start()
+
+    def idle(self, query: object) -> None:
+        with self.lock:
+            if query in self.active:
+                self.active.discard(query)
+                self.changed = time.monotonic()
+
+    def trim_when_idle(self) -> None:
+        while True:
+            time.sleep(IDLE_TRIM_S)
+            with self.lock:
+                due = self.raised and not self.active and time.monotonic() - self.changed >= IDLE_TRIM_S
+                if due:
+                    set_thresholds(DEFAULT_THRESHOLD, DEFAULT_THRESHOLD)
+                    self.raised = False
+            if due:
+                release()
+
+
+def _forked() -> None:
+    """A forked child (multiprocessing, a Spark Python worker) has none of the parent's threads, and may have forked
+    while one held the lock: it starts afresh, with glibc's initial thresholds, and keeps the parent's decision."""
+    allowed, raised = _HEAP.allowed, _HEAP.raised
+    _Heap.__init__(_HEAP)
+    _HEAP.allowed = allowed
+    if raised:
+        set_thresholds(DEFAULT_THRESHOLD, DEFAULT_THRESHOLD)
+
+
+_HEAP = _Heap()
+os.register_at_fork(after_in_child=_forked)
+
+
+def busy(query: object) -> None:
+    """``query`` (an object that lives as long as it runs) reads results in this process: raise the thresholds (the
+    first time: unless the user chose glibc's settings, or ``leave_alone``) and keep them until no query runs."""
+    _HEAP.busy(query)
+
+
+def idle(query: object) -> None:
+    """``query`` ended (again, or for a query never counted: nothing)."""
+    _HEAP.idle(query)
+
+
+def busy_queries() -> int:
+    """How many queries this process counts as reading results now."""
+    with _HEAP.lock:
+        return len(_HEAP.active)
+
+
+def leave_alone() -> None:
+    """This process sets glibc's heap itself (a worker does, at start): ``busy`` changes nothing here."""
+    with _HEAP.lock:
+        _HEAP.allowed = False

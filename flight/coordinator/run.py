@@ -53,7 +53,7 @@ from flight.errors import (
     WorkerError,
     WorkerUnavailableError,
 )
-from flight.heap import busy, idle, keep_receive_buffers
+from flight.heap import busy, idle
 from flight.plan.nodes import InputCallNode
 from flight.planner.stages import StageSpec
 from flight.threads import spawn
@@ -84,8 +84,6 @@ class Run:
         self.secret = new_secret()  # in every header and ticket: the query id alone opens nothing
         self.retries = 0
         self.clients = shared_pool(self.options.security)
-        keep_receive_buffers()  # once per process: glibc keeps freed receive buffers (flight/heap.py)
-        busy(self)  # until _finish (or until this attempt is dropped): the kept buffers stay while queries run
         self.results: queue.Queue[object] = queue.Queue(maxsize=max(1, self.options.result_queue_batches))
         self.error: BaseException | None = None
         self.failed = threading.Event()
@@ -130,6 +128,8 @@ class Run:
             self._timer = threading.Timer(left, self._expire)
             self._timer.daemon = True
             self._timer.start()
+        if not detached:  # its results are read here: glibc keeps the freed receive buffers until _finish (flight/heap.py)
+            busy(self)
 
     def _expire(self) -> None:
         self.fail(QueryTimeoutError(f"query {self.base_id} ran past its deadline of {self.options.deadline:g}s; every task was cancelled"))

@@ -72,7 +72,8 @@ MALLOC_ARENAS = 2
 """glibc heap arenas a worker may have (``M_ARENA_MAX``); glibc's default is 8 per core."""
 _M_ARENA_MAX = -8  # glibc's mallopt parameter number
 HEAP_THRESHOLDS = (MMAP_THRESHOLD, TRIM_THRESHOLD)
-"""glibc's mmap and trim thresholds, fixed at start (``flight.heap.set_thresholds``): a worker's shuffle reads
+"""glibc's mmap and trim thresholds, fixed at start whatever the environment says (``flight.heap.set_thresholds``;
+``FLIGHT_EXEC_HEAP`` is for coordinating processes: a worker's memory is flight-exec's to bound): its shuffle reads
 are gRPC receive buffers of a few MB, which then come from the heap and are reused, where with an mmap
 threshold of 1 MiB each was mapped, faulted in and unmapped. A/B on TPC-H SF 10 across two one-core hosts
 (Q9, Q10, Q13, Q18, Q21, two rounds of two runs each, 2026-12-05): 1.1-3.9 % faster each, every query in
