@@ -22,7 +22,7 @@ thread goes back to its arena at once (only small blocks wait in a per-thread ca
 ``--seed 20261122``: the worst idle sample +295 MiB over the baseline with mimalloc, +143 (and
 +178 with pages purged at once, ``jemalloc_set_decay_ms(0)``: not taken, it costs page faults
 while busy) with jemalloc. It also caps glibc at ``MALLOC_ARENAS`` arenas and fixes its mmap
-and trim thresholds (``HEAP_THRESHOLDS``) before its threads start (a worker's allocations are few and
+and trim thresholds (``limit_malloc_arenas``) before its threads start (a worker's allocations are few and
 large: Arrow and DuckDB have allocators of their own), and, once it becomes idle
 (``release_idle_memory``, run by the watchdog within a second): ends the idle threads of
 ``flight.threads`` and of Arrow's I/O pool (shrunk to one thread until they are gone, then given
@@ -58,11 +58,11 @@ from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
-from flight.heap import MMAP_THRESHOLD, TRIM_THRESHOLD, glibc, leave_alone, release, set_thresholds
+from flight.heap import glibc, leave_alone, release, set_thresholds
 from flight.threads import retire_idle
 
 __all__ = [
-    "HEAP_THRESHOLDS", "MALLOC_ARENAS", "WORKER_ENV", "limit_malloc_arenas", "reexec_with_arrow_pool", "release_idle_memory", "resident_bytes",
+    "MALLOC_ARENAS", "WORKER_ENV", "limit_malloc_arenas", "reexec_with_arrow_pool", "release_idle_memory", "resident_bytes",
     "trim_busy_memory", "use_jemalloc",
 ]
 
@@ -71,17 +71,6 @@ log = logging.getLogger(__name__)
 MALLOC_ARENAS = 2
 """glibc heap arenas a worker may have (``M_ARENA_MAX``); glibc's default is 8 per core."""
 _M_ARENA_MAX = -8  # glibc's mallopt parameter number
-HEAP_THRESHOLDS = (MMAP_THRESHOLD, TRIM_THRESHOLD)
-"""glibc's mmap and trim thresholds, fixed at start whatever the environment says (``flight.heap.set_thresholds``;
-``FLIGHT_EXEC_HEAP`` is for coordinating processes: a worker's memory is flight-exec's to bound): its shuffle reads
-are gRPC receive buffers of a few MB, which then come from the heap and are reused, where with an mmap
-threshold of 1 MiB each was mapped, faulted in and unmapped. A/B on TPC-H SF 10 across two one-core hosts
-(Q9, Q10, Q13, Q18, Q21, two rounds of two runs each, 2026-12-05): 1.1-3.9 % faster each, every query in
-both rounds. The 1 MiB threshold came from the fuzz run (a flood's 1 MiB work units came from the heap and
-stayed: +300 MiB at one idle sample; the idle release trims the heaps since, ``release_idle_memory``):
-the 2,000-case run with seed 20261122 kept +144 MiB at its worst idle sample with these thresholds, +147
-with 1 MiB, the same day. At 256 KiB a deep expression's many mid-sized blocks were mapped one by one, and
-a worker missed its 5 s health check."""
 SETTLE_S = 1.0
 """How long an idle worker waits for its idle threads to end before it collects their memory."""
 
@@ -111,7 +100,18 @@ _LIBC = glibc()
 
 def limit_malloc_arenas() -> None:
     """Cap glibc's heap arenas (before the process starts its threads: arenas are made per thread),
-    and fix its mmap and trim thresholds (``HEAP_THRESHOLDS``)."""
+    and fix its mmap and trim thresholds (``flight.heap.MMAP_THRESHOLD``, ``TRIM_THRESHOLD``).
+
+    The thresholds are fixed at start whatever the environment says (``flight.heap.set_thresholds``;
+    ``FLIGHT_EXEC_HEAP`` is for coordinating processes: a worker's memory is flight-exec's to bound): a worker's shuffle reads
+    are gRPC receive buffers of a few MB, which then come from the heap and are reused, where with an mmap
+    threshold of 1 MiB each was mapped, faulted in and unmapped. A/B on TPC-H SF 10 across two one-core hosts
+    (Q9, Q10, Q13, Q18, Q21, two rounds of two runs each, 2026-12-05): 1.1-3.9 % faster each, every query in
+    both rounds. The 1 MiB threshold came from the fuzz run (a flood's 1 MiB work units came from the heap and
+    stayed: +300 MiB at one idle sample; the idle release trims the heaps since, ``release_idle_memory``):
+    the 2,000-case run with seed 20261122 kept +144 MiB at its worst idle sample with these thresholds, +147
+    with 1 MiB, the same day. At 256 KiB a deep expression's many mid-sized blocks were mapped one by one, and
+    a worker missed its 5 s health check."""
     leave_alone()  # a worker's heap is set here, not by flight.heap's settings for a coordinator
     if _LIBC is not None and not _LIBC.mallopt(_M_ARENA_MAX, MALLOC_ARENAS):
         log.debug("mallopt(M_ARENA_MAX) was refused")

@@ -97,13 +97,21 @@ def test_a_producer_dropped_at_one_loss_runs_again_when_a_later_loss_needs_its_o
         wait_until(lambda: all(t.state == "finished" for t in ex.progress()[0].tasks), timeout=30, what="the small side to finish")
         cluster.processes[cluster.urls.index(only_stage0)].send_signal(signal.SIGKILL)
         wait_until(lambda: len(ex.attempts) > 0, timeout=30, what="the first loss's reruns")
-        time.sleep(0.5)
+        wait_until(lambda: _head_replaced(ex, only_stage0, 4), timeout=30, what="the lost head tasks' replacements to be admitted")
         cluster.processes[cluster.urls.index(stage1)].send_signal(signal.SIGKILL)
         thread.join(90)
         assert not thread.is_alive(), "the query hangs"
     assert "error" not in out, out.get("error")
     table = out["table"]
     assert table.num_rows == 4 * 150 and set(table["n"].to_pylist()) == {80}  # type: ignore[attr-defined]
+
+
+def _head_replaced(ex: flight.DistributedExec, lost: str, tasks: int) -> bool:
+    """The head's ``tasks`` tasks run again (the loss fails them all: the head reads every stage-0 task), each admitted,
+    none on ``lost``."""
+    stages = ex.progress()
+    running = [t for t in stages[-1].tasks if t.state == "running"] if stages else []
+    return len(running) == tasks and all(t.ready is not None and t.worker_url != lost for t in running)
 
 
 def test_a_deterministic_stage_run_again_below_a_delivered_head_is_recoverable() -> None:
