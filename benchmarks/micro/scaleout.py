@@ -13,12 +13,15 @@ Per query it prints the three medians (of ``--runs``), the speed-up over one hos
 DuckDB on all the cores, and the bytes the workers moved between them (``TaskStats.bytes_in``: read from
 another worker) beside the Parquet bytes of the tables the query reads. The last lines::
 
+    scaleout_duckdb_own_speedup: W     (geomean of DuckDB on all N x cores over DuckDB on one host's: its own scaling)
     scaleout_speedup_geomean: X        (over DuckDB on one host's cores; ideal N)
     scaleout_vs_duckdb_all_cores: Y    (geomean; DuckDB on the same N x cores = 1.0)
     scaleout_min_qN: Z                 (the query with the least speed-up)
 
 With ``--suite tpcds`` the names start ``scaleout_tpcds_`` (``scaleout_tpcds_speedup_geomean: X``), so both
-suites' figures can sit side by side in one log. TPC-DS's tables are one Parquet file each: without
+suites' figures can sit side by side in one log. ``duckdb_own_speedup`` says how close to N one engine's threads come on
+these cores (memory bandwidth and caches are shared: on the 2-core machine of issue 42, 1.71 for TPC-H SF 10), the
+reference for ``speedup_geomean``. TPC-DS's tables are one Parquet file each: without
 ``ExecOptions.cut_file_rows`` (``--cut-file-rows``, 1,000,000 by default with this suite) each scan is one task
 and a query runs on one worker, which measures no fleet.
 
@@ -141,7 +144,7 @@ def timed(args: argparse.Namespace, work: Workload, queries: list[int]) -> int:
         raise SystemExit(f"{n} workers x {cores} cores need {n * cores} cores; this machine has {os.cpu_count()}")
     catalog, texts = _catalog(work), work.texts["duckdb"]
     one, every = DuckDB(work.files, cores, range(cores)), DuckDB(work.files, n * cores, range(n * cores))
-    speedups, ratios, wrong = [], [], 0
+    speedups, ratios, own, wrong = [], [], [], 0
     print(f"{'query':>5} {'flight':>8} {'duck 1h':>8} {'duck all':>8} {'speed-up':>8} {'vs all':>7} {'moved MB':>9} {'tables MB':>9}")
     with _cluster(args, n, True, [work.data_dir]) as cluster:
         for q in queries:
@@ -169,6 +172,7 @@ def timed(args: argparse.Namespace, work: Workload, queries: list[int]) -> int:
             med = {k: statistics.median(v) for k, v in times.items()}
             speedups.append((q, med["one"] / med["flight"]))
             ratios.append(med["all"] / med["flight"])
+            own.append(med["one"] / med["all"])
             out, scanned = moved(metrics), table_bytes(texts[q], work.files)
             print(f"{label(work, q):>5} {med['flight']:8.2f} {med['one']:8.2f} {med['all']:8.2f} {speedups[-1][1]:8.2f} "
                   f"{ratios[-1]:7.2f} {out / 1e6:9.1f} {scanned / 1e6:9.1f}" + ("" if difference is None else f"  WRONG: {difference}"),
@@ -181,6 +185,7 @@ def timed(args: argparse.Namespace, work: Workload, queries: list[int]) -> int:
     print(f"answers: {len(queries) - wrong}/{len(queries)} equal DuckDB's; geomeans of the speed-up over DuckDB on one host's "
           f"cores (ideal {n}) and of the ratio to DuckDB on the same {n} x {cores} cores (1.0: as fast); the slowest query")
     prefix = _prefix(work)
+    print(f"{prefix}_duckdb_own_speedup: {geo(own):.2f}")
     print(f"{prefix}_speedup_geomean: {geo([s for _, s in speedups]):.2f}")
     print(f"{prefix}_vs_duckdb_all_cores: {geo(ratios):.2f}")
     print(f"{prefix}_min_{label(work, worst[0]).lower()}: {worst[1]:.2f}")
