@@ -3,18 +3,20 @@
 The first try opens every task on every worker at once; the workers almost always have room, and
 then that is all. When a worker says it queued a task (a ``LoadInfo`` frame), every task of the
 try is let go (nothing was sent to any of them yet), and the attempt learns how many source
-threads each of its workers has (a queued task's ``LoadInfo`` says it; the others are asked with
-the ``info`` action), then:
+threads and task slots each of its workers has (a queued task's ``LoadInfo`` says it; the others are
+asked with the ``info`` action), then:
 
-* **the plan fits its workers** (the tasks bound to each need at most its threads together): the
+* **the plan fits its workers** (the tasks bound to each need at most its threads, its memory and
+  its slots together): the
   workers are busy with other queries. Tasks are opened again worker by worker in sorted URL
   order, the next worker's only once every task on this one was admitted, retried after a backoff
   when a worker refuses (docs/architecture.md, "Capacity");
 * **it does not** (TPC-DS q14 on one worker: 69 source threads of 64; or across two hosts with its
   files cut: 131 tasks a worker reserving 3.6 GB of a 2 GB memory budget even with 1 MiB output
-  buffers): however long it waited, it would never be admitted whole. The tasks are opened in turns
+  buffers; or more tasks on a worker than its ``--max-tasks``): however long it waited, it would never be
+  admitted whole. The tasks are opened in turns
   (``waves.Waves`` decides, ``Turns`` carries it out): a stage once the stages it reads were admitted,
-  while the query's open tasks on a worker hold at most its threads and its memory budget; each task
+  while the query's open tasks on a worker hold at most its threads, its memory budget and its slots; each task
   is sent its units as soon as it is admitted, and gives its threads (and its memory but its output
   buffer) back on the worker when it made all its output. Every stage keeps its
   output (memory, then spill) so that a producer finishes before its readers start. A worker that
@@ -107,6 +109,7 @@ class Opening:
         self.turns: Turns | None = None
         self.turned = False
         self._threads: dict[str, int] = {}  # source threads of the workers that said they queued a task (``LoadInfo``)
+        self._slots: dict[str, int] = {}  # the tasks those workers run at once for this caller (``LoadInfo.max_tasks``)
         self._loads: dict[str, protocol_pb2.LoadInfo] = {}  # what those workers said (``budget.fitted_buffer`` reads it)
 
     def admit(self, counts: dict[int, int]) -> None:
@@ -161,6 +164,7 @@ class Opening:
         except WorkerBusyError:
             pass
         self._threads = {c.url: c.load.source_threads_max for c in run.channels if c.load is not None and c.load.source_threads_max}
+        self._slots = {c.url: c.load.max_tasks for c in run.channels if c.load is not None and c.load.max_tasks}
         self._loads = {c.url: c.load for c in run.channels if c.load is not None}
         self._let_go()
         return False
@@ -254,8 +258,8 @@ class Opening:
         run.dispatcher.clear_slots()
 
     def _waves(self, counts: dict[int, int]) -> Waves | None:
-        """The turns to open the tasks in, when together they need more source threads or memory than their
-        workers have (None: they fit, and the workers are only busy). Refuses a task that can never fit."""
+        """The turns to open the tasks in, when together they need more source threads, memory or task slots than
+        their workers have (None: they fit, and the workers are only busy). Refuses a task that can never fit."""
         run = self.run
         plan = run.plan
         waves = self._plan_waves(counts)
@@ -272,6 +276,7 @@ class Opening:
         over = ", ".join([
             *(f"{u}: {t} of {waves.capacity[u]} source threads" for u, t in sorted(waves.totals().items()) if t > waves.capacity.get(u, t)),
             *(f"{u}: {m // _MIB} of {waves.budget[u] // _MIB} MiB" for u, m in sorted(waves.memory_totals().items()) if m > waves.budget.get(u, m)),
+            *(f"{u}: {n} tasks, of {waves.slots[u]} it runs at once" for u, n in sorted(waves.task_counts().items()) if n > waves.slots.get(u, n)),
         ])
         for url, need in sorted(waves.starved().items()):
             raise PlanError(
@@ -280,9 +285,9 @@ class Opening:
                 "more memory, or run the query on more workers"
             )
         if run.fed:
-            raise PlanError(f"the query's stages together need more source threads or memory than their workers have ({over}), and a "
-                            "query whose rows another process sends must run all its stages at once: give the workers more "
-                            "memory or source threads, or give it more workers")
+            raise PlanError(f"the query's stages together need more source threads, memory or task slots than their workers have ({over}), "
+                            "and a query whose rows another process sends must run all its stages at once: give the workers more "
+                            "memory, source threads or tasks (--max-tasks), or give it more workers")
         run.keep_outputs = True  # a producer finishes, whether or not its readers were admitted yet
         # The head's outputs are kept too, whether or not the head stage alone fits, so that every admitted
         # task finishes with nobody reading it: the head is read only once every task was admitted, and a
@@ -301,14 +306,16 @@ class Opening:
                             f"{waves.totals(head)}, MiB {({u: m // _MIB for u, m in waves.memory_totals(head).items()})}, beside "
                             "the buffers the stages below keep); a detached query's head tasks must run at once: "
                             "start it with retain, or give it more workers")
-        log.info("query %s: its tasks need more source threads or memory than their workers have (%s): opened in turns", run.query_id, over)
+        log.info("query %s: its tasks need more source threads, memory or task slots than their workers have (%s): opened in turns",
+                 run.query_id, over)
         run.opening_notes.append(f"opened in turns, a stage once those it reads were admitted: together its tasks need more "
-                                 f"source threads or memory than their workers have ({over})")
+                                 f"source threads, memory or task slots than their workers have ({over})")
         return waves
 
     def _plan_waves(self, counts: dict[int, int]) -> Waves:
-        """Every task's need, and what each worker has for the query: its source threads, and its memory budget
-        (the identity's, when smaller) less what it keeps for other queries (their retained outputs stay)."""
+        """Every task's need, and what each worker has for the query: its source threads, the tasks it runs at once for
+        this caller, and its memory budget (the identity's, when smaller) less what it keeps for other queries (their
+        retained outputs stay)."""
         run = self.run
         needs = []
         for s in run.plan.stages:
@@ -317,11 +324,15 @@ class Opening:
                 threads = source_threads(plan_pb2.StagePlan(root=s.root_proto(t)))
                 buffer = self._buffer(url)
                 needs.append(TaskNeed(s.stage_id, t, url, threads, task_reserve(buffer, threads), task_reserve(buffer, 0)))
-        capacity = dict(self._threads)  # the rest asked for: one ``info`` each, all at once
+        capacity, slots = dict(self._threads), dict(self._slots)  # the rest asked for: one ``info`` each, all at once
         unknown = sorted({n.url for n in needs} - set(capacity))
-        capacity.update(worker_threads(run.clients, unknown, min(_INFO_TIMEOUT_S, run.options.connect_timeout)))
+        for url, load in worker_loads(run.clients, unknown, min(_INFO_TIMEOUT_S, run.options.connect_timeout)).items():
+            if load.source_threads_max:
+                capacity[url] = load.source_threads_max
+            if load.max_tasks:
+                slots[url] = load.max_tasks
         budget = {url: max(1, usable - load.kept_bytes) for url, load in self._loads.items() if (usable := usable_budget(load))}
-        return Waves({s.stage_id: s.children for s in run.plan.stages}, needs, capacity, budget)
+        return Waves({s.stage_id: s.children for s in run.plan.stages}, needs, capacity, budget, slots)
 
     def _budget_words(self, url: str, left: int) -> str:
         """What the query may reserve on ``url``, in words: which budget, and what other queries keep there."""

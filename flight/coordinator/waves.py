@@ -1,4 +1,4 @@
-"""Opening a query's tasks in turns when together they need more source threads or memory than their workers have.
+"""Opening a query's tasks in turns when together they need more source threads, memory or task slots than their workers have.
 
 Why: a worker admits a task only when it can give the task a thread for each of its blocking sources
 (``worker/admission.py``) and its memory (its output buffer and 8 MiB per source thread, within the
@@ -14,8 +14,10 @@ The rule here, a decision apart from I/O (``opening.py`` carries it out):
 * a task is opened only once every task of the stages it reads was admitted, so an admitted task
   never waits for one that is not (each stage below the head keeps its output, memory then spill,
   so a producer finishes whether or not its readers run yet);
-* and only while the threads and the memory of the query's open tasks on its worker, its own included,
-  stay within what the worker has; a task gives its threads back once it made all its output
+* and only while the threads, the memory and the number of the query's open tasks on its worker, its own
+  included, stay within what the worker has (its ``--max-tasks``, or one caller's share of them: beyond it the
+  worker queues a task, and a reader queued behind its producer's slot waits out the queue); a task gives its
+  threads and its task slot back once it made all its output
   (``Admission.computed`` on the worker, its ``finished`` frame here), and its memory but its output
   buffer (``keeps``: what its kept output may hold in memory until its readers drained it; counted
   here until the query ends, which is never less than the worker counts).
@@ -62,13 +64,13 @@ class Waves:
 
     ``reads``: each stage's id -> the stages it reads, children before their consumers (the plan's
     order, which is the order tasks are opened in); ``tasks``: every task's need; ``capacity``: each
-    worker's source threads, ``budget``: each worker's memory budget, bytes (a worker missing from either is
-    taken to have room for anything).
+    worker's source threads, ``budget``: each worker's memory budget, bytes, ``slots``: the tasks each worker runs
+    at once for the query's caller (a worker missing from any is taken to have room for anything).
     """
 
     def __init__(
         self, reads: Mapping[int, Sequence[int]], tasks: Sequence[TaskNeed], capacity: Mapping[str, int],
-        budget: Mapping[str, int] | None = None,
+        budget: Mapping[str, int] | None = None, slots: Mapping[str, int] | None = None,
     ) -> None:
         self.reads = {stage: tuple(children) for stage, children in reads.items()}
         rank = {stage: i for i, stage in enumerate(self.reads)}
@@ -76,11 +78,13 @@ class Waves:
         self.by_id = {n.id: n for n in self.tasks}
         self.capacity = dict(capacity)
         self.budget = {url: b for url, b in (budget or {}).items() if b > 0}
+        self.slots = {url: n for url, n in (slots or {}).items() if n > 0}
         self._left: dict[int, int] = {}  # stage -> its tasks not yet admitted
         for n in self.tasks:
             self._left[n.stage] = self._left.get(n.stage, 0) + 1
         self.held: dict[str, int] = {}  # url -> threads of the open tasks there that have not made their output
         self.reserved: dict[str, int] = {}  # url -> memory of the open tasks there (their kept outputs' once made)
+        self.running: dict[str, int] = {}  # url -> the open tasks there that have not made their output (task slots)
         self.opened: set[TaskId] = set()
         self.admitted: set[TaskId] = set()
         self.computed: set[TaskId] = set()
@@ -110,6 +114,7 @@ class Waves:
         """Whether the head stage's tasks fit at once once every other task made its output (its threads given back,
         its kept output's buffer not): a detached query's head must run whole before anyone reads it."""
         threads = all(total <= self.capacity.get(url, total) for url, total in self.totals(head).items())
+        threads = threads and self._slots_fit(head)
         memory = {url: 0 for url in self.budget}
         for n in self.tasks:
             if n.url in memory:
@@ -137,7 +142,14 @@ class Waves:
         threads = all(total <= self.capacity.get(url, total) for url, total in self.totals(stage).items())
         tasks = Counter(n.url for n in self.tasks if stage is None or n.stage == stage)
         memory = all(total <= self.budget.get(url, total) or tasks[url] == 1 for url, total in self.memory_totals(stage).items())
-        return threads and memory
+        return threads and memory and self._slots_fit(stage)
+
+    def task_counts(self, stage: int | None = None) -> dict[str, int]:
+        """How many of the plan's tasks (or ``stage``'s) are bound to each worker."""
+        return dict(Counter(n.url for n in self.tasks if stage is None or n.stage == stage))
+
+    def _slots_fit(self, stage: int | None = None) -> bool:
+        return all(count <= self.slots.get(url, count) for url, count in self.task_counts(stage).items())
 
     def _memory(self, n: TaskNeed) -> int:
         """What ``n`` reserves on its worker: at most the worker's whole budget (the worker clamps it so)."""
@@ -160,6 +172,9 @@ class Waves:
                 continue
             if n.url in self.budget and reserved + self._memory(n) > self.budget[n.url]:
                 continue
+            if n.url in self.slots and self.running.get(n.url, 0) >= self.slots[n.url]:
+                continue
+            self.running[n.url] = self.running.get(n.url, 0) + 1
             self.held[n.url] = held + n.threads
             self.reserved[n.url] = reserved + self._memory(n)
             self.opened.add(n.id)
@@ -180,6 +195,7 @@ class Waves:
             self.computed.add(task)
             n = self.by_id[task]
             self.held[n.url] -= n.threads
+            self.running[n.url] -= 1
             self.reserved[n.url] -= self._memory(n) - self._kept(n)
         return self.next()
 

@@ -378,6 +378,7 @@ class Admission:
                 reserved_bytes=self._memory,
                 memory_budget=self.capacity.memory,
                 client_memory_budget=min(self.capacity.client_budget, self.capacity.memory),
+                max_tasks=min(self.capacity.client_cap, self.capacity.tasks),
                 queued_tasks=self._waiting,
                 kept_outputs=len(self._kept),
                 kept_bytes=sum(need.memory for need, _ in self._kept.values()),

@@ -157,6 +157,23 @@ def test_a_task_that_can_never_fit_its_worker_is_named_before_anything_runs(file
         wait_until(lambda: running_tasks(one.urls) == 0, 15.0, "the refused query's tasks to be freed")
 
 
+def test_more_tasks_on_a_worker_than_it_runs_at_once_run_exact_in_turns(
+    files: dict[str, list[Path]], answers: dict[int, pa.Table], caplog: pytest.LogCaptureFixture
+) -> None:
+    # --max-tasks 1: threads and memory to spare, but Q3 in stages puts a producer and the head on one worker. Opened
+    # at once, the head waited in that worker's queue for the producer's slot, and the query for the admission wait:
+    # before LoadInfo said a worker's task slots, the query failed after it, "at capacity", however long it waited.
+    with flight.LocalCluster(2, data_roots=[files["lineitem"][0].parent.parent], worker_args=["--max-tasks", "1"]) as c:
+        ex = flight.DistributedExec(query(3, files), c.urls, **STAGED)
+        assert sum(s.task_count for s in ex.plan.stages) > len(c.urls)  # so one worker is bound two tasks or more
+        with caplog.at_level(logging.INFO, logger="flight.coordinator.exec"):
+            got = ex.to_table()
+        assert compare(got, answers[3], ORDERED.get(3)) is None
+        said = [r.getMessage() for r in caplog.records if TURNS in r.getMessage()]
+        assert said and "of 1 it runs at once" in said[0], said
+        wait_until(lambda: running_tasks(c.urls) == 0, 15.0, "the query's tasks to be freed")
+
+
 class Units(flight.WorkUnitFeedProvider):
     def __init__(self, count: int, ms: float) -> None:
         self.count, self.ms = count, ms

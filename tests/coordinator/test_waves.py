@@ -1,9 +1,9 @@
 """Opening a query's tasks in turns (``coordinator/waves.py``), the decision alone: no workers, no sockets.
 
-When the tasks bound to one worker need more source threads or memory together than it has, ``Waves`` says
+When the tasks bound to one worker need more source threads, memory or task slots together than it has, ``Waves`` says
 which to open when. Hand-written cases (TPC-DS q14 on one worker, q14's memory across two hosts, tasks that can
 never fit) and hypothesis's random stage graphs, workers, needs and event orders check the rules: a worker's
-open tasks never hold more threads or memory than it has (its kept outputs counted), a task opens only once
+open tasks never hold more threads, memory or task slots than it has (its kept outputs counted), a task opens only once
 every task of the stages it reads was admitted, and whatever the order of the workers' answers, every task is
 opened and admitted in the end.
 """
@@ -129,6 +129,22 @@ def test_events_of_tasks_not_opened_or_said_twice_change_nothing() -> None:
     assert waves.compute((0, 0)) == [] and waves.held == {W1: 3}
 
 
+def test_a_worker_running_one_task_at_a_time_opens_a_reader_once_its_producer_made_its_output() -> None:
+    # --max-tasks 1: threads and memory to spare, but a second task there would wait in the worker's queue.
+    needs = [TaskNeed(0, 0, W1, 1), TaskNeed(0, 1, W2, 1), TaskNeed(1, 0, W1, 1)]
+    waves = Waves({0: [], 1: [0]}, needs, {W1: 64, W2: 64}, None, {W1: 1, W2: 1})
+    assert not waves.fits() and waves.task_counts() == {W1: 2, W2: 1}
+    assert waves.fits(0) and waves.fits(1) and waves.head_fits(1)
+    assert ids(waves.next()) == [(0, 0), (0, 1)]
+    waves.admit((0, 0))
+    assert waves.admit((0, 1)) == []  # every producer admitted, but W1 runs its one task
+    assert waves.compute((0, 1)) == []  # W2's slot is back; the reader is bound to W1
+    assert ids(waves.compute((0, 0))) == [(1, 0)]
+    assert waves.admit((1, 0)) == [] and waves.done
+    assert Waves({0: [], 1: [0]}, needs, {W1: 64, W2: 64}, None, {W1: 2, W2: 1}).fits()
+    assert Waves({0: [], 1: [0]}, needs, {W1: 64, W2: 64}, None, {W1: 0}).fits()  # 0: not said (an older worker)
+
+
 # ------------------------------------------------------------------ any plan, any order
 
 
@@ -138,6 +154,7 @@ class Plan:
     needs: list[TaskNeed]
     capacity: dict[str, int]
     budget: dict[str, int]
+    slots: dict[str, int]
 
 
 @st.composite
@@ -154,13 +171,14 @@ def plans(draw: st.DrawFn) -> Plan:
         for s in range(stages)
         for t in range(draw(st.integers(1, 3)))
     ]
-    return Plan(reads, needs, capacity, budget)
+    slots = {w: draw(st.integers(1, 4)) for w in workers}  # the tasks it runs at once (--max-tasks)
+    return Plan(reads, needs, capacity, budget, slots)
 
 
 @settings(max_examples=300, deadline=None)
 @given(plan=plans(), data=st.data())
 def test_any_order_of_answers_opens_every_task_within_each_workers_threads_and_memory(plan: Plan, data: st.DataObject) -> None:
-    waves = Waves(plan.reads, plan.needs, plan.capacity, plan.budget)
+    waves = Waves(plan.reads, plan.needs, plan.capacity, plan.budget, plan.slots)
     if waves.starved():  # refused before anything opens (opening.py): kept outputs would leave a task no room
         assert not waves.fits(), "a plan that fits at once was taken for starved"
         return
@@ -178,6 +196,8 @@ def test_any_order_of_answers_opens_every_task_within_each_workers_threads_and_m
         for url, cap in plan.capacity.items():  # a worker's open tasks hold at most its threads
             held = sum(by_id[t].threads for t in opened if t not in computed and by_id[t].url == url)
             assert held <= cap, f"{url}: {held} of {cap}"
+            running = sum(1 for t in opened if t not in computed and by_id[t].url == url)
+            assert running <= plan.slots[url], f"{url}: {running} tasks of {plan.slots[url]}"
         for url, budget in plan.budget.items():  # and at most its memory, a task counted as at most the whole budget
             here = [by_id[t] for t in opened if by_id[t].url == url]
             reserved = sum(n.keeps if n.id in computed else min(n.memory, budget) for n in here)
@@ -204,11 +224,11 @@ def test_any_order_of_answers_opens_every_task_within_each_workers_threads_and_m
 @given(plan=plans(), data=st.data())
 def test_every_task_opened_in_turns_is_admitted_at_once_by_a_real_admission(plan: Plan, data: st.DataObject) -> None:
     # The worker's own accounting (flight.worker.admission), fed the decisions: none waits, every task runs.
-    waves = Waves(plan.reads, plan.needs, plan.capacity, plan.budget)
+    waves = Waves(plan.reads, plan.needs, plan.capacity, plan.budget, plan.slots)
     if waves.starved():
         return
     by_id = {n.id: n for n in plan.needs}
-    workers = {url: Admission(Capacity(tasks=10_000, threads=plan.capacity[url], memory=plan.budget[url])) for url in plan.capacity}
+    workers = {url: Admission(Capacity(tasks=plan.slots[url], threads=plan.capacity[url], memory=plan.budget[url])) for url in plan.capacity}
     running: list[TaskId] = []
 
     def opens(news: list[TaskNeed]) -> None:  # each opened task is admitted there and then (queue 0: never waits)

@@ -304,3 +304,4 @@ def test_info_reports_the_load(cluster: flight.LocalCluster) -> None:
     client = fl.connect(cluster.urls[0])
     info = protocol_pb2.WorkerInfo.FromString(next(iter(client.do_action("info"))).body.to_pybytes())
     assert info.load.source_threads_max == flight.WorkerOptions().source_threads
+    assert info.load.max_tasks == flight.WorkerOptions().max_tasks  # no auth: every caller is one identity, with every slot

@@ -615,6 +615,7 @@ class LoadInfo(_message.Message):
     KEPT_BYTES_FIELD_NUMBER: _builtins.int
     OUTPUT_BUFFER_BYTES_FIELD_NUMBER: _builtins.int
     CLIENT_MEMORY_BUDGET_FIELD_NUMBER: _builtins.int
+    MAX_TASKS_FIELD_NUMBER: _builtins.int
     running_tasks: _builtins.int
     buffered_bytes: _builtins.int
     source_threads: _builtins.int
@@ -639,6 +640,12 @@ class LoadInfo(_message.Message):
     """What one identity may reserve of memory_budget (--memory-budget-per-client-mb; 0: all of it): a coordinator
     fits its query's tasks within the smaller of the two.
     """
+    max_tasks: _builtins.int
+    """The tasks this worker runs at once for one caller: --max-tasks, or --max-tasks-per-client where that is fewer
+    (0: not said, an older worker). A coordinator opens its query's tasks in turns when more of them than this are
+    bound to the worker: beyond it the worker queues them, and a task there waiting for a producer queued behind it
+    would wait out the queue.
+    """
     def __init__(
         self,
         *,
@@ -653,10 +660,11 @@ class LoadInfo(_message.Message):
         kept_bytes: _builtins.int = ...,
         output_buffer_bytes: _builtins.int = ...,
         client_memory_budget: _builtins.int = ...,
+        max_tasks: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffered_bytes", b"buffered_bytes", "client_memory_budget", b"client_memory_budget", "kept_bytes", b"kept_bytes", "kept_outputs", b"kept_outputs", "memory_budget", b"memory_budget", "output_buffer_bytes", b"output_buffer_bytes", "queued_tasks", b"queued_tasks", "reserved_bytes", b"reserved_bytes", "running_tasks", b"running_tasks", "source_threads", b"source_threads", "source_threads_max", b"source_threads_max"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffered_bytes", b"buffered_bytes", "client_memory_budget", b"client_memory_budget", "kept_bytes", b"kept_bytes", "kept_outputs", b"kept_outputs", "max_tasks", b"max_tasks", "memory_budget", b"memory_budget", "output_buffer_bytes", b"output_buffer_bytes", "queued_tasks", b"queued_tasks", "reserved_bytes", b"reserved_bytes", "running_tasks", b"running_tasks", "source_threads", b"source_threads", "source_threads_max", b"source_threads_max"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
