@@ -304,8 +304,8 @@ class Opening:
             head = plan.head.stage_id
             raise PlanError(f"the head stage's tasks together need more than their workers have (source threads "
                             f"{waves.totals(head)}, MiB {({u: m // _MIB for u, m in waves.memory_totals(head).items()})}, beside "
-                            "the buffers the stages below keep); a detached query's head tasks must run at once: "
-                            "start it with retain, or give it more workers")
+                            f"the buffers the stages below keep; tasks {waves.task_counts(head)}, of {waves.slots or 'any number'} "
+                            "run at once); a detached query's head tasks must run at once: start it with retain, or give it more workers")
         log.info("query %s: its tasks need more source threads, memory or task slots than their workers have (%s): opened in turns",
                  run.query_id, over)
         run.opening_notes.append(f"opened in turns, a stage once those it reads were admitted: together its tasks need more "
@@ -325,8 +325,9 @@ class Opening:
                 buffer = self._buffer(url)
                 needs.append(TaskNeed(s.stage_id, t, url, threads, task_reserve(buffer, threads), task_reserve(buffer, 0)))
         capacity, slots = dict(self._threads), dict(self._slots)  # the rest asked for: one ``info`` each, all at once
-        unknown = sorted({n.url for n in needs} - set(capacity))
-        for url, load in worker_loads(run.clients, unknown, min(_INFO_TIMEOUT_S, run.options.connect_timeout)).items():
+        unknown = sorted({n.url for n in needs} - set(capacity) - set(self._loads))  # ``_fit_memory`` asked most
+        asked = worker_loads(run.clients, unknown, min(_INFO_TIMEOUT_S, run.options.connect_timeout))
+        for url, load in [*self._loads.items(), *asked.items()]:
             if load.source_threads_max:
                 capacity[url] = load.source_threads_max
             if load.max_tasks:

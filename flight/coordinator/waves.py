@@ -17,7 +17,9 @@ The rule here, a decision apart from I/O (``opening.py`` carries it out):
 * and only while the threads, the memory and the number of the query's open tasks on its worker, its own
   included, stay within what the worker has (its ``--max-tasks``, or one caller's share of them: beyond it the
   worker queues a task, and a reader queued behind its producer's slot waits out the queue); a task gives its
-  threads and its task slot back once it made all its output
+  threads and its task slot back once it made all its output (the slot: once its output is kept, which every
+  stage's is in turns but a detached query's head without ``retain``: that head must fit at once, ``head_fits``,
+  and a task of it opened as a sibling ends may wait in the worker's queue until the slot is free)
   (``Admission.computed`` on the worker, its ``finished`` frame here), and its memory but its output
   buffer (``keeps``: what its kept output may hold in memory until its readers drained it; counted
   here until the query ends, which is never less than the worker counts).

@@ -145,6 +145,13 @@ def test_a_worker_running_one_task_at_a_time_opens_a_reader_once_its_producer_ma
     assert Waves({0: [], 1: [0]}, needs, {W1: 64, W2: 64}, None, {W1: 0}).fits()  # 0: not said (an older worker)
 
 
+def test_a_worker_says_the_tasks_it_runs_at_once_for_one_caller() -> None:
+    # LoadInfo.max_tasks: --max-tasks, or --max-tasks-per-client where that is fewer (what Admission holds a caller to).
+    assert Admission(Capacity(tasks=8, threads=64, memory=1 << 30)).load(0, 0).max_tasks == 8
+    assert Admission(Capacity(tasks=8, threads=64, memory=1 << 30, per_client=3)).load(0, 0).max_tasks == 3
+    assert Admission(Capacity(tasks=2, threads=64, memory=1 << 30, per_client=5)).load(0, 0).max_tasks == 2
+
+
 # ------------------------------------------------------------------ any plan, any order
 
 
