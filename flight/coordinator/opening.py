@@ -58,10 +58,14 @@ from flight.wire.protocol import format_stage_key, make_stage_key
 if TYPE_CHECKING:
     from flight.coordinator.run import Run
 
-__all__ = ["Opening", "worker_loads", "worker_threads"]
+__all__ = ["MAX_SLOTS", "Opening", "worker_loads"]
 
 _MIB = 1 << 20
 log = logging.getLogger("flight.coordinator.exec")
+
+MAX_SLOTS = 1 << 16
+"""The most tasks a worker's ``LoadInfo.max_tasks`` is taken to say it runs at once (a peer's number, clamped: beyond
+any plan's tasks on one worker, it means no limit)."""
 
 _INFO_TIMEOUT_S = 2.0
 """How long the ``info`` action of one worker is waited for (at most ``connect_timeout``)."""
@@ -95,11 +99,6 @@ def worker_loads(clients: ClientPool, urls: list[str], timeout: float) -> dict[s
         return dict(out)
 
 
-def worker_threads(clients: ClientPool, urls: list[str], timeout: float) -> dict[str, int]:
-    """Each worker's source threads (``--source-threads``); a worker that did not answer is left out."""
-    return {u: load.source_threads_max for u, load in worker_loads(clients, urls, timeout).items() if load.source_threads_max}
-
-
 class Opening:
     """How one attempt (``run.Run``) opens its tasks; ``turns`` is set while they are opened in turns,
     ``turned`` from then on (the attempt's tasks were opened in turns: ``stagereplay.py`` and ``Run.launch`` ask)."""
@@ -108,9 +107,7 @@ class Opening:
         self.run = run
         self.turns: Turns | None = None
         self.turned = False
-        self._threads: dict[str, int] = {}  # source threads of the workers that said they queued a task (``LoadInfo``)
-        self._slots: dict[str, int] = {}  # the tasks those workers run at once for this caller (``LoadInfo.max_tasks``)
-        self._loads: dict[str, protocol_pb2.LoadInfo] = {}  # what those workers said (``budget.fitted_buffer`` reads it)
+        self._loads: dict[str, protocol_pb2.LoadInfo] = {}  # what the workers said (queued tasks' ``LoadInfo``, ``info``)
 
     def admit(self, counts: dict[int, int]) -> None:
         """Open every task of the attempt (the module's docstring says how); raises if they cannot all be."""
@@ -163,8 +160,6 @@ class Opening:
                 return True
         except WorkerBusyError:
             pass
-        self._threads = {c.url: c.load.source_threads_max for c in run.channels if c.load is not None and c.load.source_threads_max}
-        self._slots = {c.url: c.load.max_tasks for c in run.channels if c.load is not None and c.load.max_tasks}
         self._loads = {c.url: c.load for c in run.channels if c.load is not None}
         self._let_go()
         return False
@@ -324,14 +319,10 @@ class Opening:
                 threads = source_threads(plan_pb2.StagePlan(root=s.root_proto(t)))
                 buffer = self._buffer(url)
                 needs.append(TaskNeed(s.stage_id, t, url, threads, task_reserve(buffer, threads), task_reserve(buffer, 0)))
-        capacity, slots = dict(self._threads), dict(self._slots)  # the rest asked for: one ``info`` each, all at once
-        unknown = sorted({n.url for n in needs} - set(capacity) - set(self._loads))  # ``_fit_memory`` asked most
-        asked = worker_loads(run.clients, unknown, min(_INFO_TIMEOUT_S, run.options.connect_timeout))
-        for url, load in [*self._loads.items(), *asked.items()]:
-            if load.source_threads_max:
-                capacity[url] = load.source_threads_max
-            if load.max_tasks:
-                slots[url] = load.max_tasks
+        unknown = sorted({n.url for n in needs} - set(self._loads))  # ``_fit_memory`` asked the others: one ``info`` each
+        loads = {**self._loads, **worker_loads(run.clients, unknown, min(_INFO_TIMEOUT_S, run.options.connect_timeout))}
+        capacity = {url: load.source_threads_max for url, load in loads.items() if load.source_threads_max}
+        slots = {url: min(load.max_tasks, MAX_SLOTS) for url, load in loads.items() if load.max_tasks}  # a peer's count, clamped
         budget = {url: max(1, usable - load.kept_bytes) for url, load in self._loads.items() if (usable := usable_budget(load))}
         return Waves({s.stage_id: s.children for s in run.plan.stages}, needs, capacity, budget, slots)
 

@@ -27,7 +27,7 @@ from support import read_in_thread, running_tasks, tpch_test_files, wait_until
 import flight
 from benchmarks.tpch_queries import ORDERED, compare, duckdb_answer, duckdb_connection, query
 from flight import col, lit
-from flight.coordinator.opening import Opening, worker_threads
+from flight.coordinator.opening import Opening, worker_loads
 from flight.coordinator.turns import Turns
 from flight.dev.testing import SLEEP_SCHEMA, sleep_unit, waiting_query
 from flight.errors import InvalidTaskError, TaskFailedError
@@ -264,14 +264,14 @@ class _Info(fl.FlightServerBase):
         yield fl.Result(info.SerializeToString())
 
 
-def test_worker_threads_asks_every_worker_at_once_within_one_bound() -> None:
+def test_worker_loads_asks_every_worker_at_once_within_one_bound() -> None:
     # Three silent workers and one that answers: one after another they would cost three timeouts.
     gone = threading.Event()
     servers = [_Info(5, 60.0, gone) for _ in range(3)] + [_Info(7, 0.0, gone)]
     try:
         urls = [f"grpc://127.0.0.1:{s.port}" for s in servers]
         started = time.monotonic()
-        got = worker_threads(ClientPool(), urls, 1.0)
+        got = {url: load.source_threads_max for url, load in worker_loads(ClientPool(), urls, 1.0).items()}
         elapsed = time.monotonic() - started
         assert got == {urls[-1]: 7}
         assert elapsed < 2.9, f"asked one after another: {elapsed:.1f}s"
