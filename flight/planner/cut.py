@@ -45,6 +45,7 @@ from flight.planner.eager import eager_aggregates
 from flight.planner.finish import finished_in_each_task
 from flight.planner.frag import Frag, frag_bytes, grown, size_text, smaller, union_in_place
 from flight.planner.groups import aggregate_rows
+from flight.planner.gsets import merge_grouping_sets
 from flight.planner.inputs import check_inputs_read_once, fix_to_input
 from flight.planner.keysets import reduce_aggregate_inputs
 from flight.planner.literal import literal_join, semi_rows
@@ -396,6 +397,9 @@ def plan_query(
     root, semi_notes = push_semi_joins(root, copies=not small and max_tasks > 1)  # one task: none copied across a join
     planner = _Planner(max_tasks := 1 if small else max_tasks, options or PlannerOptions(), colocate)
     planner.rewrites += ([small] if small else []) + semi_notes
+    if max_tasks > 1:  # one task's query computes a grouping set's input once already
+        root, notes = merge_grouping_sets(root)
+        planner.rewrites.extend(notes)
     uses = repeated_subtrees(root)
     ctes = {id(n) for top in root.walk() if id(top) in uses for n in top.walk()}
     root, notes = reduce_aggregate_inputs(root, planner.options.broadcast_bytes, ctes)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from flight.plan.nodes import FeedScanNode, FilterNode, Node, ProjectNode, UnnestNode
+from flight.plan.nodes import FeedScanNode, FilterNode, Node, ProjectNode, UnnestNode, ValuesNode
 from flight.plan.relnodes import JoinNode, ShuffleReadNode, UnionNode
 from flight.planner.colocate import KeyRanges
 from flight.planner.cost import row_width
@@ -88,8 +88,15 @@ def union_in_place(frags: list[Frag], rows: float | None) -> Frag | None:
     aggregate) run where they are; moving every input row first cost TPC-DS q05 at SF 10 on two hosts 6.8 GB
     between the workers, its six fact tables whole."""
     tasks = max(f.tasks for f in frags)
-    if any(fp.shared for f in frags for fp in f.feeds) or not all(f.tasks == tasks or _per_row(f) for f in frags):
+    if any(fp.shared for f in frags for fp in f.feeds) or not all(f.tasks == tasks or _per_row(f) or _once(f) for f in frags):
         return None
     ranges = {k: v for f in frags for k, v in f.ranges.items()}
     return Frag(UnionNode([f.node for f in frags]), tasks, rows, [fp for f in frags for fp in f.feeds],
-                [r for f in frags for r in f.reads], all(f.leaf for f in frags), ranges)
+                [r for f in frags for r in f.reads], all(f.leaf for f in frags if not _once(f)), ranges)
+
+
+def _once(f: Frag) -> bool:
+    """Whether ``f`` is literal rows its stage's task 0 alone emits (``ValuesNode``, projected or filtered): once
+    in a union's tasks however many there are (flight.planner.gsets' row for a grand total over no rows)."""
+    return f.tasks == 1 and not f.feeds and not f.reads and all(
+        isinstance(n, (ProjectNode, FilterNode)) or (isinstance(n, ValuesNode) and not n.every_task) for n in f.node.walk())

@@ -109,7 +109,7 @@ def schema_of(plan: DFPlan) -> list[tuple[str, str]]:
     Read from the plan's display: DataFusion's Python API names a plan's fields but gives no
     types (needed where a relation has no rows to say them: ``WHERE false``, ``LIMIT 0``)."""
     line = plan.display_indent_schema().splitlines()[0]
-    inner = line[line.rindex(" [") + 2 : -1] if line.endswith("]") else ""
+    inner = line[_schema_start(line) : -1] if line.endswith("]") else ""
     items, depth, start = [], 0, 0
     for i, c in enumerate(inner):
         if c in "([{":
@@ -126,6 +126,17 @@ def schema_of(plan: DFPlan) -> list[tuple[str, str]]:
         name, _, rest = item.rpartition(":")
         out.append((name, rest.split(";")[0]))
     return out
+
+
+def _schema_start(line: str) -> int:
+    """Where the schema's fields start in a plan's display line: after the ``[`` that the line's last ``]``
+    closes (a field's name may hold brackets itself: ``string_agg(...) ORDER BY [x ASC NULLS LAST]``)."""
+    depth = 0
+    for i in range(len(line) - 1, -1, -1):
+        depth += {"]": 1, "[": -1}.get(line[i], 0)
+        if depth == 0:
+            return i + 1
+    return len(line)
 
 
 _QUALIFIER = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\.(?=[A-Za-z_\"])")
