@@ -209,6 +209,16 @@ class _Planner:
         parts = 1 if self.max_tasks == 1 and provider.dealt else declared or tasks  # one task: one partition will do
         return Frag(node, tasks, rows, [FeedPlan(node.feed, parts)], leaf=True)
 
+    def splits(self, node: Node) -> bool:
+        """Whether some scan under ``node`` will be read by more than one task (as ``scan`` counts them)."""
+        for n in node.walk():
+            if isinstance(n, FeedScanNode) and self.max_tasks > 1:
+                provider, declared = n.feed.inner(), n.feed.inner().partitions()
+                cut = isinstance(provider, FileListProvider) and provider.may_cut(self.options.cut_file_rows)
+                if provider.shared or declared is None or declared > 1 or cut:
+                    return True
+        return False
+
     def limit(self, node: LimitNode) -> Frag:
         if isinstance(node.input, SortNode):  # top-k: every task keeps only its first count + offset rows
             f = self.sort(node.input, fetch=node.count + node.offset)
@@ -398,7 +408,7 @@ def plan_query(
     planner = _Planner(max_tasks := 1 if small else max_tasks, options or PlannerOptions(), colocate)
     planner.rewrites += ([small] if small else []) + semi_notes
     if max_tasks > 1:  # one task's query computes a grouping set's input once already
-        root, notes = merge_grouping_sets(root)
+        root, notes = merge_grouping_sets(root, planner.splits)
         planner.rewrites.extend(notes)
     uses = repeated_subtrees(root)
     ctes = {id(n) for top in root.walk() if id(top) in uses for n in top.walk()}

@@ -23,8 +23,9 @@ Only when it is plainly the same: the columns that are calls are, in every set, 
 same calls (function, argument, options) with no ordering or filter of their own. A set with no keys (the grand
 total) gives a row even over no rows, which a grouped aggregate does not: its group gets a row of its own,
 every argument null (``_totals_row``, emitted by task 0 alone), which the aggregates allowed then
-(``NULL_BLIND``) pass over, ``count(*)`` counting a column of ones instead. Made only where the plan splits
-across tasks: one task's query computes the copies once already.
+(``NULL_BLIND``) pass over, ``count(*)`` counting a column of ones instead. Made only where the input will be
+read by more than one task (the cutter's ``splits``): one task's query computes the copies once already, and
+TPC-DS q14 at SF 1 on one host (single-file tables) kept its two stages rather than ten of one task each.
 """
 
 from __future__ import annotations
@@ -55,8 +56,10 @@ NULL_BLIND = frozenset({"count", "count_all", "count_distinct", "sum", "min", "m
 Branch = tuple[ProjectNode, AggregateNode]
 
 
-def merge_grouping_sets(root: Node) -> tuple[Node, list[str]]:
-    """``root`` with each union of aggregates over one input made one aggregate (module doc); what was done."""
+def merge_grouping_sets(root: Node, splits: Callable[[Node], bool] = lambda _: True) -> tuple[Node, list[str]]:
+    """``root`` with each union of aggregates over one input made one aggregate (module doc); what was done.
+    ``splits(input)``: whether the input will be read by more than one task; one that will not is left as it is, its
+    sets in one task whose query computes it once (and keeps the stages of the repeats within it as they were)."""
     if not any(isinstance(n, UnionNode) and len(n.inputs) > 1 for n in root.walk()):
         return root, []
     notes: list[str] = []
@@ -67,7 +70,7 @@ def merge_grouping_sets(root: Node) -> tuple[Node, list[str]]:
         if id(node) not in done:
             new = _with_children(node, walk)
             if isinstance(new, UnionNode):
-                new = _merged(new, keys, notes) or new
+                new = _merged(new, keys, notes, splits) or new
             done[id(node)] = new
         return done[id(node)]
 
@@ -90,7 +93,7 @@ def _with_children(node: Node, f: Callable[[Node], Node]) -> Node:
     return node
 
 
-def _merged(union: UnionNode, keys: dict[int, bytes], notes: list[str]) -> Node | None:
+def _merged(union: UnionNode, keys: dict[int, bytes], notes: list[str], splits: Callable[[Node], bool]) -> Node | None:
     """The union with its largest group of aggregates over one input (one keyed at least) merged, or None."""
     branches = [_branch(n) for n in union.inputs]
     groups: dict[bytes, list[int]] = {}
@@ -100,13 +103,12 @@ def _merged(union: UnionNode, keys: dict[int, bytes], notes: list[str]) -> Node 
             groups.setdefault(key, []).append(i)
     keyed = [g for g in groups.values() if any(b is not None and b[1].keys for b in (branches[i] for i in g))]
     chosen = max(keyed, key=len, default=[])
-    if len(chosen) < 2:
+    first = branches[chosen[0]] if chosen else None
+    if len(chosen) < 2 or first is None or not splits(_base(first[1].input)):
         return None
     merged = _combine([b for i, b in enumerate(branches) if i in chosen and b is not None], union.schema)
     if merged is None:
         return None
-    first = branches[chosen[0]]
-    assert first is not None
     notes.append(f"Union of {len(chosen)} aggregates over one input (grouping sets): one aggregate over each set's rows, "
                  f"its keys by {SET_COLUMN}; {_base(first[1].input).label()} computed once, not {len(chosen)} times")
     rest = [n for i, n in enumerate(union.inputs) if i not in chosen]

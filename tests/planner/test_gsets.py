@@ -147,3 +147,10 @@ def test_aggregates_over_different_inputs_are_not_merged(catalog: flight.Catalog
 def test_one_task_plans_keep_the_sets_as_they_are(catalog: flight.Catalog) -> None:
     plan = plan_query(flight.sql(ROLLUP.format(month=2), catalog).node, 1)  # one task's query computes the copies once
     assert not any("grouping sets" in r for r in plan.rewrites)
+
+
+def test_sets_over_an_input_one_task_reads_keep_their_form(paths: dict[str, list[Path]]) -> None:
+    # One file each: one task reads the input, and its query computes the copies once (a stage per set never comes).
+    one_file = flight.Catalog({"sales": flight.read_parquet(paths["sales"][:1]), "days": flight.read_parquet(paths["days"])})
+    plan = plan_query(flight.sql(ROLLUP.format(month=2), one_file).node, 2)
+    assert not any("grouping sets" in r for r in plan.rewrites)
