@@ -58,7 +58,7 @@ from flight.planner.reuse import align_task_counts, fingerprint, link_consumers,
 from flight.planner.scalar import push_scalar_comparisons
 from flight.planner.semibuild import distinct_keys, reduced, reduces
 from flight.planner.semijoin import push_semi_joins
-from flight.planner.small import crowded_moves, crowded_note, small_query, too_many_sources
+from flight.planner.small import crowded_moves, crowded_note, scans_split, small_query, too_many_sources
 from flight.planner.stages import FeedPlan, PlannerOptions, QueryPlan, StageSpec
 from flight.planner.transitive import reduce_join_inputs
 from flight.planner.windows import cut_window
@@ -79,6 +79,7 @@ class _Planner:
         self.finished: dict[bytes, int] = {}  # partial-aggregate stages broadcast for each reader to finish (``finish``)
         self.reused: set[int] = set()  # stages a cut handed out again (read by more than one use)
         self.once: dict[bytes, ShuffleReadNode] = {}  # a repeated subplan grouped in place, broadcast to each use
+        self.behind: dict[bytes, Frag] = {}  # a repeated subplan whose scans are behind cuts, built once for every use
         self.repeated: set[int] = set()  # ids of the nodes each use of a CTE starts at
         self.crowded = False  # one task would hold too many sources (small.too_many_sources): every repeat is a stage
         self.hash_on: dict[int, list[str]] = {}  # an aggregate's shuffle keys, when the aggregate above groups by fewer
@@ -165,6 +166,8 @@ class _Planner:
         if key in self.once:
             read = self.once[key]
             return Frag(read, 1, None, [], [read])
+        if key in self.behind:  # made before, its scans behind cuts: each use reads the same stages
+            return self.behind[key]
         self.repeated.discard(id(node))
         try:
             f = self.build(node)
@@ -176,6 +179,8 @@ class _Planner:
                                  "and broadcast to each use instead of grouped again in every use's tasks")
             return Frag(read, 1, f.rows, [], [read])
         if f.ranges or (not self.crowded and (not f.feeds or f.tasks == 1 or repeatable(node))):
+            if not f.feeds and f.reads and not f.ranges:  # its scans behind cuts: the next use reads the same stages
+                self.behind[key] = f  # (a small broadcast below is a stage per use, so a cut's fingerprint would differ)
             return f  # its scans are behind a cut (reused there), one task reads all, or reading again costs less than a stage
         read = self.cut(f, "round_robin")
         return self.consumer(read, f.tasks, f.rows, [read])
@@ -211,13 +216,7 @@ class _Planner:
 
     def splits(self, node: Node) -> bool:
         """Whether some scan under ``node`` will be read by more than one task (as ``scan`` counts them)."""
-        for n in node.walk():
-            if isinstance(n, FeedScanNode) and self.max_tasks > 1:
-                provider, declared = n.feed.inner(), n.feed.inner().partitions()
-                cut = isinstance(provider, FileListProvider) and provider.may_cut(self.options.cut_file_rows)
-                if provider.shared or declared is None or declared > 1 or cut:
-                    return True
-        return False
+        return self.max_tasks > 1 and scans_split(node, self.options.cut_file_rows)
 
     def limit(self, node: LimitNode) -> Frag:
         if isinstance(node.input, SortNode):  # top-k: every task keeps only its first count + offset rows

@@ -25,6 +25,7 @@ from flight.planner.keysets import estimated_rows
 from flight.planner.prune import scan_columns
 from flight.planner.reuse import repeated_subtrees
 from flight.planner.stages import QueryPlan, StageSpec
+from flight.sources.providers import FileListProvider
 
 __all__ = [
     "CROWDED_MOVES_BYTES", "ONE_TASK_SOURCES", "WORKER_SOURCES", "crowded_moves", "crowded_note", "hands_off", "many_groups", "one_host",
@@ -137,6 +138,17 @@ def source_count(root: Node) -> int:
     counts them: one per scan, input, limit, union and top-k)."""
     blocking = (FeedScanNode, ExchangeInputNode, InputCallNode, LimitNode, UnionNode)
     return sum(1 for n in root.walk() if isinstance(n, blocking) or (isinstance(n, SortNode) and n.fetch > 0))
+
+
+def scans_split(node: Node, cut_file_rows: int) -> bool:
+    """Whether some scan under ``node`` is read by more than one task of a fleet of several (as the cutter's ``scan``
+    counts them: a feed of several partitions, or as many as there are tasks, or one file it may cut)."""
+    for n in node.walk():
+        if isinstance(n, FeedScanNode):
+            provider, declared = n.feed.inner(), n.feed.inner().partitions()
+            if provider.shared or declared is None or declared > 1 or (isinstance(provider, FileListProvider) and provider.may_cut(cut_file_rows)):
+                return True
+    return False
 
 
 def too_many_sources(root: Node) -> bool:
