@@ -53,7 +53,7 @@ from flight.planner.notes import describe, join_text, moved_filters, repeatable,
 from flight.planner.optimize import prune_columns, push_filters
 from flight.planner.place import colocated, could_colocate, grouped_below, grouped_in_place, joined_into_ranges, rotate_joins, split_for_groups
 from flight.planner.ranges import filter_selectivity
-from flight.planner.replicate import replicable, replicate_small_broadcasts
+from flight.planner.replicate import canonical_reads, replicable, replicate_small_broadcasts, without_stages
 from flight.planner.reuse import align_task_counts, fingerprint, link_consumers, repeated_subtrees
 from flight.planner.scalar import push_scalar_comparisons
 from flight.planner.semibuild import distinct_keys, reduced, reduces
@@ -80,6 +80,9 @@ class _Planner:
         self.reused: set[int] = set()  # stages a cut handed out again (read by more than one use)
         self.once: dict[bytes, ShuffleReadNode] = {}  # a repeated subplan grouped in place, broadcast to each use
         self.behind: dict[bytes, Frag] = {}  # a repeated subplan whose scans are behind cuts, built once for every use
+        self.first: dict[bytes, int] = {}  # each small broadcast's first stage, by fingerprint
+        self.copies: dict[int, int] = {}  # small broadcast stage -> the first stage equal to it
+        self.dropped: set[int] = set()  # copies no stage reads (their reader was found made already)
         self.repeated: set[int] = set()  # ids of the nodes each use of a CTE starts at
         self.crowded = False  # one task would hold too many sources (small.too_many_sources): every repeat is a stage
         self.hash_on: dict[int, list[str]] = {}  # an aggregate's shuffle keys, when the aggregate above groups by fewer
@@ -92,12 +95,16 @@ class _Planner:
     def cut(self, frag: Frag, mode: str, keys: list[str] | None = None) -> ShuffleReadNode:
         read_mode = {"hash": "hash", "round_robin": "hash", "gather": "gather", "broadcast": "broadcast", "head": "gather"}[mode]
         small = mode == "broadcast" and replicable(frag.node, frag.feeds, frag.reads, self.options.replicate_rows)
-        same = None if frag.ranges or mode == "head" or small else fingerprint(frag.node, frag.feeds, frag.tasks, mode, keys or [])
+        node, copies = canonical_reads(frag.node, frag.reads, self.copies)  # a small broadcast's copies seen as one
+        same = None if frag.ranges or mode == "head" or small else fingerprint(node, frag.feeds, frag.tasks, mode, keys or [])
         if same in self.made:  # the same subplan again (a CTE used twice): read the stage it made
             self.reused.add(self.made[same])
+            self.dropped.update(copies)  # the copies only it read: nothing reads them now
             self.rewrites.append(f"stage {self.made[same]} is computed once and read again (the same subplan twice)")
             return ShuffleReadNode(self.made[same], frag.node.schema, read_mode)
         stage_id = len(self.stages)
+        if small:  # a stage per use, each read in place (``replicate``); the fingerprints above see the first
+            self.copies[stage_id] = self.first.setdefault(fingerprint(frag.node, frag.feeds, frag.tasks, mode, keys or []), stage_id)
         if same is not None:
             self.made[same] = stage_id
         spec = StageSpec(stage_id, frag.node, frag.tasks, frag.feeds, frag.reads, output_mode=mode, output_keys=keys or [])
@@ -213,10 +220,6 @@ class _Planner:
         tasks = min(self.max_tasks, declared) if declared is not None else self.max_tasks
         parts = 1 if self.max_tasks == 1 and provider.dealt else declared or tasks  # one task: one partition will do
         return Frag(node, tasks, rows, [FeedPlan(node.feed, parts)], leaf=True)
-
-    def splits(self, node: Node) -> bool:
-        """Whether some scan under ``node`` will be read by more than one task (as ``scan`` counts them)."""
-        return self.max_tasks > 1 and scans_split(node, self.options.cut_file_rows)
 
     def limit(self, node: LimitNode) -> Frag:
         if isinstance(node.input, SortNode):  # top-k: every task keeps only its first count + offset rows
@@ -407,7 +410,7 @@ def plan_query(
     planner = _Planner(max_tasks := 1 if small else max_tasks, options or PlannerOptions(), colocate)
     planner.rewrites += ([small] if small else []) + semi_notes
     if max_tasks > 1:  # one task's query computes a grouping set's input once already
-        root, notes = merge_grouping_sets(root, planner.splits)
+        root, notes = merge_grouping_sets(root, lambda n: scans_split(n, planner.options.cut_file_rows))
         planner.rewrites.extend(notes)
     uses = repeated_subtrees(root)
     ctes = {id(n) for top in root.walk() if id(top) in uses for n in top.walk()}
@@ -436,6 +439,7 @@ def _cut_all(planner: _Planner, pruned: Node, colocate: bool, crowded: bool) -> 
     planner.repeated = repeated_subtrees(pruned)
     frag = planner.build(pruned)
     planner.cut(frag, "head")
+    planner.stages = without_stages(planner.stages, planner.dropped)
     link_consumers(planner.stages)
     stages = replicate_small_broadcasts(planner.stages, planner.options.replicate_rows, planner.rewrites, fixed=colocate)
     link_consumers(stages)

@@ -27,7 +27,7 @@ from flight.planner.stages import FeedPlan, StageSpec
 from flight.sources.feed import WorkUnitFeed
 from flight.sources.providers import FileListProvider
 
-__all__ = ["replicable", "replicate_small_broadcasts", "substitute_reads"]
+__all__ = ["canonical_reads", "replicable", "replicate_small_broadcasts", "substitute_reads", "without_stages"]
 
 
 def replicate_small_broadcasts(stages: list[StageSpec], max_rows: float, rewrites: list[str], *, fixed: bool = True) -> list[StageSpec]:
@@ -83,6 +83,22 @@ def _rows(stage: StageSpec, by_id: dict[int, StageSpec], max_rows: float) -> flo
     if stage.output_mode != "broadcast" or stage.task_roots is not None or stage.shared:
         return None  # a shared stage (flight.planner.reuse) has other readers: it stays
     return _replicable_rows(stage.root, stage.feeds, stage.reads, max_rows, by_id)
+
+
+def canonical_reads(node: Node, reads: list[ShuffleReadNode], copies: dict[int, int]) -> tuple[Node, list[int]]:
+    """``node`` with each read of a small broadcast's copy (``copies``: stage -> the first stage equal to it) reading
+    the first instead, for a fingerprint that finds two uses' equal stages equal; and the copies' ids.
+
+    Why: a small broadcast is a stage per use, so that each can be read in place (``replicable``); a stage above it
+    read a copy of its own in each use, and a CTE's stages cut again in a use that differs above them (TPC-DS
+    q57's first use, a filter pushed into it) were computed once more."""
+    swap = {r.stage_id: replace(r, stage_id=copies[r.stage_id]) for r in reads if copies.get(r.stage_id, r.stage_id) != r.stage_id}
+    return (substitute_reads(node, dict(swap)) if swap else node), list(swap)
+
+
+def without_stages(stages: list[StageSpec], ids: set[int]) -> list[StageSpec]:
+    """``stages`` without those of ``ids`` (which none of the others reads), numbered again."""
+    return _renumbered([s for s in stages if s.stage_id not in ids]) if ids else stages
 
 
 def _replicable_rows(
