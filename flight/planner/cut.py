@@ -162,18 +162,18 @@ class _Planner:
         raise PlanError(f"the planner does not know operator {type(node).__name__}")
 
     def shared(self, node: Node) -> Frag:
-        """One use of a subplan the query holds more than once: its own stage when its scans would
-        run in the use's tasks, made once and read by each use (``flight.planner.reuse``).
+        """One use of a subplan the query holds more than once: its own stage when its scans would run in the use's
+        tasks, made once and read by each use (``flight.planner.reuse``).
 
-        One that groups rows in place (co-located key ranges) is made once in a stage of its own whose
-        output is broadcast to each use: computed in each use's tasks, TPC-H Q18's subquery (lineitem
-        grouped by order key, kept where the sum passes 300: ~600 keys at SF 10) grouped 60 million rows
-        once for orders and again for lineitem, where the semi join is copied (``flight.planner.semijoin``)."""
+        One that groups rows in place (co-located key ranges) is made once in a stage of its own whose output is
+        broadcast to each use: computed in each use's tasks, TPC-H Q18's subquery (lineitem grouped by order key, kept
+        where the sum passes 300: ~600 keys at SF 10) grouped 60 million rows once for orders and again for lineitem."""
         key = fingerprint(node, [], 0, "once", [])
         if key in self.once:
             read = self.once[key]
             return Frag(read, 1, None, [], [read])
         if key in self.behind:  # made before, its scans behind cuts: each use reads the same stages
+            self.rewrites.append("a subplan used again, its scans behind cuts: this use reads the stages the first one made")
             return self.behind[key]
         self.repeated.discard(id(node))
         try:
