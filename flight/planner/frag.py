@@ -34,6 +34,12 @@ class Frag:
     task), while they pass through unchanged; None when unknown."""
 
 
+    def again(self) -> Frag:
+        """This fragment for one more use: the same operators and stages, its lists of its own (a caller may add
+        to them)."""
+        return replace(self, feeds=list(self.feeds), reads=list(self.reads), ranges=dict(self.ranges))
+
+
 def frag_bytes(f: Frag) -> float | None:
     return None if f.rows is None else f.rows * row_width(f.node.schema)
 

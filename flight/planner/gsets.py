@@ -7,24 +7,28 @@ aggregate became a leaf stage of its own that computed the input again. TPC-DS q
 one-core hosts ran its five-way join five times: 3.2 s, where DuckDB takes 0.75 s on one core.
 
 The rewrite, for a union whose inputs are ``Project ← Aggregate[keys_i; calls] ← X`` over the same ``X``
-(equal subtrees), is the form Spark's ``Expand`` gives grouping sets:
+(equal subtrees, under projections that only select), is the form Spark's ``Expand`` gives grouping sets:
 
     Project[the union's columns] ← Aggregate[G + __gs_set; calls]
-        ← Union_i[Project[G as set i has them, __gs_set = i, each call's argument] ← X]
+        ← Project[G as set __gs_set has them, __gs_set, each call's argument]
+            ← X ⋈ Values[one row per set: __gs_set = 0, 1, ...] (on a constant)
 
 where ``G`` are the union's columns that are, in every set, a key of its aggregate or a literal (the keys
-a set rolls up are null literals there, its ``__grouping_id`` a constant). Rows of set ``i`` group by
-its keys (every one of them is a column of ``G``: else the rewrite is not made) and constants, and
+a set rolls up are null literals there, its ``__grouping_id`` a constant), each chosen per row by
+``if_else(__gs_set == i, ...)`` where the sets differ. The literal rows go into every task's plan
+(``flight.planner.literal``), so nothing moves for them and each task computes ``X`` once. Rows of set ``i``
+group by its keys (every one of them is a column of ``G``: else the rewrite is not made) and constants, and
 ``__gs_set`` keeps the sets' groups apart whatever their values, so each output row is the one the set's
 own aggregate made. The planner then cuts one aggregate: a partial per task over the sets' rows (the
 input computed once in the task's query), one shuffle, one final.
 
 Only when it is plainly the same: the columns that are calls are, in every set, the same expression of the
-same calls (function, argument, options) with no ordering or filter of their own. A set with no keys (the grand
+same calls (function, argument, options) with no ordering or filter of their own (else the union is left as it
+is), and there are at most ``MAX_SETS`` of them. A set with no keys (the grand
 total) gives a row even over no rows, which a grouped aggregate does not: its group gets a row of its own,
 every argument null (``_totals_row``, emitted by task 0 alone), which the aggregates allowed then
 (``NULL_BLIND``) pass over, ``count(*)`` counting a column of ones instead. Made only where the input will be
-read by more than one task (the cutter's ``splits``): one task's query computes the copies once already, and
+read by more than one task (``small.scans_split``): one task's query computes the copies once already, and
 TPC-DS q14 at SF 1 on one host (single-file tables) kept its two stages rather than ten of one task each.
 """
 
@@ -45,6 +49,10 @@ __all__ = ["SET_COLUMN", "merge_grouping_sets"]
 
 SET_COLUMN = "__gs_set"
 """The column that tells the sets' rows apart in the merged aggregate (dropped above it)."""
+
+MAX_SETS = 32
+"""Most sets merged: each set's value of a column is chosen by a CASE on the set's number, one branch per set (a
+CUBE of 7 keys, 128 sets, would pass the engine's expression size and run its whole stage on Acero)."""
 
 ROWS_COLUMN = "__gs_rows"
 """1 in each row of the input, null in a grand total's own row: what ``count(*)`` counts once that row is there."""
@@ -104,7 +112,7 @@ def _merged(union: UnionNode, keys: dict[int, bytes], notes: list[str], splits: 
     keyed = [g for g in groups.values() if any(b is not None and b[1].keys for b in (branches[i] for i in g))]
     chosen = max(keyed, key=len, default=[])
     first = branches[chosen[0]] if chosen else None
-    if len(chosen) < 2 or first is None or not splits(_base(first[1].input)):
+    if not 2 <= len(chosen) <= MAX_SETS or first is None or not splits(_base(first[1].input)):
         return None
     merged = _combine([b for i, b in enumerate(branches) if i in chosen and b is not None], union.schema)
     if merged is None:
@@ -155,10 +163,10 @@ def _columns(branches: list[Branch], names: list[str]) -> tuple[list[str], dict[
             continue
         if any(k != "calls" for k in kinds) or any(e.wire() != exprs[0].wire() for e in exprs):
             return None
-        for used in exprs[0].referenced_fields():
+        for used in sorted(exprs[0].referenced_fields()):  # in one order: the plan is the same in every process
             per_set = [next(c for c in aggregate.calls if c.name == used) for _, aggregate in branches]
             first = per_set[0]
-            if first.order or first.where is not None or not all(_same_call(c, first) for c in per_set):
+            if any(c.order or c.where is not None for c in per_set) or not all(_same_call(c, first) for c in per_set):
                 return None
             calls[used] = first
         finals[name] = exprs[0]

@@ -97,8 +97,11 @@ def canonical_reads(node: Node, reads: list[ShuffleReadNode], copies: dict[int, 
 
 
 def without_stages(stages: list[StageSpec], ids: set[int]) -> list[StageSpec]:
-    """``stages`` without those of ``ids`` (which none of the others reads), numbered again."""
-    return _renumbered([s for s in stages if s.stage_id not in ids]) if ids else stages
+    """``stages`` without those of ``ids`` that no stage reads (a copy a use found made may still be read by another
+    use's stage), numbered again."""
+    read = {r.stage_id for s in stages for r in s.reads}
+    gone = ids - read
+    return _renumbered([s for s in stages if s.stage_id not in gone]) if gone else stages
 
 
 def _replicable_rows(

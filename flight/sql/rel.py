@@ -130,13 +130,17 @@ def schema_of(plan: DFPlan) -> list[tuple[str, str]]:
 
 def _schema_start(line: str) -> int:
     """Where the schema's fields start in a plan's display line: after the ``[`` that the line's last ``]``
-    closes (a field's name may hold brackets itself: ``string_agg(...) ORDER BY [x ASC NULLS LAST]``)."""
-    depth = 0
+    closes (a field's name may hold brackets itself: ``string_agg(...) ORDER BY [x ASC NULLS LAST]``), brackets
+    in a quoted literal (``Utf8("[%")``) not counted; where they do not balance, after the last ``" ["``."""
+    depth, quoted = 0, False
     for i in range(len(line) - 1, -1, -1):
-        depth += {"]": 1, "[": -1}.get(line[i], 0)
-        if depth == 0:
-            return i + 1
-    return len(line)
+        if line[i] == '"':
+            quoted = not quoted
+        elif not quoted:
+            depth += {"]": 1, "[": -1}.get(line[i], 0)
+            if depth == 0:
+                return i + 1
+    return line.rindex(" [") + 2 if " [" in line else len(line)
 
 
 _QUALIFIER = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\.(?=[A-Za-z_\"])")

@@ -154,3 +154,24 @@ def test_sets_over_an_input_one_task_reads_keep_their_form(paths: dict[str, list
     one_file = flight.Catalog({"sales": flight.read_parquet(paths["sales"][:1]), "days": flight.read_parquet(paths["days"])})
     plan = plan_query(flight.sql(ROLLUP.format(month=2), one_file).node, 2)
     assert not any("grouping sets" in r for r in plan.rewrites)
+
+
+def test_more_sets_than_merged_are_left_as_they_are(catalog: flight.Catalog) -> None:
+    # A CUBE of 6 keys is 64 sets: each set's value of a column would be a CASE of 64 branches.
+    text = "SELECT item, region, day, qty, sum(amount) AS s FROM sales GROUP BY CUBE (item, region, day, qty, item + 1, day + 1)"
+    root = push_filters(flight.sql(text, catalog).node)
+    assert merge_grouping_sets(root) == (root, [])
+
+
+BRACKETS = """
+SELECT region, sum(CASE WHEN region LIKE '[%' THEN 1 ELSE 0 END) AS open, sum(CASE WHEN region LIKE '%]' THEN 1 ELSE 0 END) AS close,
+       count(*) AS n
+FROM sales GROUP BY ROLLUP (region)
+"""
+
+
+def test_a_bracket_in_a_literal_of_a_grouping_call_is_read_right(catalog: flight.Catalog, paths: dict[str, list[Path]],
+                                                                  cluster: flight.LocalCluster) -> None:
+    # DataFusion names the calls after their text: a bracket in a literal there once hid the plan's schema.
+    got, _ = _run(BRACKETS, catalog, cluster)
+    assert got == _duckdb(BRACKETS, paths)

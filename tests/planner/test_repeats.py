@@ -57,6 +57,39 @@ WHERE cur.month > 2
 """
 
 
+TWICE_OVER_A_BROADCAST = """
+WITH v AS (
+    SELECT s.item, s.total, i.brand FROM (SELECT item, sum(amount) AS total FROM sales GROUP BY item) s
+    JOIN items i ON s.item = i.i WHERE i.brand = 'b1'
+)
+SELECT f.month, sum(y.total) AS a, sum(z.total) AS b, count(*) AS n
+FROM sales f JOIN v y ON f.item = y.item JOIN v z ON f.item = z.item GROUP BY f.month
+"""
+
+SCALARS = """
+SELECT month, count(*) AS n FROM sales
+WHERE amount > (SELECT avg(amount) FROM sales) AND item > (SELECT 2 * avg(item) FROM sales) / 10
+  AND month > (SELECT 2 * avg(item) FROM sales) / 10
+GROUP BY month
+"""
+
+
+@pytest.mark.parametrize("text", [TWICE_OVER_A_BROADCAST, SCALARS], ids=["cte-over-a-broadcast", "scalars-read-twice"])
+def test_uses_of_equal_stages_plan_and_answer(text: str, catalog: flight.Catalog, paths: dict[str, list[Path]],
+                                             cluster: flight.LocalCluster) -> None:
+    # A copy of a small broadcast one use found made may still be read by another use's stage; a scalar subquery's
+    # partial stage read by two uses must stay while either reads it.
+    plan = plan_query(flight.sql(text, catalog).node, 2)
+    ids = {s.stage_id for s in plan.stages}
+    assert ids == set(range(len(plan.stages))) and all(r.stage_id in ids for s in plan.stages for r in s.reads)
+    ex = flight.DistributedExec(flight.sql(text, catalog), cluster.urls, **STAGED)
+    got = sorted(tuple(r.values()) for r in ex.to_table().to_pylist())
+    con = duckdb.connect()
+    for t, p in paths.items():
+        con.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet({[str(x) for x in p]})")
+    assert got == sorted(con.execute(text).fetchall())
+
+
 @pytest.mark.parametrize("text", [MONTHLY, LAGGED], ids=["equal-uses", "uses-that-differ-above"])
 def test_a_repeated_subplan_over_a_small_broadcast_is_computed_once(text: str, catalog: flight.Catalog, paths: dict[str, list[Path]],
                                                                      cluster: flight.LocalCluster) -> None:
