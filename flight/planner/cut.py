@@ -165,14 +165,14 @@ class _Planner:
         """One use of a subplan the query holds more than once: its own stage when its scans would run in the use's
         tasks, made once and read by each use (``flight.planner.reuse``).
 
-        One that groups rows in place (co-located key ranges) is made once in a stage of its own, broadcast to each use:
-        TPC-H Q18's subquery (lineitem grouped by order key, ~600 keys kept at SF 10) grouped 60 million rows twice."""
+        One that groups rows in place (co-located key ranges) is made once in a stage of its own, broadcast to each use
+        (TPC-H Q18's subquery, lineitem grouped by order key, grouped 60 million rows twice at SF 10 in each use)."""
         key = fingerprint(node, [], 0, "once", [])
         if key in self.once:
             read = self.once[key]
             return Frag(read, 1, None, [], [read])
         if key in self.behind:  # made before, its scans behind cuts: each use reads the same stages (lists of its own)
-            self.rewrites.append("a subplan used again, its scans behind cuts: this use reads the stages the first one made")
+            self.rewrites.append(f"stage(s) {sorted({r.stage_id for r in self.behind[key].reads})} is computed once and read again (used again)")
             return self.behind[key].again()
         self.repeated.discard(id(node))
         try:
@@ -185,9 +185,9 @@ class _Planner:
                                  "and broadcast to each use instead of grouped again in every use's tasks")
             return Frag(read, 1, f.rows, [], [read])
         if f.ranges or (not self.crowded and (not f.feeds or f.tasks == 1 or repeatable(node))):
-            if not f.feeds and f.reads and not f.ranges:  # its scans behind cuts: the next uses read its stages
-                self.behind[key] = f  # (a small broadcast below is a stage per use: a cut's fingerprint would differ)
-                self.reused.update(r.stage_id for r in f.reads)  # handed out again: none may be dropped (``finish``)
+            if not f.feeds and f.reads and not f.ranges:  # scans behind cuts: the next uses read its stages (a small
+                self.behind[key] = f  # broadcast below is a stage per use: a cut's fingerprint would differ); handed out
+                self.reused.update(r.stage_id for r in f.reads)  # again, none of them may be dropped (``finish``)
             return f  # its scans are behind a cut (reused there), one task reads all, or reading again costs less than a stage
         read = self.cut(f, "round_robin")
         return self.consumer(read, f.tasks, f.rows, [read])
