@@ -16,6 +16,7 @@ from support import write_parts
 import flight
 from flight.plan.nodes import FeedScanNode
 from flight.planner.cut import plan_query
+from flight.planner.stages import QueryPlan
 
 STAGED = {"one_host_query_bytes": 0, "small_query_bytes": 0}
 
@@ -57,6 +58,19 @@ WHERE cur.month > 2
 """
 
 
+def _check(plan: QueryPlan, text: str, catalog: flight.Catalog, paths: dict[str, list[Path]], cluster: flight.LocalCluster) -> None:
+    """The plan's stages numbered 0, 1, ... and every stage read there; the answer on the workers, every plan forced
+    into stages, DuckDB's."""
+    ids = {s.stage_id for s in plan.stages}
+    assert ids == set(range(len(plan.stages))) and all(r.stage_id in ids for s in plan.stages for r in s.reads)
+    ex = flight.DistributedExec(flight.sql(text, catalog), cluster.urls, **STAGED)
+    got = sorted(tuple(r.values()) for r in ex.to_table().to_pylist())
+    con = duckdb.connect()
+    for t, p in paths.items():
+        con.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet({[str(x) for x in p]})")
+    assert got == sorted(con.execute(text).fetchall())
+
+
 TWICE_OVER_A_BROADCAST = """
 WITH v AS (
     SELECT s.item, s.total, i.brand FROM (SELECT item, sum(amount) AS total FROM sales GROUP BY item) s
@@ -80,14 +94,7 @@ def test_uses_of_equal_stages_plan_and_answer(text: str, catalog: flight.Catalog
     # A copy of a small broadcast one use found made may still be read by another use's stage; a scalar subquery's
     # partial stage read by two uses must stay while either reads it.
     plan = plan_query(flight.sql(text, catalog).node, 2)
-    ids = {s.stage_id for s in plan.stages}
-    assert ids == set(range(len(plan.stages))) and all(r.stage_id in ids for s in plan.stages for r in s.reads)
-    ex = flight.DistributedExec(flight.sql(text, catalog), cluster.urls, **STAGED)
-    got = sorted(tuple(r.values()) for r in ex.to_table().to_pylist())
-    con = duckdb.connect()
-    for t, p in paths.items():
-        con.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet({[str(x) for x in p]})")
-    assert got == sorted(con.execute(text).fetchall())
+    _check(plan, text, catalog, paths, cluster)
 
 
 @pytest.mark.parametrize("text", [MONTHLY, LAGGED], ids=["equal-uses", "uses-that-differ-above"])
@@ -98,11 +105,4 @@ def test_a_repeated_subplan_over_a_small_broadcast_is_computed_once(text: str, c
     plan = plan_query(flight.sql(text, catalog).node, 2)
     fact_scans = [s for s in plan.stages if any(isinstance(n, FeedScanNode) and "amount" in n.schema.names for n in s.root.walk())]
     assert len(fact_scans) == 1  # every use reads one stage scanning sales
-    ids = {s.stage_id for s in plan.stages}
-    assert ids == set(range(len(plan.stages))) and all(r.stage_id in ids for s in plan.stages for r in s.reads)
-    ex = flight.DistributedExec(flight.sql(text, catalog), cluster.urls, **STAGED)
-    got = sorted(tuple(r.values()) for r in ex.to_table().to_pylist())
-    con = duckdb.connect()
-    for t, p in paths.items():
-        con.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet({[str(x) for x in p]})")
-    assert got == sorted(con.execute(text).fetchall())
+    _check(plan, text, catalog, paths, cluster)
