@@ -42,11 +42,16 @@ import pyarrow.compute as pc
 from flight.plan.expr import Expr, col, lit
 from flight.plan.nodes import ExchangeInputNode, FilterNode, InputCallNode, Node, ProjectNode, ValuesNode
 from flight.plan.relnodes import AggregateNode, JoinNode, UnionNode
+from flight.planner.colocate import key_scan
 from flight.planner.cost import BROADCAST_ALWAYS_BYTES, row_width
 from flight.planner.keysets import estimated_rows
 from flight.planner.notes import join_text, repeatable
+from flight.planner.rowgroups import clustered
+from flight.sources.providers import FileListProvider
 
-__all__ = ["PARTNER_BYTES", "AdaptivePoint", "find_point", "key_filters", "settled", "uncertain"]
+__all__ = [
+    "MAX_PRUNE_POINTS", "PARTNER_BYTES", "PRUNE_SIDE_ROWS", "AdaptivePoint", "find_point", "key_filters", "prune_points", "settled", "uncertain",
+]
 
 PARTNER_BYTES = BROADCAST_ALWAYS_BYTES
 """The other side must be estimated at this many bytes or more: moving fewer is not worth the wait."""
@@ -54,16 +59,22 @@ PARTNER_BYTES = BROADCAST_ALWAYS_BYTES
 
 @dataclass(frozen=True)
 class AdaptivePoint:
-    """A join side to run first: the node, the join it is a side of, and the estimates that chose it."""
+    """A join side to run first: the node, the join it is a side of, and the estimates that chose it. ``pruned``: the
+    feed and column of a cut file in that column's order whose row groups the side's key range picks (``prune_points``)."""
 
     side: Node
     join: JoinNode
     rows: float | None
     size: float | None
     partner_size: float
+    pruned: tuple[str, str] | None = None
 
     def text(self) -> str:
         """What the plan's rewrite notes say before the side runs."""
+        if self.pruned is not None:
+            return (f"adaptive: {join_text(self.join)}'s side {_label(self.side)} ({_estimate(self.rows, self.size)}) runs first "
+                    f"as a query of its own: the range of its keys filters {self.pruned[0]}'s {self.pruned[1]!r}, in whose order "
+                    "the file's row groups are, so that only the row groups it keeps are cut into the tasks' runs")
         return (f"adaptive: {join_text(self.join)}'s side {_label(self.side)} ({_estimate(self.rows, self.size)}, a guess: "
                 "it filters an aggregate's output) runs first as a query of its own; the rest is planned from its actual "
                 f"rows if they fit adaptive_bytes (the other side, ~{self.partner_size / (1 << 20):,.1f} MiB, moves as they decide)")
@@ -124,6 +135,44 @@ def find_point(root: Node) -> AdaptivePoint | None:
                     return AdaptivePoint(side, node, rows, size, partner)
         stack.extend(reversed(list(node.children())))
     return None
+
+
+PRUNE_SIDE_ROWS = 100_000
+"""A side run first for its keys' range (``prune_points``) is estimated at most this many rows: a dimension filtered."""
+
+MAX_PRUNE_POINTS = 4
+"""At most this many sides of one query are run first for their keys' range (each is a query's start and a wait)."""
+
+
+def prune_points(root: Node, cut_rows: int, tasks: int, taken: Node | None = None) -> list[AdaptivePoint]:
+    """The build sides worth running first for their keys' range: a small filtered side (a dimension) of an inner or
+    semi join whose other side's key is a column of Parquet files cut into runs (``cut_rows``, fewer files than
+    ``tasks``) that are in that column's order (``rowgroups.clustered``: a fact table written by date). Their rows'
+    range becomes a filter on that scan (``key_filters``), and only the row groups it keeps are cut into the tasks'
+    runs (``flight.planner.rowgroups``): each task reads an even share of them, where the run holding the kept band
+    gave it all to one task. ``taken``: a side already chosen (``find_point``), not chosen again."""
+    points: list[AdaptivePoint] = []
+    seen = {id(taken)} if taken is not None else set()
+    for node in root.walk():
+        if len(points) >= MAX_PRUNE_POINTS or not isinstance(node, JoinNode) or node.join_type not in ("inner", "left semi"):
+            continue
+        side = node.right
+        rows, size = _bytes(side)
+        if (id(side) in seen or rows is None or rows > PRUNE_SIDE_ROWS or not any(isinstance(n, FilterNode) for n in side.walk())
+                or not repeatable(side) or any(isinstance(n, (InputCallNode, ExchangeInputNode, ValuesNode)) for n in side.walk())):
+            continue
+        for key in node.left_keys:
+            traced = key_scan(node.left, key)
+            provider = None if traced is None else traced[0].feed.inner()
+            if traced is None or not isinstance(provider, FileListProvider) or not provider.cuts(tasks):
+                continue
+            kind = traced[0].schema.field(traced[1]).type
+            if (pa.types.is_integer(kind) or pa.types.is_date(kind)) and provider.may_cut(cut_rows) and clustered(provider, traced[1]):
+                seen.add(id(side))
+                _, partner = _bytes(node.left)
+                points.append(AdaptivePoint(side, node, rows, size, partner or 0.0, (traced[0].feed.feed_id, traced[1])))
+                break
+    return points
 
 
 def settled(root: Node, side: Node, table: pa.Table) -> Node:

@@ -18,9 +18,9 @@ must cross workers:
 * union → in place where each input gives its rows in the union's tasks (``frag.union_in_place``), else every input
   shuffled round-robin into them; a CTE used twice → one stage (``reuse``).
 
-A fragment that already runs in one task needs none of that: with one worker the whole query is one stage. Leaf
-stages are sized from their feeds (a shared-queue feed by a ``TaskEstimator`` at execution; with ``cut_file_rows``,
-Parquet files fewer than the workers cut into runs of row groups), upper stages by their rows; at most a task a worker.
+A fragment that already runs in one task needs none of that: with one worker the whole query is one stage. Leaf stages are
+sized from their feeds (a shared-queue feed by a ``TaskEstimator`` at execution; with ``cut_file_rows``, Parquet files fewer
+than the workers cut into runs of the row groups their filter can keep: ``rowgroups``), upper stages by their rows.
 
 Before that, ``flight.planner.optimize`` pushes filters down to the scans, ``flight.planner.semijoin``
 moves semi and anti joins below the joins they filter, and the columns nobody reads are pruned;
@@ -55,6 +55,7 @@ from flight.planner.place import colocated, could_colocate, grouped_below, group
 from flight.planner.ranges import filter_selectivity
 from flight.planner.replicate import canonical_reads, replicable, replicate_small_broadcasts, without_stages
 from flight.planner.reuse import align_task_counts, fingerprint, link_consumers, repeated_subtrees
+from flight.planner.rowgroups import prune_runs
 from flight.planner.scalar import push_scalar_comparisons
 from flight.planner.semibuild import distinct_keys, reduced, reduces
 from flight.planner.semijoin import push_semi_joins
@@ -88,9 +89,7 @@ class _Planner:
         self.hash_on: dict[int, list[str]] = {}  # an aggregate's shuffle keys, when the aggregate above groups by fewer
 
     def upper_tasks(self, rows: float | None) -> int:
-        if rows is None:
-            return self.max_tasks
-        return max(1, min(self.max_tasks, math.ceil(rows / self.options.rows_per_task)))
+        return self.max_tasks if rows is None else max(1, min(self.max_tasks, math.ceil(rows / self.options.rows_per_task)))
 
     def cut(self, frag: Frag, mode: str, keys: list[str] | None = None) -> ShuffleReadNode:
         read_mode = {"hash": "hash", "round_robin": "hash", "gather": "gather", "broadcast": "broadcast", "head": "gather"}[mode]
@@ -442,6 +441,7 @@ def _cut_all(planner: _Planner, pruned: Node, colocate: bool, crowded: bool) -> 
     planner.stages = without_stages(planner.stages, planner.dropped)
     link_consumers(planner.stages)
     stages = replicate_small_broadcasts(planner.stages, planner.options.replicate_rows, planner.rewrites, fixed=colocate)
+    prune_runs(stages, planner.rewrites)  # a cut file's runs: of the row groups its filter can keep
     link_consumers(stages)
     align_task_counts(stages)
     check_inputs_read_once(stages)

@@ -13,6 +13,7 @@ order says little about how many values lie between two of them).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from flight.compute.expressions import literal_value
@@ -23,7 +24,7 @@ from flight.planner.cost import selectivity
 from flight.planner.optimize import conjuncts
 from flight.sources.statistics import as_number
 
-__all__ = ["MIN_FRACTION", "filter_selectivity", "range_selectivity"]
+__all__ = ["MIN_FRACTION", "column_bounds", "filter_selectivity", "range_selectivity"]
 
 MIN_FRACTION = 0.001
 """The least a range is estimated to keep (an estimate of no rows would size nothing)."""
@@ -73,6 +74,20 @@ def range_selectivity(predicate: Expr, column_range: ColumnRange) -> float:
         kept = (1.0 if hi >= lo else 0.0) if width <= 0 else max(0.0, hi - lo) / width
         fraction *= max(MIN_FRACTION, min(1.0, kept))
     return fraction
+
+
+def column_bounds(predicate: Expr) -> dict[str, tuple[float, float]]:
+    """The closed interval each column must lie in for a row to pass ``predicate``, from its ``column <op> literal``
+    conjuncts (``between`` is two of them); a column no such term bounds is not listed. A null fails them all."""
+    bounds: dict[str, tuple[float, float]] = {}
+    for term in conjuncts(predicate):
+        parsed = _comparison(term)
+        if parsed is None:
+            continue
+        column, function, value = parsed
+        lo, hi = bounds.get(column, (-math.inf, math.inf))
+        bounds[column] = (max(lo, value), hi) if function in ("greater", "greater_equal") else (lo, min(hi, value))
+    return bounds
 
 
 def filter_selectivity(node: FilterNode) -> float:

@@ -18,7 +18,7 @@ from flight.sources.statistics import FileRange, as_number
 from flight.sources.storage import Location, open_input, parse_location, process_filesystems
 from flight.wire._proto import plan_pb2
 
-__all__ = ["FileGroups", "FileListProvider", "ListingProvider", "footer_range", "runs"]
+__all__ = ["FileGroups", "FileListProvider", "KeptRowGroups", "ListingProvider", "footer_range", "runs"]
 
 
 class FileListProvider(WorkUnitFeedProvider):
@@ -113,8 +113,16 @@ class FileListProvider(WorkUnitFeedProvider):
         else:
             yield file_unit(path)
 
+    def cuts(self, partitions: int) -> bool:
+        """Whether a feed of ``partitions`` partitions cuts these files into runs of row groups (``feed``)."""
+        return self.split_row_groups is None and self._partitions is None and len(self.paths) < partitions
+
+    def kept(self, groups: Sequence[tuple[str, Sequence[int]]]) -> KeptRowGroups:
+        """Only these row groups of the files, cut into a part per partition (a scan's filter keeps no others)."""
+        return KeptRowGroups(self, groups)
+
     def feed(self, partition: int, ctx: FeedContext) -> Iterator[plan_pb2.FileUnit]:
-        cut = self.split_row_groups is None and self._partitions is None and len(self.paths) < ctx.partitions
+        cut = self.cuts(ctx.partitions)
         i = 0
         for path in self.paths:
             for unit in (runs(path, ctx.partitions) if cut else self.file_units(path)):
@@ -150,6 +158,52 @@ class FileGroups(WorkUnitFeedProvider):
             yield from self.files.file_units(path)
 
 
+class KeptRowGroups(WorkUnitFeedProvider):
+    """The row groups of a ``FileListProvider``'s files that a scan's filter may keep (their footers' ranges meet
+    it: ``flight.planner.rowgroups``), cut into one part per feed partition, as even in rows as they allow; each
+    part's units are its runs of consecutive row groups of one file.
+
+    Why: a file cut into even runs (``runs``) whose rows are in the filtered column's order (a fact table written by
+    date) gives a month's rows to the one task whose run holds them, and the others skip all of theirs."""
+
+    repeatable = True
+    dealt = True
+
+    def __init__(self, files: FileListProvider, kept: Sequence[tuple[str, Sequence[int]]]) -> None:
+        self.files = files
+        self.kept = [(path, list(groups)) for path, groups in kept]
+
+    def estimated_rows(self) -> float | None:
+        return self.files.estimated_rows()
+
+    def column_range(self, name: str) -> tuple[float, float] | None:
+        return self.files.column_range(name)
+
+    def feed(self, partition: int, ctx: FeedContext) -> Iterator[plan_pb2.FileUnit]:
+        items = [(path, g, parquet_metadata(path).row_group(g).num_rows) for path, groups in self.kept for g in groups]
+        start, stop = _balanced([n for _, _, n in items], ctx.partitions)[partition]
+        run: list[int] = []
+        for i, (path, g, _) in enumerate(items[start:stop], start):
+            run.append(g)
+            if i + 1 == stop or items[i + 1][0] != path or items[i + 1][1] != g + 1:
+                yield file_unit(path, run)
+                run = []
+
+
+def _balanced(rows: Sequence[int], parts: int) -> list[tuple[int, int]]:
+    """``parts`` consecutive spans ``[start, stop)`` of ``rows``' indices, as even in rows as they allow (the last
+    ones empty when there are fewer items than parts)."""
+    total, start, seen = max(1, sum(rows)), 0, 0
+    spans: list[tuple[int, int]] = []
+    for i, n in enumerate(rows):
+        seen += n
+        if i == len(rows) - 1 or (len(spans) + 1 < parts and seen * parts >= (len(spans) + 1) * total):
+            spans.append((start, i + 1))
+            start = i + 1
+    spans += [(len(rows), len(rows))] * (parts - len(spans))
+    return spans
+
+
 def runs(path: str, parts: int) -> Iterator[plan_pb2.FileUnit]:
     """The units of one file cut into at most ``parts`` runs of consecutive row groups, as even in rows as the
     row groups allow (a worker's DuckDB reads a run as a range of the file's row numbers)."""
@@ -158,13 +212,9 @@ def runs(path: str, parts: int) -> Iterator[plan_pb2.FileUnit]:
     if groups <= 1 or parts <= 1:
         yield file_unit(path)
         return
-    rows = [meta.row_group(g).num_rows for g in range(groups)]
-    total, start, seen, cuts = max(1, sum(rows)), 0, 0, 1
-    for g, n in enumerate(rows):
-        seen += n
-        if g == groups - 1 or (cuts < parts and seen * parts >= cuts * total):
-            yield file_unit(path, range(start, g + 1))
-            start, cuts = g + 1, cuts + 1
+    for start, stop in _balanced([meta.row_group(g).num_rows for g in range(groups)], parts):
+        if stop > start:
+            yield file_unit(path, range(start, stop))
 
 
 def splits(split_row_groups: bool | int, size: int) -> bool:

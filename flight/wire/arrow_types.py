@@ -29,8 +29,8 @@ def unit_tags(ids: pa.Array) -> pa.Array:
 
 
 def unit_tag(unit: int, rows: int) -> pa.Array:
-    """A ``UNIT_TYPE`` column of ``rows`` rows, all of unit ``unit``."""
-    return pa.RunEndEncodedArray.from_arrays(pa.array([rows], pa.int32()), pa.array([unit], pa.uint64()))
+    """A ``UNIT_TYPE`` column of ``rows`` rows, all of unit ``unit`` (of no run when ``rows`` is 0: a run ends past 0)."""
+    return pa.RunEndEncodedArray.from_arrays(pa.array([rows] if rows else [], pa.int32()), pa.array([unit] if rows else [], pa.uint64()))
 
 
 def normalize_type(t: pa.DataType) -> pa.DataType:

@@ -1,0 +1,117 @@
+"""Row groups a scan's filter can keep, read from the footers at planning, so that a cut file's tasks share what
+is read.
+
+Why: a large file is cut into one run of consecutive row groups per task (``FileListProvider``,
+``ExecOptions.cut_file_rows``), as even in rows as the row groups allow. A fact table written in date order
+(TPC-DS ``catalog_sales``, ``inventory``) filtered to some months keeps a band of consecutive row groups, all in
+one task's run: that task reads them while the others skip all of theirs. Cut over only the row groups the filter
+can keep (``KeptRowGroups``), each task reads an even share of what is read. Trino prunes a scan's splits at the
+coordinator the same way, with the filters its build sides send: ``flight.planner.adaptive`` runs a small
+filtered build side first when the scan's file is in its key's order, and the key range its rows span becomes
+such a filter (``key_filters``).
+
+A row group is left out only when a column the filter bounds (``column <op> literal`` conjuncts) has a footer
+range wholly outside the bound: then every row of it fails the filter (a null fails each comparison). Only
+integer and date columns are compared: their values are exact on the planner's number line (``as_number``).
+Decisions only: the footers are read by the provider (``FileListProvider.key_ranges``, remembered with them).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from flight.plan.nodes import FeedScanNode, FilterNode
+from flight.planner.colocate import EXACT
+from flight.planner.ranges import column_bounds
+from flight.planner.stages import FeedPlan, StageSpec
+from flight.sources.feed import WorkUnitFeed
+from flight.sources.footers import parquet_metadata
+from flight.sources.providers import FileListProvider
+
+__all__ = ["CLUSTERED", "clustered", "kept_row_groups", "prune_runs"]
+
+CLUSTERED = 8
+"""A column is in the file's order (``clustered``) when its row groups' ranges are on average at most this many
+times narrower than the whole range: a bound on it then keeps a band of row groups, not a share of each."""
+
+
+def clustered(provider: FileListProvider, column: str) -> bool:
+    """Whether ``column``'s row groups each span a narrow part of its range (the rows are written in its order)."""
+    ranges = provider.key_ranges(column)
+    groups = [g for r in ranges or [] for g in r.groups]
+    if len(groups) < 2:
+        return False
+    low, high = min(g[0] for g in groups), max(g[1] for g in groups)
+    return high > low and sum(g[1] - g[0] for g in groups) / len(groups) * CLUSTERED <= high - low
+
+
+def kept_row_groups(provider: FileListProvider, scan: FeedScanNode, filters: list[FilterNode]) -> list[tuple[str, list[int]]] | None:
+    """Per file, the row groups one of ``filters`` (each right above ``scan``) may keep; None when no filter
+    bounds a column the footers can compare, or every row group may be kept."""
+    keep: dict[str, set[int]] = {}
+    bounded = False
+    for node in filters:
+        mine: dict[str, set[int]] | None = None  # what this filter keeps: every bounded column's groups agree
+        for column, (lo, hi) in column_bounds(node.predicate).items():
+            if column not in scan.schema.names:
+                continue
+            kind = scan.schema.field(column).type
+            ranges = provider.key_ranges(column) if pa.types.is_integer(kind) or pa.types.is_date(kind) else None
+            if not ranges or any(max(abs(r.low), abs(r.high)) > EXACT for r in ranges):
+                continue
+            bounded = True
+            fits = {r.path: {g for g, (a, b, _) in enumerate(r.groups) if b >= lo and a <= hi} for r in ranges}
+            mine = fits if mine is None else {p: mine[p] & fits[p] for p in fits}
+        if mine is None:
+            return None  # this filter keeps any row group: so does their union
+        for path, groups in mine.items():
+            keep.setdefault(path, set()).update(groups)
+    if not bounded:
+        return None
+    kept = [(path, sorted(keep.get(path, ()))) for path in provider.paths]
+    if all(len(groups) == _groups(path) for path, groups in kept):
+        return None
+    return [(path, groups) for path, groups in kept if groups]
+
+
+def _groups(path: str) -> int:
+    return parquet_metadata(path).num_row_groups
+
+
+def prune_runs(stages: list[StageSpec], rewrites: list[str]) -> None:
+    """Each stage's feeds that cut files into runs (``FileListProvider.cuts``), read only under filters, made to
+    cut only the row groups those filters can keep (module doc); each change said in ``rewrites``."""
+    for stage in stages:
+        for i, plan in enumerate(stage.feeds):
+            provider = plan.feed.inner()
+            if plan.shared or not isinstance(provider, FileListProvider) or not provider.cuts(plan.partitions):
+                continue
+            found = _scans(stage, plan.feed.feed_id)
+            if found is None:
+                continue
+            scan, filters = found
+            kept = kept_row_groups(provider, scan, filters)
+            if kept is None:
+                continue
+            total = sum(_groups(p) for p in provider.paths)
+            stage.feeds[i] = FeedPlan(WorkUnitFeed(provider.kept(kept), plan.feed.feed_id), plan.partitions)
+            rewrites.append(f"scan of {plan.feed.feed_id}: its filter keeps at most {sum(len(g) for _, g in kept)} of its {total} "
+                            f"row groups (footers); only they are cut into runs, one per task")
+
+
+def _scans(stage: StageSpec, feed_id: str) -> tuple[FeedScanNode, list[FilterNode]] | None:
+    """The scan of ``feed_id`` in ``stage`` and the filter right above each place it is read; None when a place
+    reads it unfiltered."""
+    scan: FeedScanNode | None = None
+    filters: list[FilterNode] = []
+    for root in [stage.root, *(stage.task_roots or [])]:
+        for node in root.walk():
+            for child in node.children():
+                if isinstance(child, FeedScanNode) and child.feed.feed_id == feed_id:
+                    if not isinstance(node, FilterNode):
+                        return None
+                    scan = child
+                    filters.append(node)
+            if isinstance(node, FeedScanNode) and node is root and node.feed.feed_id == feed_id:
+                return None
+    return None if scan is None else (scan, filters)
