@@ -36,6 +36,7 @@ from flight.planner.adaptive import settled as settled_root
 from flight.planner.cut import plan_query
 from flight.planner.inputs import refuse_unsent_inputs
 from flight.planner.optimize import push_filters
+from flight.planner.rowgroups import cut_feeds
 from flight.planner.semijoin import push_semi_joins
 from flight.planner.small import hands_off, many_groups, one_host, reads_twice, scan_bytes, small_note, too_many_sources
 from flight.planner.stages import PlannerOptions, QueryPlan, StageSpec
@@ -124,7 +125,9 @@ class DistributedExec:
             return
         root, _ = push_semi_joins(push_filters(self.query.node))
         self.adaptive = find_point(root)
-        self.prunes = prune_points(root, self._planner_options.cut_file_rows, len(urls), self.adaptive.side if self.adaptive else None)
+        cut = cut_feeds(self.plan.stages)  # a feed a co-located join groups by key is not cut into runs: nothing to share
+        self.prunes = [p for p in prune_points(root, self._planner_options.cut_file_rows, len(urls), self.adaptive.side if self.adaptive else None)
+                       if p.pruned is not None and p.pruned[0] in cut]
         points = self._points()
         if points:
             self._root, self._planned = root, self.plan

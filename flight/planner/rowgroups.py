@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from flight.plan.nodes import FeedScanNode, FilterNode
+from flight.plan.expr import Expr
+from flight.plan.nodes import FeedScanNode, FilterNode, Node, ProjectNode
+from flight.plan.relnodes import JoinNode
 from flight.planner.colocate import EXACT
 from flight.planner.ranges import column_bounds
 from flight.planner.stages import FeedPlan, StageSpec
@@ -28,7 +30,7 @@ from flight.sources.feed import WorkUnitFeed
 from flight.sources.footers import parquet_metadata
 from flight.sources.providers import FileListProvider
 
-__all__ = ["CLUSTERED", "clustered", "kept_row_groups", "prune_runs"]
+__all__ = ["CLUSTERED", "clustered", "cut_feeds", "kept_row_groups", "prune_runs"]
 
 CLUSTERED = 8
 """A column is in the file's order (``clustered``) when its row groups' ranges are on average at most this many
@@ -45,14 +47,14 @@ def clustered(provider: FileListProvider, column: str) -> bool:
     return high > low and sum(g[1] - g[0] for g in groups) / len(groups) * CLUSTERED <= high - low
 
 
-def kept_row_groups(provider: FileListProvider, scan: FeedScanNode, filters: list[FilterNode]) -> list[tuple[str, list[int]]] | None:
-    """Per file, the row groups one of ``filters`` (each right above ``scan``) may keep; None when no filter
-    bounds a column the footers can compare, or every row group may be kept."""
+def kept_row_groups(provider: FileListProvider, scan: FeedScanNode, predicates: list[Expr]) -> list[tuple[str, list[int]]] | None:
+    """Per file, the row groups one of ``predicates`` (each a filter of ``scan``'s rows) may keep; None when one
+    bounds no column the footers can compare, or every row group may be kept."""
     keep: dict[str, set[int]] = {}
     bounded = False
-    for node in filters:
+    for predicate in predicates:
         mine: dict[str, set[int]] | None = None  # what this filter keeps: every bounded column's groups agree
-        for column, (lo, hi) in column_bounds(node.predicate).items():
+        for column, (lo, hi) in column_bounds(predicate).items():
             if column not in scan.schema.names:
                 continue
             kind = scan.schema.field(column).type
@@ -78,6 +80,12 @@ def _groups(path: str) -> int:
     return parquet_metadata(path).num_row_groups
 
 
+def cut_feeds(stages: list[StageSpec]) -> set[str]:
+    """The ids of the feeds ``stages`` cut into runs of row groups (not those a co-located join groups by key)."""
+    return {plan.feed.feed_id for stage in stages for plan in stage.feeds
+            if not plan.shared and isinstance(provider := plan.feed.inner(), FileListProvider) and provider.cuts(plan.partitions)}
+
+
 def prune_runs(stages: list[StageSpec], rewrites: list[str]) -> None:
     """Each stage's feeds that cut files into runs (``FileListProvider.cuts``), read only under filters, made to
     cut only the row groups those filters can keep (module doc); each change said in ``rewrites``."""
@@ -89,8 +97,8 @@ def prune_runs(stages: list[StageSpec], rewrites: list[str]) -> None:
             found = _scans(stage, plan.feed.feed_id)
             if found is None:
                 continue
-            scan, filters = found
-            kept = kept_row_groups(provider, scan, filters)
+            scan, predicates = found
+            kept = kept_row_groups(provider, scan, predicates)
             if kept is None:
                 continue
             total = sum(_groups(p) for p in provider.paths)
@@ -99,19 +107,38 @@ def prune_runs(stages: list[StageSpec], rewrites: list[str]) -> None:
                             f"row groups (footers); only they are cut into runs, one per task")
 
 
-def _scans(stage: StageSpec, feed_id: str) -> tuple[FeedScanNode, list[FilterNode]] | None:
-    """The scan of ``feed_id`` in ``stage`` and the filter right above each place it is read; None when a place
-    reads it unfiltered."""
+def _scans(stage: StageSpec, feed_id: str) -> tuple[FeedScanNode, list[Expr]] | None:
+    """The scan of ``feed_id`` in ``stage`` and, for each place it is read, the conjunction of the filters every row
+    it reads there must pass (``_applying``); None when a place reads it with none."""
     scan: FeedScanNode | None = None
-    filters: list[FilterNode] = []
+    predicates: list[Expr] = []
     for root in [stage.root, *(stage.task_roots or [])]:
-        for node in root.walk():
-            for child in node.children():
-                if isinstance(child, FeedScanNode) and child.feed.feed_id == feed_id:
-                    if not isinstance(node, FilterNode):
-                        return None
-                    scan = child
-                    filters.append(node)
-            if isinstance(node, FeedScanNode) and node is root and node.feed.feed_id == feed_id:
-                return None
-    return None if scan is None else (scan, filters)
+        stack: list[tuple[Node, tuple[Expr, ...]]] = [(root, ())]
+        while stack:
+            node, above = stack.pop()
+            if isinstance(node, FeedScanNode) and node.feed.feed_id == feed_id:
+                if not above:
+                    return None
+                scan = node
+                predicate = above[0]
+                for more in above[1:]:
+                    predicate = predicate & more
+                predicates.append(predicate)
+            stack.extend((child, _applying(node, child, above)) for child in node.children())
+    return None if scan is None else (scan, predicates)
+
+
+def _applying(node: Node, child: Node, above: tuple[Expr, ...]) -> tuple[Expr, ...]:
+    """Of the filters every row of ``node`` passed (``above``, and ``node``'s own), those every row of ``child``
+    that reaches ``node``'s output must pass: a filter's input, a projection's input (for the columns it passes
+    unchanged), an inner join's sides and a semi or anti join's left side (for their own columns); none below
+    any other operator (an aggregate, a limit, an outer join: rows a filter above drops may still count)."""
+    if isinstance(node, FilterNode):
+        return (*above, node.predicate)
+    if isinstance(node, ProjectNode):
+        passed = {name for name, expr in node.exprs if expr.column_name() == name}
+        return tuple(p for p in above if p.referenced_fields() <= passed)
+    if isinstance(node, JoinNode) and (node.join_type == "inner" or (node.join_type in ("left semi", "left anti") and child is node.left)):
+        names = set(child.schema.names)
+        return tuple(p for p in above if p.referenced_fields() <= names)
+    return ()

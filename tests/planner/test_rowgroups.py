@@ -20,11 +20,13 @@ import pytest
 from support import sorted_table
 
 import flight
+from flight.plan.expr import Expr
 from flight.plan.nodes import FeedScanNode, FilterNode
+from flight.planner import adaptive
 from flight.planner.adaptive import prune_points
 from flight.planner.cut import plan_query
 from flight.planner.optimize import push_filters
-from flight.planner.rowgroups import clustered, kept_row_groups
+from flight.planner.rowgroups import clustered, cut_feeds, kept_row_groups
 from flight.planner.semijoin import push_semi_joins
 from flight.planner.stages import PlannerOptions
 from flight.sources.feed import FeedContext
@@ -84,12 +86,16 @@ def footer_groups(path: Path, low: int, high: int) -> list[int]:
     return out
 
 
-def filtered_scan(catalog: flight.Catalog, text: str) -> tuple[FileListProvider, FeedScanNode, list[FilterNode]]:
+def filtered_scan(catalog: flight.Catalog, text: str) -> tuple[FileListProvider, FeedScanNode, list[Expr]]:
     root = push_filters(flight.sql(text, catalog).node)
-    node = next(n for n in root.walk() if isinstance(n, FilterNode) and isinstance(n.input, FeedScanNode))
-    provider = node.input.feed.inner()
+    top = next(n for n in root.walk() if isinstance(n, FilterNode))
+    predicate, below = top.predicate, top.input
+    while isinstance(below, FilterNode):  # conjuncts pushed as filters of their own
+        predicate, below = predicate & below.predicate, below.input
+    assert isinstance(below, FeedScanNode)
+    provider = below.feed.inner()
     assert isinstance(provider, FileListProvider)
-    return provider, node.input, [node]
+    return provider, below, [predicate]
 
 
 def test_a_range_keeps_the_row_groups_its_footers_allow(catalog: flight.Catalog, paths: dict[str, Path]) -> None:
@@ -138,6 +144,8 @@ def test_a_filtered_cut_scan_reads_only_its_kept_row_groups(catalog: flight.Cata
     assert any("keeps at most 3 of its 20 row groups" in r for r in plan.rewrites), plan.rewrites
     plain = plan_query(query, 2, PlannerOptions(cut_file_rows=0, small_query_bytes=0))  # not cut: nothing to share
     assert all(not isinstance(f.feed.inner(), KeptRowGroups) for s in plain.stages for f in s.feeds)
+    unfiltered = plan_query(flight.sql("select v from facts", catalog).node, 2, PlannerOptions(cut_file_rows=1, small_query_bytes=0))
+    assert cut_feeds(unfiltered.stages) == {leaf.feeds[0].feed.feed_id} and cut_feeds(plain.stages) == set()
 
 
 def test_a_file_in_the_keys_order_is_clustered(catalog: flight.Catalog) -> None:
@@ -146,6 +154,19 @@ def test_a_file_in_the_keys_order_is_clustered(catalog: flight.Catalog) -> None:
     assert clustered(provider, "k") and not clustered(mixed, "k") and not clustered(provider, "v")
 
 
+@pytest.fixture
+def narrow_bands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tables are small: a band of any rows is worth sharing (by default 2 million)."""
+    monkeypatch.setattr(adaptive, "PRUNE_BAND_ROWS", 1)
+
+
+def test_a_narrow_band_is_left_to_the_plain_runs(catalog: flight.Catalog) -> None:
+    """A side whose keys hold ~3,000 of the file's rows: one task reads them faster than a side run first costs."""
+    root, _ = push_semi_joins(push_filters(flight.sql(JOIN.format(month=3), catalog).node))
+    assert prune_points(root, 1, 2) == []
+
+
+@pytest.mark.usefixtures("narrow_bands")
 def test_a_small_filtered_side_joined_to_a_clustered_cut_file_is_run_first(catalog: flight.Catalog) -> None:
     root, _ = push_semi_joins(push_filters(flight.sql(JOIN.format(month=3), catalog).node))
     points = prune_points(root, 1, 2)
@@ -157,6 +178,7 @@ def test_a_small_filtered_side_joined_to_a_clustered_cut_file_is_run_first(catal
     assert prune_points(mixed, 1, 2) == []  # every row group holds every day: a range keeps them all
 
 
+@pytest.mark.usefixtures("narrow_bands")
 @pytest.mark.parametrize("month", [0, 6, 12])
 def test_the_join_answers_as_duckdb_and_every_task_reads_part_of_the_band(
     two_hosts: flight.LocalCluster, catalog: flight.Catalog, oracle: duckdb.DuckDBPyConnection, month: int
