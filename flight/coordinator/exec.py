@@ -144,6 +144,8 @@ class DistributedExec:
             return self.plan, options
         notes, new = [], root
         for point in points:
+            if new is not root and not any(n is point.side for n in new.walk()):
+                continue  # inside a side that ran first: nothing left of it to settle
             settled = run_side(point, self._start_side, options)
             notes.append(point.outcome(settled.table, settled.seconds, options.adaptive_bytes))
             if options.deadline is not None:

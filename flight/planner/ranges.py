@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import pyarrow as pa
+
 from flight.compute.expressions import literal_value
 from flight.plan.expr import Expr
 from flight.plan.expr_nodes import CallNode, FieldNode, LiteralNode
@@ -34,8 +36,9 @@ ColumnRange = Callable[[str], "tuple[float, float] | None"]
 _FLIPPED = {"less": "greater", "less_equal": "greater_equal", "greater": "less", "greater_equal": "less_equal"}
 
 
-def _comparison(term: Expr) -> tuple[str, str, float] | None:
-    """``(column, function, value)`` for ``column <op> literal`` (either order), else None."""
+def _comparison(term: Expr, schema: pa.Schema | None = None) -> tuple[str, str, float] | None:
+    """``(column, function, value)`` for ``column <op> literal`` (either order), else None; with ``schema``, only
+    where the literal is of the column's kind (a date compared with a timestamp is on another number line)."""
     node = term._node
     if not isinstance(node, CallNode) or node.function not in _FLIPPED or node.options is not None or len(node.args) != 2:
         return None
@@ -46,10 +49,20 @@ def _comparison(term: Expr) -> tuple[str, str, float] | None:
     if not (isinstance(a, FieldNode) and isinstance(b, LiteralNode)):
         return None
     try:
-        value = as_number(literal_value(b.literal, "literal").as_py())
+        scalar = literal_value(b.literal, "literal")
+        value = as_number(scalar.as_py())
     except Exception:  # noqa: BLE001 - a literal the estimate cannot read: the default applies
         return None
+    if schema is not None and not _same_line(schema.field(a.name).type if a.name in schema.names else None, scalar.type):
+        return None
     return None if value is None else (a.name, function, value)
+
+
+def _same_line(column: pa.DataType | None, literal: pa.DataType) -> bool:
+    """Whether values of the two types are on one number line of ``as_number``: numbers with numbers, dates with dates."""
+    def number(t: pa.DataType) -> bool:
+        return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
+    return column is not None and ((number(column) and number(literal)) or (pa.types.is_date(column) and pa.types.is_date(literal)))
 
 
 def range_selectivity(predicate: Expr, column_range: ColumnRange) -> float:
@@ -76,12 +89,13 @@ def range_selectivity(predicate: Expr, column_range: ColumnRange) -> float:
     return fraction
 
 
-def column_bounds(predicate: Expr) -> dict[str, tuple[float, float]]:
-    """The closed interval each column must lie in for a row to pass ``predicate``, from its ``column <op> literal``
-    conjuncts (``between`` is two of them); a column no such term bounds is not listed. A null fails them all."""
+def column_bounds(predicate: Expr, schema: pa.Schema) -> dict[str, tuple[float, float]]:
+    """The closed interval each column of ``schema`` must lie in for a row to pass ``predicate``, from its
+    ``column <op> literal`` conjuncts with a literal of the column's kind (``between`` is two of them); a column no
+    such term bounds is not listed. A null fails them all."""
     bounds: dict[str, tuple[float, float]] = {}
     for term in conjuncts(predicate):
-        parsed = _comparison(term)
+        parsed = _comparison(term, schema)
         if parsed is None:
             continue
         column, function, value = parsed

@@ -54,7 +54,7 @@ def kept_row_groups(provider: FileListProvider, scan: FeedScanNode, predicates: 
     bounded = False
     for predicate in predicates:
         mine: dict[str, set[int]] | None = None  # what this filter keeps: every bounded column's groups agree
-        for column, (lo, hi) in column_bounds(predicate).items():
+        for column, (lo, hi) in column_bounds(predicate, scan.schema).items():
             if column not in scan.schema.names:
                 continue
             kind = scan.schema.field(column).type
@@ -71,8 +71,9 @@ def kept_row_groups(provider: FileListProvider, scan: FeedScanNode, predicates: 
     if not bounded:
         return None
     kept = [(path, sorted(keep.get(path, ()))) for path in provider.paths]
-    if all(len(groups) == _groups(path) for path, groups in kept):
-        return None
+    if all(len(groups) == _groups(path) for path, groups in kept) or not any(groups for _, groups in kept):
+        return None  # all kept: the plain runs; none: the plain runs too, whose readers skip every row group (a task
+        # with no unit at all would give a global aggregate no partial row)
     return [(path, groups) for path, groups in kept if groups]
 
 
@@ -140,5 +141,7 @@ def _applying(node: Node, child: Node, above: tuple[Expr, ...]) -> tuple[Expr, .
         return tuple(p for p in above if p.referenced_fields() <= passed)
     if isinstance(node, JoinNode) and (node.join_type == "inner" or (node.join_type in ("left semi", "left anti") and child is node.left)):
         names = set(child.schema.names)
+        if child is not node.left:  # a name both sides have is the left one's above the join (the right one's renamed)
+            names -= set(node.left.schema.names)
         return tuple(p for p in above if p.referenced_fields() <= names)
     return ()
