@@ -151,7 +151,7 @@ class DistributedExec:
             if options.deadline is not None:
                 options = replace(options, deadline=max(1e-3, options.deadline - settled.seconds))
             if settled.table is not None:
-                new = settled_root(new, point.side, settled.table)
+                new = settled_root(new, point.side, settled.table, point.probe)
         if new is root:
             plan = QueryPlan(self._planned.stages, [*notes, *self._planned.rewrites[len(points):]])
         else:

@@ -70,6 +70,8 @@ class AdaptivePoint:
     size: float | None
     partner_size: float
     pruned: tuple[str, str] | None = None
+    probe: object | None = None
+    """A pruning point's provider (of the cut file): copies of the side that build joins with its scans settle too."""
 
     def text(self) -> str:
         """What the plan's rewrite notes say before the side runs."""
@@ -178,7 +180,7 @@ def prune_points(root: Node, cut_rows: int, tasks: int, taken: Node | None = Non
                     and _band_rows(provider, traced[1], rows) >= PRUNE_BAND_ROWS):
                 seen.add(subtree_key(side))
                 _, partner = _bytes(node.left)
-                points.append(AdaptivePoint(side, node, rows, size, partner or 0.0, (traced[0].feed.feed_id, traced[1])))
+                points.append(AdaptivePoint(side, node, rows, size, partner or 0.0, (traced[0].feed.feed_id, traced[1]), provider))
                 break
     return points
 
@@ -192,17 +194,30 @@ def _band_rows(provider: FileListProvider, column: str, keys: float) -> float:
     return rows * min(1.0, keys / max(1.0, span[1] - span[0] + 1))
 
 
-def settled(root: Node, side: Node, table: pa.Table) -> Node:
+def settled(root: Node, side: Node, table: pa.Table, probe: object | None = None) -> Node:
     """``root`` with ``side`` replaced by its rows, as one ``ValuesNode`` (its columns in its order), each place it
-    is: a semi join copied onto both sides of a join shares its build side, and each copy of a subplan equal to it
-    (``subtree_keys``: a rollup's sets each over their own copy of the input) is replaced by the same rows, so the
-    copies stay equal (``flight.planner.gsets`` merges the sets of one input)."""
-    keys = subtree_keys(root)
-    key = keys.get(id(side), subtree_key(side))
+    is (a semi join copied onto both sides of a join shares its build side). With ``probe`` (a pruning point's
+    provider), also each copy of a subplan equal to it (``subtree_keys``) that builds a join whose key comes from a
+    scan of that provider: a rollup's sets are each over their own copy of the input, and with the same rows in each
+    they stay equal (``flight.planner.gsets`` merges the sets of one input). Copies that other tables join are left
+    alone (TPC-DS q04's year of dates for its three channels): literal rows there would plan those legs anew."""
+    keys = subtree_keys(root) if probe is not None else {}
+    key = subtree_key(side) if probe is not None else b""
     rows = ValuesNode(table.select(side.schema.names).cast(side.schema))
 
+    def copy(join: JoinNode) -> bool:
+        if join.join_type not in ("inner", "left semi") or keys.get(id(join.right)) != key:
+            return False
+        traced = [key_scan(join.left, k) for k in join.left_keys]
+        return any(t is not None and t[0].feed.inner() is probe for t in traced)
+
     def visit(node: Node) -> Node:
-        return rows if node is side or keys.get(id(node)) == key else _rebuilt(node, visit)
+        if node is side:
+            return rows
+        if isinstance(node, JoinNode) and probe is not None and copy(node):
+            left = visit(node.left)
+            return replace(node, left=left, right=rows)
+        return _rebuilt(node, visit)
 
     return visit(root)
 
