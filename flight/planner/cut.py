@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from flight.errors import PlanError
 from flight.plan.agg import MERGEABLE
-from flight.plan.expr import Expr, col, if_else, lit
+from flight.plan.expr import Expr, coalesce, col, if_else, lit
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, InputCallNode, LimitNode, Node, ProjectNode, UnnestNode, ValuesNode
 from flight.plan.relnodes import AggCall, AggregateNode, JoinNode, ShuffleReadNode, SortNode, UnionNode
 from flight.plan.window import WindowNode
@@ -281,11 +281,11 @@ class _Planner:
             if c.function == "mean":
                 total, n = col(part("sum", c.expr)).cast(pa.float64()), col(part("count", c.expr)).cast(pa.float64())
                 outputs.append((c.name, if_else(n > 0, total / n, lit(None, pa.float64()))))
-            else:
-                outputs.append((c.name, col(part(c.function, c.expr))))
+            else:  # a global count over no partial row at all (every task without a unit) is 0, not null
+                p = col(part(c.function, c.expr))
+                outputs.append((c.name, coalesce(p, lit(0, pa.int64())) if not node.keys and c.function in ("count", "count_all") else p))
         label = node.label_text or "Aggregate"
-        pre_node = AggregateNode(f.node, node.keys, partial, f"Partial{label}", partial=True)
-        pre = self.wrap(f, pre_node, aggregate_rows(node, f.rows, f.tasks, partial=True))
+        pre = self.wrap(f, AggregateNode(f.node, node.keys, partial, f"Partial{label}", partial=True), aggregate_rows(node, f.rows, f.tasks, True))
         read = self.cut(pre, mode, hash_keys)
         merged = AggregateNode(read, node.keys, final, f"Final{label}")
         return self.consumer(ProjectNode(merged, outputs), tasks, rows, [read], hashed=hash_keys or None)  # type: ignore[arg-type]

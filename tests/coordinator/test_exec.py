@@ -289,3 +289,24 @@ def test_inner_join_broadcasts_a_small_left_side(cluster: flight.LocalCluster, p
     expected = src.filter(pc.less(src["id"], 50))
     assert sorted(got["id"].to_pylist()) == sorted(expected["id"].to_pylist())
     assert got["k"].to_pylist() == got["id"].to_pylist()
+
+
+class _NoUnits(flight.FileListProvider):
+    """Files that discover no work unit (an empty listing): every task reads nothing."""
+
+    def feed(self, partition, ctx):  # type: ignore[no-untyped-def]
+        return iter(())
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_global_counts_over_no_unit_are_zero_as_in_duckdb(cluster: flight.LocalCluster, parquet_files: list[Path], split: bool) -> None:
+    """A task with no unit gave a global aggregate no row on DuckDB's engine: split across tasks, the merged count of
+    no partial row was null (``select count(*)`` of an empty listing said NULL, not 0)."""
+    schema = pq.read_schema(parquet_files[0])
+    query = flight.from_feed(_NoUnits([str(p) for p in parquet_files]), "parquet", schema)
+    query = query.aggregate(n=flight.agg.count_all(), c=flight.agg.count(col("id")), s=flight.agg.sum(col("id")))
+    options = {"small_query_bytes": 0, "one_host_query_bytes": 0} if split else {}
+    got = flight.DistributedExec(query, cluster.urls, **options).to_table()
+    empty = pa.table({"id": pa.array([], schema.field("id").type)})
+    want = duckdb.sql("select count(*) as n, count(id) as c, sum(id) as s from empty").to_arrow_table()
+    assert got.to_pylist() == want.to_pylist()
