@@ -47,7 +47,7 @@ from flight.planner.colocate import key_scan
 from flight.planner.cost import BROADCAST_ALWAYS_BYTES, row_width
 from flight.planner.keysets import estimated_rows
 from flight.planner.notes import join_text, repeatable
-from flight.planner.optimize import conjuncts
+from flight.planner.optimize import conjunction, conjuncts
 from flight.planner.ranges import range_selectivity
 from flight.planner.reuse import subtree_key, subtree_keys
 from flight.planner.rowgroups import clustered
@@ -211,10 +211,7 @@ def _side_rows(side: Node, estimate: float) -> float:
         else:
             rows /= max(1.0, known[1] - known[0] + 1)
     if rest:
-        predicate = rest[0]
-        for term in rest[1:]:
-            predicate = predicate & term
-        rows *= range_selectivity(predicate, column_range)
+        rows *= range_selectivity(conjunction(rest), column_range)
     return min(rows, estimate)
 
 

@@ -36,6 +36,7 @@ uses down into its scans, so a worker reads (and a shuffle moves) only those.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from flight.plan.expr import Expr, call
@@ -45,7 +46,7 @@ from flight.plan.relnodes import AggregateNode, JoinNode, SortNode, UnionNode
 from flight.plan.window import WindowNode
 from flight.planner.prune import prune_columns
 
-__all__ = ["PUSHABLE_SIDES", "conjuncts", "derive_side_filter", "disjuncts", "prune_columns", "push_filters", "rename_fields"]
+__all__ = ["PUSHABLE_SIDES", "conjunction", "conjuncts", "derive_side_filter", "disjuncts", "prune_columns", "push_filters", "rename_fields"]
 
 _AND = ("and_kleene", "and")
 _OR = ("or_kleene", "or")
@@ -106,6 +107,11 @@ def disjuncts(expr: Expr) -> list[Expr]:
 
 def _all(terms: list[Expr]) -> Expr:
     return terms[0] if len(terms) == 1 else call("and_kleene", *terms)
+
+
+def conjunction(terms: Sequence[Expr]) -> Expr:
+    """All of ``terms`` (one at least) as one predicate: what ``conjuncts`` takes apart."""
+    return _all(list(terms))
 
 
 def _any(terms: list[Expr]) -> Expr:

@@ -24,6 +24,7 @@ from flight.plan.expr import Expr
 from flight.plan.nodes import FeedScanNode, FilterNode, Node, ProjectNode
 from flight.plan.relnodes import JoinNode
 from flight.planner.colocate import EXACT
+from flight.planner.optimize import conjunction
 from flight.planner.ranges import column_bounds
 from flight.planner.stages import FeedPlan, StageSpec
 from flight.sources.feed import WorkUnitFeed
@@ -121,10 +122,7 @@ def _scans(stage: StageSpec, feed_id: str) -> tuple[FeedScanNode, list[Expr]] | 
                 if not above:
                     return None
                 scan = node
-                predicate = above[0]
-                for more in above[1:]:
-                    predicate = predicate & more
-                predicates.append(predicate)
+                predicates.append(conjunction(above))
             stack.extend((child, _applying(node, child, above)) for child in node.children())
     return None if scan is None else (scan, predicates)
 
