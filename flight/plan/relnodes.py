@@ -87,7 +87,7 @@ class AggregateNode(Node):
         seen: dict[bytes, str] = {}
 
         def column(e: Expr | None, stem: str) -> str:
-            return "" if e is None else seen.setdefault(e.to_proto().SerializeToString(deterministic=True), stem)
+            return "" if e is None else seen.setdefault(e.wire(), stem)
 
         return [
             (column(c.expr, f"__arg{i}"), [column(e, f"__ord{i}_{k}") for k, (e, _, _) in enumerate(c.order)], column(c.where, f"__where{i}"))

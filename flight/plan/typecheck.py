@@ -47,7 +47,7 @@ def output_type(expr: Expr, schema: pa.Schema) -> pa.DataType:
         return schema.field(msg.nodes[0].field.name).type  # a column: nothing to bind
     # The type depends on the types of the columns it reads only; hashing the whole schema would
     # cost microseconds per column, for every expression of every node the planner builds.
-    key = (msg.SerializeToString(deterministic=True), tuple((n, _type_of(schema, n)) for n in sorted(used)))
+    key = (expr.wire(), tuple((n, _type_of(schema, n)) for n in sorted(used)))
     known = _TYPED.get(key)
     if known is not None:
         return known

@@ -269,7 +269,7 @@ class _Planner:
 
         def part(function: str, expr: Expr | None) -> str:
             """The partial column computing ``function(expr)``; equal ones are computed once."""
-            key = (function, b"" if expr is None else expr.to_proto().SerializeToString(deterministic=True))
+            key = (function, b"" if expr is None else expr.wire())
             if key not in known:
                 name = known[key] = f"__p{len(known)}"
                 again = "sum" if function in ("count", "count_all", "sum") else function

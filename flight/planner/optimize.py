@@ -204,7 +204,7 @@ def _shared(root: Node) -> dict[int, set[int]]:
 
 
 def _key(pred: _Pred) -> bytes:
-    return pred.expr.to_proto().SerializeToString(deterministic=True)
+    return pred.expr.wire()
 
 
 def _into(uses: list[list[_Pred]]) -> list[_Pred]:
@@ -215,7 +215,7 @@ def _into(uses: list[list[_Pred]]) -> list[_Pred]:
     into = [p for k, p in keyed[0].items() if k in every]
     if len(uses) > 1 and all(k.keys() - every for k in keyed):
         rest = [_all([p.expr for k, p in use.items() if k not in every]) for use in keyed]
-        unique = {r.to_proto().SerializeToString(deterministic=True): r for r in rest}
+        unique = {r.wire(): r for r in rest}
         into.append(_Pred(_any(list(unique.values())), f"the OR of its {len(uses)} uses' filters, pushed into the subplan they share"))
     return into
 

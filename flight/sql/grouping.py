@@ -173,7 +173,7 @@ def _pre_aggregated(
 
     def part(function: str, expr: Expr | None) -> str:
         """The merged column of ``function(expr)`` over the parts; equal ones are computed once."""
-        key = (function, b"" if expr is None else expr.to_proto().SerializeToString(deterministic=True))
+        key = (function, b"" if expr is None else expr.wire())
         if key not in known:
             name = known[key] = f"__part{len(known)}"
             parts[name] = agg.Agg(function, expr)
