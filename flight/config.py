@@ -112,7 +112,8 @@ class ExecOptions:
     adaptive_bytes: int = 8 << 20
     """A join side whose size only a guess gives (a filter on an aggregate's output), where the guess would
     shuffle the other side, runs first; so do small filtered sides whose keys' range picks the row groups of a file
-    cut into runs in that key's order (``cut_file_rows``: a fact table written by date). If its rows come to at most
+    cut into runs in that key's order (``cut_file_rows``: a fact table written by date), and two large tables a join
+    on a composite key pairs (``flight.planner.composite``: TPC-DS q25's returns and catalog sales). If its rows come to at most
     this many bytes, the query is planned again with them as literal input (``flight.planner.adaptive``;
     docs/queries.md, "Adaptive planning"). Only across hosts (workers on one host move rows by a local copy). 0: never."""
     security: Security | None = None

@@ -20,7 +20,8 @@ The rule, a decision apart from I/O (``flight.coordinator.adaptive`` carries it 
   bytes are not worth the wait for the side to finish before the rest starts;
 * it reads repeatable sources only (read once to settle it, and again if it turns out large), and no
   input a caller sends;
-* the first such side, top-down, is chosen (one per query).
+* the first such side, top-down, is chosen (one per query); with none, a join of two large tables on a composite key
+  is one too (``flight.planner.composite``: the plan rotated so that the pair is a side).
 
 At run time the side runs as a query of its own. If its rows fit ``ExecOptions.adaptive_bytes`` they
 replace the side, everywhere it is (a semi join copied onto both sides of a join shares it), as a
@@ -55,7 +56,7 @@ from flight.sources.providers import FileListProvider
 
 __all__ = [
     "MAX_PRUNE_POINTS", "PARTNER_BYTES", "PRUNE_BAND_ROWS", "PRUNE_SIDE_ROWS", "AdaptivePoint", "find_point", "key_filters", "prune_points",
-    "settled", "uncertain",
+    "rebuilt", "settled", "size_of", "uncertain",
 ]
 
 PARTNER_BYTES = BROADCAST_ALWAYS_BYTES
@@ -75,9 +76,13 @@ class AdaptivePoint:
     pruned: tuple[str, str] | None = None
     probe: object | None = None
     """A pruning point's provider (of the cut file): copies of the side that build joins with its scans settle too."""
+    why: str | None = None
+    """What the notes say before the side runs, when another rule chose it (``flight.planner.composite``)."""
 
     def text(self) -> str:
         """What the plan's rewrite notes say before the side runs."""
+        if self.why is not None:
+            return f"adaptive: {self.why}"
         if self.pruned is not None:
             return (f"adaptive: {join_text(self.join)}'s side {_label(self.side)} ({_estimate(self.rows, self.size)}) runs first "
                     f"as a query of its own: the range of its keys filters {self.pruned[0]}'s {self.pruned[1]!r}, in whose order "
@@ -105,7 +110,8 @@ def _estimate(rows: float | None, size: float | None) -> str:
     return f"~{rows:,.0f} rows, {size / (1 << 20):,.1f} MiB"
 
 
-def _bytes(node: Node) -> tuple[float | None, float | None]:
+def size_of(node: Node) -> tuple[float | None, float | None]:
+    """``node``'s estimated rows and bytes (None: unknown)."""
     rows = estimated_rows(node)
     return rows, None if rows is None else rows * row_width(node.schema)
 
@@ -136,9 +142,9 @@ def find_point(root: Node) -> AdaptivePoint | None:
         node = stack.pop()
         if isinstance(node, JoinNode):
             for side, other in ((node.right, node.left), (node.left, node.right)):
-                _, partner = _bytes(other)
+                _, partner = size_of(other)
                 if partner is not None and partner >= PARTNER_BYTES and _may_settle(side):
-                    rows, size = _bytes(side)
+                    rows, size = size_of(side)
                     return AdaptivePoint(side, node, rows, size, partner)
         stack.extend(reversed(list(node.children())))
     return None
@@ -169,7 +175,7 @@ def prune_points(root: Node, cut_rows: int, tasks: int, taken: Node | None = Non
         if len(points) >= MAX_PRUNE_POINTS or not isinstance(node, JoinNode) or node.join_type not in ("inner", "left semi"):
             continue
         side = node.right
-        rows, size = _bytes(side)
+        rows, size = size_of(side)
         if (subtree_key(side) in seen or rows is None or rows > PRUNE_SIDE_ROWS or not any(isinstance(n, FilterNode) for n in side.walk())
                 or not repeatable(side) or any(isinstance(n, (InputCallNode, ExchangeInputNode, ValuesNode)) for n in side.walk())):
             continue
@@ -182,7 +188,7 @@ def prune_points(root: Node, cut_rows: int, tasks: int, taken: Node | None = Non
             if ((pa.types.is_integer(kind) or pa.types.is_date(kind)) and provider.may_cut(cut_rows) and clustered(provider, traced[1])
                     and _band_rows(provider, traced[1], _side_rows(side, rows)) >= PRUNE_BAND_ROWS):
                 seen.add(subtree_key(side))
-                _, partner = _bytes(node.left)
+                _, partner = size_of(node.left)
                 points.append(AdaptivePoint(side, node, rows, size, partner or 0.0, (traced[0].feed.feed_id, traced[1]), provider))
                 break
     return points
@@ -247,12 +253,12 @@ def settled(root: Node, side: Node, table: pa.Table, probe: object | None = None
         if isinstance(node, JoinNode) and probe is not None and copy(node):
             left = visit(node.left)
             return replace(node, left=left, right=rows)
-        return _rebuilt(node, visit)
+        return rebuilt(node, visit)
 
     return visit(root)
 
 
-def _rebuilt(node: Node, f: Callable[[Node], Node]) -> Node:
+def rebuilt(node: Node, f: Callable[[Node], Node]) -> Node:
     """``node`` with ``f`` applied to each child (``node`` itself when none changed)."""
     if isinstance(node, JoinNode):
         left, right = f(node.left), f(node.right)
@@ -276,7 +282,7 @@ def key_filters(root: Node) -> tuple[Node, list[str]]:
     notes: list[str] = []
 
     def visit(node: Node) -> Node:
-        node = _rebuilt(node, visit)
+        node = rebuilt(node, visit)
         if not isinstance(node, JoinNode) or node.join_type not in ("inner", "left semi"):
             return node
         if isinstance(node.right, ValuesNode):
