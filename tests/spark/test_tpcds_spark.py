@@ -57,9 +57,14 @@ def computing(urls: list[str]) -> int:
     return sum(i.running_tasks - i.load.kept_outputs for i in map(worker_info, urls))
 
 
-def test_the_sessions_kept_results_are_released_once_no_dataframe_can_read_them(spark: Any, workers: flight.LocalCluster) -> None:
+def test_the_sessions_kept_results_are_released_once_no_dataframe_can_read_them(
+    spark: Any, workers: flight.LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Run after the 99 (same module, same session): every DataFrame is gone, so the JVM's next collection
-    clears the reads' plans and the kept results are let go (``_kept.GC_EVERY_S`` + a poll)."""
+    clears the reads' plans and the kept results are let go (``_kept.GC_EVERY_S`` + a poll). The watcher asks
+    the JVM for that collection every 2 s here, not every 30 (its thread reads the period each round): the wait
+    for the next one was 30 of this test's 34 s in CI."""
+    monkeypatch.setattr(fs._kept, "GC_EVERY_S", 2.0)
     gc.collect()
     # Both, polled together: the watcher releases a query's tasks and then forgets it, so the workers can be
     # seen empty a moment before the registry is (a CI run on 2026-12-05 read 1 there).
