@@ -306,3 +306,16 @@ def duckdb_views(paths: dict[str, Path]) -> Iterator[duckdb.DuckDBPyConnection]:
         yield c
     finally:
         c.close()
+
+
+def file_catalog(paths: dict[str, Path]) -> flight.Catalog:
+    """One Parquet file per table, by name."""
+    return flight.Catalog({name: flight.read_parquet([str(path)]) for name, path in paths.items()})
+
+
+def file_views(paths: dict[str, Path]) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with a view of each table's one Parquet file: the oracle over the same files."""
+    con = duckdb.connect()
+    for name, path in paths.items():
+        con.sql(f"create view {name} as select * from read_parquet('{path}')")
+    return con

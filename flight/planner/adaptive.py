@@ -56,7 +56,7 @@ from flight.sources.providers import FileListProvider
 
 __all__ = [
     "MAX_PRUNE_POINTS", "PARTNER_BYTES", "PRUNE_BAND_ROWS", "PRUNE_SIDE_ROWS", "AdaptivePoint", "find_point", "key_filters", "prune_points",
-    "rebuilt", "settled", "size_of", "uncertain",
+    "rebuilt", "settleable", "settled", "size_of", "uncertain",
 ]
 
 PARTNER_BYTES = BROADCAST_ALWAYS_BYTES
@@ -130,9 +130,13 @@ def uncertain(node: Node) -> bool:
     return guessed and isinstance(node, AggregateNode) and bool(node.keys)
 
 
+def settleable(side: Node) -> bool:
+    """Whether ``side`` may run first as a query of its own: repeatable sources only, no input a caller sends."""
+    return repeatable(side) and not any(isinstance(n, (InputCallNode, ExchangeInputNode, ValuesNode)) for n in side.walk())
+
+
 def _may_settle(side: Node) -> bool:
-    return (uncertain(side) and repeatable(side)
-            and not any(isinstance(n, (InputCallNode, ExchangeInputNode, ValuesNode)) for n in side.walk()))
+    return uncertain(side) and settleable(side)
 
 
 def find_point(root: Node) -> AdaptivePoint | None:

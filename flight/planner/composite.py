@@ -26,11 +26,11 @@ broadcast join with, and each task's DuckDB filters ``A``'s scan by their keys a
 
 from __future__ import annotations
 
-from flight.plan.expr import col
-from flight.plan.nodes import ExchangeInputNode, FilterNode, InputCallNode, Node, ProjectNode, ValuesNode
+from flight.plan.nodes import FilterNode, Node, ProjectNode
 from flight.plan.relnodes import JoinNode
-from flight.planner.adaptive import PARTNER_BYTES, PRUNE_SIDE_ROWS, AdaptivePoint, rebuilt, size_of
-from flight.planner.notes import join_text, repeatable
+from flight.planner.adaptive import PARTNER_BYTES, PRUNE_SIDE_ROWS, AdaptivePoint, rebuilt, settleable, size_of
+from flight.planner.notes import join_text
+from flight.planner.place import rotated, rotation_sides
 
 __all__ = ["COMPOSITE_SIDE_ROWS", "composite_point"]
 
@@ -55,21 +55,10 @@ def composite_point(root: Node) -> tuple[Node, AdaptivePoint] | None:
 
 
 def _rotated(outer: JoinNode, above: tuple[Node, ...]) -> tuple[Node, AdaptivePoint] | None:
-    if outer.join_type != "inner" or outer.filter is not None or len(outer.left_keys) < 2:
+    sides = rotation_sides(outer) if len(outer.left_keys) >= 2 else None
+    if sides is None:
         return None
-    inner = outer.left
-    if isinstance(inner, ProjectNode) and inner.selects():
-        inner = inner.input  # a column selection: the rotated join keeps every column, then selects
-    if not isinstance(inner, JoinNode) or inner.join_type != "inner" or inner.filter is not None:
-        return None
-    a, b, c = inner.left, inner.right, outer.right
-    names = [*a.schema.names, *b.schema.names, *c.schema.names]
-    if len(set(names)) != len(names):
-        return None
-    if all(k in a.schema.names for k in outer.left_keys):
-        a, b = b, a
-    elif not all(k in b.schema.names for k in outer.left_keys):
-        return None
+    inner, a, b, c = sides
     b_rows, _ = size_of(b)
     c_rows, _ = size_of(c)
     _, partner = size_of(a)
@@ -77,21 +66,18 @@ def _rotated(outer: JoinNode, above: tuple[Node, ...]) -> tuple[Node, AdaptivePo
             or partner < PARTNER_BYTES):
         return None
     pair = JoinNode(_kept(b, outer, above), _kept(c, outer, above), outer.left_keys, outer.right_keys, "inner", outer.right_suffix)
-    if not repeatable(pair) or any(isinstance(n, (InputCallNode, ExchangeInputNode, ValuesNode)) for n in pair.walk()):
+    if not settleable(pair):
         return None
-    if b is inner.right:
-        joined = JoinNode(a, pair, inner.left_keys, inner.right_keys, "inner", inner.right_suffix)
-    else:
-        joined = JoinNode(pair, a, inner.left_keys, inner.right_keys, "inner", inner.right_suffix)
+    joined = rotated(outer, inner, a, b, pair)
     rows, size = size_of(pair)
     why = (f"{join_text(outer)} over {join_text(inner)}: joins reordered, {join_text(pair)} first, and it runs first "
            f"as a query of its own (~{b_rows:,.0f} and ~{c_rows:,.0f} rows on a composite key: its size is a guess); "
            f"the rest is planned from its actual rows if they fit adaptive_bytes (the other side, "
            f"~{partner / (1 << 20):,.1f} MiB, is then filtered by their keys where it is read)")
-    point = AdaptivePoint(pair, joined, rows, size, partner, why=why)
-    if joined.schema.names == outer.schema.names:
-        return joined, point
-    return ProjectNode(joined, [(n, col(n)) for n in outer.schema.names]), point
+    join = joined.input if isinstance(joined, ProjectNode) else joined  # the rotated join under its column order
+    if not isinstance(join, JoinNode):
+        return None
+    return joined, AdaptivePoint(pair, join, rows, size, partner, why=why)
 
 
 def _kept(side: Node, outer: JoinNode, above: tuple[Node, ...]) -> Node:

@@ -267,6 +267,39 @@ def could_colocate(planner: Planner, join: JoinNode) -> bool:
             and _could_colocate(planner, join.left, join.right, join.left_keys[0], join.right_keys[0]))
 
 
+def rotation_sides(node: JoinNode) -> tuple[JoinNode, Node, Node, Node] | None:
+    """``node`` as ``(A ⋈ B) ⋈ C`` that may become ``A ⋈ (B ⋈ C)``: (the inner join, A, B, C), or None. Both joins
+    inner without a filter of their own, the inner one under a column selection at most, no name twice among the three
+    (a suffixed name would move), and ``node``'s keys on the inner join's side all from B."""
+    inner = node.left
+    if isinstance(inner, ProjectNode) and inner.selects():
+        inner = inner.input  # a column selection: the rotated join keeps every column, then selects
+    if node.join_type != "inner" or node.filter is not None:
+        return None
+    if not isinstance(inner, JoinNode) or inner.join_type != "inner" or inner.filter is not None:
+        return None
+    a, b, c = inner.left, inner.right, node.right
+    names = [*a.schema.names, *b.schema.names, *c.schema.names]
+    if len(set(names)) != len(names):
+        return None
+    if all(k in a.schema.names for k in node.left_keys):
+        a, b = b, a  # the outer keys come from inner.left
+    elif not all(k in b.schema.names for k in node.left_keys):
+        return None
+    return inner, a, b, c
+
+
+def rotated(node: JoinNode, inner: JoinNode, a: Node, b: Node, bc: JoinNode) -> Node:
+    """``A ⋈ (B ⋈ C)`` made of ``rotation_sides``' parts and the new ``bc``, its columns in ``node``'s order."""
+    if b is inner.right:
+        joined = JoinNode(a, bc, inner.left_keys, inner.right_keys, "inner", inner.right_suffix)
+    else:
+        joined = JoinNode(bc, a, inner.left_keys, inner.right_keys, "inner", inner.right_suffix)
+    if joined.schema.names == node.schema.names:
+        return joined
+    return ProjectNode(joined, [(n, col(n)) for n in node.schema.names])
+
+
 def rotated_for_colocation(planner: Planner, node: JoinNode) -> Node | None:
     """``(A ⋈ B) ⋈ C`` as ``A ⋈ (B ⋈ C)`` (inner joins, the outer keys from B) when B ⋈ C can be
     co-located and A ⋈ B cannot, columns in the query's order; else None.
@@ -275,36 +308,21 @@ def rotated_for_colocation(planner: Planner, node: JoinNode) -> Node | None:
     TPC-H Q10 arrives as (customer ⋈ orders) ⋈ lineitem; cut in that order, the 1.5 million
     returned lines were broadcast into customer's tasks. Rotated, orders ⋈ lineitem runs in place
     by order key and customer (small) is read beside it."""
-    inner = node.left
-    if isinstance(inner, ProjectNode) and inner.selects():
-        inner = inner.input  # a column selection: the rotated join keeps every column, then selects
-    if not planner.colocate or planner.max_tasks < 2 or node.join_type != "inner" or node.filter is not None:
+    if not planner.colocate or planner.max_tasks < 2:
         return None
-    if not isinstance(inner, JoinNode) or inner.join_type != "inner" or inner.filter is not None:
+    sides = rotation_sides(node)
+    if sides is None:
         return None
-    a, b, c = inner.left, inner.right, node.right
-    names = [*a.schema.names, *b.schema.names, *c.schema.names]
-    if len(set(names)) != len(names):
-        return None  # a suffixed name would move: keep the query's join
-    if all(k in a.schema.names for k in node.left_keys):
-        a, b = b, a  # the outer keys come from inner.left
-    elif not all(k in b.schema.names for k in node.left_keys):
-        return None
+    inner, a, b, c = sides
     if _could_colocate(planner, inner.left, inner.right, inner.left_keys[0], inner.right_keys[0]):
         return None  # A ⋈ B is co-located as it is
     if not _could_colocate(planner, b, c, node.left_keys[0], node.right_keys[0]):
         return None
     bc = JoinNode(b, c, node.left_keys, node.right_keys, "inner", node.right_suffix)
-    if b is inner.right:
-        joined = JoinNode(a, bc, inner.left_keys, inner.right_keys, "inner", inner.right_suffix)
-    else:
-        joined = JoinNode(bc, a, inner.left_keys, inner.right_keys, "inner", inner.right_suffix)
     planner.rewrites.append(
         f"{join_text(node)} over {join_text(inner)}: joins reordered, {join_text(bc)} first, so that it is co-located"
     )
-    if joined.schema.names == node.schema.names:
-        return joined
-    return ProjectNode(joined, [(n, col(n)) for n in node.schema.names])
+    return rotated(node, inner, a, b, bc)
 
 
 def rotate_joins(root: Node, planner: Planner) -> Node:

@@ -17,7 +17,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from support import sorted_table
+from support import file_catalog, file_views, sorted_table
 
 import flight
 from flight.plan.relnodes import JoinNode
@@ -70,15 +70,12 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def catalog(paths: dict[str, Path]) -> flight.Catalog:
-    return flight.Catalog({name: flight.read_parquet([str(path)]) for name, path in paths.items()})
+    return file_catalog(paths)
 
 
 @pytest.fixture(scope="module")
 def oracle(paths: dict[str, Path]) -> duckdb.DuckDBPyConnection:
-    con = duckdb.connect()
-    for name, path in paths.items():
-        con.sql(f"create view {name} as select * from read_parquet('{path}')")
-    return con
+    return file_views(paths)
 
 
 @pytest.fixture
