@@ -13,6 +13,7 @@ to ``string`` at the scan, DuckDB reads them as VARCHAR.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -74,28 +75,39 @@ def ensure_tpch(
     *,
     parts: int = DEFAULT_PARTS,
 ) -> Path:
-    """The directory holding ``tables`` at scale factor ``sf``, generating what is missing."""
+    """The directory holding ``tables`` at scale factor ``sf``, generating what is missing.
+
+    Two processes asking at once (the test suite's ``-n 2`` processes) do not both generate a table: the
+    second waits on the directory's lock and finds it complete; one that finds it complete never waits."""
     root = sf_dir(sf, cache_dir)
     root.mkdir(parents=True, exist_ok=True)
-    for table in tables:
-        final = root / table
-        if _complete(final, sf, parts):
-            continue
-        scratch = root / f".tmp-{table}-{os.getpid()}"
-        shutil.rmtree(scratch, ignore_errors=True)
-        cmd = [tpchgen_cli(), "parquet", "-s", f"{sf:g}", "-T", table, "-p", str(parts),
-               "-o", str(scratch), "--no-progress", "-q"]
-        print(f"[tpch] generating {table} at SF {sf:g} ({parts} parts) into {final}", file=sys.stderr)
-        started = time.perf_counter()
-        try:
-            subprocess.run(cmd, check=True)
-            shutil.rmtree(final, ignore_errors=True)
-            (scratch / table).rename(final)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        (final / _MARKER).write_text(json.dumps({"sf": sf, "parts": parts}))
-        print(f"[tpch] {table} ready in {time.perf_counter() - started:.1f}s", file=sys.stderr)
+    missing = [t for t in tables if not _complete(root / t, sf, parts)]
+    if not missing:
+        return root
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when a killed holder dies
+        for table in missing:
+            if not _complete(root / table, sf, parts):
+                _generate(root, table, sf, parts)
     return root
+
+
+def _generate(root: Path, table: str, sf: float, parts: int) -> None:
+    final = root / table
+    scratch = root / f".tmp-{table}-{os.getpid()}"
+    shutil.rmtree(scratch, ignore_errors=True)
+    cmd = [tpchgen_cli(), "parquet", "-s", f"{sf:g}", "-T", table, "-p", str(parts),
+           "-o", str(scratch), "--no-progress", "-q"]
+    print(f"[tpch] generating {table} at SF {sf:g} ({parts} parts) into {final}", file=sys.stderr)
+    started = time.perf_counter()
+    try:
+        subprocess.run(cmd, check=True)
+        shutil.rmtree(final, ignore_errors=True)
+        (scratch / table).rename(final)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    (final / _MARKER).write_text(json.dumps({"sf": sf, "parts": parts}))
+    print(f"[tpch] {table} ready in {time.perf_counter() - started:.1f}s", file=sys.stderr)
 
 
 def table_files(root: str | os.PathLike[str], table: str) -> list[Path]:

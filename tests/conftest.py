@@ -63,6 +63,26 @@ def parquet_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return paths
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups (xdist/remote.py)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Which tests share a process under ``pytest -n 2`` (the README's test command; ``--dist loadgroup``
+    and ``--no-loadscope-reorder`` are in pyproject's ``addopts``), and in what order the groups start.
+
+    A module's tests run in one process, in their order, so its module-scoped clusters and tables are made
+    once; every Spark test runs in one process too: one JVM, and the Spark fleet tests count the workers
+    Spark started machine-wide (``spark_support.fleet_pids``), which a second Spark process would change.
+    The groups with a ``slow`` test start first, in the order collected: xdist's own order (most tests
+    first) left the fuzzer's 130 s and the chaos minute, modules of one to five tests, to run last, alone."""
+    def group(item: pytest.Item) -> str:
+        module = item.nodeid.split("::", 1)[0]
+        return "spark" if module.startswith("tests/spark/") else module
+
+    slow = {group(item) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: group(item) not in slow)  # stable: each group stays whole and in order
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group(item)))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """A ``required`` test that skipped fails when ``FLIGHT_EXEC_REQUIRE_ALL=1`` (CI): CI must run it."""

@@ -18,14 +18,18 @@ benchmarks' own data. The queries, their SQL and the comparison live in
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from support import tpch_test_files
 
 import flight
+from benchmarks.tpch import sf_dir, table_files
 from benchmarks.tpch_queries import (
     ORDERED,
     QUERY_NUMBERS,
@@ -118,3 +122,17 @@ def test_tpch_query(
         assert difference is None, (
             f"TPC-H Q{n} on {workers} worker(s), {plan} plan, differs from {oracle}: {difference}\n{ex.explain()}"
         )
+
+
+def test_two_processes_asking_for_the_same_table_at_once_generate_it_once(tmp_path: Path) -> None:
+    # The suite runs in two processes (`pytest -n 2`): both may ask at once for tables the cache lacks.
+    code = ("import sys; from benchmarks.tpch import ensure_tpch, table_files; "
+            "root = ensure_tpch(0.01, ('nation', 'region'), sys.argv[1]); "
+            "print(len(table_files(root, 'nation')), len(table_files(root, 'region')))")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=Path(__file__).parents[1]) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+    assert [out.split() for out, _ in outs] == [["1", "1"], ["1", "1"]]  # tpchgen writes a table this small as one file
+    assert sum(err.count("[tpch] generating") for _, err in outs) == 2, outs  # each table once, by the lock's holder
+    assert pq.read_table(table_files(sf_dir(0.01, tmp_path), "nation")).num_rows == 25
