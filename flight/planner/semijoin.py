@@ -13,10 +13,11 @@ sort without a fetch, and onto the side of a join that owns every key where that
 null-extended (either side of an inner join, the preserved side of an outer join, the left of a semi
 or anti join). It stops above anything else (an aggregate, a union, a limit, a window). Through an inner
 join whose equality keys pair its keys with the other side's columns, a semi join whose build side is one
-scan (no join, no union) also lands on that other side, on those columns: every row the join outputs has
+filtered scan (no join, no union) also lands on that other side, on those columns: every row the join outputs has
 equal values there, so the same rows survive (Q18's lineitem, co-located with the subquery's own aggregate,
 keeps ~4,000 of 60 million rows instead of being shuffled whole). Its build side is then computed twice,
-which a build side of joins (TPC-DS q14's) cannot afford, nor a plan of one task (``copies``), where it only
+which a build side of joins (TPC-DS q14's) cannot afford, nor one whose rows nothing filters (a fact table's
+item keys, TPC-DS q37's and q82's: nearly every item), nor a plan of one task (``copies``), where it only
 reads that scan again: one DuckDB query filters the other side by the join's own build. A semi join with a condition beside its keys
 (``JoinNode.filter``, which reads its build side) stays where it is.
 """
@@ -107,7 +108,7 @@ def _sink(below: Node, semi: JoinNode, keys: list[str], where: list[str], copies
         where.append(f"HashJoin[{below.join_type}, {', '.join(f'{a}={b}' for a, b in zip(below.left_keys, below.right_keys))}]")
         moved = _sink(child, semi, names, where, copies) or _apply(child, semi, names)
         left, right = (moved, below.right) if target == "left" else (below.left, moved)
-        paired = _paired(below, target, names) if copies and _one_scan(semi.right) else None
+        paired = _paired(below, target, names) if copies and _copyable(semi.right) else None
         if paired is not None:  # the other side's rows meet only rows whose keys equal these: the same filter holds there
             other = below.right if target == "left" else below.left
             copy = _sink(other, semi, paired, where, copies) or _apply(other, semi, paired)
@@ -128,11 +129,15 @@ def _paired(join: JoinNode, side: str, names: list[str]) -> list[str] | None:
     return [pairs[n] for n in names] if all(n in pairs for n in names) else None
 
 
-def _one_scan(build: Node) -> bool:
-    """Whether a semi join's build side is cheap to compute twice: one scan under it, no join, no union. (Copied,
-    TPC-DS q14's IN subqueries, each a join of three tables, made a one-task plan of 91 source threads.)"""
+def _copyable(build: Node) -> bool:
+    """Whether a semi join's build side is worth computing twice: one scan under it, no join, no union, and a
+    filter that drops rows of that scan. (Copied, TPC-DS q14's IN subqueries, each a join of three tables, made a
+    one-task plan of 91 source threads; and a bare scan's column, q37's and q82's items of every catalog or store
+    sale, holds nearly every key there is: its copy read the sales table again to keep nearly every row of
+    inventory.) Q18's build side, orders whose quantity passes 300, is a filter over an aggregate of lineitem."""
     nodes = list(build.walk())
-    return sum(isinstance(n, FeedScanNode) for n in nodes) == 1 and not any(isinstance(n, (JoinNode, UnionNode)) for n in nodes)
+    return (sum(isinstance(n, FeedScanNode) for n in nodes) == 1 and not any(isinstance(n, (JoinNode, UnionNode)) for n in nodes)
+            and any(isinstance(n, FilterNode) for n in nodes))
 
 
 def _apply(node: Node, semi: JoinNode, keys: list[str]) -> Node:

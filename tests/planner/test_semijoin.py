@@ -107,9 +107,24 @@ def test_a_semi_join_moves_only_where_it_keeps_the_same_rows(tables: dict[str, P
     assert bool(notes) == moves, notes
 
 
+@pytest.mark.parametrize(("build", "copied"), [
+    ("select l_orderkey from lineitem where l_quantity > 50", True),
+    ("select l_orderkey from lineitem group by l_orderkey having sum(l_quantity) > 50", True),
+    ("select l_orderkey from lineitem", False),  # a bare scan's keys: nearly every key there is (TPC-DS q37, q82)
+], ids=["filtered", "having", "bare-scan"])
+def test_a_semi_join_is_copied_onto_the_joined_side_only_when_its_build_side_filters(
+        tables: dict[str, Path], build: str, copied: bool) -> None:
+    text = f"select c_name, o_orderkey from customer join orders on c_custkey = o_custkey where o_custkey in ({build})"
+    root, notes = push_semi_joins(push_filters(flight.sql(text, catalog(tables)).node))
+    assert len(notes) == 1 and ("other side, on c_custkey" in notes[0]) == copied, notes
+    assert sorted(s.left_keys[0] for s in semi_joins(root)) == (["c_custkey", "o_custkey"] if copied else ["o_custkey"])
+
+
 QUERIES = {
     "in": "select c_name, o_orderkey, o_total from customer join orders on c_custkey = o_custkey "
           "where o_orderkey in (select l_orderkey from lineitem group by l_orderkey having sum(l_quantity) > 50)",
+    "in-copied": "select c_name, o_orderkey, o_total from customer join orders on c_custkey = o_custkey "
+                 "where o_custkey in (select l_orderkey from lineitem where l_quantity > 50)",
     "not-in": "select c_name, o_orderkey from customer join orders on c_custkey = o_custkey "
               "where o_orderkey not in (select l_orderkey from lineitem where l_quantity < 100)",
     "not-in-no-null": "select c_name, o_orderkey from customer join orders on c_custkey = o_custkey "
