@@ -20,6 +20,8 @@ The rule, a decision apart from I/O (``flight.coordinator.adaptive`` carries it 
   bytes are not worth the wait for the side to finish before the rest starts;
 * it reads repeatable sources only (read once to settle it, and again if it turns out large), and no
   input a caller sends;
+* no aggregate or join inside it is also computed by the rest of the query (a CTE used on both sides of
+  the join: the plan computes it once, and running the side first would compute it again: ``_shares_work``);
 * the first such side, top-down, is chosen (one per query); with none, a join of two large tables on a composite key
   is one too (``flight.planner.composite``: the plan rotated so that the pair is a side).
 
@@ -147,12 +149,32 @@ def find_point(root: Node) -> AdaptivePoint | None:
         if isinstance(node, JoinNode):
             for side, other in ((node.right, node.left), (node.left, node.right)):
                 _, partner = size_of(other)
-                if partner is not None and partner >= PARTNER_BYTES and _may_settle(side):
+                if partner is not None and partner >= PARTNER_BYTES and _may_settle(side) and not _shares_work(root, side):
                     rows, size = size_of(side)
                     return AdaptivePoint(side, node, rows, size, partner)
         stack.extend(reversed(list(node.children())))
     return None
 
+
+
+def _shares_work(root: Node, side: Node) -> bool:
+    """Whether an aggregate or a join inside ``side`` is also computed outside it (and outside its copies): a CTE
+    used twice, TPC-DS q39's inventory grouped by month, filtered to January on one side of the join and to
+    February on the other. The plan computes it once and reads it twice (``reuse.repeated_subtrees``); run first,
+    the side computes it a second time (q39 at SF 10 on two hosts: 0.66 s of its 1.5)."""
+    keys = subtree_keys(root)
+    whole = keys.get(id(side))
+    inside = {keys[id(n)] for n in side.walk() if isinstance(n, (AggregateNode, JoinNode)) and id(n) in keys}
+    stack = [root]
+    while stack and inside:
+        node = stack.pop()
+        key = keys[id(node)]
+        if key == whole:
+            continue  # a copy of the side (a semi join copied onto both sides of a join): settled with it
+        if key in inside and isinstance(node, (AggregateNode, JoinNode)):
+            return True
+        stack.extend(node.children())
+    return False
 
 PRUNE_SIDE_ROWS = 100_000
 """A side run first for its keys' range (``prune_points``) is estimated at most this many rows: a dimension filtered."""
