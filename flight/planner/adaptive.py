@@ -42,6 +42,8 @@ from dataclasses import dataclass, replace
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from flight.compute.expressions import to_pyarrow
+from flight.errors import FlightExecError
 from flight.plan.expr import Expr, col, lit
 from flight.plan.expr_nodes import CallNode, FieldNode, LiteralNode
 from flight.plan.nodes import ExchangeInputNode, FeedScanNode, FilterNode, InputCallNode, Node, ProjectNode, ValuesNode
@@ -50,7 +52,7 @@ from flight.planner.colocate import key_scan
 from flight.planner.cost import BROADCAST_ALWAYS_BYTES, row_width
 from flight.planner.keysets import estimated_rows
 from flight.planner.notes import join_text, repeatable
-from flight.planner.optimize import conjunction, conjuncts
+from flight.planner.optimize import conjunction, conjuncts, push_filters
 from flight.planner.ranges import range_selectivity
 from flight.planner.reuse import subtree_key, subtree_keys
 from flight.planner.rowgroups import clustered
@@ -158,20 +160,21 @@ def find_point(root: Node) -> AdaptivePoint | None:
 
 
 def _shares_work(root: Node, side: Node) -> bool:
-    """Whether an aggregate or a join inside ``side`` is also computed outside it (and outside its copies): a CTE
-    used twice, TPC-DS q39's inventory grouped by month, filtered to January on one side of the join and to
-    February on the other. The plan computes it once and reads it twice (``reuse.repeated_subtrees``); run first,
-    the side computes it a second time (q39 at SF 10 on two hosts: 0.66 s of its 1.5)."""
+    """Whether an aggregate or a join inside ``side`` is also computed outside it: a CTE used twice, TPC-DS q39's
+    inventory grouped by month, filtered to January on one side of the join and to February on the other. The plan
+    computes it once and reads it twice (``reuse.repeated_subtrees``); run first, the side computes it a second time
+    (q39 at SF 10 on two hosts: 0.66 s of its 1.5). Only the side's own object is skipped (a semi join copied onto
+    both sides of a join shares it: ``settled`` replaces it everywhere); an equal copy elsewhere, a CTE named
+    twice (q64's ``cs_ui`` in both uses of ``cross_sales``, q23's ``best_ss_customer`` in both legs of a union), is
+    not replaced by ``settled`` and would still be computed."""
     keys = subtree_keys(root)
-    whole = keys.get(id(side))
     inside = {keys[id(n)] for n in side.walk() if isinstance(n, (AggregateNode, JoinNode)) and id(n) in keys}
     stack = [root]
     while stack and inside:
         node = stack.pop()
-        key = keys[id(node)]
-        if key == whole:
-            continue  # a copy of the side (a semi join copied onto both sides of a join): settled with it
-        if key in inside and isinstance(node, (AggregateNode, JoinNode)):
+        if node is side:
+            continue
+        if isinstance(node, (AggregateNode, JoinNode)) and keys[id(node)] in inside:
             return True
         stack.extend(node.children())
     return False
@@ -304,22 +307,43 @@ def key_filters(root: Node) -> tuple[Node, list[str]]:
     right) also filters its other side to the least and greatest of their keys, for integer and date keys,
     so the filter moves down to that side's scans (``optimize.push_filters``), where the readers skip the
     row groups whose footers fall outside (Trino sends a build side's keys to the probe's scans the same
-    way). The join still decides each row: the range only drops rows it would drop."""
+    way). The join still decides each row: the range only drops rows it would drop. Filters are pushed first, so
+    that a filter on the literal rows' own columns (a CTE use's, above its aggregate) narrows their range too."""
     notes: list[str] = []
 
     def visit(node: Node) -> Node:
         node = rebuilt(node, visit)
         if not isinstance(node, JoinNode) or node.join_type not in ("inner", "left semi"):
             return node
-        if isinstance(node.right, ValuesNode):
-            probe = _bounded(node.left, node.right.table, node.left_keys, node.right_keys, node, notes)
+        if (rows := _literal_rows(node.right)) is not None:
+            probe = _bounded(node.left, rows, node.left_keys, node.right_keys, node, notes)
             return node if probe is node.left else replace(node, left=probe)
-        if isinstance(node.left, ValuesNode) and node.join_type == "inner":
-            probe = _bounded(node.right, node.left.table, node.right_keys, node.left_keys, node, notes)
+        if node.join_type == "inner" and (rows := _literal_rows(node.left)) is not None:
+            probe = _bounded(node.right, rows, node.right_keys, node.left_keys, node, notes)
             return node if probe is node.right else replace(node, right=probe)
         return node
 
-    return visit(root), notes
+    return visit(push_filters(root)), notes
+
+
+def _literal_rows(side: Node) -> pa.Table | None:
+    """The rows a join side of literal rows gives: a ``ValuesNode``'s, less those the filters right above it drop
+    (a use's own filter pushed onto the rows a CTE's uses share: TPC-DS q39's January on one side, February on the
+    other, where the range of both months put each use's rows in one task's run of inventory); None for any other
+    side. A filter pyarrow cannot evaluate here is left out: a wider range, still exact."""
+    predicates = []
+    while isinstance(side, FilterNode):
+        predicates.append(side.predicate)
+        side = side.input
+    if not isinstance(side, ValuesNode):
+        return None
+    table = side.table
+    for predicate in predicates:
+        try:
+            table = table.filter(to_pyarrow(predicate.to_proto()))
+        except (pa.ArrowException, FlightExecError):  # ProtocolError: an expression the decoder refuses
+            continue
+    return table
 
 
 def _bounded(probe: Node, table: pa.Table, probe_keys: list[str], literal_keys: list[str], join: JoinNode,

@@ -35,7 +35,7 @@ _MOVABLE = ("left semi", "left anti")
 
 def push_semi_joins(root: Node, copies: bool = True) -> tuple[Node, list[str]]:
     """``root`` with every movable semi or anti join as low as it goes; and one note per join moved. ``copies``:
-    one whose build side is one scan is also copied onto the other side of an inner join it passes."""
+    one whose build side is one filtered scan is also copied onto the other side of an inner join it passes."""
     notes: list[str] = []
     return _Rewrite(notes, copies).node(root), notes
 
@@ -134,7 +134,9 @@ def _copyable(build: Node) -> bool:
     filter that drops rows of that scan. (Copied, TPC-DS q14's IN subqueries, each a join of three tables, made a
     one-task plan of 91 source threads; and a bare scan's column, q37's and q82's items of every catalog or store
     sale, holds nearly every key there is: its copy read the sales table again to keep nearly every row of
-    inventory.) Q18's build side, orders whose quantity passes 300, is a filter over an aggregate of lineitem."""
+    inventory.) Q18's build side, orders whose quantity passes 300, is a filter over an aggregate of lineitem. The
+    filter is a proxy for "drops keys", read from the plan's shape: one that drops nothing still counts, and a
+    build side reduced some other way (a limit) is not copied."""
     nodes = list(build.walk())
     return (sum(isinstance(n, FeedScanNode) for n in nodes) == 1 and not any(isinstance(n, (JoinNode, UnionNode)) for n in nodes)
             and any(isinstance(n, FilterNode) for n in nodes))

@@ -111,6 +111,20 @@ def test_a_side_whose_aggregate_the_rest_of_the_query_also_computes_is_not_run_f
         assert point.side.schema.names == ["l_orderkey___1", "q"], point.side.schema.names
 
 
+
+def test_a_side_named_twice_is_not_run_first_but_a_copied_semi_join_side_is(
+        catalog: flight.Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A CTE named twice is two equal subtrees, and settling replaces only the side's own object: the other copy
+    # would still be computed (TPC-DS q23's best_ss_customer in both legs of its union, q64's cs_ui). Q18's semi join
+    # copied onto lineitem shares its build side object: settled everywhere, so it still runs first.
+    monkeypatch.setattr(adaptive, "PARTNER_BYTES", 1 << 18)
+    twice = ("with big as (select l_orderkey from lineitem group by l_orderkey having sum(l_quantity) > 300) "
+             "select o_orderkey from orders where o_orderkey in (select l_orderkey from big) "
+             "union all select l_orderkey from lineitem where l_orderkey in (select l_orderkey from big)")
+    assert find_point(pushed(catalog, twice)) is None
+    assert find_point(pushed(catalog, SQL[18])) is not None
+
+
 def test_settled_q18_puts_literal_rows_in_every_task_and_shuffles_nothing(catalog: flight.Catalog) -> None:
     root = pushed(catalog, SQL[18])
     point = find_point(root)
@@ -152,6 +166,22 @@ def test_empty_or_unordered_literal_keys_bound_nothing(catalog: flight.Catalog) 
     assert point is not None
     _, notes = key_filters(settled(root, point.side, pa.table({"l_orderkey": pa.array([], pa.int64())})))
     assert notes == []
+
+
+
+def test_literal_keys_bound_the_other_side_after_the_filters_on_them(catalog: flight.Catalog) -> None:
+    """A use's own filter pushed onto the literal rows (TPC-DS q39: one month's dates of the two that ran first)
+    narrows the range to the rows it keeps (none kept: no range, the join keeps nothing either)."""
+    orders = flight.sql("select * from orders", catalog).node
+    rows = pa.table({"k": pa.array([7, 70, 700, 7000], pa.int64()), "m": pa.array([1, 1, 2, 2], pa.int32())})
+    month = flight.col("m")
+    for predicate, bound in ((month == flight.lit(1, pa.int32()), "[7, 70]"), (month == flight.lit(2, pa.int32()), "[700, 7000]"),
+                             (month > flight.lit(5, pa.int32()), None)):
+        join = JoinNode(orders, FilterNode(ValuesNode(rows, every_task=True), predicate), ["o_orderkey"], ["k"], "inner", "___1", "auto", None)
+        _, notes = key_filters(join)
+        note = f"dynamic filter: HashJoin[inner, o_orderkey=k]'s literal keys bound 'o_orderkey' to {bound} on its other side"
+        want = [] if bound is None else [note]
+        assert notes == want, (str(predicate), notes)
 
 
 def test_q18_runs_its_guess_first_and_answers_as_duckdb(
