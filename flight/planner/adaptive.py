@@ -158,7 +158,6 @@ def find_point(root: Node) -> AdaptivePoint | None:
     return None
 
 
-
 def _shares_work(root: Node, side: Node) -> bool:
     """Whether an aggregate or a join inside ``side`` is also computed outside it: a CTE used twice, TPC-DS q39's
     inventory grouped by month, filtered to January on one side of the join and to February on the other. The plan
@@ -178,6 +177,7 @@ def _shares_work(root: Node, side: Node) -> bool:
             return True
         stack.extend(node.children())
     return False
+
 
 PRUNE_SIDE_ROWS = 100_000
 """A side run first for its keys' range (``prune_points``) is estimated at most this many rows: a dimension filtered."""
