@@ -76,6 +76,7 @@ class Exchange:
         self.broken = False
         self.sent_end = False
         self.sent_input_end = False
+        self._first_windows = 0
         self.out: Outcome | None = None  # the case's outcome (an input call beside this exchange records its status there)
 
     def read(self) -> str | None:
@@ -92,6 +93,8 @@ class Exchange:
             return None
         kind = self._kind(chunk.app_metadata, chunk.data is not None)
         self.kinds.append(kind)
+        self.kinds += ["credit"] * self._first_windows  # a Ready frame's credits count as the credits they are
+        self._first_windows = 0
         return kind
 
     def _kind(self, metadata: pa.Buffer | None, data: bool) -> str:
@@ -103,13 +106,17 @@ class Exchange:
             self.bad.append(f"{self.label}: {exc}")
             return "unparsable"
         kind = frame.WhichOneof("frame") or "no-member"
+        if kind == "ready":
+            self._first_windows = len(frame.ready.credits)  # each partition's first window (protocol version 12)
         if kind == "error":
             self.errors.append(frame.error.message)
         return kind
 
-    def read_until(self, done: Callable[[str], bool]) -> None:
+    def read_until(self, done: Callable[[str], bool]) -> str | None:
+        """Read until ``done`` says so; the last message's kind (None: the call ended)."""
         while (kind := self.read()) is not None and not done(kind):
             pass
+        return kind
 
     def send(self, write: Callable[[Any], None]) -> bool:
         """Write something; False once the call is over (then nothing more is written)."""
@@ -159,8 +166,9 @@ def _flood_frame(feed: str, partition: int, size: int) -> bytes:
 
 def flood_units(ex: Exchange, feed: str, partition: int, size: int, total: int) -> None:
     """Units of ``size`` bytes, ``total`` bytes in all, as fast as the credit allows (the window is huge)."""
-    ex.read_until(lambda k: k in ("credit", "error", "finished"))
-    if not ex.kinds or ex.kinds[-1] != "credit":
+    if "credit" not in ex.kinds:  # the first window comes in Ready (protocol version 12)
+        ex.read_until(lambda k: k in ("credit", "error", "finished"))
+    if "credit" not in ex.kinds or ex.kinds[-1] in ("error", "finished"):
         return
     frame = _flood_frame(feed, partition, size)
     per_frame = max(1, FLOOD_FRAME_BYTES // size) * size

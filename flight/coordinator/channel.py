@@ -397,6 +397,9 @@ class TaskChannel:
             self._news.set()
             if self._on_ready is not None:
                 self._on_ready(self)
+            if self._on_credit is not None:  # each feed partition's first window (protocol version 12)
+                for credit in frame.ready.credits:
+                    self._on_credit(self, credit.feed_id, credit.partition, credit.credits)
         elif kind == "credit":
             if self._on_credit is not None:
                 self._on_credit(self, frame.credit.feed_id, frame.credit.partition, frame.credit.credits)

@@ -68,7 +68,7 @@ __all__ = [
     "status_message",
 ]
 
-PROTOCOL_VERSION = 11
+PROTOCOL_VERSION = 12
 """Bumped on any change a peer of the previous version would misread (2: heartbeats, InputEnd, flat expressions;
 3: the Release frame, which a version-2 worker would refuse as a frame without a member; 4: heartbeats on
 DoGet streams, whose absence a version-4 reader takes for a lost worker when a version-3 producer is slow;

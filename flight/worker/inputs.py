@@ -77,9 +77,9 @@ class ReceivedUnit:
 class FeedInbox:
     """Units of one feed partition for one task, bounded by credits.
 
-    The task starts by granting ``window`` credits; each unit it takes may grant
-    more, in chunks, so the coordinator never has more than ``window`` units
-    outstanding (queued here or in flight) for this partition.
+    The task's Ready frame grants the first ``window`` credits (``open``); each unit it
+    takes may grant more, in chunks, so the coordinator never has more than ``window``
+    units outstanding (queued here or in flight) for this partition.
     """
 
     def __init__(
@@ -103,10 +103,12 @@ class FeedInbox:
         self.sent_to_received = LatencyStats()
         self.received_to_processed = LatencyStats()
 
-    def start(self) -> None:
+    def open(self) -> int:
+        """The first window, granted: the credits the task's Ready frame carries for this partition (each unit taken
+        grants more through ``send_credit``)."""
         with self._cond:
             self._granted = self._window
-        self._send_credit(self._window)
+        return self._window
 
     def deliver(self, units: list[protocol_pb2.WorkUnit]) -> None:
         """Units from a WorkUnitBatch frame; more than the credit granted is a protocol error."""

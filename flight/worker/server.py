@@ -266,7 +266,7 @@ class WorkerServer(fl.FlightServerBase):
 
     def _send_ready(self, task: Task, sender: Sender) -> None:
         ready = protocol_pb2.Ready(
-            worker_url=self.url, worker_version=__version__, output_schema=encode_schema(task.output_schema)
+            worker_url=self.url, worker_version=__version__, output_schema=encode_schema(task.output_schema), credits=task.open_feeds()
         )
         sender.frame(protocol_pb2.WorkerFrame(ready=ready))
 
@@ -274,7 +274,6 @@ class WorkerServer(fl.FlightServerBase):
         """The task's pipeline, on its own thread; its outcome is a frame (and ``task.failure``)."""
         ipc = ipc_options(task.header.options.ipc_compression)
         try:
-            task.start_feeds()
             if task.is_map:
                 sender.begin(output.schema, ipc)
             for batch in output:

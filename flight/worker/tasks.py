@@ -166,9 +166,9 @@ class Task:
         return iter(self.inputs)
 
     # -- lifecycle
-    def start_feeds(self) -> None:
-        for inbox in self.inboxes.values():
-            inbox.start()
+    def open_feeds(self) -> list[protocol_pb2.FeedCredit]:
+        """Each feed partition's first window, granted: what the Ready frame carries (docs/protocol.md, section 7)."""
+        return [protocol_pb2.FeedCredit(feed_id=fid, partition=p, credits=inbox.open()) for (fid, p), inbox in self.inboxes.items()]
 
     @functools.cached_property
     def input_schema(self) -> pa.Schema | None:

@@ -27,8 +27,8 @@ def test_units_past_the_reservation_are_refused_and_taking_them_frees_room() -> 
     credits: list[int] = []
     a = FeedInbox("f", 0, 64, credits.append, held)
     b = FeedInbox("f", 1, 64, credits.append, held)
-    a.start()
-    b.start()
+    a.open()
+    b.open()
     a.deliver(_units(6, 100))
     b.deliver(_units(4, 100))
     assert held.held == 1000
@@ -44,7 +44,7 @@ def test_units_past_the_reservation_are_refused_and_taking_them_frees_room() -> 
 def test_one_unit_larger_than_the_reservation_passes_when_nothing_is_held() -> None:
     held = UnitBytes(1000)
     inbox = FeedInbox("f", 0, 8, lambda n: None, held)
-    inbox.start()
+    inbox.open()
     inbox.deliver(_units(1, 5000))  # any single unit a frame may carry gets through
     with pytest.raises(ProtocolError):
         inbox.deliver(_units(1, 10))
@@ -55,7 +55,7 @@ def test_one_unit_larger_than_the_reservation_passes_when_nothing_is_held() -> N
 def test_a_failed_inbox_lets_its_units_go() -> None:
     held = UnitBytes(1 << 20)
     inbox = FeedInbox("f", 0, 8, lambda n: None, held)
-    inbox.start()
+    inbox.open()
     inbox.deliver(_units(8, 1000))
     inbox.fail(RuntimeError("cancelled"))
     assert held.held == 0

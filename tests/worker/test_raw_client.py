@@ -43,7 +43,7 @@ from grpc_tools import protoc
 ROOT = Path(__file__).resolve().parents[2]
 PROTO_DIR = ROOT / "proto"
 PROTO_FILES = ["flight/wire/_proto/protocol.proto", "flight/wire/_proto/plan.proto"]
-PROTOCOL_VERSION = 11  # docs/protocol.md, section 1
+PROTOCOL_VERSION = 12  # docs/protocol.md, section 1
 SECRET = b"raw-client-query-secret"  # 16 to 64 bytes: every header, ticket and cancel of a query repeats it
 LISTENING = re.compile(rb"^flight-worker listening on (grpc://\S+)$")
 START_TIMEOUT = 30.0
@@ -542,16 +542,22 @@ def test_leaf_task_fed_under_credit_and_read_with_doget(P: Protos, client: fl.Fl
         output_schema = read_schema(ready.ready.output_schema)
         assert output_schema.equals(expected.schema), output_schema
 
-        # Credits: answer each FeedCredit with at most that many units, then FeedEnd.
+        # Credits: the first window comes in Ready (protocol version 12), the rest as FeedCredit frames; answer each
+        # with at most that many units, then FeedEnd.
+        assert [(c.feed_id, c.partition, c.credits) for c in ready.ready.credits] == [("files", 0, window)]
         pending = [P.FileUnit(path=str(p)).SerializeToString() for p in paths]
         balance = granted = sent = credit_frames = 0
+        credits = list(ready.ready.credits)
         while pending:
-            frame = ex.frame()
-            assert frame.WhichOneof("frame") == "credit", frame
-            assert (frame.credit.feed_id, frame.credit.partition) == ("files", 0)
+            if not credits:
+                frame = ex.frame()
+                assert frame.WhichOneof("frame") == "credit", frame
+                credits.append(frame.credit)
+            credit = credits.pop(0)
+            assert (credit.feed_id, credit.partition) == ("files", 0)
             credit_frames += 1
-            balance += frame.credit.credits
-            granted += frame.credit.credits
+            balance += credit.credits
+            granted += credit.credits
             n = min(balance, len(pending))
             if n:
                 now = time.time_ns()
@@ -790,9 +796,8 @@ def test_more_units_than_credit_is_a_protocol_error(P: Protos, client: fl.Flight
     (path,) = write_files(tmp_path, count=1)
     ex = Exchange(P, client, header(P, new_key(P), P.StagePlan(root=scan(P)), {"files": [0]}, feed_window=2).SerializeToString())
     try:
-        assert ex.frame().WhichOneof("frame") == "ready"
-        credit = ex.frame()
-        assert credit.WhichOneof("frame") == "credit" and credit.credit.credits == 2, credit
+        ready = ex.frame()
+        assert ready.WhichOneof("frame") == "ready" and [c.credits for c in ready.ready.credits] == [2], ready
         unit = P.WorkUnit(body=P.FileUnit(path=str(path)).SerializeToString())
         ex.send(units=P.WorkUnitBatch(feed_id="files", partition=0, units=[unit] * 3))
         frames: list[Any] = []
@@ -814,8 +819,8 @@ def test_execution_error_is_reported_then_released_by_the_half_close(P: Protos, 
     key = new_key(P)
     ex = Exchange(P, client, header(P, key, P.StagePlan(root=scan(P)), {"files": [0]}).SerializeToString())
     try:
-        assert ex.frame().WhichOneof("frame") == "ready"
-        assert ex.frame().WhichOneof("frame") == "credit"
+        ready = ex.frame()
+        assert ready.WhichOneof("frame") == "ready" and len(ready.ready.credits) == 1, ready  # the first window
         unit = P.WorkUnit(body=P.FileUnit(path=str(missing)).SerializeToString())
         ex.send(units=P.WorkUnitBatch(feed_id="files", partition=0, units=[unit]))
         ex.send(feed_end=P.FeedEnd(feed_id="files", partition=0))
@@ -868,8 +873,8 @@ def _finished_leaf(P: Protos, client: fl.FlightClient, tmp_path: Path) -> tuple[
     (path,) = write_files(tmp_path, count=1)
     key = new_key(P)
     ex = Exchange(P, client, header(P, key, P.StagePlan(root=scan(P)), {"files": [0]}).SerializeToString())
-    assert ex.frame().WhichOneof("frame") == "ready"
-    assert ex.frame().WhichOneof("frame") == "credit"
+    ready = ex.frame()
+    assert ready.WhichOneof("frame") == "ready" and len(ready.ready.credits) == 1, ready  # the first window
     ex.send(units=P.WorkUnitBatch(feed_id="files", partition=0, units=[P.WorkUnit(body=P.FileUnit(path=str(path)).SerializeToString())]))
     ex.send(feed_end=P.FeedEnd(feed_id="files", partition=0))
     frame = ex.frame()

@@ -26,13 +26,12 @@ def units(n: int) -> list[protocol_pb2.WorkUnit]:
 def test_inbox_grants_its_window_then_tops_up_in_chunks() -> None:
     grants: list[int] = []
     inbox = FeedInbox("f", 0, window=8, send_credit=grants.append)
-    inbox.start()
-    assert grants == [8]
+    assert inbox.open() == 8 and grants == []  # the first window goes in the task's Ready frame (protocol 12)
     inbox.deliver(units(8))
     taken = [inbox.take(1) for _ in range(3)]
-    assert all(len(t) == 1 for t in taken) and grants == [8]  # 5 outstanding > 8 // 2
+    assert all(len(t) == 1 for t in taken) and grants == []  # 5 outstanding > 8 // 2
     inbox.take(1)
-    assert grants == [8, 4]  # 4 outstanding: topped up back to the window
+    assert grants == [4]  # 4 outstanding: topped up back to the window
     with pytest.raises(ProtocolError, match="credits") as info:
         inbox.deliver(units(9))
     assert info.value.field == "app_metadata.units"
@@ -40,7 +39,7 @@ def test_inbox_grants_its_window_then_tops_up_in_chunks() -> None:
 
 def test_inbox_end_and_units_after_end() -> None:
     inbox = FeedInbox("f", 3, window=4, send_credit=lambda n: None)
-    inbox.start()
+    inbox.open()
     inbox.deliver(units(2))
     inbox.end()
     assert len(list(inbox)) == 2

@@ -554,20 +554,28 @@ class Ready(_message.Message):
     WORKER_URL_FIELD_NUMBER: _builtins.int
     WORKER_VERSION_FIELD_NUMBER: _builtins.int
     OUTPUT_SCHEMA_FIELD_NUMBER: _builtins.int
+    CREDITS_FIELD_NUMBER: _builtins.int
     worker_url: _builtins.str
     worker_version: _builtins.str
     output_schema: _builtins.bytes
     """Arrow IPC schema of the task's output"""
+    @_builtins.property
+    def credits(self) -> _containers.RepeatedCompositeFieldContainer[Global___FeedCredit]:
+        """Each feed partition's first window (since version 12): the units the coordinator may send at once,
+        without waiting for a FeedCredit frame per partition after Ready. Later credit comes as FeedCredit.
+        """
+
     def __init__(
         self,
         *,
         worker_url: _builtins.str = ...,
         worker_version: _builtins.str = ...,
         output_schema: _builtins.bytes = ...,
+        credits: _abc.Iterable[Global___FeedCredit] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["output_schema", b"output_schema", "worker_url", b"worker_url", "worker_version", b"worker_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credits", b"credits", "output_schema", b"output_schema", "worker_url", b"worker_url", "worker_version", b"worker_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
