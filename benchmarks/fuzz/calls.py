@@ -115,6 +115,8 @@ def action_case(rng: random.Random, m: Mutator, qid: str) -> list[dict[str, Any]
     if variant == "cancel-live":
         seed = make_seed("parquet", "identity", qid, window=2)
         act = op("action", type="cancel", body=action_body(m, "cancel", qid))
+        # Ready carries the two partitions' first windows (protocol 12): the cancel comes once the task is admitted,
+        # when its pipeline may not have started yet (before, the credit frames came from the pipeline's thread).
         script = [op("wait_credits", count=2), act, op("half_close")]
         return [exchange_step(ser(seed.header), script)]
     kind = action_type(m)

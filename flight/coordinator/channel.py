@@ -397,12 +397,13 @@ class TaskChannel:
             self._news.set()
             if self._on_ready is not None:
                 self._on_ready(self)
-            if self._on_credit is not None:  # each feed partition's first window (protocol version 12)
+            on_credit = self._on_credit  # read once: detach() may clear it from another thread meanwhile
+            if on_credit is not None:  # each feed partition's first window (protocol version 12)
                 for credit in frame.ready.credits:
-                    self._on_credit(self, credit.feed_id, credit.partition, credit.credits)
+                    on_credit(self, credit.feed_id, credit.partition, credit.credits)
         elif kind == "credit":
-            if self._on_credit is not None:
-                self._on_credit(self, frame.credit.feed_id, frame.credit.partition, frame.credit.credits)
+            if (on_credit := self._on_credit) is not None:
+                on_credit(self, frame.credit.feed_id, frame.credit.partition, frame.credit.credits)
         elif kind == "error":
             self._fail(error_from_info(frame.error, self.url, self.key))
         elif kind == "finished":

@@ -78,7 +78,9 @@ which a version-6 worker would compute as ROWS, beside the ``Unnest`` operator a
 8: every partition of a row stream ends with its trailer, ``BatchMetadata.trailer``, whose absence a version-8 reader
 takes for a stream ended short; 9: an error's ``extra_info`` is an ``RpcStatus`` around the ``ErrorInfo``, which a
 version-8 reader would not find; 10: the trailer's ``checksum`` sums long buffers' words before its CRC-32, which a
-version-9 reader would take for a corrupted stream)."""
+version-9 reader would take for a corrupted stream; 11: ``Values.every_task``, literal rows every task of a join emits,
+which a version-10 worker would emit from task 0 alone; 12: each feed partition's first credit window in
+``Ready.credits``, where a version-11 coordinator waits for a ``FeedCredit`` frame per partition)."""
 
 RETAIN_HEADER = "x-flight-exec-retain"
 DIALECT_HEADER = "x-flight-exec-dialect"
