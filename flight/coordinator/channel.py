@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -27,6 +27,7 @@ from flight.threads import every, spawn
 from flight.wire._proto import protocol_pb2
 from flight.wire.clients import error_from_info, translate_flight_error
 from flight.wire.integrity import StreamCheck, StreamIntegrityError, Tally
+from flight.wire.limits import MAX_FEED_WINDOW
 from flight.wire.protocol import decode_schema, decode_worker_frame, format_stage_key, status_message
 
 __all__ = ["TaskChannel"]
@@ -387,6 +388,24 @@ class TaskChannel:
                 for event in (self.done, self._settled, self._news, self.finished, self.drained):
                     event.set()
 
+    def _first_windows(self, credits: Iterable[protocol_pb2.FeedCredit]) -> list[tuple[str, int, int]]:
+        """A Ready frame's credits, as the receiver takes them: one per partition the header assigned (the first of
+        each; others, and partitions never assigned, dropped with one warning), each clamped to ``MAX_FEED_WINDOW``,
+        the most any worker grants: a peer's numbers, and a hostile Ready could hold millions of entries."""
+        assigned = {(a.feed_id, p) for a in self.header.feeds for p in a.partitions}
+        kept: dict[tuple[str, int], int] = {}
+        dropped = 0
+        for credit in credits:
+            where = (credit.feed_id, credit.partition)
+            if where in assigned and where not in kept:
+                kept[where] = min(credit.credits, MAX_FEED_WINDOW)
+            else:
+                dropped += 1
+        if dropped:
+            log.warning("task %s on %s: its Ready frame granted %d credit(s) for feed partitions the task was not given, "
+                        "or twice; ignored", self.key, self.url, dropped)
+        return [(fid, p, n) for (fid, p), n in kept.items()]
+
     def _handle(self, frame: protocol_pb2.WorkerFrame) -> None:
         kind = frame.WhichOneof("frame")
         if kind == "ready":
@@ -399,8 +418,8 @@ class TaskChannel:
                 self._on_ready(self)
             on_credit = self._on_credit  # read once: detach() may clear it from another thread meanwhile
             if on_credit is not None:  # each feed partition's first window (protocol version 12)
-                for credit in frame.ready.credits:
-                    on_credit(self, credit.feed_id, credit.partition, credit.credits)
+                for feed_id, partition, credits in self._first_windows(frame.ready.credits):
+                    on_credit(self, feed_id, partition, credits)
         elif kind == "credit":
             if (on_credit := self._on_credit) is not None:
                 on_credit(self, frame.credit.feed_id, frame.credit.partition, frame.credit.credits)
