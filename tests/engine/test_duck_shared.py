@@ -9,7 +9,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from flight.engine.duck.shared import reducing, share_repeated_subqueries
+from flight.engine.duck.shared import reducing, selective_scans, share_repeated_subqueries
 
 AGG = 'SELECT "g" AS "g", sum("v") AS "s" FROM (SELECT * FROM facts WHERE "v" > 1) AS t GROUP BY "g"'
 """A subquery that aggregates: worth computing once."""
@@ -142,3 +142,49 @@ def test_a_column_named_like_a_function_is_no_volatile_call(con: duckdb.DuckDBPy
 def test_an_unclosed_quote_is_not_rewritten() -> None:
     text = f"SELECT * FROM ({AGG}) AS t UNION ALL SELECT * FROM ({AGG}) AS t WHERE 'x"
     assert share_repeated_subqueries(text) == text
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Parquet files as a task's scans read them: ``big`` has 200,000 rows (TPC-H's ``part`` at SF 1), ``small`` 1,000."""
+    import pyarrow.parquet as pq
+
+    where = tmp_path_factory.mktemp("scans")
+    files = {}
+    for name, n in (("big", 200_000), ("small", 1_000)):
+        path = where / f"{name}.parquet"
+        pq.write_table(pa.table({"k": pa.array(range(n), pa.int64()), "kind": [f"T{i % 150}" for i in range(n)],
+                                 "size": pa.array([i % 50 for i in range(n)], pa.int32())}), path, row_group_size=50_000)
+        files[name] = f"read_parquet(['{path}'])"
+    return files
+
+
+def _scan(source: str, where: str = "\"kind\" LIKE '%5' AND \"size\" = 15") -> str:
+    return f'SELECT "k", "size" FROM (SELECT * FROM (SELECT "k", "kind", "size" FROM {source}) AS t WHERE ({where})) AS t'
+
+
+def _self_joined(scan: str) -> str:
+    """TPC-H Q2's shape: the filtered scan joined in the query, and again under the subquery its semi join reads."""
+    return (f'SELECT l."k", l."size" FROM ({scan}) AS l SEMI JOIN (SELECT "k", max("size") AS "m" FROM ({scan}) AS t '
+            f'GROUP BY "k") AS r ON l."k" = r."k" AND l."size" = r."m"')
+
+
+def test_a_selective_scan_of_many_rows_is_computed_once(con: duckdb.DuckDBPyConnection, parts: dict[str, str]) -> None:
+    """Its uses meet in a join and DuckDB estimates it to keep few of the 200,000 rows: read once, not twice."""
+    scan = _scan(parts["big"])
+    text = _self_joined(scan)
+    shared = share_repeated_subqueries(text, reducing(con), keep_scan=selective_scans(con))
+    assert shared.startswith("WITH __flight_shared_0 AS MATERIALIZED (") and shared.count(scan) == 1, shared
+    assert rows(con, shared) == rows(con, text) and rows(con, text)
+    assert share_repeated_subqueries(text, reducing(con)) == text  # without the judge of scans, they stay in place
+
+
+def test_scans_that_read_few_rows_or_keep_many_stay(con: duckdb.DuckDBPyConnection, parts: dict[str, str]) -> None:
+    keep = selective_scans(con)
+    assert keep(_scan(parts["big"]))
+    assert not keep(_scan(parts["small"]))  # 1,000 rows: a second read costs less than a CTE
+    assert not keep(_scan(parts["big"], '"size" >= 0'))  # DuckDB estimates it keeps most of them
+    assert not keep(_scan("read_parquet(['/no/such/file.parquet'])"))
+    assert not keep(_scan("facts"))  # no file list to count
+    text = _self_joined(_scan(parts["small"]))
+    assert share_repeated_subqueries(text, reducing(con), keep_scan=keep) == text

@@ -16,7 +16,12 @@ A smaller one inside a kept one counts once there, however often that one is use
 ``v1`` (a window over an aggregate) is read whole by the month's row and, projected, by the two rows beside
 it; the projection is kept for the two, and ``v1`` inside it for it and the month's row, so it is computed
 once, where it was twice. Only subqueries that do work worth keeping: an aggregate (``GROUP BY``), or a join or window over more
-than one source; a scan stays in place, where DuckDB pushes each use's own filters and join keys into it.
+than one source; a scan stays in place, where DuckDB pushes each use's own filters and join keys into it,
+unless it is a filtered scan that reads many rows and keeps few (``selective_scans``): TPC-H Q2 and Q20
+filter ``part``'s 200 thousand rows by a ``LIKE`` (in Q2 with a size) in the query and again in the
+subquery's semi join, which DuckDB's own plan of the text reads once (its delim join); computed once, their
+DuckDB queries took 0.87 and 0.91 of their time. Kept only when DuckDB estimates it to keep at most
+``SCAN_KEEPS`` rows: so few that a join's filter could not have saved much reading them.
 And only those that give far fewer rows than they read (``reducing``: DuckDB's own estimates, from
 ``EXPLAIN``): writing and reading a join's every row costs more than joining again. TPC-DS q23 joins all
 of store_sales with customer twice; kept, that join's 2.9 million rows made the query 1.7 times as slow.
@@ -35,10 +40,18 @@ from typing import Any
 
 from flight.wire.memo import Memo
 
-__all__ = ["REDUCES", "reducing", "share_repeated_subqueries"]
+__all__ = ["REDUCES", "SCAN_KEEPS", "SCAN_READS", "reducing", "selective_scans", "share_repeated_subqueries"]
 
 REDUCES = 4.0
 """How many times fewer rows than its largest scan a subquery must be estimated to give to be kept."""
+
+SCAN_READS = 100_000
+"""Fewest rows a filtered scan must read to be computed once: reading it again costs more than writing and
+reading what it keeps (TPC-DS's ``date_dim``, 73 thousand rows, and smaller dimensions stay; computed once they
+changed DuckDB's join order, a tenth faster or slower by query, and saved no measurable reading)."""
+
+SCAN_KEEPS = 100_000
+"""Most rows DuckDB may estimate a filtered scan to keep for it to be computed once (``SCAN_READS``)."""
 
 ASKED = 8
 """Most subqueries ``keep`` is asked about in one text (each is an ``EXPLAIN``, a few milliseconds)."""
@@ -49,11 +62,18 @@ _TOKENS = re.compile(r"""[()]|'[^']*(?:''[^']*)*'|"[^"]*(?:""[^"]*)*"|['"]""")
 or a quote no quote closes. One ``finditer`` over the text; a search per character of interest, each a call from
 Python, was most of sharing a TPC-DS rollup's 41 KB text."""
 _SOURCE = re.compile(r"read_parquet\(|__flight_[a-z_]*\d+")
+_FILE_LIST = re.compile(r"read_parquet\((\[[^\]]*\])\)")
 
 
-def share_repeated_subqueries(text: str, keep: Callable[[str], bool] | None = None, prefix: str = "__flight_shared") -> str:
+def share_repeated_subqueries(
+    text: str,
+    keep: Callable[[str], bool] | None = None,
+    prefix: str = "__flight_shared",
+    keep_scan: Callable[[str], bool] | None = None,
+) -> str:
     """``text`` with each largest repeated subquery that does work computed once (module doc); ``keep``
-    says whether a subquery is worth it beside that (``reducing``)."""
+    says whether a subquery is worth it beside that (``reducing``), ``keep_scan`` whether a filtered scan
+    is (``selective_scans``; without it, scans stay in place)."""
     groups, bare = _subqueries(text)
     if len(groups) < 2 or _VOLATILE.search(bare):
         return text
@@ -65,7 +85,8 @@ def share_repeated_subqueries(text: str, keep: Callable[[str], bool] | None = No
     bodies: list[str] = []  # each WITH item's body, reading the smaller ones chosen after it
     asked = 0
     for body, where in sorted(spans.items(), key=lambda kv: -len(kv[0])):
-        if len(where) < 2 or not _works(body):
+        works = _works(body)
+        if len(where) < 2 or not works or (works == _SCAN and keep_scan is None):
             continue
         joined_once = not _self_joined(text, where, nesting)
         free = [s for s in where if not any(a <= s[0] and s[1] <= b for a, b, _ in chosen)
@@ -73,9 +94,10 @@ def share_repeated_subqueries(text: str, keep: Callable[[str], bool] | None = No
         inside = sum(b.count(f"({body})") for b in bodies)  # in kept ones, each written once
         if len(free) + inside < 2 or asked >= ASKED:
             continue
-        if keep is not None:
+        judge = keep_scan if works == _SCAN else keep
+        if judge is not None:
             asked += 1
-            if not keep(body):
+            if not judge(body):
                 continue
         bodies = [b.replace(f"({body})", f"(SELECT * FROM {prefix}_{len(bodies)})") for b in bodies]
         chosen += [(a, b, len(bodies)) for a, b in free]
@@ -163,11 +185,18 @@ def _level(text: str, span: tuple[int, int], nesting: _Nesting) -> tuple[str, in
     return " ".join(level), len(nesting.children[span])
 
 
-def _works(body: str) -> bool:
-    """Whether computing ``body`` once saves work: it aggregates, or joins (or windows) more than one source."""
+_SCAN = "scan"
+
+
+def _works(body: str) -> bool | str:
+    """Whether computing ``body`` once saves work: it aggregates, or joins (or windows) more than one source;
+    or ``_SCAN``, a filter of one file list's rows, which may (``selective_scans``)."""
     if " GROUP BY " in body:
         return True
-    return (" JOIN " in body or " OVER (" in body or " WHERE " in body) and len(_SOURCE.findall(body)) > 1
+    sources = len(_SOURCE.findall(body))
+    if sources > 1:
+        return " JOIN " in body or " OVER (" in body or " WHERE " in body
+    return _SCAN if " WHERE " in body and " OVER (" not in body and _FILE_LIST.search(body) else False
 
 
 def _subqueries(text: str) -> tuple[list[tuple[int, int]], str]:
@@ -210,6 +239,32 @@ def reducing(cursor: Any) -> Callable[[str], bool]:
             return False
         out, scans = _estimates(plan[0] if isinstance(plan, list) and plan else {})
         _KEPT.put(key, kept := out is not None and bool(scans) and out * REDUCES <= max(scans))
+        return kept
+
+    return keep
+
+
+def selective_scans(cursor: Any) -> Callable[[str], bool]:
+    """Whether a filtered scan of one file list reads at least ``SCAN_READS`` rows (the files' footers) and
+    DuckDB (``cursor``) estimates it to keep at most ``SCAN_KEEPS`` of them, and a ``REDUCES``-th of what it
+    reads; a scan it cannot plan is not kept."""
+
+    def keep(body: str) -> bool:
+        key = hashlib.sha256(b"scan:" + body.encode()).digest()
+        known = _KEPT.get(key)
+        if known is not None:
+            return known
+        listed = _FILE_LIST.search(body)
+        try:
+            reads = cursor.execute(f"SELECT sum(num_rows) FROM parquet_file_metadata({listed.group(1)})").fetchall()[0][0] if listed else 0
+            kept = bool(reads) and reads >= SCAN_READS
+            if kept:
+                plan = json.loads(cursor.execute(f"EXPLAIN (FORMAT json) {body}").fetchall()[0][1])
+                out, _ = _estimates(plan[0] if isinstance(plan, list) and plan else {})
+                kept = out is not None and out <= SCAN_KEEPS and out * REDUCES <= reads
+        except Exception:  # noqa: BLE001 - not kept: the query itself reports what is wrong
+            return False
+        _KEPT.put(key, kept)
         return kept
 
     return keep
