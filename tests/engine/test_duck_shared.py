@@ -9,7 +9,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from flight.engine.duck.shared import reducing, selective_scans, share_repeated_subqueries
+from flight.engine.duck.shared import reducing, selective_scans, share_repeated_subqueries, shared_text
 
 AGG = 'SELECT "g" AS "g", sum("v") AS "s" FROM (SELECT * FROM facts WHERE "v" > 1) AS t GROUP BY "g"'
 """A subquery that aggregates: worth computing once."""
@@ -188,3 +188,24 @@ def test_scans_that_read_few_rows_or_keep_many_stay(con: duckdb.DuckDBPyConnecti
     assert not keep(_scan("facts"))  # no file list to count
     text = _self_joined(_scan(parts["small"]))
     assert share_repeated_subqueries(text, reducing(con), keep_scan=keep) == text
+
+
+class _Counting:
+    """A DuckDB cursor that counts what it is asked (to see an answer remembered)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con, self.asked = con, 0
+
+    def execute(self, sql: str) -> duckdb.DuckDBPyConnection:
+        self.asked += 1
+        return self.con.execute(sql)
+
+
+def test_a_texts_sharing_is_remembered_by_its_text(con: duckdb.DuckDBPyConnection, parts: dict[str, str]) -> None:
+    text = _self_joined(_scan(parts["big"], "\"kind\" LIKE '%5' AND \"size\" = 15 AND \"k\" > 7"))  # a text no other test shares
+    cursor = _Counting(con)
+    first = shared_text(text, cursor)
+    assert first == share_repeated_subqueries(text, reducing(con), keep_scan=selective_scans(con)) != text
+    asked = cursor.asked
+    assert asked > 0 and shared_text(text, cursor) == first and cursor.asked == asked  # the second run asks DuckDB nothing
+    assert rows(con, first) == rows(con, text) and rows(con, text)

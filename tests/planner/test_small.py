@@ -176,3 +176,16 @@ def test_small_queries_answer_as_duckdb_a_plan_run_again_keeps_its_worker_and_ru
         assert reader.read_all().to_pylist() == want.to_pylist()
     at_once = {url for ex in (first, second) for urls in ex.bound.values() for url in urls}
     assert len(at_once) == 2, at_once  # running at once: the second gave way to the idle worker
+
+
+def test_a_text_planned_again_has_the_same_plan_key_and_another_text_another(files: dict[str, list[Path]]) -> None:
+    """The key a plan's start is chosen by (``placement.plan_key``) is its encoded operators: a benchmark or a dashboard
+    plans its text anew each run (over the catalog it keeps), and each run must find the worker that ran it before."""
+    from flight.coordinator.placement import plan_key
+
+    catalog = flight.Catalog({name: flight.read_parquet(paths) for name, paths in files.items()})  # a session's, kept
+    text = "SELECT name, count(*) AS n, sum(v) AS s FROM facts JOIN dims ON k = dk GROUP BY name ORDER BY name"
+    keys = [plan_key(flight.DistributedExec(flight.sql(text, catalog), URLS).plan.stages) for _ in range(3)]
+    assert len(set(keys)) == 1
+    other = flight.sql("SELECT name, count(*) AS n FROM facts JOIN dims ON k = dk GROUP BY name ORDER BY name", catalog)
+    assert plan_key(flight.DistributedExec(other, URLS).plan.stages) != keys[0]

@@ -24,7 +24,7 @@ from flight.engine.duck.alike import Alike, share_alike_builds
 from flight.engine.duck.keyfilter import KeyFilter
 from flight.engine.duck.keyfilter import resolve as resolve_key_filters
 from flight.engine.duck.pieces import Plain, duck_source, plain_file
-from flight.engine.duck.shared import reducing, selective_scans, share_repeated_subqueries
+from flight.engine.duck.shared import shared_text
 from flight.engine.duck.sqltext import string_literal
 from flight.engine.duck.task import ENGINE_ERRORS, UNITS, DuckTask, Statement, error_kind, stream
 from flight.engine.pruning import prune_of
@@ -184,8 +184,7 @@ def whole_feeds(
         except ENGINE_ERRORS as exc:
             raise task.failure(exc) from None
     builds, text = share_alike_builds(builds, text, alike or {}, sources)  # a CTE's uses under other names, built once
-    # the copies of a CTE's or a grouping set's input, and of a selective scan of many rows, computed once
-    text = share_repeated_subqueries(text, reducing(cur), keep_scan=selective_scans(cur))
+    text = shared_text(text, cur)  # the copies of a CTE's input, a grouping set's, a selective scan's: computed once
     try:
         for name, build in builds:  # inner ones first
             cur.execute(f"CREATE TEMP TABLE {name} AS {build}")
