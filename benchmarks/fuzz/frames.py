@@ -21,7 +21,7 @@ __all__ = ["FRAME_OPS", "all_ended", "member_frame", "mutate_frames"]
 FRAME_OPS: list[tuple[str, float]] = [
     ("frame-raw", 20), ("frame-struct", 22), ("member", 10), ("duplicate", 6), ("drop", 6), ("swap", 4), ("empty", 6),
     ("garbage", 5), ("concat", 4), ("over-credit", 5), ("huge-body", 2), ("many-units", 2), ("batch", 4), ("cancel", 5),
-    ("unassigned", 4), ("after-end", 4),
+    ("unassigned", 4), ("after-end", 4), ("bundle", 5),
 ]
 
 
@@ -32,6 +32,8 @@ def all_ended(script: list[dict[str, Any]], pairs: list[tuple[str, int]]) -> boo
         frame = parse(P.CoordinatorFrame, step["data"]) if step["op"] == "frame" else None
         if frame is not None and frame.WhichOneof("frame") == "feed_end":
             ended.add((frame.feed_end.feed_id, frame.feed_end.partition))
+        elif frame is not None and frame.WhichOneof("frame") == "feeds":
+            ended.update((e.feed_id, e.partition) for e in frame.feeds.ends)
     return set(pairs) <= ended
 
 
@@ -57,6 +59,13 @@ def member_frame(m: Mutator, seed: Seed) -> bytes:
         frame.units.CopyFrom(P.WorkUnitBatch(feed_id=pair[0], partition=pair[1], units=units))
     elif member == "feed_end":
         frame.feed_end.CopyFrom(P.FeedEnd(feed_id=pair[0], partition=pair[1]))
+    elif member == "feeds":  # several partitions' units, then ends (protocol 13), some of them maybe not the task's
+        pairs = list(seed.units) or [("files", 0)]
+        for feed, partition in pairs:
+            units = [P.WorkUnit(body=b, id=i) for i, b in enumerate(seed.units.get((feed, partition), []))]
+            frame.feeds.units.add().CopyFrom(P.WorkUnitBatch(feed_id=feed, partition=partition, units=units))
+        ends = pairs + ([("files", 99)] if m.rng.random() < 0.2 else [])
+        frame.feeds.ends.extend(P.FeedEnd(feed_id=f, partition=p) for f, p in ends)
     elif member == "cancel":
         frame.cancel.reason = m.rng.choice(["fuzz", "", "x" * 70_000, "\n\x00"])
     elif member == "input_end":
@@ -117,6 +126,30 @@ def mutate_frames(m: Mutator, script: list[dict[str, Any]], seed: Seed) -> None:
         feed, partition = m.rng.choice([("nope", 0), (pair[0], 99), (pair[0], 2**32 - 1), ("", 0)])
         member = units_frame(feed, partition, [b"x"]) if m.rng.random() < 0.5 else feed_end_frame(feed, partition)
         _insert(m, script, op("frame", data=member))
+    elif kind == "bundle":  # the script's units and feed ends as one FeedFrames, where the first of them was
+        _bundle(script)
     else:  # units after the partition's FeedEnd
         at = max(frames) + 1 if frames else len(script)
         script.insert(at, op("frame", data=units_frame(*pair, seed.units.get(pair) or [b"x"])))
+
+
+def _bundle(script: list[dict[str, Any]]) -> None:
+    """The script's ``units`` and ``feed_end`` frames as one ``FeedFrames`` (protocol 13) in the first one's place:
+    its units in order, then its ends, as a coordinator bundles them."""
+    at: list[int] = []
+    bundle = P.FeedFrames()
+    for i, step in enumerate(script):
+        frame = parse(P.CoordinatorFrame, step["data"]) if step["op"] == "frame" else None
+        kind = None if frame is None else frame.WhichOneof("frame")
+        if frame is not None and kind == "units":
+            bundle.units.add().CopyFrom(frame.units)
+        elif frame is not None and kind == "feed_end":
+            bundle.ends.add().CopyFrom(frame.feed_end)
+        else:
+            continue
+        at.append(i)
+    if len(at) < 2 or "feeds" not in FRAME_MEMBERS:
+        return
+    script[at[0]] = op("frame", data=frame_bytes(feeds=bundle))
+    for i in reversed(at[1:]):
+        del script[i]

@@ -50,13 +50,13 @@ from flight.coordinator.events import (
     UnitsDone,
     UnitsFound,
 )
+from flight.coordinator.framing import frames
 from flight.coordinator.resolver import normalize_url
 from flight.coordinator.slots import FeedProgress, SlotStats
 from flight.coordinator.state import FeedState
 from flight.sources.estimate import DiscoverySample
 from flight.sources.feed import FeedContext, LatencyStats, Unit, WorkUnit, WorkUnitFeed, now_ns, unit_bytes
 from flight.threads import spawn
-from flight.wire._proto import protocol_pb2
 
 __all__ = ["FeedDispatcher", "PartitionStats", "Source"]
 
@@ -399,40 +399,12 @@ class FeedDispatcher:
                     return
                 batch = list(box.pending)
                 box.pending.clear()
-            for frame in self._frames(batch):
+            for frame in frames(batch, self._max_frame):  # framing.py: each partition's, bundled (protocol 13)
                 if frame is None:
                     box.channel.close()
                     return
                 box.channel.send(frame)
             self._apply(SenderIdle(box.channel.key, time.monotonic()))  # the units queued meanwhile go next
-
-    def _frames(self, batch: list[Instruction]) -> Iterator[protocol_pb2.CoordinatorFrame | None]:
-        """Frames for ``batch`` (None: half-close); consecutive units of one partition share a frame."""
-        i = 0
-        while i < len(batch):
-            ins = batch[i]
-            if isinstance(ins, SendUnits):
-                items = list(ins.items)
-                while (
-                    i + 1 < len(batch)
-                    and isinstance(nxt := batch[i + 1], SendUnits)
-                    and (nxt.feed_id, nxt.partition) == (ins.feed_id, ins.partition)
-                    and len(items) + len(nxt.items) <= self._max_frame
-                ):
-                    items.extend(nxt.items)
-                    i += 1
-                sent = now_ns()
-                units = [
-                    protocol_pb2.WorkUnit(body=u.body, created_unix_nanos=u.created_ns, sent_unix_nanos=sent, id=u.id) for u in items
-                ]
-                yield protocol_pb2.CoordinatorFrame(
-                    units=protocol_pb2.WorkUnitBatch(feed_id=ins.feed_id, partition=ins.partition, units=units)
-                )
-            elif isinstance(ins, SendFeedEnd):
-                yield protocol_pb2.CoordinatorFrame(feed_end=protocol_pb2.FeedEnd(feed_id=ins.feed_id, partition=ins.partition))
-            elif isinstance(ins, HalfClose):
-                yield None
-            i += 1
 
     def _tick(self) -> None:
         """Wakes the state machine when an affinity wait or the close grace ends."""

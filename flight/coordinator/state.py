@@ -231,16 +231,18 @@ class FeedState:
         self._pump(source, source.slots, event.now, out)
 
     def _start_sending(self, event: StartSending, out: list[Instruction]) -> None:
-        self.sending = True
+        # The first time, nothing was sent to any task before: every sender is idle, so each task's partitions go out
+        # together (one bundle, ``framing.py``), where the first partition's frame made the rest wait for its ``SenderIdle``.
+        first, self.sending = not self.sending, True
         for source in self.sources:
-            self._pump(source, source.slots, event.now, out)
+            self._pump(source, source.slots, event.now, out, ready=first)
 
     def _task_ready(self, event: TaskReady, out: list[Instruction]) -> None:
         task = self.tasks.get(event.task)
         if task is not None and not task.ready:
             task.ready = True
-            for slot in task.slots:
-                self._pump(slot.source, (slot,), event.now, out)
+            for slot in task.slots:  # nothing was sent to it yet: its sender is idle
+                self._pump(slot.source, (slot,), event.now, out, ready=True)
 
     def _credit_granted(self, event: CreditGranted, out: list[Instruction]) -> None:
         slot = self._slots.get((event.task, event.feed_id, event.partition))

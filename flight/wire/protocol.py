@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import pyarrow as pa
@@ -68,7 +68,7 @@ __all__ = [
     "status_message",
 ]
 
-PROTOCOL_VERSION = 12
+PROTOCOL_VERSION = 13
 """Bumped on any change a peer of the previous version would misread (2: heartbeats, InputEnd, flat expressions;
 3: the Release frame, which a version-2 worker would refuse as a frame without a member; 4: heartbeats on
 DoGet streams, whose absence a version-4 reader takes for a lost worker when a version-3 producer is slow;
@@ -80,7 +80,8 @@ takes for a stream ended short; 9: an error's ``extra_info`` is an ``RpcStatus``
 version-8 reader would not find; 10: the trailer's ``checksum`` sums long buffers' words before its CRC-32, which a
 version-9 reader would take for a corrupted stream; 11: ``Values.every_task``, literal rows every task of a join emits,
 which a version-10 worker would emit from task 0 alone; 12: each feed partition's first credit window in
-``Ready.credits``, where a version-11 coordinator waits for a ``FeedCredit`` frame per partition)."""
+``Ready.credits``, where a version-11 coordinator waits for a ``FeedCredit`` frame per partition; 13: ``FeedFrames``,
+several partitions' units and feed ends in one frame, which a version-12 worker would refuse as a frame it does not know)."""
 
 RETAIN_HEADER = "x-flight-exec-retain"
 DIALECT_HEADER = "x-flight-exec-dialect"
@@ -267,15 +268,25 @@ def decode_coordinator_frame(data: pa.Buffer | bytes) -> protocol_pb2.Coordinato
     if kind is None:
         raise ProtocolError("a CoordinatorFrame has no frame set", field="app_metadata.frame")
     if kind == "units":
-        units = frame.units.units
-        check_count(len(units), MAX_UNITS_PER_FRAME, "app_metadata.units.units", "units in one frame")
-        for i, unit in enumerate(units):
-            if len(unit.body) > MAX_UNIT_BYTES:
-                raise ProtocolError(
-                    f"work unit {i} is {len(unit.body)} bytes; a unit may be at most {MAX_UNIT_BYTES}",
-                    field=f"app_metadata.units.units[{i}].body",
-                )
+        _check_units(frame.units.units, len(frame.units.units), "app_metadata.units")
+    elif kind == "feeds":
+        feeds = frame.feeds
+        check_count(len(feeds.units) + len(feeds.ends), 2 * MAX_FEED_PARTITIONS, "app_metadata.feeds", "partitions' units and ends in one frame")
+        total = sum(len(batch.units) for batch in feeds.units)
+        for i, batch in enumerate(feeds.units):
+            _check_units(batch.units, total, f"app_metadata.feeds.units[{i}]")
     return frame
+
+
+def _check_units(units: Sequence[protocol_pb2.WorkUnit], total: int, where: str) -> None:
+    """A frame's units: ``total`` of them in the frame at most ``MAX_UNITS_PER_FRAME``, each body at most ``MAX_UNIT_BYTES``."""
+    check_count(total, MAX_UNITS_PER_FRAME, f"{where}.units", "units in one frame")
+    for i, unit in enumerate(units):
+        if len(unit.body) > MAX_UNIT_BYTES:
+            raise ProtocolError(
+                f"work unit {i} is {len(unit.body)} bytes; a unit may be at most {MAX_UNIT_BYTES}",
+                field=f"{where}.units[{i}].body",
+            )
 
 
 def decode_attach(data: pa.Buffer | bytes | None) -> protocol_pb2.InputAttach:

@@ -127,6 +127,11 @@ def _dispatch(task: Task, frame: protocol_pb2.CoordinatorFrame) -> bool:
         task.inbox(frame.units.feed_id, frame.units.partition).deliver(list(frame.units.units))
     elif kind == "feed_end":
         task.inbox(frame.feed_end.feed_id, frame.feed_end.partition).end()
+    elif kind == "feeds":  # several partitions' units, then their ends: as their own frames would be, in that order
+        for batch in frame.feeds.units:
+            task.inbox(batch.feed_id, batch.partition).deliver(list(batch.units))
+        for end in frame.feeds.ends:
+            task.inbox(end.feed_id, end.partition).end()
     elif kind == "attach":
         raise ProtocolError("InputAttach is only the first frame of an input call, not a task's exchange", field="app_metadata.attach")
     elif kind == "cancel":

@@ -20,12 +20,22 @@ from flight.sources.feed import FeedContext, WorkUnitFeed, WorkUnitFeedProvider
 from flight.wire._proto import protocol_pb2
 
 
+def _parts(frame: protocol_pb2.CoordinatorFrame) -> list[protocol_pb2.CoordinatorFrame]:
+    """A ``FeedFrames`` as the worker acts on it: each partition's units, then each end; any other frame as it is."""
+    if not frame.HasField("feeds"):
+        return [frame]
+    return [protocol_pb2.CoordinatorFrame(units=u) for u in frame.feeds.units] + [
+        protocol_pb2.CoordinatorFrame(feed_end=e) for e in frame.feeds.ends
+    ]
+
+
 class Recording:
     """Stands in for a ``TaskChannel``: what the driver asked of it, in order."""
 
     def __init__(self, key: str, url: str) -> None:
         self.key, self.url = key, url
-        self.frames: list[protocol_pb2.CoordinatorFrame] = []
+        self.frames: list[protocol_pb2.CoordinatorFrame] = []  # a bundle's parts as frames of their own, in its order
+        self.written: list[protocol_pb2.CoordinatorFrame] = []  # as sent
         self.closed = 0
         self.aborts: list[str] = []
         self.lock = threading.Lock()
@@ -33,7 +43,8 @@ class Recording:
 
     def send(self, frame: protocol_pb2.CoordinatorFrame) -> None:
         with self.lock:
-            self.frames.append(frame)
+            self.written.append(frame)
+            self.frames.extend(_parts(frame))
         self.sent.set()
 
     def close(self) -> None:

@@ -78,6 +78,27 @@ def test_no_unit_leaves_before_every_task_was_admitted() -> None:
     assert sent(out, "t0") == [b"u0", b"u1", b"u2"]
 
 
+def test_at_the_start_each_tasks_every_partition_goes_out_at_once_with_its_end() -> None:
+    """A one-task plan's scans, their first windows granted in ``Ready`` before units flow (protocol 12): the start
+    sends each partition's units and end together, for the task's sender to write as one frame (``framing.py``),
+    where the first partition's units made the rest wait for that frame's ``SenderIdle``."""
+    state = FeedState(max_frame=100, buffer=100, affinity_wait=WAIT)
+    for p in range(3):
+        src = state.add_source(f"f{p}", shared=False)
+        if p == 0:
+            state.add_task("t0", A)
+        state.add_slot("t0", src, 0)
+        state.handle(UnitsFound(src, units(2, 10 * p), 0.0))
+        state.handle(DiscoveryEnded(src, 0.0))
+        state.handle(CreditGranted("t0", f"f{p}", 0, 8, 0.0))
+    out = state.handle(StartSending(0.0))
+    assert [(type(i).__name__, i.feed_id) for i in out] == [
+        (kind, f"f{p}") for p in range(3) for kind in ("SendUnits", "SendFeedEnd")
+    ], out
+    assert sent(out) == [b"u0", b"u1", b"u10", b"u11", b"u20", b"u21"]
+    assert state.handle(SenderIdle("t0", 0.0)) == []  # nothing left
+
+
 def test_a_task_gets_at_most_its_credit_and_frames_are_capped() -> None:
     state = shared_two_tasks(max_frame=2)
     state.handle(StartSending(0.0))

@@ -43,7 +43,7 @@ from grpc_tools import protoc
 ROOT = Path(__file__).resolve().parents[2]
 PROTO_DIR = ROOT / "proto"
 PROTO_FILES = ["flight/wire/_proto/protocol.proto", "flight/wire/_proto/plan.proto"]
-PROTOCOL_VERSION = 12  # docs/protocol.md, section 1
+PROTOCOL_VERSION = 13  # docs/protocol.md, section 1
 SECRET = b"raw-client-query-secret"  # 16 to 64 bytes: every header, ticket and cancel of a query repeats it
 LISTENING = re.compile(rb"^flight-worker listening on (grpc://\S+)$")
 START_TIMEOUT = 30.0
@@ -811,6 +811,58 @@ def test_more_units_than_credit_is_a_protocol_error(P: Protos, client: fl.Flight
     assert errors[0].code == P.enum("ErrorCode", "ERROR_CODE_INVALID_ARGUMENT")
     assert errors[0].field == "app_metadata.units"
     assert clean(raised.value).endswith("[field: app_metadata.units]")
+    wait_until(lambda: info(P, client).running_tasks == 0, "the worker to free the rejected task")
+
+
+def test_several_partitions_units_and_ends_in_one_feed_frames(P: Protos, client: fl.FlightClient, tmp_path: Path) -> None:
+    """Protocol 13: a ``FeedFrames`` carries each partition's units, then their ends; the worker acts on them as on
+    frames of their own, so the task reads both partitions' files whole."""
+    paths = write_files(tmp_path, count=3)
+    key = new_key(P)
+    plan = P.StagePlan(root=scan(P), output=P.OutputSpec(partitions=1), output_schema=schema_bytes(FILE_SCHEMA))
+    ex = Exchange(P, client, header(P, key, plan, {"files": [0, 1]}, feed_window=4).SerializeToString())
+    try:
+        ready = ex.frame()
+        assert sorted((c.partition, c.credits) for c in ready.ready.credits) == [(0, 4), (1, 4)], ready
+        unit = [P.WorkUnit(body=P.FileUnit(path=str(p)).SerializeToString()) for p in paths]
+        ex.send(feeds=P.FeedFrames(
+            units=[P.WorkUnitBatch(feed_id="files", partition=0, units=unit[:2]), P.WorkUnitBatch(feed_id="files", partition=1, units=unit[2:])],
+            ends=[P.FeedEnd(feed_id="files", partition=0), P.FeedEnd(feed_id="files", partition=1)],
+        ))
+        ticket = P.Ticket(stage_key=key, partition_start=0, partition_end=1, query_secret=SECRET)
+        _, batches, _ = read_doget(P, client, ticket)
+        want = pa.concat_tables([pq.read_table(p) for p in paths])
+        assert sorted_rows(pa.Table.from_batches(batches, schema=FILE_SCHEMA), "id") == sorted_rows(want, "id")
+        frame = ex.frame()
+        while frame.WhichOneof("frame") == "credit":
+            frame = ex.frame()
+        assert frame.WhichOneof("frame") == "finished", frame
+        assert sorted((f.partition, f.units) for f in frame.finished.feeds) == [(0, 2), (1, 1)]
+        ex.writer.done_writing()
+        ex.drain()
+    finally:
+        ex.close()
+    wait_until(lambda: info(P, client).running_tasks == 0, "the worker to free the task")
+
+
+def test_a_feed_frames_entry_for_a_partition_the_task_lacks_is_refused(P: Protos, client: fl.FlightClient, tmp_path: Path) -> None:
+    (path,) = write_files(tmp_path, count=1)
+    ex = Exchange(P, client, header(P, new_key(P), P.StagePlan(root=scan(P)), {"files": [0]}, feed_window=2).SerializeToString())
+    try:
+        assert ex.frame().WhichOneof("frame") == "ready"
+        unit = P.WorkUnit(body=P.FileUnit(path=str(path)).SerializeToString())
+        ex.send(feeds=P.FeedFrames(units=[P.WorkUnitBatch(feed_id="files", partition=0, units=[unit]),
+                                          P.WorkUnitBatch(feed_id="files", partition=7, units=[unit])]))
+        frames: list[Any] = []
+        with pytest.raises(fl.FlightServerError) as raised:  # the worker ends the call without waiting for us
+            while True:
+                frames.append(ex.frame())
+    finally:
+        ex.close()
+    errors = [f.error for f in frames if f.WhichOneof("frame") == "error"]
+    assert len(errors) == 1 and errors[0].code == P.enum("ErrorCode", "ERROR_CODE_INVALID_ARGUMENT"), frames
+    assert "partition 7" in errors[0].message and errors[0].field == "header.feeds", errors[0]
+    assert "partition 7" in clean(raised.value)
     wait_until(lambda: info(P, client).running_tasks == 0, "the worker to free the rejected task")
 
 

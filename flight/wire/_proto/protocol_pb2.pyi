@@ -374,6 +374,37 @@ class FeedEnd(_message.Message):
 Global___FeedEnd: _TypeAlias = FeedEnd  # noqa: Y015
 
 @_typing.final
+class FeedFrames(_message.Message):
+    """Units and feed ends for several of one task's feed partitions in one frame (since version 13): what
+    the coordinator has for a task at once (a one-task plan's every scan, once its tasks are admitted)
+    goes out as one message, not as a frame per partition and one per end. The worker acts on `units`
+    in order, then on `ends`, each as it would on its own frame: a partition's end never comes before
+    its units. A frame for one partition alone is still `units` or `feed_end`.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    UNITS_FIELD_NUMBER: _builtins.int
+    ENDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def units(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkUnitBatch]: ...
+    @_builtins.property
+    def ends(self) -> _containers.RepeatedCompositeFieldContainer[Global___FeedEnd]: ...
+    def __init__(
+        self,
+        *,
+        units: _abc.Iterable[Global___WorkUnitBatch] | None = ...,
+        ends: _abc.Iterable[Global___FeedEnd] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ends", b"ends", "units", b"units"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FeedFrames: _TypeAlias = FeedFrames  # noqa: Y015
+
+@_typing.final
 class Cancel(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -478,6 +509,7 @@ class CoordinatorFrame(_message.Message):
     INPUT_END_FIELD_NUMBER: _builtins.int
     RELEASE_FIELD_NUMBER: _builtins.int
     ATTACH_FIELD_NUMBER: _builtins.int
+    FEEDS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def units(self) -> Global___WorkUnitBatch: ...
     @_builtins.property
@@ -494,6 +526,10 @@ class CoordinatorFrame(_message.Message):
     def attach(self) -> Global___InputAttach:
         """only as the first frame of an input call (section 16)"""
 
+    @_builtins.property
+    def feeds(self) -> Global___FeedFrames:
+        """since version 13"""
+
     def __init__(
         self,
         *,
@@ -504,12 +540,13 @@ class CoordinatorFrame(_message.Message):
         input_end: Global___InputEnd | None = ...,
         release: Global___Release | None = ...,
         attach: Global___InputAttach | None = ...,
+        feeds: Global___FeedFrames | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["attach", b"attach", "cancel", b"cancel", "feed_end", b"feed_end", "frame", b"frame", "heartbeat", b"heartbeat", "input_end", b"input_end", "release", b"release", "units", b"units"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attach", b"attach", "cancel", b"cancel", "feed_end", b"feed_end", "feeds", b"feeds", "frame", b"frame", "heartbeat", b"heartbeat", "input_end", b"input_end", "release", b"release", "units", b"units"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attach", b"attach", "cancel", b"cancel", "feed_end", b"feed_end", "frame", b"frame", "heartbeat", b"heartbeat", "input_end", b"input_end", "release", b"release", "units", b"units"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attach", b"attach", "cancel", b"cancel", "feed_end", b"feed_end", "feeds", b"feeds", "frame", b"frame", "heartbeat", b"heartbeat", "input_end", b"input_end", "release", b"release", "units", b"units"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_frame: _TypeAlias = _typing.Literal["units", "feed_end", "cancel", "heartbeat", "input_end", "release", "attach"]  # noqa: Y015
+    _WhichOneofReturnType_frame: _TypeAlias = _typing.Literal["units", "feed_end", "cancel", "heartbeat", "input_end", "release", "attach", "feeds"]  # noqa: Y015
     _WhichOneofArgType_frame: _TypeAlias = _typing.Literal["frame", b"frame"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_frame) -> _WhichOneofReturnType_frame | None: ...
 
