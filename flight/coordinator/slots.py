@@ -25,6 +25,7 @@ class SlotStats:
     units: int = 0
     bytes: int = 0
     frames: int = 0
+    """Its ``WorkUnitBatch``es: a frame each, or an entry of a ``FeedFrames`` beside other partitions' (protocol 13)."""
     affinity_hits: int = 0
     window: int = 0
     """The credit it granted first: its feed window."""
