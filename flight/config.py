@@ -84,7 +84,7 @@ class ExecOptions:
     discovery_buffer: int = 4096
     """Units the coordinator may discover ahead of the tasks' credit, per feed partition."""
     max_units_per_frame: int = 4096
-    """Most units one WorkUnitBatch frame carries."""
+    """Most units one WorkUnitBatch frame carries, and one FeedFrames over all its partitions (protocol 13)."""
     result_queue_batches: int = 16
     """Batches the coordinator buffers between the DoGet streams and the caller."""
     broadcast_bytes: int = 32 << 20

@@ -134,22 +134,28 @@ def mutate_frames(m: Mutator, script: list[dict[str, Any]], seed: Seed) -> None:
 
 
 def _bundle(script: list[dict[str, Any]]) -> None:
-    """The script's ``units`` and ``feed_end`` frames as one ``FeedFrames`` (protocol 13) in the first one's place:
-    its units in order, then its ends, as a coordinator bundles them."""
-    at: list[int] = []
-    bundle = P.FeedFrames()
+    """A run of consecutive ``units`` and ``feed_end`` frames of the script as one ``FeedFrames`` (protocol 13) in its
+    place: its units in order, then its ends, as a coordinator bundles them. Only frames next to each other: folding
+    frames from either side of another step (a cancel, units a mutation put after their end) would make a script the
+    fuzzer meant to be wrong a right one."""
+    runs: list[list[tuple[int, Any]]] = [[]]
     for i, step in enumerate(script):
         frame = parse(P.CoordinatorFrame, step["data"]) if step["op"] == "frame" else None
-        kind = None if frame is None else frame.WhichOneof("frame")
-        if frame is not None and kind == "units":
-            bundle.units.add().CopyFrom(frame.units)
-        elif frame is not None and kind == "feed_end":
-            bundle.ends.add().CopyFrom(frame.feed_end)
-        else:
-            continue
-        at.append(i)
-    if len(at) < 2 or "feeds" not in FRAME_MEMBERS:
+        if frame is not None and frame.WhichOneof("frame") in ("units", "feed_end"):
+            runs[-1].append((i, frame))
+        elif runs[-1]:
+            runs.append([])
+    run = max(runs, key=len)
+    if len(run) < 2 or "feeds" not in FRAME_MEMBERS:
         return
-    script[at[0]] = op("frame", data=frame_bytes(feeds=bundle))
-    for i in reversed(at[1:]):
+    bundle = P.FeedFrames()
+    for _, frame in run:
+        if frame.WhichOneof("frame") == "units":
+            bundle.units.add().CopyFrom(frame.units)
+    for _, frame in run:
+        if frame.WhichOneof("frame") == "feed_end":
+            bundle.ends.add().CopyFrom(frame.feed_end)
+    first = run[0][0]
+    script[first] = op("frame", data=frame_bytes(feeds=bundle))
+    for i, _ in reversed(run[1:]):
         del script[i]

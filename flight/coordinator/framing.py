@@ -8,9 +8,12 @@ written one after another by the task's sender and read one after another by the
 scans: sixteen frames, 1.9 ms from the first sent to the last delivered, geomean over eight queries; one
 frame now). A frame for one partition alone keeps its own kind (``units`` or ``feed_end``).
 
-A bundle is bounded as a worker bounds it (``flight.wire.protocol.decode_coordinator_frame``): at most
-``max_units`` units (never more than ``MAX_UNITS_PER_FRAME``), at most ``BUNDLE_BYTES`` of unit bodies and
-``MAX_FEED_PARTITIONS`` entries; past those, the next instructions start a bundle of their own.
+A bundle is bounded as a worker bounds it: at most ``max_units`` units (never more than ``MAX_UNITS_PER_FRAME``:
+``flight.wire.protocol.decode_coordinator_frame``) and ``MAX_FEED_PARTITIONS`` entries, and at most ``BUNDLE_BYTES``
+of unit bodies, the unread units a task may hold (``INPUT_RESERVE_BYTES``): the worker takes a bundle's entries one
+by one, each as a frame of its own, and lets only the first past that reservation when the task holds nothing.
+Past those, the next instructions start a bundle of their own (the first entry of a bundle may be as large as a
+lone frame may).
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ from collections.abc import Iterator, Sequence
 from flight.coordinator.events import HalfClose, Instruction, SendFeedEnd, SendUnits
 from flight.sources.feed import now_ns
 from flight.wire._proto import protocol_pb2
-from flight.wire.limits import MAX_FEED_PARTITIONS, MAX_UNITS_PER_FRAME
+from flight.wire.limits import INPUT_RESERVE_BYTES, MAX_FEED_PARTITIONS, MAX_UNITS_PER_FRAME
 
 __all__ = ["BUNDLE_BYTES", "frames"]
 
-BUNDLE_BYTES = 16 << 20
-"""Most bytes of unit bodies one ``FeedFrames`` carries: a quarter of the frame a worker accepts (``MAX_FRAME_BYTES``)."""
+BUNDLE_BYTES = INPUT_RESERVE_BYTES
+"""Most bytes of unit bodies one ``FeedFrames`` carries past its first entry: the unread units a worker lets a task hold
+(8 MiB). At 16 MiB, two partitions' 5 MiB units made one bundle the worker refused every time (a reviewer's case)."""
 
 Frame = protocol_pb2.CoordinatorFrame
 

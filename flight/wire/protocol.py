@@ -270,12 +270,23 @@ def decode_coordinator_frame(data: pa.Buffer | bytes) -> protocol_pb2.Coordinato
     if kind == "units":
         _check_units(frame.units.units, len(frame.units.units), "app_metadata.units")
     elif kind == "feeds":
-        feeds = frame.feeds
-        check_count(len(feeds.units) + len(feeds.ends), 2 * MAX_FEED_PARTITIONS, "app_metadata.feeds", "partitions' units and ends in one frame")
-        total = sum(len(batch.units) for batch in feeds.units)
-        for i, batch in enumerate(feeds.units):
-            _check_units(batch.units, total, f"app_metadata.feeds.units[{i}]")
+        _check_feeds(frame.feeds)
     return frame
+
+
+def _check_feeds(feeds: protocol_pb2.FeedFrames) -> None:
+    """A ``FeedFrames``: at least one entry, at most ``2 * MAX_FEED_PARTITIONS``; each ``units`` entry with units, all of
+    them together at most ``MAX_UNITS_PER_FRAME``. No coordinator sends an empty bundle or entry: refused, they would
+    only be work a peer makes the worker do for nothing."""
+    entries = len(feeds.units) + len(feeds.ends)
+    if not entries:
+        raise ProtocolError("a FeedFrames holds no units and no ends", field="app_metadata.feeds")
+    check_count(entries, 2 * MAX_FEED_PARTITIONS, "app_metadata.feeds", "partitions' units and ends in one frame")
+    check_count(sum(len(batch.units) for batch in feeds.units), MAX_UNITS_PER_FRAME, "app_metadata.feeds.units", "units in one frame")
+    for i, batch in enumerate(feeds.units):
+        if not batch.units:
+            raise ProtocolError(f"entry {i} of a FeedFrames' units holds no unit", field=f"app_metadata.feeds.units[{i}].units")
+        _check_units(batch.units, len(batch.units), f"app_metadata.feeds.units[{i}]")
 
 
 def _check_units(units: Sequence[protocol_pb2.WorkUnit], total: int, where: str) -> None:

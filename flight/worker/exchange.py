@@ -127,11 +127,8 @@ def _dispatch(task: Task, frame: protocol_pb2.CoordinatorFrame) -> bool:
         task.inbox(frame.units.feed_id, frame.units.partition).deliver(list(frame.units.units))
     elif kind == "feed_end":
         task.inbox(frame.feed_end.feed_id, frame.feed_end.partition).end()
-    elif kind == "feeds":  # several partitions' units, then their ends: as their own frames would be, in that order
-        for batch in frame.feeds.units:
-            task.inbox(batch.feed_id, batch.partition).deliver(list(batch.units))
-        for end in frame.feeds.ends:
-            task.inbox(end.feed_id, end.partition).end()
+    elif kind == "feeds":
+        _feeds(task, frame.feeds)
     elif kind == "attach":
         raise ProtocolError("InputAttach is only the first frame of an input call, not a task's exchange", field="app_metadata.attach")
     elif kind == "cancel":
@@ -142,3 +139,18 @@ def _dispatch(task: Task, frame: protocol_pb2.CoordinatorFrame) -> bool:
             raise ProtocolError(f"task {task.key} {why} but received InputEnd on its exchange", field="app_metadata.input_end")
         task.inputs.end_with(frame.input_end.rows, frame.input_end.batches)
     return False
+
+
+def _feeds(task: Task, feeds: protocol_pb2.FeedFrames) -> None:
+    """Several partitions' units, then their ends (protocol 13): each acted on as its own frame would be, in that order;
+    an entry refused is named by its place in the bundle."""
+    for i, batch in enumerate(feeds.units):
+        try:
+            task.inbox(batch.feed_id, batch.partition).deliver(list(batch.units))
+        except ProtocolError as exc:
+            raise ProtocolError(f"entry {i} of a FeedFrames' units: {exc}", field=f"app_metadata.feeds.units[{i}]") from None
+    for i, end in enumerate(feeds.ends):
+        try:
+            task.inbox(end.feed_id, end.partition).end()
+        except ProtocolError as exc:
+            raise ProtocolError(f"entry {i} of a FeedFrames' ends: {exc}", field=f"app_metadata.feeds.ends[{i}]") from None

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from flight.coordinator.events import HalfClose, Item, SendFeedEnd, SendUnits
 from flight.coordinator.framing import BUNDLE_BYTES, frames
+from flight.errors import ProtocolError
 from flight.wire._proto import protocol_pb2
+from flight.wire.limits import INPUT_RESERVE_BYTES
+from flight.wire.protocol import decode_coordinator_frame
 
 TASK = "q/0/0"
 
@@ -62,3 +67,30 @@ def test_a_bundle_holds_at_most_its_bytes() -> None:
     out = list(frames([units("f", 0, big), units("f", 1, big), end("f", 0), end("f", 1)], 16))
     assert kinds(out) == ["units", "feeds"]  # the second partition's units start a bundle of their own, with the ends
     assert out[1] is not None and [u.partition for u in out[1].feeds.units] == [1] and len(out[1].feeds.ends) == 2
+
+
+def test_a_bundle_past_its_first_entry_fits_the_unread_units_a_task_may_hold() -> None:
+    """A worker takes a bundle's entries one by one and lets only the first past a task's input reservation when the
+    task holds nothing: two partitions' 5 MiB units in one bundle were refused every time (a reviewer's case)."""
+    five = b"x" * (5 << 20)
+    out = list(frames([units("f", 0, five), units("f", 1, five), end("f", 0), end("f", 1)], 16))
+    assert BUNDLE_BYTES == INPUT_RESERVE_BYTES and kinds(out) == ["units", "feeds"]
+    for f in out:
+        assert f is not None
+        parts = [f.units] if f.HasField("units") else list(f.feeds.units)
+        assert sum(len(u.body) for b in parts[1:] for u in b.units) <= INPUT_RESERVE_BYTES
+
+
+def test_what_the_coordinator_bundles_the_worker_decodes_and_what_none_sends_it_refuses() -> None:
+    batch = [x for p in range(4) for x in (units("f", p, b"a", b"b"), end("f", p))]
+    (frame,) = frames(batch, 4096)
+    assert frame is not None and decode_coordinator_frame(frame.SerializeToString()) == frame
+    for bad, field in (
+        (protocol_pb2.FeedFrames(), "app_metadata.feeds"),
+        (protocol_pb2.FeedFrames(units=[protocol_pb2.WorkUnitBatch(feed_id="f", partition=0)]), "app_metadata.feeds.units[0].units"),
+        (protocol_pb2.FeedFrames(units=[protocol_pb2.WorkUnitBatch(feed_id="f", partition=p, units=[protocol_pb2.WorkUnit(body=b"x")] * 40_000)
+                                        for p in range(2)]), "app_metadata.feeds.units"),
+    ):
+        with pytest.raises(ProtocolError) as raised:
+            decode_coordinator_frame(protocol_pb2.CoordinatorFrame(feeds=bad).SerializeToString())
+        assert raised.value.field == field, raised.value

@@ -99,6 +99,24 @@ def test_at_the_start_each_tasks_every_partition_goes_out_at_once_with_its_end()
     assert state.handle(SenderIdle("t0", 0.0)) == []  # nothing left
 
 
+def test_a_task_admitted_late_gets_each_partition_at_once_when_ready() -> None:
+    """A task opened after units flow (``add_task(late=True)``, a replacement): nothing was sent to it before
+    ``TaskReady``, so its sender is idle and every partition goes out together."""
+    state = FeedState(max_frame=100, buffer=100, affinity_wait=WAIT)
+    state.handle(StartSending(0.0))
+    state.add_task("t0", A, ready=False)
+    for p in range(3):
+        src = state.add_source(f"f{p}", shared=False)
+        state.add_slot("t0", src, 0)
+        state.handle(UnitsFound(src, units(1, 10 * p), 0.0))
+        state.handle(DiscoveryEnded(src, 0.0))
+        assert state.handle(CreditGranted("t0", f"f{p}", 0, 4, 0.0)) == []  # not ready: nothing yet
+    out = state.handle(TaskReady("t0", 0.0))
+    assert [(type(i).__name__, i.feed_id) for i in out] == [
+        (kind, f"f{p}") for p in range(3) for kind in ("SendUnits", "SendFeedEnd")
+    ], out
+
+
 def test_a_task_gets_at_most_its_credit_and_frames_are_capped() -> None:
     state = shared_two_tasks(max_frame=2)
     state.handle(StartSending(0.0))

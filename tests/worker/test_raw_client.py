@@ -861,7 +861,8 @@ def test_a_feed_frames_entry_for_a_partition_the_task_lacks_is_refused(P: Protos
         ex.close()
     errors = [f.error for f in frames if f.WhichOneof("frame") == "error"]
     assert len(errors) == 1 and errors[0].code == P.enum("ErrorCode", "ERROR_CODE_INVALID_ARGUMENT"), frames
-    assert "partition 7" in errors[0].message and errors[0].field == "header.feeds", errors[0]
+    assert "entry 1 of a FeedFrames' units" in errors[0].message and "partition 7" in errors[0].message, errors[0]
+    assert errors[0].field == "app_metadata.feeds.units[1]", errors[0]
     assert "partition 7" in clean(raised.value)
     wait_until(lambda: info(P, client).running_tasks == 0, "the worker to free the rejected task")
 
