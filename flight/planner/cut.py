@@ -44,7 +44,7 @@ from flight.planner.cost import LARGE_BROADCAST, broadcast_copies, broadcast_pay
 from flight.planner.eager import eager_aggregates
 from flight.planner.finish import finished_in_each_task
 from flight.planner.frag import Frag, frag_bytes, grown, size_text, smaller, union_in_place
-from flight.planner.groups import aggregate_rows
+from flight.planner.groups import aggregate_rows, exact_mean_input
 from flight.planner.gsets import merge_grouping_sets
 from flight.planner.inputs import check_inputs_read_once, fix_to_input
 from flight.planner.keysets import reduce_aggregate_inputs
@@ -278,8 +278,8 @@ class _Planner:
             return known[key]
 
         for c in node.calls:
-            if c.function == "mean":
-                total, n = col(part("sum", c.expr)).cast(pa.float64()), col(part("count", c.expr)).cast(pa.float64())
+            if c.function == "mean":  # a DECIMAL's summed as the DECIMAL: exact, and shared with its sum (exact_mean_input)
+                total, n = (col(part(fn, exact_mean_input(c.expr, f.node.schema))).cast(pa.float64()) for fn in ("sum", "count"))
                 outputs.append((c.name, if_else(n > 0, total / n, lit(None, pa.float64()))))
             else:  # a global count over no partial row at all (every task without a unit) is 0, not null
                 p = col(part(c.function, c.expr))

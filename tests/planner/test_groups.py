@@ -121,3 +121,32 @@ def test_a_query_grouping_by_few_values_is_planned_once_on_one_host(files: dict[
     many = flight.sql("SELECT v, count(*) AS n FROM facts JOIN dims ON k = dk GROUP BY v", _catalog(files))
     flight.DistributedExec(many, URLS, **options)
     assert calls[0] == 2  # 20,000 values of v may be many groups: the split is planned first
+
+
+def test_a_split_mean_of_a_decimal_sums_the_decimal_shared_with_its_sum(cluster: flight.LocalCluster, tmp_path: Path) -> None:
+    """TPC-H Q1's averages: split across tasks, ``avg(x)`` of a DECIMAL is the DECIMAL's exact partial sum (the one
+    ``sum(x)`` beside it computes) over its count, as DuckDB's own ``avg`` of a DECIMAL; an integer's keeps its cast."""
+    from decimal import Decimal
+
+    from flight.planner.groups import exact_mean_input
+
+    n = 4_000
+    t = pa.table({"g": pa.array([i % 7 for i in range(n)], pa.int64()),
+                  "x": pa.array([Decimal(i * 37 % 1000) / 100 for i in range(n)], pa.decimal128(15, 2)),
+                  "i": pa.array([i * 13 % 997 for i in range(n)], pa.int32())})
+    paths = write_parts(t, tmp_path, "t", 4)
+    text = "SELECT g, sum(x) AS s, avg(x) AS ax, avg(i) AS ai FROM t GROUP BY g ORDER BY g"
+    ex = flight.DistributedExec(flight.sql(text, flight.Catalog({"t": flight.read_parquet(paths)})), cluster.urls,
+                                small_query_bytes=0, one_host_query_bytes=0)
+    [partial] = [n for s in ex.plan.stages for n in s.root.walk() if isinstance(n, AggregateNode) and n.partial]
+    calls = [(c.function, repr(c.expr)) for c in partial.calls]
+    assert [f for f, e in calls if e == 'col("x")'] == ["sum", "count"], calls  # one sum of x, shared; no DOUBLE cast of it
+    assert any("cast" in e and '"i"' in e for f, e in calls if f == "sum"), calls  # the integer's mean keeps its cast
+    got = ex.to_table().to_pylist()
+    con = duckdb.connect()
+    con.execute(f"CREATE VIEW t AS SELECT * FROM read_parquet({[str(p) for p in paths]})")
+    want = [dict(zip(("g", "s", "ax", "ai"), r)) for r in con.execute(text).fetchall()]
+    assert [(r["g"], r["s"]) for r in got] == [(r["g"], r["s"]) for r in want]
+    assert [r["ax"] for r in got] == [pytest.approx(r["ax"], rel=1e-15) for r in want]
+    assert [r["ai"] for r in got] == [pytest.approx(r["ai"], rel=1e-12) for r in want]
+    assert exact_mean_input(None, t.schema) is None
