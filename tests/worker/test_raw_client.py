@@ -792,25 +792,30 @@ def test_a_plan_deeper_than_protobuf_nests_travels_as_a_flat_list(P: Protos, cli
     wait_until(lambda: info(P, client).running_tasks == 0, "the worker to free the task")
 
 
-def test_more_units_than_credit_is_a_protocol_error(P: Protos, client: fl.FlightClient, tmp_path: Path) -> None:
+def _refused(P: Protos, client: fl.FlightClient, tmp_path: Path, frame: Callable[[Any], dict[str, Any]]) -> tuple[list[Any], fl.FlightError]:
+    """A leaf task over one file (window 2) sent ``frame(unit)`` once it is ready: the error frames it answered with
+    and the error that ended the call (the worker ends it without waiting for the client)."""
     (path,) = write_files(tmp_path, count=1)
     ex = Exchange(P, client, header(P, new_key(P), P.StagePlan(root=scan(P)), {"files": [0]}, feed_window=2).SerializeToString())
     try:
         ready = ex.frame()
         assert ready.WhichOneof("frame") == "ready" and [c.credits for c in ready.ready.credits] == [2], ready
-        unit = P.WorkUnit(body=P.FileUnit(path=str(path)).SerializeToString())
-        ex.send(units=P.WorkUnitBatch(feed_id="files", partition=0, units=[unit] * 3))
+        ex.send(**frame(P.WorkUnit(body=P.FileUnit(path=str(path)).SerializeToString())))
         frames: list[Any] = []
-        with pytest.raises(fl.FlightServerError) as raised:  # the worker ends the call without waiting for us
+        with pytest.raises(fl.FlightServerError) as raised:
             while True:
                 frames.append(ex.frame())
     finally:
         ex.close()
-    errors = [f.error for f in frames if f.WhichOneof("frame") == "error"]
-    assert len(errors) == 1, frames
+    return [f.error for f in frames if f.WhichOneof("frame") == "error"], raised.value
+
+
+def test_more_units_than_credit_is_a_protocol_error(P: Protos, client: fl.FlightClient, tmp_path: Path) -> None:
+    errors, raised = _refused(P, client, tmp_path, lambda unit: {"units": P.WorkUnitBatch(feed_id="files", partition=0, units=[unit] * 3)})
+    assert len(errors) == 1, errors
     assert errors[0].code == P.enum("ErrorCode", "ERROR_CODE_INVALID_ARGUMENT")
     assert errors[0].field == "app_metadata.units"
-    assert clean(raised.value).endswith("[field: app_metadata.units]")
+    assert clean(raised).endswith("[field: app_metadata.units]")
     wait_until(lambda: info(P, client).running_tasks == 0, "the worker to free the rejected task")
 
 
@@ -846,24 +851,12 @@ def test_several_partitions_units_and_ends_in_one_feed_frames(P: Protos, client:
 
 
 def test_a_feed_frames_entry_for_a_partition_the_task_lacks_is_refused(P: Protos, client: fl.FlightClient, tmp_path: Path) -> None:
-    (path,) = write_files(tmp_path, count=1)
-    ex = Exchange(P, client, header(P, new_key(P), P.StagePlan(root=scan(P)), {"files": [0]}, feed_window=2).SerializeToString())
-    try:
-        assert ex.frame().WhichOneof("frame") == "ready"
-        unit = P.WorkUnit(body=P.FileUnit(path=str(path)).SerializeToString())
-        ex.send(feeds=P.FeedFrames(units=[P.WorkUnitBatch(feed_id="files", partition=0, units=[unit]),
-                                          P.WorkUnitBatch(feed_id="files", partition=7, units=[unit])]))
-        frames: list[Any] = []
-        with pytest.raises(fl.FlightServerError) as raised:  # the worker ends the call without waiting for us
-            while True:
-                frames.append(ex.frame())
-    finally:
-        ex.close()
-    errors = [f.error for f in frames if f.WhichOneof("frame") == "error"]
-    assert len(errors) == 1 and errors[0].code == P.enum("ErrorCode", "ERROR_CODE_INVALID_ARGUMENT"), frames
+    errors, raised = _refused(P, client, tmp_path, lambda unit: {"feeds": P.FeedFrames(units=[
+        P.WorkUnitBatch(feed_id="files", partition=0, units=[unit]), P.WorkUnitBatch(feed_id="files", partition=7, units=[unit])])})
+    assert len(errors) == 1 and errors[0].code == P.enum("ErrorCode", "ERROR_CODE_INVALID_ARGUMENT"), errors
     assert "entry 1 of a FeedFrames' units" in errors[0].message and "partition 7" in errors[0].message, errors[0]
     assert errors[0].field == "app_metadata.feeds.units[1]", errors[0]
-    assert "partition 7" in clean(raised.value)
+    assert "partition 7" in clean(raised)
     wait_until(lambda: info(P, client).running_tasks == 0, "the worker to free the rejected task")
 
 
